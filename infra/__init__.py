@@ -1,0 +1,1 @@
+"""Infrastructure: configuration, the local broker, topics and broker profiles."""

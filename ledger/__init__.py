@@ -1,0 +1,25 @@
+"""Pure math core: the exact integer ledger of a ridge head, and heads from it (no I/O).
+
+Public API (other packages and external checks use these names):
+``Quantizer``, ``QuantizationError``, ``l2_normalize``, ``with_intercept``, ``ExactLedger``,
+``solve_head``, ``SMWTracker``, ``TrackedHead``, ``retrain_deviation``, Bayesian helpers.
+"""
+
+from .bayes import kl_matrix_normal, posterior_covariance, predictive_variance, predictive_variance_cholesky
+from .errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
+from .exact import ExactLedger, SufficientStatistics
+from .float_ledger import FloatLedger
+from .quantize import QMAX, Quantizer, l2_normalize, quantize_targets, with_intercept
+from .retrain import centralized_retrain, one_hot, retrain_deviation
+from .smw import DowndateCheck, SMWTracker, relative_deviation
+from .solve import cholesky_factor, posterior_inverse, regularized_gram, solve_head
+from .tracked import TrackedHead, UpdateReport
+
+__all__ = [
+    "QMAX", "Quantizer", "QuantizationError", "l2_normalize", "with_intercept", "quantize_targets",
+    "ExactLedger", "SufficientStatistics", "FloatLedger", "LedgerError", "NonMemberDelete", "OverflowBudgetError",
+    "solve_head", "cholesky_factor", "posterior_inverse", "regularized_gram",
+    "SMWTracker", "DowndateCheck", "TrackedHead", "UpdateReport",
+    "relative_deviation", "retrain_deviation", "centralized_retrain", "one_hot",
+    "posterior_covariance", "predictive_variance", "predictive_variance_cholesky", "kl_matrix_normal",
+]

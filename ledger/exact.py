@@ -1,0 +1,408 @@
+"""The exact integer ledger: S = sum q q^T and G = sum q y^T over the retained multiset.
+
+Why integers: float ledgers never return to zero after add-then-delete and their residue grows
+with the stream. Integers cancel bit for bit, so the ledger after any interleaving, order or
+partitioning of adds and deletes equals the ledger built from scratch on what is retained.
+
+How (DESIGN section 2): split every quantized value q = a*2^15 + b with b in [-2^14, 2^14).
+Every product of halves is below 2^31 in magnitude, so a float64 GEMM over at most 2^21 rows
+sums exact integers below 2^52 -- exact whatever the summation order or BLAS. The three
+symmetric limb matrices
+
+    AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T
+
+are accumulated in int64 (bounded by n * 2^31 < 2^63 for n < 2^32 samples) and give
+S_int = AA*2^30 + X*2^15 + BB exactly. G uses the same split of the integer labels. The limbs
+are a deterministic function of the multiset, so equal multisets have equal limbs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from . import wide
+from .errors import LedgerError, NonMemberDelete, OverflowBudgetError
+from .quantize import QMAX
+
+#: Rows per GEMM chunk: 2^21 products of magnitude <= 2^30 sum below 2^51 < 2^53 (exact).
+GEMM_CHUNK_ROWS = 1 << 21
+#: Retained-sample budget per ledger; beyond it int64 limbs could overflow.
+MAX_COUNT = (1 << 32) - 1
+#: Largest class index accepted (keeps c, and so W, a sane size).
+MAX_CLASS_INDEX = (1 << 20) - 1
+
+DIGEST_DOMAIN = b"unlearn.ledger/v1\x00"
+_BLOB_MAGIC = b"ULDG"
+_BLOB_VERSION = 1
+_HEADER = struct.Struct("<4sHqqqqq")  # magic, version, d, c, k, k_y, count
+
+
+class SufficientStatistics(Protocol):
+    """What a head solver needs: float64 S and G at real scale."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def gram(self) -> NDArray[np.float64]: ...
+
+    def moments(self) -> NDArray[np.float64]: ...
+
+
+def split_halves(Q: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """q = a*2^15 + b with b in [-2^14, 2^14), returned as float64 (exact small integers)."""
+    a = (Q + (1 << 14)) >> 15
+    b = Q - (a << 15)
+    return a.astype(np.float64), b.astype(np.float64)
+
+
+def _exact_int(M: NDArray[np.float64]) -> NDArray[np.int64]:
+    # GEMM outputs are exact integers below 2^53: the cast loses nothing.
+    return M.astype(np.int64)
+
+
+class ExactLedger:
+    """Exact sufficient statistics of a ridge head, in integers.
+
+    ``dim``: feature dimension d. ``n_outputs``: c, grows when a larger class index or a wider
+    target matrix is added (class-incremental heads); it never shrinks, so a from-scratch
+    reference must be built with the same ``n_outputs``. ``frac_bits``: k of the feature grid;
+    ``label_frac_bits``: k_y of the label grid (0 = class indices / integer targets).
+    """
+
+    def __init__(self, dim: int, n_outputs: int = 0, frac_bits: int = 30, label_frac_bits: int = 0) -> None:
+        if int(dim) < 1:
+            raise LedgerError(f"dim must be >= 1, got {dim}")
+        if int(n_outputs) < 0:
+            raise LedgerError(f"n_outputs must be >= 0, got {n_outputs}")
+        if not 0 <= int(frac_bits) <= 30 or not 0 <= int(label_frac_bits) <= 30:
+            raise LedgerError("frac_bits and label_frac_bits must be in 0..30")
+        self.dim = int(dim)
+        self.frac_bits = int(frac_bits)
+        self.label_frac_bits = int(label_frac_bits)
+        d, c = self.dim, int(n_outputs)
+        self._AA = np.zeros((d, d), np.int64)
+        self._X = np.zeros((d, d), np.int64)
+        self._BB = np.zeros((d, d), np.int64)
+        self._GAA = np.zeros((d, c), np.int64)
+        self._GX = np.zeros((d, c), np.int64)
+        self._GBB = np.zeros((d, c), np.int64)
+        self._class_counts = np.zeros(c, np.int64)
+        self._count = 0
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def n_outputs(self) -> int:
+        return self._GAA.shape[1]
+
+    @property
+    def count(self) -> int:
+        """Number of retained samples."""
+        return self._count
+
+    @property
+    def class_counts(self) -> NDArray[np.int64]:
+        """Retained samples per class index (samples added with class-index labels only)."""
+        return self._class_counts.copy()
+
+    def __repr__(self) -> str:
+        return (f"ExactLedger(dim={self.dim}, n_outputs={self.n_outputs}, count={self.count}, "
+                f"frac_bits={self.frac_bits}, label_frac_bits={self.label_frac_bits})")
+
+    def copy(self) -> "ExactLedger":
+        other = ExactLedger.__new__(ExactLedger)
+        other.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
+        return other
+
+    # ------------------------------------------------------------------ validation
+    def check_rows(self, Q: ArrayLike) -> NDArray[np.int64]:
+        """Validate quantized rows: integer dtype, shape (r, dim), |q| <= 2^30."""
+        arr = np.asarray(Q)
+        if arr.dtype.kind not in "iu":
+            raise LedgerError(f"Q must be an integer array from Quantizer.quantize, got dtype {arr.dtype}")
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise LedgerError(f"Q must have shape (r, {self.dim}), got {np.asarray(Q).shape}")
+        if arr.dtype.kind == "u" and arr.size and arr.max() > QMAX:
+            raise LedgerError("Q has values beyond 2^30")
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size and np.abs(arr).max() > QMAX:
+            row = int(np.argmax((np.abs(arr) > QMAX).any(axis=1)))
+            raise LedgerError(f"row {row}: |q| exceeds 2^30, not a value the Quantizer produces")
+        return arr
+
+    def label_matrix(self, y: ArrayLike, r: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+        """Integer label matrix Y (r, c') and, for class-index labels, the indices.
+
+        Class index j becomes the row with 2^label_frac_bits at column j (one-hot on the label grid).
+        """
+        arr = np.asarray(y)
+        if arr.ndim == 0:
+            arr = arr[None]
+        if arr.dtype.kind not in "iu":
+            raise LedgerError(
+                f"labels must be integer class indices (r,) or an int64 quantized target matrix (r, c); got dtype {arr.dtype}")
+        if arr.ndim == 1:
+            if arr.shape[0] != r:
+                raise LedgerError(f"got {arr.shape[0]} class labels for {r} rows")
+            if r and (arr.min() < 0 or arr.max() > MAX_CLASS_INDEX):
+                raise LedgerError(f"class indices must be in 0..{MAX_CLASS_INDEX}, got {int(arr.min())}..{int(arr.max())}")
+            idx = arr.astype(np.int64)
+            c = max(self.n_outputs, int(idx.max()) + 1 if r else 0)
+            Y = np.zeros((r, c), np.int64)
+            Y[np.arange(r), idx] = 1 << self.label_frac_bits
+            return Y, idx
+        if arr.ndim == 2:
+            if arr.shape[0] != r:
+                raise LedgerError(f"target matrix has {arr.shape[0]} rows for {r} feature rows")
+            if arr.shape[1] < self.n_outputs:
+                raise LedgerError(f"target matrix has {arr.shape[1]} columns, the head has {self.n_outputs} outputs")
+            if arr.shape[1] > MAX_CLASS_INDEX + 1:
+                raise LedgerError(f"target matrix has too many columns ({arr.shape[1]})")
+            Y = arr.astype(np.int64, copy=False)
+            if Y.size and np.abs(Y).max() > QMAX:
+                raise LedgerError("quantized targets must satisfy |y| <= 2^30")
+            return Y, None
+        raise LedgerError(f"labels must be 1-d class indices or a 2-d target matrix, got shape {arr.shape}")
+
+    # ------------------------------------------------------------------ updates
+    def add(self, Q: ArrayLike, y: ArrayLike) -> None:
+        """Add the rows Q (int64 (r, d)) with labels y; all or nothing."""
+        self._apply_rows(Q, y, +1)
+
+    def delete(self, Q: ArrayLike, y: ArrayLike) -> None:
+        """Remove the rows Q with labels y. Refused atomically (NonMemberDelete) when it would make
+        the count, a class count or a diagonal of S negative -- a delete of something never added."""
+        self._apply_rows(Q, y, -1)
+
+    def _apply_rows(self, Q: ArrayLike, y: ArrayLike, sign: int) -> None:
+        Qc = self.check_rows(Q)
+        r = Qc.shape[0]
+        Y, idx = self.label_matrix(y, r)
+        if r == 0:
+            return
+        delta = ExactLedger._from_rows(self.dim, Qc, Y, idx, self.frac_bits, self.label_frac_bits)
+        self.absorb(delta, sign)
+
+    @staticmethod
+    def _from_rows(d: int, Q: NDArray[np.int64], Y: NDArray[np.int64], idx: NDArray[np.int64] | None,
+                   k: int, k_y: int) -> "ExactLedger":
+        led = ExactLedger(d, Y.shape[1], k, k_y)
+        for s in range(0, Q.shape[0], GEMM_CHUNK_ROWS):
+            A, B = split_halves(Q[s:s + GEMM_CHUNK_ROWS])
+            YA, YB = split_halves(Y[s:s + GEMM_CHUNK_ROWS])
+            At, Bt = A.T, B.T
+            AB = _exact_int(At @ B)
+            led._AA += _exact_int(At @ A)
+            led._X += AB + AB.T
+            led._BB += _exact_int(Bt @ B)
+            led._GAA += _exact_int(At @ YA)
+            led._GX += _exact_int(At @ YB) + _exact_int(Bt @ YA)
+            led._GBB += _exact_int(Bt @ YB)
+        if idx is not None:
+            led._class_counts += np.bincount(idx, minlength=Y.shape[1]).astype(np.int64)
+        led._count = int(Q.shape[0])
+        return led
+
+    @classmethod
+    def from_rows(cls, Q: ArrayLike, y: ArrayLike, n_outputs: int = 0, frac_bits: int = 30,
+                  label_frac_bits: int = 0) -> "ExactLedger":
+        """The ledger of exactly these rows (e.g. a packed batch for federated mode)."""
+        Qa = np.asarray(Q)
+        d = Qa.shape[-1] if Qa.ndim else 0
+        led = cls(d, n_outputs, frac_bits, label_frac_bits)
+        led.add(Q, y)
+        return led
+
+    def absorb(self, other: "ExactLedger", sign: int = +1) -> None:
+        """In place: self += sign * other (the packed-statistics path). Validated before mutation."""
+        if sign not in (1, -1):
+            raise LedgerError("sign must be +1 or -1")
+        if not isinstance(other, ExactLedger):
+            raise LedgerError(f"can only absorb an ExactLedger, got {type(other).__name__}")
+        if (other.dim, other.frac_bits, other.label_frac_bits) != (self.dim, self.frac_bits, self.label_frac_bits):
+            raise LedgerError(
+                f"incompatible ledgers: (dim, frac_bits, label_frac_bits) {(other.dim, other.frac_bits, other.label_frac_bits)} "
+                f"vs {(self.dim, self.frac_bits, self.label_frac_bits)}")
+        new_count = self._count + sign * other._count
+        if new_count > MAX_COUNT:
+            raise OverflowBudgetError(
+                f"ledger would hold {new_count} samples; the exactness budget is < 2^32 per ledger "
+                "(split the head into partition ledgers)")
+        c_new = max(self.n_outputs, other.n_outputs)
+        if sign < 0:
+            if other.n_outputs > self.n_outputs and other._class_counts[self.n_outputs:].any():
+                raise NonMemberDelete("delete names a class index this head has never seen")
+            if new_count < 0:
+                raise NonMemberDelete(f"delete of {other._count} samples from a ledger holding {self._count}")
+            oc = np.zeros(c_new, np.int64)
+            oc[:other.n_outputs] = other._class_counts
+            sc = np.zeros(c_new, np.int64)
+            sc[:self.n_outputs] = self._class_counts
+            if (sc - oc < 0).any():
+                j = int(np.argmax(sc - oc < 0))
+                raise NonMemberDelete(f"delete of {int(oc[j])} samples of class {j}; the ledger holds {int(sc[j])}")
+            diag = wide.combine([
+                (np.diagonal(self._AA) - np.diagonal(other._AA), 30),
+                (np.diagonal(self._X) - np.diagonal(other._X), 15),
+                (np.diagonal(self._BB) - np.diagonal(other._BB), 0),
+            ])
+            if wide.is_negative(diag).any():
+                i = int(np.argmax(wide.is_negative(diag)))
+                raise NonMemberDelete(f"delete would make S[{i},{i}] negative: those rows were never added")
+        # Validation passed: mutate.
+        if c_new > self.n_outputs:
+            self._grow_outputs(c_new)
+        c_o = other.n_outputs
+        if sign > 0:
+            self._AA += other._AA; self._X += other._X; self._BB += other._BB
+            self._GAA[:, :c_o] += other._GAA; self._GX[:, :c_o] += other._GX; self._GBB[:, :c_o] += other._GBB
+            self._class_counts[:c_o] += other._class_counts
+        else:
+            self._AA -= other._AA; self._X -= other._X; self._BB -= other._BB
+            self._GAA[:, :c_o] -= other._GAA; self._GX[:, :c_o] -= other._GX; self._GBB[:, :c_o] -= other._GBB
+            self._class_counts[:c_o] -= other._class_counts
+        self._count = new_count
+
+    def _grow_outputs(self, c_new: int) -> None:
+        pad = c_new - self.n_outputs
+        z = np.zeros((self.dim, pad), np.int64)
+        self._GAA = np.hstack([self._GAA, z])
+        self._GX = np.hstack([self._GX, z])
+        self._GBB = np.hstack([self._GBB, z])
+        self._class_counts = np.concatenate([self._class_counts, np.zeros(pad, np.int64)])
+
+    def grow_outputs(self, n_outputs: int) -> None:
+        """Widen the head to ``n_outputs`` (zero columns); shrinking is refused."""
+        if n_outputs < self.n_outputs:
+            raise LedgerError(f"cannot shrink outputs from {self.n_outputs} to {n_outputs}")
+        if n_outputs > self.n_outputs:
+            self._grow_outputs(n_outputs)
+
+    def merge(self, other: "ExactLedger") -> "ExactLedger":
+        """A new ledger of the disjoint union: ledgers of partitions sum exactly."""
+        out = self.copy()
+        out.absorb(other, +1)
+        return out
+
+    def __add__(self, other: "ExactLedger") -> "ExactLedger":
+        return self.merge(other)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExactLedger):
+            return NotImplemented
+        return self.digest() == other.digest() and np.array_equal(self._class_counts, other._class_counts)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    # ------------------------------------------------------------------ exact values
+    def _S_wide(self) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+        return wide.combine([(self._AA, 30), (self._X, 15), (self._BB, 0)])
+
+    def _G_wide(self) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+        return wide.combine([(self._GAA, 30), (self._GX, 15), (self._GBB, 0)])
+
+    def gram_int(self) -> NDArray[np.object_]:
+        """S_int as Python ints (d, d) -- for audits and tests on small d."""
+        return np.array(wide.to_pyints(self._S_wide()), dtype=object).reshape(self.dim, self.dim)
+
+    def moments_int(self) -> NDArray[np.object_]:
+        """G_int as Python ints (d, c)."""
+        return np.array(wide.to_pyints(self._G_wide()), dtype=object).reshape(self.dim, self.n_outputs)
+
+    def gram(self) -> NDArray[np.float64]:
+        """Float64 S at real scale, S_int * 2^-2k, by a fixed sequence of operations (deterministic)."""
+        return wide.to_float64(self._S_wide()) * (2.0 ** (-2 * self.frac_bits))
+
+    def moments(self) -> NDArray[np.float64]:
+        """Float64 G at real scale, G_int * 2^-(k + k_y)."""
+        return wide.to_float64(self._G_wide()) * (2.0 ** (-(self.frac_bits + self.label_frac_bits)))
+
+    def digest(self) -> str:
+        """Hex SHA-256 of the canonical encoding of the exact integers (DESIGN section 2).
+
+        Byte by byte::
+
+            b"unlearn.ledger/v1\\0"                           18 bytes (domain tag, NUL-terminated)
+            i64 d, i64 c, i64 k, i64 k_y, i64 n               5 x 8 bytes, signed little-endian
+            i128 S_int[i][j], i = 0..d-1, j = i..d-1          upper triangle incl. diagonal, row-major
+            i128 G_int[i][m], i = 0..d-1, m = 0..c-1          row-major
+
+        i128 is signed two's-complement little-endian (16 bytes). S_int = sum q q^T and
+        G_int = sum q y^T over the retained multiset, y the integer label vector (one-hot scaled by
+        2^k_y for class indices). Equal digests = equal ledgers, whoever computes them.
+        """
+        h = hashlib.sha256()
+        h.update(DIGEST_DOMAIN)
+        h.update(struct.pack("<qqqqq", self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count))
+        iu = np.triu_indices(self.dim)
+        S = self._S_wide()
+        h.update(wide.to_le_bytes((S[0][iu], S[1][iu])))
+        h.update(wide.to_le_bytes(self._G_wide()))
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ serialization
+    def to_bytes(self) -> bytes:
+        """Versioned, checksummed snapshot (restores the limbs, class counts and count).
+
+        Layout (little-endian): magic "ULDG", u16 version=1, i64 d, c, k, k_y, count;
+        i64 class_counts[c]; i64 upper triangles (row-major) of AA, X, BB (d(d+1)/2 each);
+        i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
+        """
+        iu = np.triu_indices(self.dim)
+        parts = [
+            _HEADER.pack(_BLOB_MAGIC, _BLOB_VERSION, self.dim, self.n_outputs, self.frac_bits,
+                         self.label_frac_bits, self._count),
+            self._class_counts.astype("<i8").tobytes(),
+            self._AA[iu].astype("<i8").tobytes(), self._X[iu].astype("<i8").tobytes(),
+            self._BB[iu].astype("<i8").tobytes(),
+            self._GAA.astype("<i8").tobytes(), self._GX.astype("<i8").tobytes(), self._GBB.astype("<i8").tobytes(),
+        ]
+        body = b"".join(parts)
+        return body + hashlib.sha256(body).digest()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "ExactLedger":
+        """Inverse of to_bytes; rejects truncated, corrupted or unknown-version input with LedgerError."""
+        blob = bytes(blob)
+        if len(blob) < _HEADER.size + 32:
+            raise LedgerError(f"ledger blob truncated ({len(blob)} bytes)")
+        magic, version, d, c, k, k_y, count = _HEADER.unpack_from(blob, 0)
+        if magic != _BLOB_MAGIC:
+            raise LedgerError("not a ledger blob (bad magic)")
+        if version != _BLOB_VERSION:
+            raise LedgerError(f"unknown ledger blob version {version}")
+        if not (1 <= d <= 1 << 16 and 0 <= c <= MAX_CLASS_INDEX + 1 and 0 <= k <= 30 and 0 <= k_y <= 30
+                and 0 <= count <= MAX_COUNT):
+            raise LedgerError("ledger blob header out of range")
+        t = d * (d + 1) // 2
+        expected = _HEADER.size + 8 * (c + 3 * t + 3 * d * c) + 32
+        if len(blob) != expected:
+            raise LedgerError(f"ledger blob has {len(blob)} bytes, expected {expected}")
+        if hashlib.sha256(blob[:-32]).digest() != blob[-32:]:
+            raise LedgerError("ledger blob checksum mismatch (corrupted)")
+        led = cls(d, c, k, k_y)
+        off = _HEADER.size
+
+        def take(n: int) -> NDArray[np.int64]:
+            nonlocal off
+            a = np.frombuffer(blob, dtype="<i8", count=n, offset=off).astype(np.int64)
+            off += 8 * n
+            return a
+
+        led._class_counts = take(c)
+        iu = np.triu_indices(d)
+        for name in ("_AA", "_X", "_BB"):
+            M = np.zeros((d, d), np.int64)
+            M[iu] = take(t)
+            M.T[iu] = M[iu]
+            setattr(led, name, M)
+        for name in ("_GAA", "_GX", "_GBB"):
+            setattr(led, name, take(d * c).reshape(d, c))
+        led._count = int(count)
+        return led

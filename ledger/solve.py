@@ -1,0 +1,58 @@
+"""Variant A: the canonical head from the ledger by Cholesky, deterministic for a given ledger.
+
+H = S + gamma*I is formed by a fixed sequence of float64 operations and factored once; W comes
+from two triangular solves (no explicit inverse). Same ledger, same machine/BLAS -> same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as sla
+from numpy.typing import NDArray
+
+from .errors import LedgerError
+from .exact import SufficientStatistics
+
+
+def _check_gamma(gamma: float) -> float:
+    g = float(gamma)
+    if not (np.isfinite(g) and g > 0):
+        raise ValueError(f"gamma must be a finite positive number, got {gamma!r}")
+    return g
+
+
+def regularized_gram(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
+    """H = S + gamma*I in float64."""
+    H = stats.gram()
+    H[np.diag_indices_from(H)] += _check_gamma(gamma)
+    return H
+
+
+def cholesky_factor(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
+    """Lower Cholesky factor L of H = S + gamma*I (H = L L^T)."""
+    H = regularized_gram(stats, gamma)
+    try:
+        return sla.cholesky(H, lower=True, check_finite=False)
+    except np.linalg.LinAlgError as exc:
+        raise LedgerError(f"S + gamma*I is not positive definite ({exc}); the ledger is inconsistent") from exc
+
+
+def solve_with_factor(L: NDArray[np.float64], G: NDArray[np.float64]) -> NDArray[np.float64]:
+    """W = H^-1 G from the Cholesky factor of H, by two triangular solves."""
+    if G.shape[1] == 0:
+        return np.zeros((L.shape[0], 0))
+    Z = sla.solve_triangular(L, G, lower=True, check_finite=False)
+    return sla.solve_triangular(L.T, Z, lower=False, check_finite=False)
+
+
+def solve_head(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
+    """The ridge head W = (S + gamma*I)^-1 G, shape (d, c), float64 (Variant A)."""
+    L = cholesky_factor(stats, gamma)
+    return solve_with_factor(L, stats.moments())
+
+
+def posterior_inverse(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
+    """T = (S + gamma*I)^-1: the SMW tracker's state and the posterior covariance up to sigma^2."""
+    L = cholesky_factor(stats, gamma)
+    T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
+    return (T + T.T) * 0.5

@@ -1,0 +1,112 @@
+"""A live head: the exact ledger (source of truth) plus the SMW fast head and its reset policy.
+
+This is the pure core the ledger processor wraps. Every update goes to the exact ledger first
+(which rejects invalid deletes atomically), then to the fast tracker; the canonical head is
+restored from the ledger every ``reset_every`` updates, on an infeasible/ill-conditioned downdate,
+when the drift estimate passes ``drift_threshold``, or when the caller asks (e.g. a timer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .exact import ExactLedger
+from .smw import SMWTracker
+
+HeadMode = Literal["exact", "fast"]
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What an update did to the served head."""
+
+    mode: HeadMode  # "exact" right after a reset, else "fast"
+    reset_reason: str = ""  # why a reset ran ("" when none)
+    drift: float = 0.0  # drift of the fast head measured at that reset
+
+
+class TrackedHead:
+    """Exact ledger + SMW tracker with periodic Cholesky resets."""
+
+    def __init__(self, ledger: ExactLedger, gamma: float = 1.0, reset_every: int = 1000,
+                 drift_threshold: float = 1e-9, drift_check_every: int = 64, min_pivot: float = 1e-8) -> None:
+        if reset_every < 1 or drift_check_every < 1:
+            raise ValueError("reset_every and drift_check_every must be >= 1")
+        self.ledger = ledger
+        self.gamma = float(gamma)
+        self.reset_every = int(reset_every)
+        self.drift_threshold = float(drift_threshold)
+        self.drift_check_every = int(drift_check_every)
+        self.tracker = SMWTracker.from_ledger(ledger, gamma, min_pivot)
+        self.mode: HeadMode = "exact"
+        self.resets = 0
+
+    @property
+    def weights(self) -> NDArray[np.float64]:
+        """The served head W (d, c): canonical after a reset, SMW-updated otherwise."""
+        return self.tracker.W
+
+    @property
+    def last_reset_drift(self) -> float:
+        return self.tracker.last_reset_drift
+
+    def _factor(self, Q: NDArray[np.int64], Y: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # U = Q * 2^-k is exact in float64 (|q| <= 2^30); U^T U is the real-scale delta S.
+        U = Q.astype(np.float64) * (2.0 ** -self.ledger.frac_bits)
+        dG = U.T @ (Y.astype(np.float64) * (2.0 ** -self.ledger.label_frac_bits))
+        return U, dG
+
+    def add(self, Q: ArrayLike, y: ArrayLike) -> UpdateReport:
+        """Add rows to the ledger (exact) and to the fast head."""
+        return self._update(Q, y, +1)
+
+    def delete(self, Q: ArrayLike, y: ArrayLike) -> UpdateReport:
+        """Delete rows; a non-member delete raises (from the ledger) and changes nothing."""
+        return self._update(Q, y, -1)
+
+    def _update(self, Q: ArrayLike, y: ArrayLike, sign: int) -> UpdateReport:
+        Qc = self.ledger.check_rows(Q)
+        Y, _ = self.ledger.label_matrix(y, Qc.shape[0])
+        (self.ledger.add if sign > 0 else self.ledger.delete)(Qc, y)
+        if Qc.shape[0] == 0:
+            return UpdateReport(self.mode)
+        U, dG = self._factor(Qc, Y)
+        if sign > 0:
+            self.tracker.add(U, dG)
+        else:
+            chk = self.tracker.delete(U, dG)
+            if not chk.feasible:
+                return self.reset(f"downdate {chk.reason}")
+        return self._after_update()
+
+    def absorb(self, other: ExactLedger, sign: int) -> UpdateReport:
+        """Packed statistics (federated mode): exact in the ledger, then a canonical reset (no rows
+        to factor, and factoring a Gram costs as much as the reset itself)."""
+        self.ledger.absorb(other, sign)
+        return self.reset("packed statistics")
+
+    def _after_update(self) -> UpdateReport:
+        self.mode = "fast"
+        t = self.tracker.updates_since_reset
+        if t >= self.reset_every:
+            return self.reset(f"periodic ({t} updates)")
+        if t % self.drift_check_every == 0:
+            est = self.tracker.drift_estimate(self.ledger)
+            if est > self.drift_threshold:
+                return self.reset(f"drift estimate {est:.3g} > {self.drift_threshold:.3g}")
+        return UpdateReport(self.mode)
+
+    def reset(self, reason: str = "requested") -> UpdateReport:
+        """Canonical head from the ledger (Variant A); the served head becomes exact."""
+        self.ledger_outputs_sync()
+        drift = self.tracker.reset(self.ledger)
+        self.mode = "exact"
+        self.resets += 1
+        return UpdateReport("exact", reason, drift)
+
+    def ledger_outputs_sync(self) -> None:
+        self.tracker.grow_outputs(self.ledger.n_outputs)

@@ -1,0 +1,72 @@
+"""Signed 128-bit integer matrices as (hi: int64, lo: uint64) pairs, vectorized with numpy.
+
+The exact Gram entries need up to ~93 bits. The ledger stores them as int64 limbs; this module
+combines limbs into exact 128-bit values for the digest and for float conversion without going
+through Python ints element by element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def shifted(v: NDArray[np.int64], shift: int) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The 128-bit value v * 2^shift as (hi, lo); 0 <= shift < 64."""
+    v = np.asarray(v, dtype=np.int64)
+    if not 0 <= shift < 64:
+        raise ValueError("shift must be in 0..63")
+    lo = (v.astype(np.uint64) << np.uint64(shift)) & _MASK64
+    hi = v >> np.int64(63) if shift == 0 else v >> np.int64(64 - shift)
+    return hi.astype(np.int64), lo
+
+
+def add(a: tuple[NDArray[np.int64], NDArray[np.uint64]],
+        b: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """(hi, lo) + (hi, lo) with carry; the caller guarantees the sum fits in 128 bits."""
+    lo = a[1] + b[1]
+    carry = (lo < a[1]).astype(np.int64)
+    return a[0] + b[0] + carry, lo
+
+
+def combine(terms: list[tuple[NDArray[np.int64], int]]) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """Exact sum of int64 arrays each scaled by 2^shift, as 128-bit (hi, lo)."""
+    acc = shifted(terms[0][0], terms[0][1])
+    for v, s in terms[1:]:
+        acc = add(acc, shifted(v, s))
+    return acc
+
+
+def to_float64(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> NDArray[np.float64]:
+    """Deterministic float64 of a 128-bit value.
+
+    The low word is re-read as signed (borrowing one from the high word when its top bit is
+    set), so values below 2^63 in magnitude -- negatives included -- round exactly once instead
+    of cancelling 2^64 against 2^64 - x.
+    """
+    hi, lo = w
+    top = (lo >> np.uint64(63)).astype(np.int64)
+    lo_signed = lo.view(np.int64) if lo.dtype == np.uint64 else lo.astype(np.int64)
+    return (hi + top).astype(np.float64) * 18446744073709551616.0 + lo_signed.astype(np.float64)
+
+
+def to_le_bytes(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> bytes:
+    """Signed two's-complement little-endian 16-byte encoding of every element, in order."""
+    hi, lo = w
+    out = np.empty(hi.size, dtype=[("lo", "<u8"), ("hi", "<i8")])
+    out["lo"] = lo.ravel()
+    out["hi"] = hi.ravel()
+    return out.tobytes()
+
+
+def to_pyints(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> list[int]:
+    """Python ints (for tests and small diagnostics; slow for big arrays)."""
+    hi, lo = w
+    return [(int(h) << 64) + int(l) for h, l in zip(hi.ravel(), lo.ravel())]
+
+
+def is_negative(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> NDArray[np.bool_]:
+    """Elementwise sign test of a 128-bit value."""
+    return w[0] < 0
