@@ -44,14 +44,47 @@ class Settings:
     reset_every_seconds: float = 5.0  # UNLEARN_RESET_EVERY_SECONDS
     drift_threshold: float = 1e-9  # UNLEARN_DRIFT_THRESHOLD: reset when estimate passes it
     changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per table message
+    checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
+    checkpoint_every_seconds: float = 2.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
+    head_gammas: str = ""  # UNLEARN_HEAD_GAMMAS: per-head gamma, e.g. "faces=0.5,tweets=2"
+    publish_posterior: bool = True  # UNLEARN_PUBLISH_POSTERIOR: T = H^-1 on exact head updates
 
     # Featurizer
     batch_max_events: int = 256  # UNLEARN_BATCH_MAX_EVENTS
     batch_max_ms: int = 50  # UNLEARN_BATCH_MAX_MS
     device: str = "auto"  # UNLEARN_DEVICE: auto | cpu | cuda
     data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: feature cache, worker state
+    head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"
+    normalize_features: bool = True  # UNLEARN_NORMALIZE_FEATURES: L2-normalize rows before quantizing
+    max_feature_dim: int = 2048  # UNLEARN_MAX_FEATURE_DIM: a new head's d (ledger is O(d^2)); larger -> deadletter
+
+    # Client SDK / CLI, serving, replay verifier
+    client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
+    receipt_timeout: float = 60.0  # UNLEARN_RECEIPT_TIMEOUT: default seconds wait_receipt()/--wait waits
+    serve_host: str = "127.0.0.1"  # UNLEARN_SERVE_HOST: `unlearn serve` listen address
+    serve_port: int = 8080  # UNLEARN_SERVE_PORT: `unlearn serve` port
+    serve_sigma2: float = 1.0  # UNLEARN_SERVE_SIGMA2: sigma^2 in the predictive variance sigma^2 f^T T f
+    verify_orders: int = 3  # UNLEARN_VERIFY_ORDERS: shuffled replay orders of `unlearn verify`
+    verify_partitionings: int = 3  # UNLEARN_VERIFY_PARTITIONINGS: random re-partitionings of `unlearn verify`
+    verify_tolerance: float = 1e-8  # UNLEARN_VERIFY_TOLERANCE: max relative deviation from a sklearn retrain
 
     extra: dict[str, str] = field(default_factory=dict)
+
+    def gamma_for(self, head_id: str) -> float:
+        """The ridge gamma of a head: its UNLEARN_HEAD_GAMMAS entry, else UNLEARN_GAMMA."""
+        for item in filter(None, (p.strip() for p in self.head_gammas.split(","))):
+            name, _, value = item.partition("=")
+            if name.strip() == head_id:
+                return float(value)
+        return self.gamma
+
+    def backbone_for(self, head_id: str) -> str | None:
+        """A head's backbone from UNLEARN_HEAD_BACKBONES, or None (then the input kind decides)."""
+        for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
+            name, _, value = item.partition("=")
+            if name.strip() == head_id:
+                return value.strip()
+        return None
 
     def topic(self, name: str) -> str:
         """Full topic name for a logical topic (requests, deltas, heads, receipts, deadletter)."""
@@ -99,8 +132,38 @@ class Settings:
             )
         if self.admin_timeout <= 0 or self.broker_start_timeout <= 0 or self.broker_stop_timeout <= 0:
             raise ValueError("UNLEARN_ADMIN_TIMEOUT and UNLEARN_BROKER_*_TIMEOUT must be > 0")
+        for item in filter(None, (p.strip() for p in self.head_gammas.split(","))):
+            name, sep, value = item.partition("=")
+            try:
+                ok = bool(sep and name.strip()) and float(value) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"UNLEARN_HEAD_GAMMAS entry {item!r} is not 'head=gamma' with gamma > 0")
+        if self.checkpoint_every_messages < 1 or self.checkpoint_every_seconds <= 0:
+            raise ValueError("UNLEARN_CHECKPOINT_EVERY_MESSAGES must be >= 1 and _SECONDS > 0")
         if self.changelog_max_bytes < 64_000:
             raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
+        for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
+            name, sep, value = item.partition("=")
+            if not (sep and name.strip() and value.strip()):
+                raise ValueError(f"UNLEARN_HEAD_BACKBONES entry {item!r} is not 'head=backbone'")
+        if self.batch_max_events < 1 or self.batch_max_ms < 0:
+            raise ValueError("UNLEARN_BATCH_MAX_EVENTS must be >= 1 and UNLEARN_BATCH_MAX_MS >= 0")
+        if self.max_feature_dim < 1:
+            raise ValueError(f"UNLEARN_MAX_FEATURE_DIM must be >= 1, got {self.max_feature_dim}")
+        if not self.client_id or len(self.client_id) > 256:
+            raise ValueError("UNLEARN_CLIENT_ID must be a string of 1..256 characters")
+        if self.receipt_timeout <= 0:
+            raise ValueError(f"UNLEARN_RECEIPT_TIMEOUT must be > 0, got {self.receipt_timeout}")
+        if not 0 <= self.serve_port <= 65535:
+            raise ValueError(f"UNLEARN_SERVE_PORT must be in 0..65535, got {self.serve_port}")
+        if not self.serve_sigma2 > 0:
+            raise ValueError(f"UNLEARN_SERVE_SIGMA2 must be > 0, got {self.serve_sigma2}")
+        if self.verify_orders < 0 or self.verify_partitionings < 0:
+            raise ValueError("UNLEARN_VERIFY_ORDERS and UNLEARN_VERIFY_PARTITIONINGS must be >= 0")
+        if not self.verify_tolerance > 0:
+            raise ValueError(f"UNLEARN_VERIFY_TOLERANCE must be > 0, got {self.verify_tolerance}")
 
 
 def _coerce(name: str, raw: str, default: object) -> object:

@@ -1,0 +1,90 @@
+"""Run services as child processes (tests, the demo): same code path as an operator's shell.
+
+A child gets the parent's Settings as UNLEARN_* environment variables, logs to a file, and is
+stopped with SIGTERM (graceful) or SIGKILL (crash tests). Children die with the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from .settings import Settings
+
+
+def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that makes ``Settings.from_env()`` in a child equal ``settings``."""
+    env = dict(os.environ if base is None else base)
+    for f in fields(settings):
+        if f.name == "extra":
+            continue
+        v = getattr(settings, f.name)
+        env[f"UNLEARN_{f.name.upper()}"] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ServiceProcess:
+    """One ``unlearn <command>`` child process."""
+
+    def __init__(self, name: str, args: list[str], settings: Settings, log_dir: str | Path) -> None:
+        self.name = name
+        self.args = args
+        self.settings = settings
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> "ServiceProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"\n===== start {self.starts} {time.ctime()} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", *self.args], stdout=log,
+                                     stderr=subprocess.STDOUT, env=settings_env(self.settings),
+                                     preexec_fn=_die_with_parent)
+        self.starts += 1
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """Crash it: no flush, no commit, no goodbye."""
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """Graceful stop (SIGTERM), escalating to SIGKILL after ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""

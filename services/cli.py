@@ -1,0 +1,100 @@
+"""``unlearn``: one entry point for every service and tool. Subcommands import lazily so that
+`unlearn head` does not pay for torch, and `unlearn broker` does not pay for faust."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+USAGE = """usage: unlearn <command> [options]   (unlearn <command> --help for its options)
+
+services
+  broker          run the local tansu broker (prints bootstrap=127.0.0.1:PORT)
+  topics          create/list the topics (unlearn topics create --bootstrap B)
+  featurizer      requests -> exact deltas (backbones, feature cache, deadletters)
+  ledger          deltas -> exact ledger per head -> heads, receipts (faust worker)
+  serve           HTTP predictions from the latest heads
+tools
+  head            print the latest head of a head id
+  add | delete | delete-subject   produce request events (optionally --wait for the receipt)
+  verify          replay a head's deltas in shuffled orders/partitions and certify it
+  export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
+  demo            the whole system end to end on offline data (make demo)
+"""
+
+
+def _ledger_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--worker-id", default="ledger-0", help="separates local data dirs of workers on one host")
+    ap.add_argument("--loglevel", default="warning")
+    args = ap.parse_args(argv)
+    from infra.settings import Settings
+    from streams.ledger_app import run_ledger_worker
+
+    settings = Settings.from_env(bootstrap=args.bootstrap)
+    if not settings.bootstrap:
+        ap.error("no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP")
+    run_ledger_worker(settings, args.worker_id, args.loglevel)
+    return 0
+
+
+def _broker_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="unlearn broker", description="Run the local tansu broker.")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--data", help="persistent storage dir (needs a local S3; see README)")
+    args = ap.parse_args(argv)
+    from infra.broker import BrokerError, run_broker_forever
+
+    try:
+        return run_broker_forever(args.port, args.data)
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(argv) or 0)
+    return run
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "broker": _broker_main,
+    "topics": _lazy("infra.topics", "topics_main"),
+    "featurizer": _lazy("services.featurizer", "featurizer_main"),
+    "ledger": _ledger_main,
+    "serve": _lazy("services.serving", "serve_main"),
+    "head": _lazy("services.head_reader", "head_main"),
+    "add": _lazy("services.client_cli", "add_main"),
+    "delete": _lazy("services.client_cli", "delete_main"),
+    "delete-subject": _lazy("services.client_cli", "delete_subject_main"),
+    "verify": _lazy("services.verifier", "verify_main"),
+    "export-deltas": _lazy("services.verifier", "export_deltas_main"),
+    "demo": _lazy("services.demo", "demo_main"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd = COMMANDS.get(args[0])
+    if cmd is None:
+        print(f"unlearn: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return cmd(args[1:])
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
