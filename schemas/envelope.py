@@ -1,0 +1,350 @@
+"""The request envelope (``unlearn.request/v1``): parse, validate, encode.
+
+The contract is ``schemas/request.v1.schema.json`` (upstream apps in any language validate
+against it). The featurizer parses every request, so validation here is hand-written, fast
+checks in a fixed order rather than a generic JSON Schema engine; ``tests/test_schemas.py``
+checks on a corpus that they accept exactly what the schema accepts. A rejected request raises
+:class:`InvalidRequest` with a machine-readable ``reason`` that goes to ``deadletter``; nothing
+here raises anything else on bad input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import orjson
+
+__all__ = [
+    "ID_MAX_CHARS",
+    "LABEL_MAX",
+    "OPS",
+    "REQUEST_REASONS",
+    "REQUEST_SCHEMA_V1",
+    "FeaturesInput",
+    "ImageInput",
+    "Input",
+    "InvalidRequest",
+    "Op",
+    "Request",
+    "TextInput",
+    "encode_request",
+    "parse_request",
+    "request_from_dict",
+    "request_to_dict",
+]
+
+REQUEST_SCHEMA_V1 = "unlearn.request/v1"
+Op = Literal["add", "delete", "delete_subject"]
+OPS: tuple[str, ...] = ("add", "delete", "delete_subject")
+ID_MAX_CHARS = 256  # ids are message keys and ledger keys: bounded (schema: $defs/id)
+LABEL_MAX = 2**31 - 1  # a class index fits int32 in any language (schema: label.maximum)
+
+_ID_FIELDS = ("event_id", "head_id", "client_id", "subject_id")
+_ALLOWED = frozenset(
+    ("schema", "event_id", "op", "head_id", "client_id", "subject_id", "sample_id", "label", "input", "ts")
+)
+_INPUT_KEYS = {"features": ("values",), "text": ("text",), "image": ("format", "data")}
+_B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+REQUEST_REASONS: dict[str, str] = {
+    "not_json": "the bytes are not UTF-8 JSON (orjson: also non-finite numbers like 1e999)",
+    "not_object": "the JSON value is not an object",
+    "missing_field:<name>": "a required field is absent (schema first)",
+    "unknown_schema_version": "`schema` is not 'unlearn.request/v1'",
+    "unknown_field:<name>": "a field the schema does not define",
+    "bad_field:<name>": "an id field is not a string of 1..256 characters",
+    "bad_op": "op is not add | delete | delete_subject",
+    "unexpected_field:<name>": "a field the op does not take (label/input on delete, ...)",
+    "bad_label": "label is not an int in 0..2^31-1 nor a non-empty list of numbers",
+    "bad_input": "input is not an object with a string `kind` and exactly that kind's fields",
+    "bad_input_kind": "input.kind is not features | text | image",
+    "bad_features": "input.values is not a non-empty list of numbers",
+    "non_finite_feature": "a feature value is NaN or infinite (encode side; JSON cannot carry it)",
+    "non_finite_label": "a label vector value is NaN or infinite (encode side)",
+    "bad_text": "input.text is not a non-empty string",
+    "bad_image_format": "input.format is not 'png'",
+    "bad_base64": "input.data is not padded standard base64 of at least 4 characters",
+    "bad_ts": "ts is not a number >= 0",
+}
+"""Every reason code ``parse_request`` can give (``<name>`` is the field name)."""
+
+
+class InvalidRequest(ValueError):
+    """A request that must go to deadletter: ``reason`` is machine-readable, ``detail`` human."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class FeaturesInput:
+    """A precomputed feature vector (skips the backbone)."""
+
+    values: tuple[float, ...]
+    kind: Literal["features"] = field(default="features", init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.values, tuple):
+            object.__setattr__(self, "values", _float_tuple(self.values))
+
+
+@dataclass(frozen=True, slots=True)
+class TextInput:
+    """Text for a text backbone."""
+
+    text: str
+    kind: Literal["text"] = field(default="text", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """Encoded image bytes (decoded from base64) for an image backbone."""
+
+    data: bytes
+    format: Literal["png"] = "png"
+    kind: Literal["image"] = field(default="image", init=False)
+
+
+Input = Union[FeaturesInput, TextInput, ImageInput]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One validated request. ``label`` is an int (class index) or a tuple of floats."""
+
+    event_id: str
+    op: Op
+    head_id: str
+    client_id: str
+    subject_id: str
+    sample_id: str | None = None
+    label: int | tuple[float, ...] | None = None
+    input: Input | None = None
+    ts: float | None = None
+
+    def __post_init__(self) -> None:
+        label = self.label
+        if label is not None and not isinstance(label, (int, tuple)):
+            if isinstance(label, numbers.Integral):  # numpy integer scalars
+                object.__setattr__(self, "label", int(label))
+            elif isinstance(label, Iterable):
+                object.__setattr__(self, "label", _float_tuple(label))
+
+    @property
+    def schema(self) -> str:
+        return REQUEST_SCHEMA_V1
+
+
+def _float_tuple(values: Iterable[Any]) -> tuple[float, ...]:
+    """Lists, tuples and numpy arrays to a tuple of Python floats (the JSON number type)."""
+    tolist = getattr(values, "tolist", None)
+    return tuple(map(float, tolist() if tolist is not None else values))
+
+
+# --------------------------------------------------------------------------- validation
+def _fail(reason: str, detail: str) -> InvalidRequest:
+    return InvalidRequest(reason, detail)
+
+
+def _is_number(v: object) -> bool:
+    # bool is an int subclass in Python but not a JSON Schema number.
+    return (type(v) is float) or (type(v) is int)
+
+
+def _check_id(d: Mapping[str, Any], name: str) -> str:
+    v = d[name]
+    if type(v) is not str or not 1 <= len(v) <= ID_MAX_CHARS:
+        raise _fail(f"bad_field:{name}", f"{name} must be a string of 1..{ID_MAX_CHARS} characters, got {_short(v)}")
+    return v
+
+
+def _number_list(v: object, reason: str, what: str, non_finite: str) -> tuple[float, ...]:
+    if type(v) is not list or not v:
+        raise _fail(reason, f"{what} must be a non-empty list of numbers, got {_short(v)}")
+    for x in v:
+        if not _is_number(x):
+            raise _fail(reason, f"{what} must hold only numbers, found {_short(x)}")
+    try:
+        out = tuple(map(float, v))
+    except OverflowError:  # an int too large for a float64 is not finite as a feature
+        raise _fail(non_finite, f"{what} holds a number beyond float64 range") from None
+    # Fast path: a finite sum means every term is finite; only a non-finite sum (a NaN/inf, or
+    # an overflow of finite terms) needs the per-element look.
+    if not math.isfinite(sum(out)) and not all(map(math.isfinite, out)):
+        raise _fail(non_finite, f"{what} holds NaN or an infinity")
+    return out
+
+
+def _check_label(v: object) -> int | tuple[float, ...]:
+    if type(v) is int or (type(v) is float and v.is_integer()):
+        if not 0 <= v <= LABEL_MAX:
+            raise _fail("bad_label", f"a class index must be in 0..{LABEL_MAX}, got {_short(v)}")
+        return int(v)
+    if type(v) is list:
+        return _number_list(v, "bad_label", "label", "non_finite_label")
+    raise _fail("bad_label", f"label must be a class index (int >= 0) or a list of numbers, got {_short(v)}")
+
+
+def _check_input(v: object) -> Input:
+    if type(v) is not dict:
+        raise _fail("bad_input", f"input must be an object, got {_short(v)}")
+    kind = v.get("kind")
+    if kind is None:
+        raise _fail("bad_input", "input.kind is missing")
+    if type(kind) is not str or kind not in _INPUT_KEYS:
+        raise _fail("bad_input_kind", f"input.kind must be features | text | image, got {_short(kind)}")
+    wanted = _INPUT_KEYS[kind]
+    for key in v:
+        if key != "kind" and key not in wanted:
+            raise _fail("bad_input", f"input of kind {kind!r} takes no field {key!r}")
+    for key in wanted:
+        if key not in v:
+            raise _fail("bad_input", f"input of kind {kind!r} needs field {key!r}")
+    if kind == "features":
+        return FeaturesInput(_number_list(v["values"], "bad_features", "input.values", "non_finite_feature"))
+    if kind == "text":
+        text = v["text"]
+        if type(text) is not str or not text:
+            raise _fail("bad_text", f"input.text must be a non-empty string, got {_short(text)}")
+        return TextInput(text)
+    fmt, data = v["format"], v["data"]
+    if fmt != "png":
+        raise _fail("bad_image_format", f"input.format must be 'png', got {_short(fmt)}")
+    if type(data) is not str or len(data) < 4:
+        raise _fail("bad_base64", f"input.data must be a base64 string of >= 4 characters, got {_short(data)}")
+    return ImageInput(_b64decode(data), "png")
+
+
+def _b64decode(data: str) -> bytes:
+    """Strict padded standard base64, the schema's pattern: length % 4 == 0, '=' only at the end."""
+    try:
+        raw = data.encode("ascii")
+    except UnicodeEncodeError:
+        raise _fail("bad_base64", "input.data holds non-ASCII characters") from None
+    if len(raw) % 4:
+        raise _fail("bad_base64", "input.data length is not a multiple of 4 (padding missing?)")
+    body = raw.rstrip(b"=")
+    if len(raw) - len(body) > 2 or not _B64_ALPHABET.issuperset(body):
+        raise _fail("bad_base64", "input.data is not standard base64 (A-Z a-z 0-9 + / and '=' padding)")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except binascii.Error as exc:
+        raise _fail("bad_base64", f"input.data: {exc}") from None
+
+
+def request_from_dict(d: object) -> Request:
+    """Validate a decoded JSON value against v1 and build a Request (InvalidRequest if not)."""
+    if type(d) is not dict:
+        raise _fail("not_object", f"a request must be a JSON object, got {type(d).__name__}")
+    if "schema" not in d:
+        raise _fail("missing_field:schema", "field 'schema' is required (e.g. 'unlearn.request/v1')")
+    if d["schema"] != REQUEST_SCHEMA_V1 or type(d["schema"]) is not str:
+        raise _fail("unknown_schema_version", f"schema {_short(d['schema'])} is not {REQUEST_SCHEMA_V1!r}")
+    for key in d:
+        if key not in _ALLOWED:
+            raise _fail(f"unknown_field:{key[:64]}", f"field {_short(key)} is not part of {REQUEST_SCHEMA_V1}")
+    for name in ("event_id", "op", "head_id", "client_id", "subject_id"):
+        if name not in d:
+            raise _fail(f"missing_field:{name}", f"field {name!r} is required")
+    event_id, head_id, client_id, subject_id = (_check_id(d, n) for n in _ID_FIELDS)
+    op = d["op"]
+    if type(op) is not str or op not in OPS:
+        raise _fail("bad_op", f"op must be add | delete | delete_subject, got {_short(op)}")
+    if op == "add":
+        for name in ("sample_id", "label", "input"):
+            if name not in d:
+                raise _fail(f"missing_field:{name}", f"op 'add' requires {name!r}")
+    elif op == "delete":
+        if "sample_id" not in d:
+            raise _fail("missing_field:sample_id", "op 'delete' requires 'sample_id'")
+        for name in ("label", "input"):
+            if name in d:
+                raise _fail(
+                    f"unexpected_field:{name}", f"op 'delete' takes no {name!r} (the add's features are reused)"
+                )
+    else:
+        for name in ("sample_id", "label", "input"):
+            if name in d:
+                raise _fail(f"unexpected_field:{name}", f"op 'delete_subject' takes no {name!r}")
+    sample_id = _check_id(d, "sample_id") if "sample_id" in d else None
+    label = _check_label(d["label"]) if "label" in d else None
+    inp = _check_input(d["input"]) if "input" in d else None
+    ts = None
+    if "ts" in d:
+        t = d["ts"]
+        try:
+            ts = float(t) if _is_number(t) else math.nan
+        except OverflowError:
+            ts = math.inf
+        if not 0 <= ts < math.inf:
+            raise _fail("bad_ts", f"ts must be a finite number >= 0 (Unix seconds), got {_short(t)}")
+    return Request(event_id, op, head_id, client_id, subject_id, sample_id, label, inp, ts)
+
+
+def parse_request(raw: bytes | bytearray | memoryview | str) -> Request:
+    """Decode and validate one ``requests`` message value; InvalidRequest on anything wrong."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _fail("not_json", f"not valid UTF-8 JSON: {exc}") from None
+    except TypeError as exc:  # e.g. None as the message value (a tombstone)
+        raise _fail("not_json", f"no JSON bytes: {exc}") from None
+    return request_from_dict(d)
+
+
+# --------------------------------------------------------------------------- encoding
+def request_to_dict(req: Request) -> dict[str, Any]:
+    """The JSON object for ``req`` (only the fields its op takes; image data base64)."""
+    d: dict[str, Any] = {
+        "schema": REQUEST_SCHEMA_V1,
+        "event_id": req.event_id,
+        "op": req.op,
+        "head_id": req.head_id,
+        "client_id": req.client_id,
+        "subject_id": req.subject_id,
+    }
+    if req.sample_id is not None:
+        d["sample_id"] = req.sample_id
+    if req.label is not None:
+        d["label"] = list(req.label) if isinstance(req.label, tuple) else req.label
+    inp = req.input
+    if isinstance(inp, FeaturesInput):
+        d["input"] = {"kind": "features", "values": list(inp.values)}
+    elif isinstance(inp, TextInput):
+        d["input"] = {"kind": "text", "text": inp.text}
+    elif isinstance(inp, ImageInput):
+        d["input"] = {"kind": "image", "format": inp.format, "data": base64.b64encode(inp.data).decode("ascii")}
+    elif inp is not None:
+        raise _fail("bad_input", f"input must be FeaturesInput | TextInput | ImageInput, got {type(inp).__name__}")
+    if req.ts is not None:
+        d["ts"] = req.ts
+    return d
+
+
+def encode_request(req: Request) -> bytes:
+    """Bytes for the ``requests`` topic (key it by ``req.subject_id``).
+
+    Validates first with the same checks as the consumer, so a producer learns about a bad
+    request (e.g. a NaN feature, which JSON cannot carry) at the source, not from deadletter.
+    """
+    d = request_to_dict(req)
+    request_from_dict(d)
+    return orjson.dumps(d)
+
+
+def encode_requests(reqs: Iterable[Request]) -> list[bytes]:
+    """Many at once (a convenience for loaders and benchmarks)."""
+    return [encode_request(r) for r in reqs]
+
+
+def _short(v: object, limit: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."

@@ -1,0 +1,225 @@
+"""Binary ``heads`` messages: a served ridge head and the proof of what it was trained on.
+
+The ``heads`` topic is compacted and keyed by head id, so the latest message per key is the
+current head. Besides W (d x c float64) a message carries the ledger digest (so anyone can check
+the head against a from-scratch ledger), the version (receipts point at the first version that
+excludes a deleted sample), the delta offsets it covers (where to resume), and optionally the
+posterior matrix T = (S + gamma*I)^-1 (d x d) for predictive variance. Same frame and robustness
+rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from schemas._binary import CodecError, Reader, Writer, check_frame
+
+__all__ = [
+    "HEAD_MAGIC",
+    "HEAD_VERSION",
+    "MODES",
+    "CodecError",
+    "HeadUpdate",
+    "decode_head",
+    "encode_head",
+    "head_to_json",
+]
+
+HEAD_MAGIC = b"ULHD"
+HEAD_VERSION = 1
+MODES: tuple[str, ...] = ("exact", "fast")
+_FLAG_POSTERIOR = 0x0001
+
+# version, mode, reserved[7], digest[32], n_retained, events_covered, created_ts, drift, gamma,
+# d, c, n_offsets
+_FIXED = struct.Struct("<QB7s32sQQdddIII")
+_RESERVED = bytes(7)
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class HeadUpdate:
+    """One head version. ``weights`` is (d, c) float64; ``posterior`` (d, d) float64 or None.
+
+    ``offsets``: (partition, offset) of the last ``deltas`` message applied, per partition,
+    sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (DESIGN.md section 2).
+    Decoded arrays are read-only views into the message bytes.
+    """
+
+    head_id: str
+    version: int
+    mode: Literal["exact", "fast"]
+    digest: str
+    n_retained: int
+    events_covered: int
+    offsets: tuple[tuple[int, int], ...]
+    drift: float
+    gamma: float
+    created_ts: float
+    weights: np.ndarray
+    posterior: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        offsets = tuple(sorted((int(p), int(o)) for p, o in self.offsets))
+        object.__setattr__(self, "offsets", offsets)
+
+    @property
+    def d(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def c(self) -> int:
+        return int(self.weights.shape[1])
+
+    def __eq__(self, other: object) -> bool:
+        """Bitwise equality of the arrays (NaN == NaN, -0.0 != 0.0): a codec must preserve bits."""
+        if not isinstance(other, HeadUpdate):
+            return NotImplemented
+
+        def same_bits(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+            if a is None or b is None:
+                return a is b
+            return a.shape == b.shape and np.ascontiguousarray(a, "<f8").tobytes() == np.ascontiguousarray(
+                b, "<f8"
+            ).tobytes()
+
+        scalars = ("head_id", "version", "mode", "digest", "n_retained", "events_covered", "offsets")
+        return (
+            all(getattr(self, f) == getattr(other, f) for f in scalars)
+            and struct.pack("<ddd", self.drift, self.gamma, self.created_ts)
+            == struct.pack("<ddd", other.drift, other.gamma, other.created_ts)
+            and same_bits(self.weights, other.weights)
+            and same_bits(self.posterior, other.posterior)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _digest_bytes(digest: str) -> bytes:
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise CodecError(f"digest must be 64 hex characters (SHA-256), got {digest!r:.80}")
+    try:
+        raw = bytes.fromhex(digest)
+    except ValueError:
+        raise CodecError(f"digest is not hex: {digest!r:.80}") from None
+    if digest != raw.hex():
+        raise CodecError("digest must be lowercase hex (canonical form)")
+    return raw
+
+
+def _check_scalars(h_version: int, n_retained: int, events: int, drift: float, gamma: float,
+                   ts: float, err: Any) -> None:
+    for name, v in (("version", h_version), ("n_retained", n_retained), ("events_covered", events)):
+        if not isinstance(v, int) or not 0 <= v <= _U64_MAX:
+            raise err(f"{name} must be an int in 0..2^64-1, got {v!r}")
+    if not (math.isfinite(gamma) and gamma > 0):
+        raise err(f"gamma must be finite and > 0, got {gamma!r}")
+    if not (math.isfinite(drift) and drift >= 0):
+        raise err(f"drift must be finite and >= 0, got {drift!r}")
+    if not (math.isfinite(ts) and ts >= 0):
+        raise err(f"created_ts must be finite and >= 0, got {ts!r}")
+
+
+def _check_offsets(offsets: Sequence[tuple[int, int]], err: Any) -> None:
+    last = -1
+    for p, o in offsets:
+        if not 0 <= p <= 2**31 - 1 or not 0 <= o <= 2**63 - 1:
+            raise err(f"offset ({p}, {o}) out of range (partition int32 >= 0, offset int64 >= 0)")
+        if p <= last:
+            raise err(f"offsets must have one entry per partition, sorted; partition {p} repeats")
+        last = p
+
+
+def encode_head(h: HeadUpdate) -> bytes:
+    """Serialize; raises CodecError if the update is inconsistent."""
+    if h.mode not in MODES:
+        raise CodecError(f"mode must be one of {MODES}, got {h.mode!r}")
+    _check_scalars(h.version, h.n_retained, h.events_covered, h.drift, h.gamma, h.created_ts, CodecError)
+    _check_offsets(h.offsets, CodecError)
+    w_arr = np.asarray(h.weights)
+    if w_arr.ndim != 2 or w_arr.shape[0] < 1 or w_arr.dtype.kind not in "fiu":
+        raise CodecError(f"weights must be a (d>=1, c) real array, got shape {w_arr.shape} {w_arr.dtype}")
+    d, c = w_arr.shape
+    if d > 0xFFFFFFFF or c > 0xFFFFFFFF:
+        raise CodecError("weights dimensions exceed u32")
+    flags = 0
+    post = None
+    if h.posterior is not None:
+        post = np.asarray(h.posterior)
+        if post.shape != (d, d) or post.dtype.kind not in "fiu":
+            raise CodecError(f"posterior must be a ({d}, {d}) real array, got {post.shape}")
+        flags |= _FLAG_POSTERIOR
+    w = Writer()
+    w.str16(h.head_id, "head_id")
+    w.pack(
+        _FIXED, h.version, MODES.index(h.mode), _RESERVED, _digest_bytes(h.digest), h.n_retained,
+        h.events_covered, h.created_ts, h.drift, h.gamma, d, c, len(h.offsets),
+    )
+    w.array(np.array([p for p, _ in h.offsets], dtype="<i4"), align=False)
+    w.array(np.array([o for _, o in h.offsets], dtype="<i8"))
+    w.array(np.asarray(w_arr, dtype="<f8"))
+    if post is not None:
+        w.array(np.asarray(post, dtype="<f8"))
+    return w.finish(HEAD_MAGIC, HEAD_VERSION, flags)
+
+
+def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
+    """Parse and validate one ``heads`` message; CodecError on anything wrong."""
+    body, version, flags = check_frame(buf, HEAD_MAGIC, "head")
+    if version != HEAD_VERSION:
+        raise CodecError(f"head: unknown version {version} (this decoder knows {HEAD_VERSION})")
+    if flags & ~_FLAG_POSTERIOR:
+        raise CodecError(f"head: unknown flags {flags:#06x} for version {version}")
+    r = Reader(body, "head")
+    head_id = r.str16("head_id")
+    (h_version, mode_i, reserved, digest, n_retained, events, ts, drift, gamma, d, c, n_off) = r.unpack(
+        _FIXED, "fixed fields"
+    )
+    if reserved != _RESERVED:
+        raise r.fail("reserved bytes after mode are not 0")
+    if mode_i >= len(MODES):
+        raise r.fail(f"unknown mode {mode_i}")
+    _check_scalars(h_version, n_retained, events, drift, gamma, ts, r.fail)
+    if d < 1:
+        raise r.fail("d must be >= 1")
+    parts = r.array("<i4", n_off, "offset partitions", align=False)
+    offs = r.array("<i8", n_off, "offsets")
+    offsets = tuple(zip(parts.tolist(), offs.tolist()))
+    _check_offsets(offsets, r.fail)
+    weights = r.array("<f8", d * c, "weights").reshape(d, c)
+    posterior = r.array("<f8", d * d, "posterior").reshape(d, d) if flags & _FLAG_POSTERIOR else None
+    r.done()
+    return HeadUpdate(
+        head_id, h_version, MODES[mode_i], digest.hex(), n_retained, events, offsets,  # type: ignore[arg-type]
+        drift, gamma, ts, weights, posterior,
+    )
+
+
+def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, Any]:
+    """A JSON-ready dict for HTTP serving, logs and non-Python clients (weights as d x c lists)."""
+    out: dict[str, Any] = {
+        "schema": "unlearn.head/v1",
+        "head_id": h.head_id,
+        "version": h.version,
+        "mode": h.mode,
+        "digest": h.digest,
+        "n_retained": h.n_retained,
+        "events_covered": h.events_covered,
+        "offsets": [[p, o] for p, o in h.offsets],
+        "drift": h.drift,
+        "gamma": h.gamma,
+        "created_ts": h.created_ts,
+        "d": h.d,
+        "c": h.c,
+        "weights": np.asarray(h.weights, dtype=np.float64).tolist(),
+        "has_posterior": h.posterior is not None,
+    }
+    if include_posterior and h.posterior is not None:
+        out["posterior"] = np.asarray(h.posterior, dtype=np.float64).tolist()
+    return out

@@ -1,0 +1,150 @@
+"""``receipts``: each delete's proof, for the upstream app that asked (``receipt.v1.schema.json``).
+
+An applied receipt says which head version first excludes the samples and that version's ledger
+digest; because the ledger is exact, anyone holding the retained set can rebuild the ledger,
+recompute the digest and check the claim. A rejected receipt says why (a deadletter reason
+code) so the client is never left waiting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from schemas._binary import CodecError
+from schemas.envelope import ID_MAX_CHARS
+
+__all__ = [
+    "RECEIPT_SCHEMA_V1",
+    "Receipt",
+    "decode_receipt",
+    "encode_receipt",
+    "receipt_from_dict",
+    "receipt_to_dict",
+]
+
+RECEIPT_SCHEMA_V1 = "unlearn.receipt/v1"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_ALLOWED = frozenset(
+    ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Outcome of one delete / delete_subject request."""
+
+    event_id: str
+    subject_id: str
+    head_id: str
+    sample_ids: tuple[str, ...]
+    status: Literal["applied", "rejected"]
+    ts: float
+    head_version: int | None = None
+    digest: str | None = None
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sample_ids, tuple):
+            object.__setattr__(self, "sample_ids", tuple(self.sample_ids))
+
+    @classmethod
+    def applied(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
+                head_version: int, digest: str, ts: float) -> Receipt:
+        """The samples are out of ``head_version`` (digest = that version's ledger digest)."""
+        return cls(event_id, subject_id, head_id, tuple(sample_ids), "applied", ts, head_version, digest)
+
+    @classmethod
+    def rejected(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
+                 reason: str, ts: float) -> Receipt:
+        """The delete was not applied; ``reason`` is a machine-readable code."""
+        return cls(event_id, subject_id, head_id, tuple(sample_ids), "rejected", ts, reason=reason)
+
+
+def _is_id(v: object) -> bool:
+    return type(v) is str and 1 <= len(v) <= ID_MAX_CHARS
+
+
+def receipt_from_dict(d: object) -> Receipt:
+    """Validate a decoded JSON value against receipt v1; CodecError if it does not conform."""
+    if type(d) is not dict:
+        raise CodecError("receipt: not a JSON object")
+    if d.get("schema") != RECEIPT_SCHEMA_V1:
+        raise CodecError(f"receipt: unknown schema {d.get('schema')!r:.80}")
+    for k in d:
+        if k not in _ALLOWED:
+            raise CodecError(f"receipt: unknown field {k!r:.80}")
+    for k in ("event_id", "subject_id", "head_id", "sample_ids", "status", "ts"):
+        if k not in d:
+            raise CodecError(f"receipt: missing field {k!r}")
+    for k in ("event_id", "subject_id", "head_id"):
+        if not _is_id(d[k]):
+            raise CodecError(f"receipt: {k} must be a string of 1..{ID_MAX_CHARS} characters")
+    samples = d["sample_ids"]
+    if type(samples) is not list or not all(_is_id(s) for s in samples):
+        raise CodecError("receipt: sample_ids must be a list of ids")
+    ts = d["ts"]
+    if type(ts) not in (int, float) or not 0 <= ts < math.inf:
+        raise CodecError("receipt: ts must be a finite number >= 0")
+    status = d["status"]
+    version, digest, reason = d.get("head_version"), d.get("digest"), d.get("reason")
+    if status == "applied":
+        if "head_version" not in d or "digest" not in d:
+            raise CodecError("receipt: an applied receipt needs head_version and digest")
+        if "reason" in d:
+            raise CodecError("receipt: an applied receipt has no reason")
+        if not (type(version) is int or (type(version) is float and version.is_integer())) or not 0 <= version < 2**64:
+            raise CodecError("receipt: head_version must be an int in 0..2^64-1")
+        if type(digest) is not str or not _HEX64.fullmatch(digest):
+            raise CodecError("receipt: digest must be 64 lowercase hex characters")
+        version = int(version)
+    elif status == "rejected":
+        if "head_version" in d or "digest" in d:
+            raise CodecError("receipt: a rejected receipt has no head_version or digest")
+        if type(reason) is not str or not reason:
+            raise CodecError("receipt: a rejected receipt needs a non-empty reason")
+    else:
+        raise CodecError(f"receipt: status must be applied | rejected, got {status!r:.80}")
+    return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(samples), status, float(ts),
+                   version, digest, reason)
+
+
+def receipt_to_dict(r: Receipt) -> dict[str, Any]:
+    """The JSON object for ``r`` (fields its status takes only)."""
+    d: dict[str, Any] = {
+        "schema": RECEIPT_SCHEMA_V1,
+        "event_id": r.event_id,
+        "subject_id": r.subject_id,
+        "head_id": r.head_id,
+        "sample_ids": list(r.sample_ids),
+        "status": r.status,
+        "ts": r.ts,
+    }
+    if r.head_version is not None:
+        d["head_version"] = r.head_version
+    if r.digest is not None:
+        d["digest"] = r.digest
+    if r.reason is not None:
+        d["reason"] = r.reason
+    return d
+
+
+def encode_receipt(r: Receipt) -> bytes:
+    """JSON bytes for the ``receipts`` topic (key it by ``r.subject_id``); validated first."""
+    d = receipt_to_dict(r)
+    receipt_from_dict(d)
+    return orjson.dumps(d)
+
+
+def decode_receipt(raw: bytes | bytearray | memoryview | str) -> Receipt:
+    """Parse and validate a receipt; CodecError on anything wrong."""
+    try:
+        d = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError) as exc:
+        raise CodecError(f"receipt: not JSON: {exc}") from None
+    return receipt_from_dict(d)

