@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Protocol
+from functools import lru_cache
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -65,6 +66,16 @@ def _exact_int(M: NDArray[np.float64]) -> NDArray[np.int64]:
     return M.astype(np.int64)
 
 
+@lru_cache(maxsize=8)
+def _triu(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """Upper-triangle indices (row-major), cached: the digest and blobs use them every time."""
+    return np.triu_indices(d)
+
+
+#: Below this many rows, int64 outer products beat float GEMM + conversion (halves <= 2^15: exact).
+SMALL_RANK = 2
+
+
 class ExactLedger:
     """Exact sufficient statistics of a ridge head, in integers.
 
@@ -93,6 +104,9 @@ class ExactLedger:
         self._GBB = np.zeros((d, c), np.int64)
         self._class_counts = np.zeros(c, np.int64)
         self._count = 0
+        self._mutations = 0  # bumped by every change: keys the cache of derived values
+        self._cache: dict[str, tuple[int, Any]] = {}
+        self._scratch: tuple[NDArray[np.float64], NDArray[np.int64]] | None = None
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -116,7 +130,17 @@ class ExactLedger:
     def copy(self) -> "ExactLedger":
         other = ExactLedger.__new__(ExactLedger)
         other.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
+        other._cache = dict(self._cache)
+        other._scratch = None
         return other
+
+    def _cached(self, name: str, compute: Any) -> Any:
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == self._mutations:
+            return hit[1]
+        value = compute()
+        self._cache[name] = (self._mutations, value)
+        return value
 
     # ------------------------------------------------------------------ validation
     def check_rows(self, Q: ArrayLike) -> NDArray[np.int64]:
@@ -186,28 +210,82 @@ class ExactLedger:
         Y, idx = self.label_matrix(y, r)
         if r == 0:
             return
-        delta = ExactLedger._from_rows(self.dim, Qc, Y, idx, self.frac_bits, self.label_frac_bits)
-        self.absorb(delta, sign)
+        a = (Qc + (1 << 14)) >> 15
+        b = Qc - (a << 15)
+        # Validate everything before touching state (atomic: a refused update changes nothing).
+        c_new = max(self.n_outputs, Y.shape[1])
+        batch_counts = np.bincount(idx, minlength=c_new).astype(np.int64) if idx is not None else None
+        diag = ((a * a).sum(axis=0), 2 * (a * b).sum(axis=0), (b * b).sum(axis=0))
+        self._check_update(sign, r, c_new, batch_counts, diag)
+        if c_new > self.n_outputs:
+            self._grow_outputs(c_new)
+        Yp = Y if Y.shape[1] == c_new else np.hstack([Y, np.zeros((r, c_new - Y.shape[1]), np.int64)])
+        for s0 in range(0, r, GEMM_CHUNK_ROWS):
+            self._accumulate(a[s0:s0 + GEMM_CHUNK_ROWS], b[s0:s0 + GEMM_CHUNK_ROWS], Yp[s0:s0 + GEMM_CHUNK_ROWS], sign)
+        if batch_counts is not None:
+            self._class_counts += sign * batch_counts
+        self._count += sign * r
+        self._mutations += 1
 
-    @staticmethod
-    def _from_rows(d: int, Q: NDArray[np.int64], Y: NDArray[np.int64], idx: NDArray[np.int64] | None,
-                   k: int, k_y: int) -> "ExactLedger":
-        led = ExactLedger(d, Y.shape[1], k, k_y)
-        for s in range(0, Q.shape[0], GEMM_CHUNK_ROWS):
-            A, B = split_halves(Q[s:s + GEMM_CHUNK_ROWS])
-            YA, YB = split_halves(Y[s:s + GEMM_CHUNK_ROWS])
-            At, Bt = A.T, B.T
-            AB = _exact_int(At @ B)
-            led._AA += _exact_int(At @ A)
-            led._X += AB + AB.T
-            led._BB += _exact_int(Bt @ B)
-            led._GAA += _exact_int(At @ YA)
-            led._GX += _exact_int(At @ YB) + _exact_int(Bt @ YA)
-            led._GBB += _exact_int(Bt @ YB)
-        if idx is not None:
-            led._class_counts += np.bincount(idx, minlength=Y.shape[1]).astype(np.int64)
-        led._count = int(Q.shape[0])
-        return led
+    def _check_update(self, sign: int, r: int, c_new: int, batch_counts: NDArray[np.int64] | None,
+                      diag: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]) -> None:
+        new_count = self._count + sign * r
+        if new_count > MAX_COUNT:
+            raise OverflowBudgetError(
+                f"ledger would hold {new_count} samples; the exactness budget is < 2^32 per ledger "
+                "(split the head into partition ledgers)")
+        if sign > 0:
+            return
+        if new_count < 0:
+            raise NonMemberDelete(f"delete of {r} samples from a ledger holding {self._count}")
+        if batch_counts is not None:
+            if c_new > self.n_outputs and batch_counts[self.n_outputs:].any():
+                raise NonMemberDelete("delete names a class index this head has never seen")
+            left = self._class_counts - batch_counts[:self.n_outputs]
+            if (left < 0).any():
+                j = int(np.argmax(left < 0))
+                raise NonMemberDelete(f"delete of {int(batch_counts[j])} samples of class {j}; "
+                                      f"the ledger holds {int(self._class_counts[j])}")
+        after = wide.combine([
+            (np.diagonal(self._AA) - diag[0], 30),
+            (np.diagonal(self._X) - diag[1], 15),
+            (np.diagonal(self._BB) - diag[2], 0),
+        ])
+        if wide.is_negative(after).any():
+            i = int(np.argmax(wide.is_negative(after)))
+            raise NonMemberDelete(f"delete would make S[{i},{i}] negative: those rows were never added")
+
+    def _accumulate(self, a: NDArray[np.int64], b: NDArray[np.int64], Y: NDArray[np.int64], sign: int) -> None:
+        """Add sign * (limbs of these rows) into the state, in place, exactly."""
+        ya = (Y + (1 << 14)) >> 15
+        yb = Y - (ya << 15)
+        op = np.add if sign > 0 else np.subtract
+        if a.shape[0] <= SMALL_RANK:
+            # int64 products of halves (<= 2^30 each, a row or two): exact without the float detour
+            at, bt = a.T, b.T
+            op(self._AA, at @ a, out=self._AA)
+            op(self._X, at @ b + bt @ a, out=self._X)
+            op(self._BB, bt @ b, out=self._BB)
+            op(self._GAA, at @ ya, out=self._GAA)
+            op(self._GX, at @ yb + bt @ ya, out=self._GX)
+            op(self._GBB, bt @ yb, out=self._GBB)
+            return
+        fbuf, ibuf = self._scratch_buffers()
+        A, B = a.astype(np.float64), b.astype(np.float64)
+        for target, left, right in ((self._AA, A, A), (self._BB, B, B),
+                                    (self._X, np.vstack([A, B]), np.vstack([B, A]))):
+            np.matmul(left.T, right, out=fbuf)  # exact integers < 2^52: see the module docstring
+            np.copyto(ibuf, fbuf, casting="unsafe")
+            op(target, ibuf, out=target)
+        YA, YB = ya.astype(np.float64), yb.astype(np.float64)
+        op(self._GAA, _exact_int(A.T @ YA), out=self._GAA)
+        op(self._GX, _exact_int(np.vstack([A, B]).T @ np.vstack([YB, YA])), out=self._GX)
+        op(self._GBB, _exact_int(B.T @ YB), out=self._GBB)
+
+    def _scratch_buffers(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+        if self._scratch is None:
+            self._scratch = (np.empty((self.dim, self.dim)), np.empty((self.dim, self.dim), np.int64))
+        return self._scratch
 
     @classmethod
     def from_rows(cls, Q: ArrayLike, y: ArrayLike, n_outputs: int = 0, frac_bits: int = 30,
@@ -268,6 +346,7 @@ class ExactLedger:
             self._GAA[:, :c_o] -= other._GAA; self._GX[:, :c_o] -= other._GX; self._GBB[:, :c_o] -= other._GBB
             self._class_counts[:c_o] -= other._class_counts
         self._count = new_count
+        self._mutations += 1
 
     def _grow_outputs(self, c_new: int) -> None:
         pad = c_new - self.n_outputs
@@ -276,6 +355,7 @@ class ExactLedger:
         self._GX = np.hstack([self._GX, z])
         self._GBB = np.hstack([self._GBB, z])
         self._class_counts = np.concatenate([self._class_counts, np.zeros(pad, np.int64)])
+        self._mutations += 1
 
     def grow_outputs(self, n_outputs: int) -> None:
         """Widen the head to ``n_outputs`` (zero columns); shrinking is refused."""
@@ -316,12 +396,14 @@ class ExactLedger:
         return np.array(wide.to_pyints(self._G_wide()), dtype=object).reshape(self.dim, self.n_outputs)
 
     def gram(self) -> NDArray[np.float64]:
-        """Float64 S at real scale, S_int * 2^-2k, by a fixed sequence of operations (deterministic)."""
-        return wide.to_float64(self._S_wide()) * (2.0 ** (-2 * self.frac_bits))
+        """Float64 S at real scale, S_int * 2^-2k, by a fixed sequence of operations (deterministic).
+        Returns a fresh array (cached per state, copied out)."""
+        return self._cached("gram", lambda: wide.to_float64(self._S_wide()) * (2.0 ** (-2 * self.frac_bits))).copy()
 
     def moments(self) -> NDArray[np.float64]:
         """Float64 G at real scale, G_int * 2^-(k + k_y)."""
-        return wide.to_float64(self._G_wide()) * (2.0 ** (-(self.frac_bits + self.label_frac_bits)))
+        scale = 2.0 ** (-(self.frac_bits + self.label_frac_bits))
+        return self._cached("moments", lambda: wide.to_float64(self._G_wide()) * scale).copy()
 
     def digest(self) -> str:
         """Hex SHA-256 of the canonical encoding of the exact integers (DESIGN section 2).
@@ -337,12 +419,14 @@ class ExactLedger:
         G_int = sum q y^T over the retained multiset, y the integer label vector (one-hot scaled by
         2^k_y for class indices). Equal digests = equal ledgers, whoever computes them.
         """
+        return self._cached("digest", self._compute_digest)
+
+    def _compute_digest(self) -> str:
         h = hashlib.sha256()
         h.update(DIGEST_DOMAIN)
         h.update(struct.pack("<qqqqq", self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count))
-        iu = np.triu_indices(self.dim)
-        S = self._S_wide()
-        h.update(wide.to_le_bytes((S[0][iu], S[1][iu])))
+        iu = _triu(self.dim)
+        h.update(wide.to_le_bytes(wide.combine([(self._AA[iu], 30), (self._X[iu], 15), (self._BB[iu], 0)])))
         h.update(wide.to_le_bytes(self._G_wide()))
         return h.hexdigest()
 
@@ -354,7 +438,7 @@ class ExactLedger:
         i64 class_counts[c]; i64 upper triangles (row-major) of AA, X, BB (d(d+1)/2 each);
         i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
         """
-        iu = np.triu_indices(self.dim)
+        iu = _triu(self.dim)
         parts = [
             _HEADER.pack(_BLOB_MAGIC, _BLOB_VERSION, self.dim, self.n_outputs, self.frac_bits,
                          self.label_frac_bits, self._count),
@@ -396,7 +480,7 @@ class ExactLedger:
             return a
 
         led._class_counts = take(c)
-        iu = np.triu_indices(d)
+        iu = _triu(d)
         for name in ("_AA", "_X", "_BB"):
             M = np.zeros((d, d), np.int64)
             M[iu] = take(t)

@@ -2,6 +2,10 @@
 
 H = S + gamma*I is formed by a fixed sequence of float64 operations and factored once; W comes
 from two triangular solves (no explicit inverse). Same ledger, same machine/BLAS -> same bits.
+
+The factorization and solves run with ONE BLAS thread: a multithreaded blocked Cholesky may sum
+in a different order for a different thread count, and the verifier, serving and the tests
+compare heads computed in different processes bit for bit.
 """
 
 from __future__ import annotations
@@ -12,6 +16,18 @@ from numpy.typing import NDArray
 
 from .errors import LedgerError
 from .exact import SufficientStatistics
+
+_controller = None
+
+
+def single_threaded_blas():  # type: ignore[no-untyped-def]
+    """Context manager limiting BLAS to one thread (deterministic summation order)."""
+    global _controller
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=1, user_api="blas")
 
 
 def _check_gamma(gamma: float) -> float:
@@ -32,7 +48,8 @@ def cholesky_factor(stats: SufficientStatistics, gamma: float) -> NDArray[np.flo
     """Lower Cholesky factor L of H = S + gamma*I (H = L L^T)."""
     H = regularized_gram(stats, gamma)
     try:
-        return sla.cholesky(H, lower=True, check_finite=False)
+        with single_threaded_blas():
+            return sla.cholesky(H, lower=True, check_finite=False)
     except np.linalg.LinAlgError as exc:
         raise LedgerError(f"S + gamma*I is not positive definite ({exc}); the ledger is inconsistent") from exc
 
@@ -41,8 +58,9 @@ def solve_with_factor(L: NDArray[np.float64], G: NDArray[np.float64]) -> NDArray
     """W = H^-1 G from the Cholesky factor of H, by two triangular solves."""
     if G.shape[1] == 0:
         return np.zeros((L.shape[0], 0))
-    Z = sla.solve_triangular(L, G, lower=True, check_finite=False)
-    return sla.solve_triangular(L.T, Z, lower=False, check_finite=False)
+    with single_threaded_blas():
+        Z = sla.solve_triangular(L, G, lower=True, check_finite=False)
+        return sla.solve_triangular(L.T, Z, lower=False, check_finite=False)
 
 
 def solve_head(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
@@ -54,5 +72,6 @@ def solve_head(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]
 def posterior_inverse(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
     """T = (S + gamma*I)^-1: the SMW tracker's state and the posterior covariance up to sigma^2."""
     L = cholesky_factor(stats, gamma)
-    T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
+    with single_threaded_blas():
+        T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
     return (T + T.T) * 0.5
