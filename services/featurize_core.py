@@ -21,7 +21,6 @@ by (sign, label kind) gives the same ledger as the event order.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ledger import ExactLedger, Quantizer, QuantizationError, l2_normalize
 from ledger.exact import MAX_CLASS_INDEX
 from schemas.deadletter import DeadLetter, encode_deadletter
 from schemas.delta_codec import Delta, PackedEntry, RowsEntry, encode_delta
+from schemas.source_id import format_source_id, parse_source, source_stream
 from schemas.envelope import (
     ID_MAX_CHARS,
     REQUEST_REASONS,
@@ -100,48 +100,15 @@ FEATURIZER_REASONS: dict[str, str] = {
 """Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
 
 _DELETE_OPS = ("delete", "delete_subject")
-_SOURCE_RE = re.compile(r"^(.*)/(\d+)@(\d+)$")
 
 
 # --------------------------------------------------------------------------- source ids
-def format_source_id(partition: int, offset: int, stream: str = "requests") -> str:
-    """``"<stream>/<partition>@<offset>"``: the ``source_id`` of a delta covering the requests of
-    ``partition`` up to and including ``offset`` (the last offset of the micro-batch).
-
-    The ledger skips a delta for a head whose (stream/partition, offset) is not beyond what it
-    already applied from that stream/partition: that is how re-produced outbox rows (crash
-    recovery) are recognised. ``stream`` is ``"requests"`` for the shared requests topic."""
-    if partition < 0 or offset < 0:
-        raise ValueError(f"partition and offset must be >= 0, got {partition}, {offset}")
-    if not stream:
-        raise ValueError("stream must be non-empty")
-    return f"{stream}/{int(partition)}@{int(offset)}"
-
-
-def parse_source(source_id: str) -> tuple[str, int, int] | None:
-    """``"<stream>/<partition>@<offset>"`` -> (stream, partition, offset); None if not that form."""
-    m = _SOURCE_RE.match(source_id) if isinstance(source_id, str) else None
-    if m is None or not m.group(1):
-        return None
-    return m.group(1), int(m.group(2)), int(m.group(3))
-
-
 def parse_source_id(source_id: str) -> tuple[int, int] | None:
     """``"requests/<partition>@<offset>"`` (any stream name) -> (partition, offset); None if the
     string does not follow the convention. Use :func:`parse_source` when the stream matters
     (federated sites use their own stream names)."""
     parsed = parse_source(source_id)
     return None if parsed is None else (parsed[1], parsed[2])
-
-
-def source_stream(requests_topic: str, topic_prefix: str = "", client_id: str | None = None) -> str:
-    """The stream name in source ids: the requests topic without the deployment prefix (so the
-    shared topic is ``"requests"``), plus ``[<client_id>]`` for a federated site, so deltas of
-    different sites never share a dedup key in the ledger."""
-    name = requests_topic
-    if topic_prefix and name.startswith(topic_prefix) and len(name) > len(topic_prefix):
-        name = name[len(topic_prefix):]
-    return f"{name}[{client_id}]" if client_id is not None else name
 
 
 # --------------------------------------------------------------------------- data types

@@ -8,7 +8,6 @@ testable without a broker.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -17,22 +16,13 @@ import numpy as np
 from ledger import ExactLedger, LedgerError, NonMemberDelete, TrackedHead
 from ledger.tracked import HeadMode
 from schemas.delta_codec import Delta, PackedEntry, RowsEntry
+from schemas.source_id import dedup_key
 
 from .snapshot import HeadMeta
 
 
-_SOURCE_ID = re.compile(r"^(.+/\d+)@(-?\d+)$")
-
-
-def parse_source_id(source_id: str) -> tuple[str, int] | None:
-    """``<input stream>/<partition>@<last offset>`` -> ("<input stream>/<partition>", offset);
-    None for sources that do not follow the convention (no producer-side dedup for them).
-
-    Featurizers stamp each delta with the last request offset it covers, so a delta re-produced
-    after a featurizer crash (its outbox replay) is recognised and skipped (docs/featurizer.md).
-    """
-    m = _SOURCE_ID.match(source_id)
-    return (m.group(1), int(m.group(2))) if m else None
+#: ("<stream>/<partition>", offset) of a delta's source: skips deltas a featurizer re-produced.
+parse_source_id = dedup_key
 
 
 @dataclass(frozen=True)
