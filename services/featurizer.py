@@ -215,8 +215,14 @@ class FeaturizerService:
         self._pending = []
         deadline: float | None = None
         while len(self._pending) < self.max_batch:
-            timeout = 0.2 if deadline is None else max(0.0, deadline - time.monotonic())
-            got = self._consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
+            if deadline is None:
+                # consume() blocks for its whole timeout unless the batch fills; poll() returns on
+                # the first message, which starts the batch window (latency of a lone delete).
+                first = self._consumer.poll(0.2)
+                got = [] if first is None else [first]
+            else:
+                timeout = max(0.0, deadline - time.monotonic())
+                got = self._consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
             self._check_fatal()
             for m in got:
                 err = m.error()

@@ -22,7 +22,7 @@ from typing import Any
 import faust
 from faust.types import TP, EventT, StreamT
 
-from infra.profiles import faust_app_kwargs
+from infra.profiles import faust_app_kwargs, tune_faust_consumer
 from infra.settings import Settings
 from ledger.tracked import HeadMode
 from schemas.deadletter import DeadLetter, encode_deadletter
@@ -225,6 +225,7 @@ class LedgerProcessor:
 
 def build_app(settings: Settings, worker_id: str = "ledger-0") -> tuple[faust.App, LedgerProcessor]:
     """The faust app and its processor. ``worker_id`` separates local data dirs of workers."""
+    tune_faust_consumer(settings)
     datadir = os.path.join(settings.data_dir, "ledger", worker_id)
     os.makedirs(datadir, exist_ok=True)
     app = faust.App(
@@ -266,8 +267,13 @@ def build_app(settings: Settings, worker_id: str = "ledger-0") -> tuple[faust.Ap
 
 def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "warning") -> None:
     """Run one ledger worker until SIGINT/SIGTERM (faust's Worker handles the signals)."""
+    from threadpoolctl import threadpool_limits
+
     from infra.topics import create_topics
 
+    # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
+    # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).
+    blas_limit = threadpool_limits(limits=settings.ledger_blas_threads, user_api="blas")  # noqa: F841 (kept alive)
     create_topics(settings)
     app, _ = build_app(settings, worker_id)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
