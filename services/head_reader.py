@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from infra.profiles import consumer_config
 from infra.settings import Settings
@@ -32,31 +32,29 @@ def read_heads(settings: Settings, head_ids: Iterable[str] | None = None, timeou
     """Latest update per head, scanning ``heads`` up to the current high watermarks."""
     wanted = set(head_ids) if head_ids is not None else None
     topic = settings.topic("heads")
-    c = Consumer(consumer_config(settings, f"{settings.topic_prefix}head-reader-{time.time_ns()}"))
+    # Read to partition EOF (from Fetch responses) rather than to ListOffsets(latest), which tansu
+    # gets wrong after multi-record batches (infra.profiles.BrokerQuirks).
+    c = Consumer(consumer_config(settings, f"{settings.topic_prefix}head-reader-{time.time_ns()}",
+                                 **{"enable.partition.eof": True}))
     latest: dict[str, HeadUpdate] = {}
     try:
         md = c.list_topics(topic, timeout=timeout)
         if md.topics.get(topic) is None or md.topics[topic].error is not None:
             raise RuntimeError(f"topic {topic} does not exist (run `unlearn topics create`)")
         parts = sorted(md.topics[topic].partitions)
-        ends = {}
-        for p in parts:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            if hi > lo:
-                ends[p] = hi
-        c.assign([TopicPartition(topic, p, 0) for p in ends])
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
         deadline = time.monotonic() + timeout
         done: set[int] = set()
-        while len(done) < len(ends):
+        while len(done) < len(parts):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} did not reach the end within {timeout}s")
             m = c.poll(0.5)
             if m is None:
                 continue
             if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    done.add(m.partition())
                 continue
-            if m.offset() + 1 >= ends[m.partition()]:
-                done.add(m.partition())
             key = (m.key() or b"").decode("utf-8", "replace")
             if wanted is not None and key not in wanted:
                 continue
