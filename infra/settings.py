@@ -47,7 +47,7 @@ class Settings:
     changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per table message
     ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
     checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
-    checkpoint_every_seconds: float = 2.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
+    checkpoint_every_seconds: float = 5.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
     head_gammas: str = ""  # UNLEARN_HEAD_GAMMAS: per-head gamma, e.g. "faces=0.5,tweets=2"
     publish_posterior: bool = True  # UNLEARN_PUBLISH_POSTERIOR: T = H^-1 on exact head updates
 

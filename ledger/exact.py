@@ -72,6 +72,13 @@ def _triu(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
     return np.triu_indices(d)
 
 
+@lru_cache(maxsize=8)
+def _triu_flat(d: int) -> NDArray[np.intp]:
+    """The same triangle as flat indices: ``M.ravel().take(idx)`` is ~3x faster than ``M[iu]``."""
+    iu = np.triu_indices(d)
+    return iu[0] * d + iu[1]
+
+
 #: Below this many rows, int64 outer products beat float GEMM + conversion (halves <= 2^15: exact).
 SMALL_RANK = 2
 
@@ -425,8 +432,9 @@ class ExactLedger:
         h = hashlib.sha256()
         h.update(DIGEST_DOMAIN)
         h.update(struct.pack("<qqqqq", self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count))
-        iu = _triu(self.dim)
-        h.update(wide.to_le_bytes(wide.combine([(self._AA[iu], 30), (self._X[iu], 15), (self._BB[iu], 0)])))
+        idx = _triu_flat(self.dim)
+        upper = [M.ravel().take(idx) for M in (self._AA, self._X, self._BB)]
+        h.update(wide.to_le_bytes(wide.combine([(upper[0], 30), (upper[1], 15), (upper[2], 0)])))
         h.update(wide.to_le_bytes(self._G_wide()))
         return h.hexdigest()
 

@@ -32,11 +32,28 @@ def add(a: tuple[NDArray[np.int64], NDArray[np.uint64]],
 
 
 def combine(terms: list[tuple[NDArray[np.int64], int]]) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
-    """Exact sum of int64 arrays each scaled by 2^shift, as 128-bit (hi, lo)."""
-    acc = shifted(terms[0][0], terms[0][1])
-    for v, s in terms[1:]:
-        acc = add(acc, shifted(v, s))
-    return acc
+    """Exact sum of int64 arrays each scaled by 2^shift (0 <= shift < 64), as 128-bit (hi, lo).
+
+    Each term splits into a signed high word (v >> (64 - shift)) and an unsigned low word; the
+    low words are summed modulo 2^64 with explicit carries. Fewer temporaries than chaining
+    ``add(shifted(...))``: this sits on the digest's hot path.
+    """
+    hi: NDArray[np.int64] | None = None
+    lo: NDArray[np.uint64] | None = None
+    for v, shift in terms:
+        v = np.asarray(v, dtype=np.int64)
+        if not 0 <= shift < 64:
+            raise ValueError("shift must be in 0..63")
+        t_lo = v.view(np.uint64) << np.uint64(shift) if shift else v.view(np.uint64).copy()
+        t_hi = v >> np.int64(63 if shift == 0 else 64 - shift)
+        if lo is None:
+            hi, lo = t_hi, t_lo
+            continue
+        lo += t_lo  # wraps modulo 2^64
+        hi += t_hi
+        hi += lo < t_lo  # carry out of the low word
+    assert hi is not None and lo is not None
+    return hi, lo
 
 
 def to_float64(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> NDArray[np.float64]:

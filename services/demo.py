@@ -311,7 +311,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subjects", type=int, default=500, help="distinct subject ids (request keys)")
     ap.add_argument("--chunk-steps", type=int, default=3)
     ap.add_argument("--burst", type=int, default=200)
-    ap.add_argument("--burst-gap-ms", type=float, default=20.0, help="pause between burst deletes")
+    ap.add_argument("--burst-gap-ms", type=float, default=100.0, help="pause between burst deletes (10/s)")
     ap.add_argument("--head", default="demo")
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--timeout", type=float, default=300.0, help="per phase")

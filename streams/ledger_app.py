@@ -73,6 +73,10 @@ class LedgerProcessor:
     async def handle(self, stream: StreamT, event: EventT) -> None:
         msg = event.message
         part, offset = msg.partition, msg.offset
+        if part not in self.owned_partitions():
+            # Fetched before a rebalance moved the partition away: its new owner replays it from
+            # the committed offset. Not acked, so it comes back here if the partition does.
+            return
         ps = self.partitions.setdefault(part, PartitionState())
         ps.pending.append(event)
         raw: bytes = event.value if isinstance(event.value, bytes) else bytes(event.value or b"")
@@ -93,7 +97,9 @@ class LedgerProcessor:
                                    f"head {delta.head_id!r} does not exist yet: its first event must be an add")
         else:
             outcome = head.apply(delta, offset, part)
-            if not outcome.skipped:
+            if outcome.skipped:
+                log.info("head %s: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)
+            else:
                 ps.heads.add(head.head_id)
                 await self._publish(head, outcome, raw, part, offset, key)
         await self._maybe_checkpoint(stream, part)
@@ -173,7 +179,9 @@ class LedgerProcessor:
 
     # ---------------------------------------------------------------- checkpoints
     async def _maybe_checkpoint(self, stream: StreamT, part: int) -> None:
-        ps = self.partitions[part]
+        ps = self.partitions.get(part)
+        if ps is None:
+            return  # moved away during this message (a rebalance ran while it was publishing)
         due = (len(ps.pending) >= self.settings.checkpoint_every_messages
                or time.monotonic() - ps.last_checkpoint >= self.settings.checkpoint_every_seconds)
         if due:
@@ -181,8 +189,12 @@ class LedgerProcessor:
 
     async def checkpoint(self, stream: StreamT, part: int) -> None:
         """Snapshot every dirty head of ``part`` (inside that partition's event context, so the
-        changelog is co-partitioned), then ack the partition's pending events."""
-        ps = self.partitions[part]
+        changelog is co-partitioned), then ack the partition's pending events. A worker that no
+        longer owns ``part`` writes nothing: its late snapshot could interleave with the new
+        owner's (the pieces would then fail verification, by design, but why risk it)."""
+        ps = self.partitions.get(part)
+        if ps is None or part not in self.owned_partitions():
+            return
         for head_id in sorted(ps.heads):
             head = self.heads.get(head_id)
             if head is None or head.dirty_since_snapshot == 0:
@@ -211,14 +223,27 @@ class LedgerProcessor:
                 head.reset("timer")
                 await self.heads_topic.send(key=head.head_id.encode(), value=encode_head(self.head_update(head)))
 
-    def on_revoked(self, revoked: set[TP]) -> None:
-        """Forget heads of partitions this worker no longer owns: the new owner rebuilds them from
-        the table and the uncommitted input; if they come back here, so do we."""
-        for tp in revoked:
-            if tp.topic != self.deltas_topic_name:
-                continue
-            ps = self.partitions.pop(tp.partition, None)
-            for head_id in (ps.heads if ps else set()):
+    def owned_partitions(self) -> set[int]:
+        """``deltas`` partitions currently assigned to this worker."""
+        return {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.deltas_topic_name}
+
+    def on_assigned(self, assigned: set[TP]) -> None:
+        """After a rebalance, forget the heads of partitions that moved away.
+
+        faust's rebalances are eager: every partition is revoked, then the new assignment is
+        handed out. A partition this worker keeps keeps its in-memory state -- whether the
+        consumer continues from its position or restarts from the committed offset, offsets at or
+        below a head's applied offset are skipped. A partition that left is forgotten: its new
+        owner rebuilds it from the table and the uncommitted input, and if it ever comes back
+        here, so do we (dropping state for a kept partition would lose the events between its
+        snapshot and the consumer's position).
+        """
+        owned = {tp.partition for tp in assigned if tp.topic == self.deltas_topic_name} | self.owned_partitions()
+        gone = sorted(p for p in self.partitions if p not in owned)
+        log.info("assigned deltas partitions %s; forgetting %s", sorted(owned), gone)
+        for part in gone:
+            ps = self.partitions.pop(part)
+            for head_id in ps.heads:
                 self.heads.pop(head_id, None)
                 self.generations.pop(head_id, None)
 
@@ -258,9 +283,9 @@ def build_app(settings: Settings, worker_id: str = "ledger-0") -> tuple[faust.Ap
     async def reset_clock() -> None:
         await proc.timed_resets()
 
-    @app.on_partitions_revoked.connect
-    async def _revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        proc.on_revoked(revoked)
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        proc.on_assigned(assigned)
 
     return app, proc
 

@@ -91,7 +91,7 @@ def assert_final_heads_exact(s: Settings, stream: Stream, timeout: float = 90.0)
 def test_end_to_end_several_heads_bit_exact(settings: Settings, tmp_path: Path) -> None:
     s = worker_settings(settings, tmp_path)
     stream = Stream(["alpha", "beta", "gamma"], d=12, seed=1)
-    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0", "--loglevel", "info"], s, tmp_path).start()
     try:
         produce(s, [stream.next_message() for _ in range(120)])
         assert_final_heads_exact(s, stream)
@@ -104,7 +104,7 @@ def test_kill_minus_nine_at_random_points_then_recover(settings: Settings, tmp_p
     s = worker_settings(settings, tmp_path)
     stream = Stream(["h1", "h2"], d=10, seed=2)
     rng = np.random.default_rng(3)
-    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0", "--loglevel", "info"], s, tmp_path).start()
     try:
         for round_ in range(4):
             produce(s, [stream.next_message() for _ in range(int(rng.integers(40, 90)))])
@@ -121,8 +121,8 @@ def test_kill_minus_nine_at_random_points_then_recover(settings: Settings, tmp_p
 def test_two_workers_share_heads_through_a_rebalance(settings: Settings, tmp_path: Path) -> None:
     s = worker_settings(settings, tmp_path)
     stream = Stream([f"head{i}" for i in range(6)], d=8, seed=4)
-    a = ServiceProcess("ledger-a", ["ledger", "--worker-id", "a"], s, tmp_path).start()
-    b = ServiceProcess("ledger-b", ["ledger", "--worker-id", "b"], s, tmp_path)
+    a = ServiceProcess("ledger-a", ["ledger", "--worker-id", "a", "--loglevel", "info"], s, tmp_path).start()
+    b = ServiceProcess("ledger-b", ["ledger", "--worker-id", "b", "--loglevel", "info"], s, tmp_path)
     try:
         produce(s, [stream.next_message() for _ in range(80)])
         time.sleep(2.0)
