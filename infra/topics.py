@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
+from infra.cli_args import CliUsageError, add_broker_args, settings_from_args
 from infra.profiles import admin_config, topic_config
 from infra.settings import Settings
 
@@ -153,17 +154,14 @@ def topics_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn topics create|list [--bootstrap B] [--partitions N] [--prefix P]``."""
     parser = argparse.ArgumentParser(prog="unlearn topics", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("create", "list"))
-    parser.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
+    add_broker_args(parser, "bootstrap")
     parser.add_argument("--partitions", type=int, help="default: UNLEARN_PARTITIONS")
-    parser.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
-    parser.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    add_broker_args(parser, "prefix", "profile")
     args = parser.parse_args(argv)
-    settings = Settings.from_env(
-        bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile,
-        partitions=args.partitions,
-    )
-    if not settings.bootstrap:
-        parser.error("no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP")
+    try:
+        settings = settings_from_args(args, partitions=args.partitions)
+    except CliUsageError as exc:
+        parser.error(str(exc))
     try:
         if args.action == "create":
             counts = create_topics(settings)

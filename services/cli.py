@@ -31,12 +31,13 @@ def _ledger_main(argv: list[str]) -> int:
     ap.add_argument("--worker-id", default="ledger-0", help="separates local data dirs of workers on one host")
     ap.add_argument("--loglevel", default="warning")
     args = ap.parse_args(argv)
-    from infra.settings import Settings
+    from infra.cli_args import CliUsageError, settings_from_args
     from streams.ledger_app import run_ledger_worker
 
-    settings = Settings.from_env(bootstrap=args.bootstrap)
-    if not settings.bootstrap:
-        ap.error("no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP")
+    try:
+        settings = settings_from_args(args)
+    except CliUsageError as exc:
+        ap.error(str(exc))
     run_ledger_worker(settings, args.worker_id, args.loglevel)
     return 0
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
 from infra.settings import Settings
 from schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
 from schemas.receipts import receipt_to_dict
@@ -57,9 +58,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
                "input, event_id, client_id, ts) or the shorthands features / text / image_png (base64) / "
                "image_file; missing fields come from the options. See docs/client.md.",
     )
-    ap.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
-    ap.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
-    ap.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    add_broker_args(ap)
     ap.add_argument("--head", help="head id (required unless every --file line has head_id)")
     ap.add_argument("--subject", help="subject id (the message key)")
     if op != "delete_subject":
@@ -208,16 +207,9 @@ def _run(command: str, argv: Sequence[str] | None) -> int:
     ap = _parser(command)
     try:
         args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not settings.bootstrap:
-        print("error: no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP", file=sys.stderr)
-        return 2
+        settings = settings_from_args(args)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
     try:
         defaults = _defaults(args, settings)
         if args.file:

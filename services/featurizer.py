@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
 from infra.profiles import consumer_config, producer_config
 from infra.settings import Settings
 from services.feature_cache import FeatureCache, OutboxRow
@@ -314,7 +315,7 @@ def featurizer_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn featurizer [--bootstrap B] [--group G] [--federated --client-id C]
     [--requests-topic T] [--max-batch N] [--max-ms MS] [--device auto|cpu|cuda]``."""
     parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
+    add_broker_args(parser, "bootstrap")
     parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
     parser.add_argument("--federated", action="store_true",
                         help="data-owner site: send only packed exact statistics per micro-batch")
@@ -323,24 +324,18 @@ def featurizer_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, help="events per micro-batch (default: UNLEARN_BATCH_MAX_EVENTS)")
     parser.add_argument("--max-ms", type=int, help="micro-batch time bound (default: UNLEARN_BATCH_MAX_MS)")
     parser.add_argument("--device", help="auto | cpu | cuda[:N] (default: UNLEARN_DEVICE)")
-    parser.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
-    parser.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    add_broker_args(parser, "prefix", "profile")
     parser.add_argument("--data-dir", help="feature cache location (default: UNLEARN_DATA_DIR)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
-        return int(exc.code or 0)
+        return cli_exit_code(exc)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile,
-                                     data_dir=args.data_dir, device=args.device)
+        settings = settings_from_args(args, data_dir=args.data_dir, device=args.device)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not settings.bootstrap:
-        print("error: no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP", file=sys.stderr)
-        return 2
+        return cli_exit_code(exc)
     try:
         service = FeaturizerService(settings, group=args.group, federated=args.federated, client_id=args.client_id,
                                     requests_topic=args.requests_topic, max_batch=args.max_batch,

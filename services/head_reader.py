@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from infra.cli_args import CliUsageError, settings_from_args
 from infra.profiles import consumer_config
 from infra.settings import Settings
 from schemas.delta_codec import CodecError
@@ -90,9 +91,10 @@ def head_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object incl. weights (d rows x c columns)")
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args(argv)
-    settings = Settings.from_env(bootstrap=args.bootstrap)
-    if not settings.bootstrap:
-        ap.error("no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP")
+    try:
+        settings = settings_from_args(args)
+    except CliUsageError as exc:
+        ap.error(str(exc))
     h = read_heads(settings, [args.head], timeout=args.timeout).get(args.head)
     if h is None:
         print(f"error: no head {args.head!r} published on {settings.topic('heads')}", file=sys.stderr)

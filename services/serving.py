@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
 from infra.settings import Settings
 from schemas.head_codec import CodecError, HeadUpdate, decode_head, head_to_json
 
@@ -818,25 +819,16 @@ def openapi_spec() -> dict[str, Any]:
 def serve_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn serve --bootstrap B [--port P] [--host H] [--prefix P]``: run until SIGINT/SIGTERM."""
     ap = argparse.ArgumentParser(prog="unlearn serve", description="HTTP predictions from the latest heads.")
-    ap.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
+    add_broker_args(ap, "bootstrap")
     ap.add_argument("--port", type=int, help="listen port (default: UNLEARN_SERVE_PORT)")
     ap.add_argument("--host", help="listen address (default: UNLEARN_SERVE_HOST)")
-    ap.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
-    ap.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    add_broker_args(ap, "prefix", "profile")
     ap.add_argument("--loglevel", default="info")
     try:
         args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile,
-                                     serve_port=args.port, serve_host=args.host)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not settings.bootstrap:
-        print("error: no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP", file=sys.stderr)
-        return 2
+        settings = settings_from_args(args, serve_port=args.port, serve_host=args.host)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
     logging.basicConfig(level=getattr(logging, str(args.loglevel).upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = build_app(settings)

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
 from infra.settings import Settings
 from ledger import ExactLedger, LedgerError, NonMemberDelete, one_hot, posterior_inverse, retrain_deviation, solve_head
 from ledger.smw import relative_deviation
@@ -1033,9 +1034,7 @@ def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3
 
 # --------------------------------------------------------------------------- CLI
 def _common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--bootstrap", help="host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)")
-    ap.add_argument("--prefix", help="topic prefix (default: UNLEARN_TOPIC_PREFIX)")
-    ap.add_argument("--profile", choices=("tansu", "kafka"), help="default: UNLEARN_PROFILE")
+    add_broker_args(ap)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to read each topic to its end")
 
 
@@ -1056,13 +1055,9 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the certificate as JSON (the summary goes to stderr)")
     try:
         args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        settings = settings_from_args(args, require_broker=False)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
     orders = settings.verify_orders if args.orders is None else args.orders
     parts = settings.verify_partitionings if args.partitions is None else args.partitions
     tol = settings.verify_tolerance if args.tolerance is None else args.tolerance
@@ -1078,8 +1073,7 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
                 print("error: --head is required (or give --deltas-file)", file=sys.stderr)
                 return 2
             if not settings.bootstrap:
-                print("error: no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP "
-                      "(or verify an export with --deltas-file)", file=sys.stderr)
+                print(f"error: {NO_BROKER} (or verify an export with --deltas-file)", file=sys.stderr)
                 return 2
             cert = verify_broker(settings, args.head, orders=orders, partitionings=parts, seed=args.seed,
                                  tolerance=tol, timeout=args.timeout)
@@ -1104,16 +1098,9 @@ def export_deltas_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-heads", action="store_true", help="deltas only (verify then skips the live-head checks)")
     try:
         args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.prefix, profile=args.profile)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not settings.bootstrap:
-        print("error: no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP", file=sys.stderr)
-        return 2
+        settings = settings_from_args(args)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
     try:
         info = export_deltas(settings, args.head, args.out, include_heads=not args.no_heads, timeout=args.timeout)
     except VerifyError as exc:

@@ -20,19 +20,18 @@ Lemma-1 checks, resets and an exact ledger) is the point of running both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._softmax import one_hot
-from .base import Exactness, Family, Strategy
-from .expansion import Activation, RandomFeatureExpansion
+from .base import Exactness, Family
+from .expansion import Activation, ExpandedRidgeStrategy
 from .retrain import RidgeRetrain
 
 
-class ACU(Strategy):
+class ACU(ExpandedRidgeStrategy):
     """Knowledge-Tracking-Matrix recursion, float64, optional random-projection buffer layer."""
 
     name: ClassVar[str] = "acu"
@@ -42,31 +41,14 @@ class ACU(Strategy):
 
     def __init__(self, gamma: float = 1.0, expansion_dim: int | None = None, activation: Activation = "relu",
                  expansion_seed: int = 0) -> None:
-        super().__init__()
-        if not gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
-        self.gamma = float(gamma)
-        self.expansion_dim, self.activation, self.expansion_seed = expansion_dim, activation, int(expansion_seed)
-        self.expansion: RandomFeatureExpansion | None = None
+        super().__init__(gamma, expansion_dim, activation, expansion_seed)
         self.R: NDArray[np.float64] | None = None
-        self._W: NDArray[np.float64] | None = None
-
-    def transform(self, F: NDArray[np.float64]) -> NDArray[np.float64]:
-        return F if self.expansion is None else self.expansion(F)
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     def _fit(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64], clients: NDArray[np.int64],
              init_weights: NDArray[np.float64] | None) -> None:
         """CL phase, closed form (ACU eq. 3-4): R = (X^T X + gamma I)^-1, W = R X^T Y."""
         assert self.n_classes is not None
-        if self.expansion_dim is not None:
-            self.expansion = RandomFeatureExpansion(F.shape[1], self.expansion_dim, self.activation,
-                                                    self.expansion_seed)
+        self._init_expansion(F.shape[1])
         X = self.transform(F)
         A = X.T @ X
         A[np.diag_indices_from(A)] += self.gamma
@@ -97,12 +79,6 @@ class ACU(Strategy):
 
     def retrain_counterpart(self) -> RidgeRetrain:
         return RidgeRetrain(self.gamma, self.expansion_dim, self.activation, self.expansion_seed)
-
-    def params(self) -> Mapping[str, Any]:
-        p: dict[str, Any] = {"gamma": self.gamma}
-        if self.expansion_dim is not None:
-            p.update(expansion_dim=self.expansion_dim, activation=self.activation, expansion_seed=self.expansion_seed)
-        return p
 
 
 class ACURandomProjection(ACU):

@@ -293,3 +293,17 @@ class Strategy(ABC):
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({ps})"
+
+
+class ArrayHeadStrategy(Strategy):
+    """A strategy whose head is the array ``_W`` that ``_fit`` sets (``weights`` raises until then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._W: NDArray[np.float64] | None = None
+
+    @property
+    def weights(self) -> NDArray[np.float64]:
+        if self._W is None:
+            raise ValueError("not fitted")
+        return self._W

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from .base import ArrayHeadStrategy
+
 Activation = Literal["relu", "identity"]
 
 
@@ -36,3 +38,32 @@ class RandomFeatureExpansion:
 
     def params(self) -> Mapping[str, Any]:
         return {"expansion_dim": self.out_dim, "activation": self.activation, "expansion_seed": self.seed}
+
+
+class ExpandedRidgeStrategy(ArrayHeadStrategy):
+    """A ridge head (regularizer ``gamma``) on the features, or on their random expansion of width
+    ``expansion_dim`` (ACU's buffer layer), drawn at fit by ``_init_expansion``."""
+
+    def __init__(self, gamma: float = 1.0, expansion_dim: int | None = None, activation: Activation = "relu",
+                 expansion_seed: int = 0) -> None:
+        super().__init__()
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
+        self.gamma = float(gamma)
+        self.expansion_dim, self.activation, self.expansion_seed = expansion_dim, activation, int(expansion_seed)
+        self.expansion: RandomFeatureExpansion | None = None
+
+    def _init_expansion(self, in_dim: int) -> None:
+        """Draw the expansion for ``in_dim`` input features (nothing to do without ``expansion_dim``)."""
+        if self.expansion_dim is not None:
+            self.expansion = RandomFeatureExpansion(in_dim, self.expansion_dim, self.activation,
+                                                    self.expansion_seed)
+
+    def transform(self, F: NDArray[np.float64]) -> NDArray[np.float64]:
+        return F if self.expansion is None else self.expansion(F)
+
+    def params(self) -> Mapping[str, Any]:
+        p: dict[str, Any] = {"gamma": self.gamma}
+        if self.expansion_dim is not None:
+            p.update(expansion_dim=self.expansion_dim, activation=self.activation, expansion_seed=self.expansion_seed)
+        return p

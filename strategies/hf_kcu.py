@@ -35,7 +35,7 @@ import torch
 from numpy.typing import NDArray
 
 from ._softmax import FedAvgTrainer, Trainer, ce_loss_grad, trainer_from_params
-from .base import Exactness, Family, RetainedSet, Strategy, StrategyError
+from .base import ArrayHeadStrategy, Exactness, Family, RetainedSet, StrategyError
 from .retrain import SoftmaxRetrain
 
 
@@ -93,7 +93,7 @@ def softmax_hvp(F: NDArray[np.float64], y: NDArray[np.int64], W: NDArray[np.floa
     return hvp
 
 
-class HFKCU(Strategy):
+class HFKCU(ArrayHeadStrategy):
     """Influence-based federated unlearning with CG on Hessian-vector products (delete-only)."""
 
     name: ClassVar[str] = "hf-kcu"
@@ -116,18 +116,11 @@ class HFKCU(Strategy):
         self.cg_iters, self.damping, self.beta = int(cg_iters), float(damping), float(beta)
         self.causal_weighting, self.adaptive_scaling = bool(causal_weighting), bool(adaptive_scaling)
         self.sign, self.hessian = sign, hessian
-        self._W: NDArray[np.float64] | None = None
         self.last_report: dict[str, Any] = {}
 
     @property
     def l2(self) -> float:
         return float(self.trainer.params().get("l2", 0.0))
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     def _fit(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64], clients: NDArray[np.int64],
              init_weights: NDArray[np.float64] | None) -> None:

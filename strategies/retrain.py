@@ -16,11 +16,11 @@ from numpy.typing import NDArray
 from ledger import centralized_retrain
 
 from ._softmax import CentralTrainer, FedAvgTrainer, Trainer, one_hot, trainer_from_params
-from .base import Exactness, Family, RetainedSet, Strategy
-from .expansion import Activation, RandomFeatureExpansion
+from .base import ArrayHeadStrategy, Exactness, Family, RetainedSet
+from .expansion import ExpandedRidgeStrategy
 
 
-class RidgeRetrain(Strategy):
+class RidgeRetrain(ExpandedRidgeStrategy):
     """Central ridge retrain with scikit-learn on the retained set after every request (the papers'
     "central ridge retrain"), optionally on a random feature expansion (ACU's buffer layer)."""
 
@@ -30,30 +30,9 @@ class RidgeRetrain(Strategy):
     uses_retained_data: ClassVar[bool] = True
     proba_temperature: ClassVar[float] = 0.1
 
-    def __init__(self, gamma: float = 1.0, expansion_dim: int | None = None, activation: Activation = "relu",
-                 expansion_seed: int = 0) -> None:
-        super().__init__()
-        if not gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
-        self.gamma = float(gamma)
-        self.expansion_dim, self.activation, self.expansion_seed = expansion_dim, activation, int(expansion_seed)
-        self.expansion: RandomFeatureExpansion | None = None
-        self._W: NDArray[np.float64] | None = None
-
-    def transform(self, F: NDArray[np.float64]) -> NDArray[np.float64]:
-        return F if self.expansion is None else self.expansion(F)
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
-
     def _fit(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64], clients: NDArray[np.int64],
              init_weights: NDArray[np.float64] | None) -> None:
-        if self.expansion_dim is not None:
-            self.expansion = RandomFeatureExpansion(F.shape[1], self.expansion_dim, self.activation,
-                                                    self.expansion_seed)
+        self._init_expansion(F.shape[1])
         self.store = RetainedSet(F.shape[1])
         self.store.add(F, y, ids, clients)
         self._retrain()
@@ -79,14 +58,8 @@ class RidgeRetrain(Strategy):
     def retrain_counterpart(self) -> RidgeRetrain:
         return RidgeRetrain(self.gamma, self.expansion_dim, self.activation, self.expansion_seed)
 
-    def params(self) -> Mapping[str, Any]:
-        p: dict[str, Any] = {"gamma": self.gamma}
-        if self.expansion_dim is not None:
-            p.update(expansion_dim=self.expansion_dim, activation=self.activation, expansion_seed=self.expansion_seed)
-        return p
 
-
-class SoftmaxRetrain(Strategy):
+class SoftmaxRetrain(ArrayHeadStrategy):
     """Retrain the softmax head from scratch on the retained set after every request, with the given
     recipe: central L-BFGS (``retrain-softmax``) or FedAvg over the retained clients (``fedavg-retrain``)."""
 
@@ -99,13 +72,6 @@ class SoftmaxRetrain(Strategy):
         super().__init__()
         self.trainer: Trainer = trainer if trainer is not None else CentralTrainer()
         self.federated = self.trainer.kind == "fedavg"  # type: ignore[misc]
-        self._W: NDArray[np.float64] | None = None
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     def _fit(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64], clients: NDArray[np.int64],
              init_weights: NDArray[np.float64] | None) -> None:

@@ -1,0 +1,50 @@
+"""The broker options every ``unlearn`` command shares, and the ``Settings`` built from them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Literal
+
+from infra.settings import Settings
+
+BrokerArg = Literal["bootstrap", "prefix", "profile"]
+
+#: The message of a command that needs a broker and was given none.
+NO_BROKER = "no broker: pass --bootstrap or set UNLEARN_BOOTSTRAP / KAFKA_BOOTSTRAP"
+
+_BROKER_ARGS: dict[BrokerArg, dict[str, Any]] = {
+    "bootstrap": {"help": "host:port (default: UNLEARN_BOOTSTRAP/KAFKA_BOOTSTRAP)"},
+    "prefix": {"help": "topic prefix (default: UNLEARN_TOPIC_PREFIX)"},
+    "profile": {"choices": ("tansu", "kafka"), "help": "default: UNLEARN_PROFILE"},
+}
+
+
+class CliUsageError(ValueError):
+    """A command was given no broker; ``str(exc)`` is ready to print after ``error: ``."""
+
+
+def add_broker_args(parser: argparse.ArgumentParser, *only: BrokerArg) -> None:
+    """Add ``--bootstrap``, ``--prefix`` and ``--profile`` (or only the named ones, in that order)."""
+    for name in only or tuple(_BROKER_ARGS):
+        parser.add_argument(f"--{name}", **_BROKER_ARGS[name])
+
+
+def settings_from_args(args: argparse.Namespace, *, require_broker: bool = True, **overrides: object) -> Settings:
+    """``Settings.from_env`` with the broker options in ``args`` (absent or unset ones fall back to the
+    environment) and ``overrides``. Raises ``ValueError`` for invalid settings and ``CliUsageError``
+    (also a ``ValueError``) when ``require_broker`` and no broker is configured."""
+    settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=getattr(args, "prefix", None),
+                                 profile=getattr(args, "profile", None), **overrides)
+    if require_broker and not settings.bootstrap:
+        raise CliUsageError(NO_BROKER)
+    return settings
+
+
+def cli_exit_code(exc: SystemExit | ValueError) -> int:
+    """The exit code of a command stopped by ``parse_args`` (its code) or by bad settings
+    (prints ``error: <exc>`` to stderr, returns 2)."""
+    if isinstance(exc, SystemExit):
+        return int(exc.code or 0)
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
