@@ -20,14 +20,14 @@ from numpy.typing import NDArray
 
 from ledger import ExactLedger, Quantizer, TrackedHead, solve_head
 
-from .base import Exactness, Family, Strategy
+from .base import ArrayHeadStrategy, Exactness, Family
 from .retrain import RidgeRetrain
 
 #: Variant B applies SMW updates in blocks of at most this many rows (an r x r system per block).
 SMW_BLOCK_ROWS = 512
 
 
-class ExactRidgeA(Strategy):
+class ExactRidgeA(ArrayHeadStrategy):
     """Variant A: exact ledger + a fresh Cholesky solve after every request."""
 
     name: ClassVar[str] = "exact-a"
@@ -41,13 +41,6 @@ class ExactRidgeA(Strategy):
             raise ValueError(f"gamma must be > 0, got {gamma}")
         self.gamma = float(gamma)
         self.quantizer = Quantizer(frac_bits=frac_bits)
-        self._W: NDArray[np.float64] | None = None
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     def _client_ledgers(self, Q: NDArray[np.int64], y: NDArray[np.int64], clients: NDArray[np.int64]) -> ExactLedger:
         """Federated fit: every client builds its own ledger, the server sums them (exactly)."""

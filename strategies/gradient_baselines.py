@@ -18,11 +18,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._softmax import CentralTrainer, Trainer, sgd_epochs, trainer_from_params
-from .base import Exactness, Family, RetainedSet, Strategy
+from .base import ArrayHeadStrategy, Exactness, Family, RetainedSet
 from .retrain import SoftmaxRetrain
 
 
-class _SoftmaxUnlearner(Strategy):
+class _SoftmaxUnlearner(ArrayHeadStrategy):
     family: ClassVar[Family] = "softmax"
     exactness: ClassVar[Exactness] = "approximate"
     supports_add: ClassVar[bool] = False
@@ -34,13 +34,6 @@ class _SoftmaxUnlearner(Strategy):
             raise ValueError("need epochs >= 0, lr > 0, batch_size >= 1")
         self.trainer: Trainer = trainer if trainer is not None else CentralTrainer()
         self.epochs, self.lr, self.batch_size, self.seed = int(epochs), float(lr), int(batch_size), int(seed)
-        self._W: NDArray[np.float64] | None = None
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     @property
     def l2(self) -> float:

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._softmax import CentralTrainer, Trainer, ce_loss_grad, trainer_from_params
-from .base import Exactness, Family, Strategy, StrategyError, softmax
+from .base import ArrayHeadStrategy, Exactness, Family, StrategyError, softmax
 from .retrain import SoftmaxRetrain
 
 
@@ -112,7 +112,7 @@ def kl_grad_logits(P: NDArray[np.float64], log_target: NDArray[np.float64]) -> N
     return P * (a - np.sum(P * a, axis=1, keepdims=True))
 
 
-class SAFE(Strategy):
+class SAFE(ArrayHeadStrategy):
     """Streaming unlearning by one noisy normalized gradient step from w0 per request (delete-only)."""
 
     name: ClassVar[str] = "safe"
@@ -134,13 +134,6 @@ class SAFE(Strategy):
         self.projection_dim, self.noise_ratio = int(projection_dim), float(noise_ratio)
         self.epsilon, self.delta = epsilon, float(delta)
         self.jitter, self.seed = float(jitter), int(seed)
-        self._W: NDArray[np.float64] | None = None
-
-    @property
-    def weights(self) -> NDArray[np.float64]:
-        if self._W is None:
-            raise ValueError("not fitted")
-        return self._W
 
     def project(self, F: NDArray[np.float64]) -> NDArray[np.float64]:
         """z: the fixed random Gaussian projection, standardized with D0's global mean/covariance
