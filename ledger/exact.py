@@ -212,9 +212,22 @@ class ExactLedger:
         self._apply_rows(Q, y, -1)
 
     def _apply_rows(self, Q: ArrayLike, y: ArrayLike, sign: int) -> None:
+        self.apply_prepared(*self.prepare_rows(Q, y), sign)
+
+    def prepare_rows(self, Q: ArrayLike, y: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                                                NDArray[np.int64] | None]:
+        """Validate an update once: (rows, integer label matrix, class indices or None).
+        Callers that also need Y (the fast head) validate here and then ``apply_prepared``."""
         Qc = self.check_rows(Q)
+        Y, idx = self.label_matrix(y, Qc.shape[0])
+        return Qc, Y, idx
+
+    def apply_prepared(self, Qc: NDArray[np.int64], Y: NDArray[np.int64], idx: NDArray[np.int64] | None,
+                       sign: int) -> None:
+        """Apply rows that came out of ``prepare_rows``; all or nothing (NonMemberDelete etc.)."""
+        if sign not in (1, -1):
+            raise LedgerError("sign must be +1 or -1")
         r = Qc.shape[0]
-        Y, idx = self.label_matrix(y, r)
         if r == 0:
             return
         a = (Qc + (1 << 14)) >> 15

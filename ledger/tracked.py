@@ -69,9 +69,8 @@ class TrackedHead:
         return self._update(Q, y, -1)
 
     def _update(self, Q: ArrayLike, y: ArrayLike, sign: int) -> UpdateReport:
-        Qc = self.ledger.check_rows(Q)
-        Y, _ = self.ledger.label_matrix(y, Qc.shape[0])
-        (self.ledger.add if sign > 0 else self.ledger.delete)(Qc, y)
+        Qc, Y, idx = self.ledger.prepare_rows(Q, y)
+        self.ledger.apply_prepared(Qc, Y, idx, sign)
         if Qc.shape[0] == 0:
             return UpdateReport(self.mode)
         U, dG = self._factor(Qc, Y)

@@ -20,7 +20,26 @@ from .base import ArrayHeadStrategy, Exactness, Family, RetainedSet
 from .expansion import ExpandedRidgeStrategy
 
 
-class RidgeRetrain(ExpandedRidgeStrategy):
+class _RetrainOnChange:
+    """Baselines that keep the retained set and retrain from scratch on every request."""
+
+    store: RetainedSet
+
+    def _retrain(self) -> None:  # pragma: no cover - provided by each baseline
+        raise NotImplementedError
+
+    def _add(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
+             clients: NDArray[np.int64]) -> None:
+        self.store.add(F, y, ids, clients)
+        self._retrain()
+
+    def _delete(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
+                clients: NDArray[np.int64]) -> None:
+        self.store.remove(ids)
+        self._retrain()
+
+
+class RidgeRetrain(_RetrainOnChange, ExpandedRidgeStrategy):
     """Central ridge retrain with scikit-learn on the retained set after every request (the papers'
     "central ridge retrain"), optionally on a random feature expansion (ACU's buffer layer)."""
 
@@ -45,21 +64,11 @@ class RidgeRetrain(ExpandedRidgeStrategy):
             return
         self._W = centralized_retrain(self.transform(self.store.F), one_hot(self.store.y, self.n_classes), self.gamma)
 
-    def _add(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
-             clients: NDArray[np.int64]) -> None:
-        self.store.add(F, y, ids, clients)
-        self._retrain()
-
-    def _delete(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
-                clients: NDArray[np.int64]) -> None:
-        self.store.remove(ids)
-        self._retrain()
-
     def retrain_counterpart(self) -> RidgeRetrain:
         return RidgeRetrain(self.gamma, self.expansion_dim, self.activation, self.expansion_seed)
 
 
-class SoftmaxRetrain(ArrayHeadStrategy):
+class SoftmaxRetrain(_RetrainOnChange, ArrayHeadStrategy):
     """Retrain the softmax head from scratch on the retained set after every request, with the given
     recipe: central L-BFGS (``retrain-softmax``) or FedAvg over the retained clients (``fedavg-retrain``)."""
 
@@ -82,16 +91,6 @@ class SoftmaxRetrain(ArrayHeadStrategy):
     def _retrain(self) -> None:
         assert self.n_classes is not None
         self._W = self.trainer.train(self.store.F, self.store.y, self.store.clients, self.n_classes)
-
-    def _add(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
-             clients: NDArray[np.int64]) -> None:
-        self.store.add(F, y, ids, clients)
-        self._retrain()
-
-    def _delete(self, F: NDArray[np.float64], y: NDArray[np.int64], ids: NDArray[np.int64],
-                clients: NDArray[np.int64]) -> None:
-        self.store.remove(ids)
-        self._retrain()
 
     def retrain_counterpart(self) -> SoftmaxRetrain:
         return SoftmaxRetrain(trainer_from_params(self.trainer.params()))
