@@ -7,9 +7,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv demo test bench bench-paper bench-pipeline data clean
+.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data clean
 
 venv: $(STAMP)
 
@@ -23,6 +24,13 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
+# Test, lint and type-check tools (not needed to run the system).
+dev: $(DEV)
+
+$(DEV): $(STAMP) requirements-dev.lock
+	$(PIP) install -q --no-deps -r requirements-dev.lock
+	@touch $(DEV)
+
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.
 data:
 	@sh infra/ensure-data.sh
@@ -30,17 +38,23 @@ data:
 demo: venv data
 	$(VENV)/bin/unlearn demo $(DEMO_ARGS)
 
-test: venv data
+lint: dev
+	$(VENV)/bin/ruff check .
+
+typecheck: dev
+	@sh infra/typecheck.sh $(PY)
+
+test: dev data lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench.ledger_bench $(BENCH_ARGS)
 
 bench-paper: venv data
-	$(PY) -m bench.paper $(BENCH_ARGS)
+	$(PY) -m research.paper $(BENCH_ARGS)
 
 bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis demo-out
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out

@@ -67,8 +67,8 @@ def _time_encode(backbone: Any, inputs: list[Any], repeats: int) -> list[float]:
 
 def run(devices: list[str], quick: bool) -> list[dict[str, Any]]:
     """Benchmark each (backbone, device, batch size); returns one row per combination."""
-    from services.backbones import get_backbone
-    from services.datasets import load_fashion_mnist, load_tweets
+    from unlearn.features.backbones import get_backbone
+    from unlearn.services.demo.datasets import load_fashion_mnist, load_tweets
 
     n_items = 128 if quick else 1024
     repeats = 3 if quick else 5

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from numpy.typing import NDArray
 
-from ledger import (
+from unlearn.ledger import (
     ExactLedger,
     FloatLedger,
     LedgerError,

@@ -29,14 +29,14 @@ import numpy as np
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra.broker import LocalBroker
-from infra.processes import ServiceProcess
-from infra.profiles import consumer_config, producer_config
-from infra.settings import Settings
-from infra.topics import create_topics
-from schemas.delta_codec import decode_delta
-from schemas.head_codec import decode_head
-from schemas.receipts import decode_receipt
+from unlearn.infra.broker import LocalBroker
+from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.infra.topics import create_topics
+from unlearn.schemas.delta_codec import decode_delta
+from unlearn.schemas.head_codec import decode_head
+from unlearn.schemas.receipts import decode_receipt
 
 
 class Watcher(threading.Thread):

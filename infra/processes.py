@@ -53,7 +53,7 @@ class ServiceProcess:
         log = open(self.log_path, "ab")
         log.write(f"\n===== start {self.starts} {time.ctime()} =====\n".encode())
         log.flush()
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", *self.args], stdout=log,
+        self.proc = subprocess.Popen([sys.executable, "-m", "unlearn.services.cli", *self.args], stdout=log,
                                      stderr=subprocess.STDOUT, env=settings_env(self.settings),
                                      preexec_fn=_die_with_parent)
         self.starts += 1

@@ -1,7 +1,7 @@
 """Broker profiles: client settings per broker kind, chosen by ``Settings.profile``.
 
 Production runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu",
-see ``shared/notes/environment.md``). tansu is Kafka-compatible but has quirks that need client
+see docs/design.md, "The embedded broker"). tansu is Kafka-compatible but has quirks that need client
 settings. Those workarounds live here, next to a note saying why, so that no service ever
 branches on the broker kind: services ask for ``producer_config(settings)`` etc., and code that
 depends on a broker capability asks :func:`quirks` (a capability, not a name).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.settings import Settings
+from unlearn.infra.settings import Settings
 
 __all__ = [
     "BrokerQuirks",
@@ -42,7 +42,7 @@ class BrokerQuirks:
     must keep the last value per key themselves (they must anyway, before compaction runs)."""
     aborted_transactions_hidden: bool
     """tansu shows records of aborted transactions to read_committed consumers: correctness
-    must not depend on transactions (DESIGN.md section 4)."""
+    must not depend on transactions (docs/design.md section 4)."""
     aiokafka_idempotence: bool
     """tansu rejects aiokafka's InitProducerId v0: faust exactly_once cannot start there."""
     auto_creates_topics_with_4_partitions: bool
@@ -120,7 +120,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     conf: dict[str, Any] = {
         "bootstrap.servers": _bootstrap(settings),
         "group.id": group_id,
-        # At-least-once (DESIGN.md section 4): a service commits only after its outputs are
+        # At-least-once (docs/design.md section 4): a service commits only after its outputs are
         # produced, so auto-commit (which commits what was merely polled) is off.
         "enable.auto.commit": False,
         # A new group must see the whole history (requests before the worker started).
@@ -197,7 +197,7 @@ def faust_app_kwargs(settings: Settings, **overrides: Any) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "broker": ";".join(f"kafka://{b.strip()}" for b in _bootstrap(settings).split(",")),
         # faust exactly_once has open duplicate/crash bugs and needs transactions that tansu
-        # mishandles: the ledger is designed for at-least-once (DESIGN.md section 4).
+        # mishandles: the ledger is designed for at-least-once (docs/design.md section 4).
         "processing_guarantee": "at_least_once",
         "consumer_auto_offset_reset": "earliest",
         "producer_max_request_size": size,

@@ -14,9 +14,9 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from infra.cli_args import CliUsageError, add_broker_args, settings_from_args
-from infra.profiles import admin_config, topic_config
-from infra.settings import Settings
+from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.profiles import admin_config, topic_config
+from unlearn.infra.settings import Settings
 
 __all__ = [
     "COMPACTED",

@@ -1,4 +1,4 @@
-"""Message formats of the event stream (DESIGN.md section 3; byte layouts in docs/formats.md).
+"""Message formats of the event stream (docs/design.md section 3; byte layouts in docs/formats.md).
 
 - ``requests``: JSON envelope ``unlearn.request/v1`` (request.v1.schema.json) -> :func:`parse_request`
 - ``deltas``: binary exact rows / packed ledgers -> :func:`encode_delta`, :func:`decode_delta`
@@ -12,8 +12,8 @@ anything else, so a consumer can route any failure to ``deadletter`` instead of 
 
 from pathlib import Path
 
-from schemas._binary import CodecError
-from schemas.deadletter import (
+from unlearn.schemas._binary import CodecError
+from unlearn.schemas.deadletter import (
     DEADLETTER_SCHEMA_V1,
     STAGES,
     DeadLetter,
@@ -21,7 +21,7 @@ from schemas.deadletter import (
     decode_deadletter,
     encode_deadletter,
 )
-from schemas.delta_codec import (
+from unlearn.schemas.delta_codec import (
     DELTA_MAGIC,
     DELTA_VERSION,
     Delta,
@@ -30,7 +30,7 @@ from schemas.delta_codec import (
     decode_delta,
     encode_delta,
 )
-from schemas.envelope import (
+from unlearn.schemas.envelope import (
     REQUEST_REASONS,
     REQUEST_SCHEMA_V1,
     FeaturesInput,
@@ -45,8 +45,8 @@ from schemas.envelope import (
     request_from_dict,
     request_to_dict,
 )
-from schemas.head_codec import HEAD_MAGIC, HEAD_VERSION, MODES, HeadUpdate, decode_head, encode_head, head_to_json
-from schemas.receipts import (
+from unlearn.schemas.head_codec import HEAD_MAGIC, HEAD_VERSION, MODES, HeadUpdate, decode_head, encode_head, head_to_json
+from unlearn.schemas.receipts import (
     RECEIPT_SCHEMA_V1,
     Receipt,
     decode_receipt,

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from schemas._binary import CodecError
+from unlearn.schemas._binary import CodecError
 
 __all__ = [
     "DEADLETTER_SCHEMA_V1",

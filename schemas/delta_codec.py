@@ -4,7 +4,7 @@ Why binary: a 256 x 768 batch of int64 rows is 1.5 MB; as JSON number lists it w
 larger and ~100x slower to parse. The layout (docs/formats.md) is a 16-byte frame prefix, a
 header, entries of columnar little-endian arrays (8-aligned, so decoding is a zero-copy numpy
 view) and a CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally
-ordered, which is what lets the ledger skip redelivered offsets (DESIGN.md section 4).
+ordered, which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
 
 Two entry kinds:
 
@@ -24,7 +24,7 @@ from typing import Union
 
 import numpy as np
 
-from schemas._binary import CodecError, Reader, Writer, check_frame
+from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
 
 __all__ = [
     "DELTA_MAGIC",

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from schemas._binary import CodecError, Reader, Writer, check_frame
+from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
 
 __all__ = [
     "HEAD_MAGIC",
@@ -48,7 +48,7 @@ class HeadUpdate:
     """One head version. ``weights`` is (d, c) float64; ``posterior`` (d, d) float64 or None.
 
     ``offsets``: (partition, offset) of the last ``deltas`` message applied, per partition,
-    sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (DESIGN.md section 2).
+    sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (docs/design.md section 2).
     Decoded arrays are read-only views into the message bytes.
     """
 
@@ -68,6 +68,14 @@ class HeadUpdate:
     def __post_init__(self) -> None:
         offsets = tuple(sorted((int(p), int(o)) for p, o in self.offsets))
         object.__setattr__(self, "offsets", offsets)
+
+    def supersedes(self, other: HeadUpdate | None) -> bool:
+        """Is this update newer than ``other``? A higher version wins; at equal versions an exact
+        update supersedes a fast one (a reset republishes the same ledger as exact). The one
+        ordering of head updates every reader uses."""
+        if other is None:
+            return True
+        return (self.version, self.mode == "exact") > (other.version, other.mode == "exact")
 
     @property
     def d(self) -> int:

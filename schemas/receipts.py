@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import orjson
 
-from schemas._binary import CodecError
-from schemas.envelope import ID_MAX_CHARS
+from unlearn.schemas._binary import CodecError
+from unlearn.schemas.envelope import ID_MAX_CHARS
 
 __all__ = [
     "RECEIPT_SCHEMA_V1",

@@ -31,8 +31,8 @@ def _ledger_main(argv: list[str]) -> int:
     ap.add_argument("--worker-id", default="ledger-0", help="separates local data dirs of workers on one host")
     ap.add_argument("--loglevel", default="warning")
     args = ap.parse_args(argv)
-    from infra.cli_args import CliUsageError, settings_from_args
-    from streams.ledger_app import run_ledger_worker
+    from unlearn.infra.cli_args import CliUsageError, settings_from_args
+    from unlearn.streams.ledger.app import run_ledger_worker
 
     try:
         settings = settings_from_args(args)
@@ -49,7 +49,7 @@ def _broker_main(argv: list[str]) -> int:
     ap.add_argument("--port", type=int)
     ap.add_argument("--data", help="persistent storage dir (needs a local S3; see README)")
     args = ap.parse_args(argv)
-    from infra.broker import BrokerError, run_broker_forever
+    from unlearn.infra.broker import BrokerError, run_broker_forever
 
     try:
         return run_broker_forever(args.port, args.data)
@@ -68,17 +68,17 @@ def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "broker": _broker_main,
-    "topics": _lazy("infra.topics", "topics_main"),
-    "featurizer": _lazy("services.featurizer", "featurizer_main"),
+    "topics": _lazy("unlearn.infra.topics", "topics_main"),
+    "featurizer": _lazy("unlearn.streams.featurizer.service", "featurizer_main"),
     "ledger": _ledger_main,
-    "serve": _lazy("services.serving", "serve_main"),
-    "head": _lazy("services.head_reader", "head_main"),
-    "add": _lazy("services.client_cli", "add_main"),
-    "delete": _lazy("services.client_cli", "delete_main"),
-    "delete-subject": _lazy("services.client_cli", "delete_subject_main"),
-    "verify": _lazy("services.verifier", "verify_main"),
-    "export-deltas": _lazy("services.verifier", "export_deltas_main"),
-    "demo": _lazy("services.demo", "demo_main"),
+    "serve": _lazy("unlearn.services.serving.app", "serve_main"),
+    "head": _lazy("unlearn.services.client.head_reader", "head_main"),
+    "add": _lazy("unlearn.services.client.cli", "add_main"),
+    "delete": _lazy("unlearn.services.client.cli", "delete_main"),
+    "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),
+    "verify": _lazy("unlearn.services.verifier.core", "verify_main"),
+    "export-deltas": _lazy("unlearn.services.verifier.core", "export_deltas_main"),
+    "demo": _lazy("unlearn.services.demo.driver", "demo_main"),
 }
 
 

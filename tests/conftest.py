@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infra.settings import BrokerProfile, Settings
+from unlearn.infra.settings import BrokerProfile, Settings
 
 _BROKER_FIXTURES = frozenset({"kafka_bootstrap", "broker_target", "settings"})
 
@@ -52,7 +52,7 @@ def broker_target() -> Iterator[BrokerTarget]:
         yield BrokerTarget(env, profile, "env")  # type: ignore[arg-type]
         return
 
-    from infra.broker import BrokerError, LocalBroker
+    from unlearn.infra.broker import BrokerError, LocalBroker
 
     try:
         broker = LocalBroker(settings=Settings.from_env()).start()
@@ -101,7 +101,7 @@ def _prefix_for(request: pytest.FixtureRequest) -> str:
 def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: the session broker, its profile, a unique topic prefix (tests never
     see each other's messages) and the project's topics already created. Topics are deleted after."""
-    from infra.topics import create_topics, delete_topics, topic_names
+    from unlearn.infra.topics import create_topics, delete_topics, topic_names
 
     s = Settings.from_env(
         bootstrap=broker_target.bootstrap,

@@ -14,12 +14,12 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra.processes import ServiceProcess
-from infra.profiles import consumer_config, producer_config
-from infra.settings import Settings
-from ledger import ExactLedger, Quantizer, l2_normalize, solve_head
-from schemas.deadletter import decode_deadletter
-from services.head_reader import wait_for_head
+from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
+from unlearn.schemas.deadletter import decode_deadletter
+from unlearn.services.client.head_reader import wait_for_head
 
 pytestmark = pytest.mark.broker
 

@@ -1,0 +1,426 @@
+"""Python client SDK for upstream apps: produce request events, wait for deletion receipts.
+
+    from unlearn.infra.settings import Settings
+    from unlearn.services.client.sdk import UnlearnClient
+
+    with UnlearnClient(Settings.from_env()) as client:
+        client.add("faces", subject_id="u1", sample_id="img-1", label=3, features=[0.1, 0.2, ...])
+        handle = client.delete("faces", sample_id="img-1", subject_id="u1")
+        receipt = handle.wait_receipt(timeout=30)      # schemas.receipts.Receipt
+        print(receipt.status, receipt.head_version, receipt.digest)
+
+Every call builds a v1 envelope (``schemas.envelope``; validated before it is produced) and
+produces it to ``<prefix>requests`` keyed by the subject id (a subject's add always precedes its
+delete in one partition). Each returns a :class:`RequestHandle` naming the event id.
+
+Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one receipt
+(applied, or rejected with a reason) carrying the request's event id. One
+:class:`ReceiptListener` per client reads that topic in a background thread. It is started, and
+its start offsets are fixed, *before* the first delete is produced, and every delete's event id
+is registered before its request is produced, so a receipt can never slip past unseen however
+fast the pipeline answers. See docs/client.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.schemas._binary import CodecError
+from unlearn.schemas.envelope import (
+    FeaturesInput,
+    ImageInput,
+    Input,
+    InvalidRequest,
+    Request,
+    TextInput,
+    encode_request,
+)
+from unlearn.schemas.receipts import Receipt, decode_receipt
+
+__all__ = [
+    "ClientError",
+    "DeliveryFailed",
+    "InvalidRequest",
+    "ReceiptListener",
+    "ReceiptTimeout",
+    "RequestHandle",
+    "UnlearnClient",
+    "make_input",
+    "new_event_id",
+]
+
+log = logging.getLogger("unlearn.client")
+
+
+class ClientError(RuntimeError):
+    """The client cannot do what was asked (missing topic, closed client, ...)."""
+
+
+class DeliveryFailed(ClientError):
+    """The broker did not acknowledge a request message."""
+
+
+class ReceiptTimeout(TimeoutError):
+    """No receipt arrived in time. ``event_id`` and ``head_id`` say which request."""
+
+    def __init__(self, event_id: str, head_id: str, timeout: float, topic: str, detail: str = "") -> None:
+        self.event_id = event_id
+        self.head_id = head_id
+        self.timeout = timeout
+        self.topic = topic
+        msg = (f"no receipt for event {event_id!r} (head {head_id!r}) on {topic} within {timeout:g}s"
+               + (f": {detail}" if detail else "")
+               + "; are the featurizer and ledger workers running and caught up? "
+               f"(`unlearn head --head {head_id}`; rejected requests are also in the deadletter topic)")
+        super().__init__(msg)
+
+
+def new_event_id() -> str:
+    """A fresh, globally unique event id (UUID4, 32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def make_input(*, features: Sequence[float] | None = None, text: str | None = None,
+               image_png: bytes | str | None = None) -> Input:
+    """Exactly one of ``features`` (numbers), ``text`` or ``image_png`` (PNG bytes, or their
+    standard base64) becomes the envelope's ``input``."""
+    given = [n for n, v in (("features", features), ("text", text), ("image_png", image_png)) if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of features=, text=, image_png= (got {given or 'none'})")
+    if features is not None:
+        return FeaturesInput(tuple(float(v) for v in features))
+    if text is not None:
+        return TextInput(text)
+    data = image_png
+    if isinstance(data, str):
+        data = base64.b64decode(data.encode("ascii"), validate=True)
+    return ImageInput(bytes(data), "png")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- receipts
+class _Waiter:
+    __slots__ = ("event", "receipt")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.receipt: Receipt | None = None
+
+
+class ReceiptListener:
+    """Reads ``<prefix>receipts`` from "now" on, in a daemon thread; hands receipts to waiters.
+
+    Only receipts of registered event ids are kept (a busy deployment's other receipts are
+    dropped on sight). ``start()`` returns once the consumer is assigned every partition at an
+    explicit offset no later than the current end, so anything produced after ``start()``
+    returns is seen. (The end comes from ListOffsets; on tansu that can be slightly *early*
+    after multi-record batches -- harmless, the reader just skips a few old receipts.)
+    """
+
+    def __init__(self, settings: Settings, *, poll_interval: float = 0.2) -> None:
+        self.settings = settings
+        self.topic = settings.topic("receipts")
+        self.poll_interval = poll_interval
+        self._waiters: dict[str, _Waiter] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Consumer | None = None
+        self._error: BaseException | None = None
+        self.received = 0  # receipts read (all event ids)
+        self.bad = 0  # undecodable receipts seen
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout: float | None = None) -> "ReceiptListener":
+        """Assign every partition at its current end offset, then start reading. Idempotent."""
+        if self._thread is not None:
+            return self
+        timeout = self.settings.admin_timeout if timeout is None else timeout
+        c = Consumer(consumer_config(
+            self.settings, f"{self.settings.topic_prefix}client-receipts-{uuid.uuid4().hex}",
+            **{"enable.partition.eof": False},
+        ))
+        try:
+            try:
+                md = c.list_topics(timeout=timeout)  # whole metadata: naming a topic auto-creates it on tansu
+            except KafkaException as exc:
+                raise ClientError(f"cannot reach the broker at {self.settings.bootstrap}: {exc}") from None
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise ClientError(f"topic {self.topic} does not exist: run `unlearn topics create` "
+                                  "(with the same --prefix) first")
+            assignment = []
+            for p in sorted(t.partitions):
+                _, high = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                assignment.append(TopicPartition(self.topic, p, max(0, int(high))))
+            c.assign(assignment)
+        except BaseException:
+            c.close()
+            raise
+        self._consumer = c
+        self._thread = threading.Thread(target=self._run, name="unlearn-receipts", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread and close the consumer (pending waits then time out)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self._thread = None
+
+    # ------------------------------------------------------------------ waiting
+    def register(self, event_id: str) -> None:
+        """Keep the receipt of ``event_id`` when it comes (call BEFORE producing the request)."""
+        with self._lock:
+            self._waiters.setdefault(event_id, _Waiter())
+
+    def forget(self, event_id: str) -> None:
+        with self._lock:
+            self._waiters.pop(event_id, None)
+
+    def get(self, event_id: str) -> Receipt | None:
+        """The receipt if it already arrived (non-blocking)."""
+        with self._lock:
+            w = self._waiters.get(event_id)
+        return w.receipt if w is not None else None
+
+    def wait(self, event_id: str, timeout: float) -> Receipt | None:
+        """Block until the receipt of a registered event id arrives; None on timeout."""
+        with self._lock:
+            w = self._waiters.get(event_id)
+        if w is None:
+            raise ClientError(f"event {event_id!r} was not registered with this receipt listener")
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not w.event.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            if self._error is not None:
+                raise ClientError(f"receipt listener failed: {self._error}") from self._error
+            if time.monotonic() >= deadline:
+                return None
+        return w.receipt
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        c = self._consumer
+        assert c is not None
+        try:
+            while not self._stop.is_set():
+                msgs = c.consume(num_messages=500, timeout=self.poll_interval)
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("receipts consumer: %s", err)
+                        continue
+                    self.received += 1
+                    value = m.value()
+                    if value is None:
+                        continue
+                    try:
+                        r = decode_receipt(value)
+                    except CodecError as exc:
+                        self.bad += 1
+                        log.warning("undecodable receipt at %s/%d@%d: %s", m.topic(), m.partition(), m.offset(), exc)
+                        continue
+                    with self._lock:
+                        w = self._waiters.get(r.event_id)
+                    if w is not None and w.receipt is None:
+                        w.receipt = r
+                        w.event.set()
+        except BaseException as exc:  # pragma: no cover - surfaced to waiters
+            self._error = exc
+            log.exception("receipt listener stopped")
+        finally:
+            try:
+                c.close()
+            except Exception:  # pragma: no cover
+                pass
+
+
+# --------------------------------------------------------------------------- handles
+@dataclass
+class RequestHandle:
+    """What a produced request is known by. ``wait_receipt`` only for delete / delete_subject."""
+
+    event_id: str
+    op: str
+    head_id: str
+    subject_id: str
+    sample_id: str | None
+    _client: "UnlearnClient" = field(repr=False)
+    _delivered: threading.Event = field(default_factory=threading.Event, repr=False)
+    _delivery_error: str | None = field(default=None, repr=False)
+    partition: int | None = None
+    offset: int | None = None
+    _receipt: Receipt | None = field(default=None, repr=False)
+
+    @property
+    def delivered(self) -> bool:
+        """True once the broker acknowledged the message (check ``delivery_error`` too)."""
+        return self._delivered.is_set() and self._delivery_error is None
+
+    @property
+    def delivery_error(self) -> str | None:
+        return self._delivery_error
+
+    def wait_delivered(self, timeout: float | None = None) -> None:
+        """Block until the broker acknowledged the request; DeliveryFailed / TimeoutError."""
+        t = self._client.settings.receipt_timeout if timeout is None else timeout
+        deadline = time.monotonic() + t
+        while not self._delivered.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"event {self.event_id!r} (head {self.head_id!r}) was not acknowledged by "
+                                   f"the broker within {t:g}s")
+            self._client._poll(min(0.1, remaining))
+        if self._delivery_error is not None:
+            raise DeliveryFailed(f"event {self.event_id!r} (head {self.head_id!r}) was not delivered: "
+                                 f"{self._delivery_error}")
+
+    def wait_receipt(self, timeout: float | None = None) -> Receipt:
+        """The deletion's receipt (status "applied" or "rejected"); ReceiptTimeout if none arrives
+        within ``timeout`` seconds (default UNLEARN_RECEIPT_TIMEOUT). Adds get no receipt."""
+        if self.op == "add":
+            raise ClientError(f"event {self.event_id!r} is an add: only delete and delete_subject get receipts "
+                              "(use wait_delivered() for an add)")
+        if self._receipt is not None:
+            return self._receipt
+        t = self._client.settings.receipt_timeout if timeout is None else float(timeout)
+        start = time.monotonic()
+        try:
+            self.wait_delivered(t)
+        except TimeoutError:
+            raise ReceiptTimeout(self.event_id, self.head_id, t, self._client.receipts_topic,
+                                 "the request itself was not acknowledged by the broker") from None
+        listener = self._client._listener
+        if listener is None:  # pragma: no cover - deletes always start it
+            raise ClientError("no receipt listener")
+        r = listener.wait(self.event_id, t - (time.monotonic() - start))
+        if r is None:
+            raise ReceiptTimeout(self.event_id, self.head_id, t, self._client.receipts_topic)
+        self._receipt = r
+        listener.forget(self.event_id)  # collected: the listener no longer needs to keep it
+        return r
+
+
+# --------------------------------------------------------------------------- client
+class UnlearnClient:
+    """Produces request envelopes; one shared receipt listener per client (started lazily by the
+    first delete, or at construction with ``listen_receipts=True``). Thread-safe for producing."""
+
+    def __init__(self, settings: Settings, client_id: str | None = None, *, listen_receipts: bool = False,
+                 producer_overrides: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.client_id = client_id or settings.client_id
+        self.requests_topic = settings.topic("requests")
+        self.receipts_topic = settings.topic("receipts")
+        self._producer = Producer(producer_config(settings, **{"linger.ms": 5, **(producer_overrides or {})}))
+        self._listener: ReceiptListener | None = None
+        self._listener_lock = threading.Lock()
+        self._closed = False
+        if listen_receipts:
+            self._ensure_listener()
+
+    # ------------------------------------------------------------------ requests
+    def add(self, head_id: str, subject_id: str, sample_id: str, label: int | Sequence[float], *,
+            features: Sequence[float] | None = None, text: str | None = None,
+            image_png: bytes | str | None = None, client_id: str | None = None,
+            event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+        """Add one sample (exactly one of features=, text=, image_png=) with a class index or a
+        target vector as ``label``."""
+        lab: int | tuple[float, ...] = label if isinstance(label, int) else tuple(float(v) for v in label)
+        req = Request(event_id or new_event_id(), "add", head_id, client_id or self.client_id, subject_id,
+                      sample_id, lab, make_input(features=features, text=text, image_png=image_png),
+                      time.time() if ts is None else ts)
+        return self.send(req)
+
+    def delete(self, head_id: str, sample_id: str, subject_id: str, *, client_id: str | None = None,
+               event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+        """Delete one sample (the featurizer reuses the add's cached features)."""
+        req = Request(event_id or new_event_id(), "delete", head_id, client_id or self.client_id, subject_id,
+                      sample_id, ts=time.time() if ts is None else ts)
+        return self.send(req)
+
+    def delete_subject(self, head_id: str, subject_id: str, *, client_id: str | None = None,
+                       event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+        """Delete every sample of a subject in a head (one receipt listing them)."""
+        req = Request(event_id or new_event_id(), "delete_subject", head_id, client_id or self.client_id,
+                      subject_id, ts=time.time() if ts is None else ts)
+        return self.send(req)
+
+    def send(self, req: Request) -> RequestHandle:
+        """Produce any validated :class:`Request` (InvalidRequest if it does not conform to v1)."""
+        if self._closed:
+            raise ClientError("client is closed")
+        value = encode_request(req)  # validates: a bad request fails here, not in deadletter
+        handle = RequestHandle(req.event_id, req.op, req.head_id, req.subject_id, req.sample_id, self)
+        if req.op != "add":
+            # Listener first (offsets fixed), event registered, THEN produce: no receipt is missed.
+            self._ensure_listener().register(req.event_id)
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                handle._delivery_error = err.str()
+            else:
+                handle.partition, handle.offset = msg.partition(), msg.offset()
+            handle._delivered.set()
+
+        while True:
+            try:
+                self._producer.produce(self.requests_topic, key=req.subject_id.encode("utf-8"), value=value,
+                                       on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: serve delivery reports, retry
+                self._producer.poll(0.2)
+            except KafkaException as exc:
+                if self._listener is not None:
+                    self._listener.forget(req.event_id)
+                raise ClientError(f"cannot produce event {req.event_id!r}: {exc}") from exc
+        self._producer.poll(0)
+        return handle
+
+    # ------------------------------------------------------------------ plumbing
+    def _ensure_listener(self) -> ReceiptListener:
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = ReceiptListener(self.settings).start()
+            return self._listener
+
+    def _poll(self, timeout: float) -> None:
+        self._producer.poll(timeout)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for every produced request to be acknowledged; returns how many are still queued."""
+        return int(self._producer.flush(self.settings.receipt_timeout if timeout is None else timeout))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush outstanding requests and stop the receipt listener."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._producer.flush(timeout)
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+
+    def __enter__(self) -> "UnlearnClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

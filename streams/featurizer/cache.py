@@ -1,0 +1,270 @@
+"""The featurizer's durable feature cache and transactional outbox (one sqlite file per partition).
+
+docs/design.md section 2: a delete must reuse the exact q of its add (GPU backbones are not
+bit-reproducible), so every accepted add's q is cached, keyed by (head, sample), with a subject
+index for ``delete_subject``; the entry is erased when the delete is emitted. Section 4: the cache,
+not Kafka, is the source of truth about what was applied.
+
+One file per ``requests`` partition (``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``), so a
+partition's cache moves with the partition when featurizer processes on one host rebalance. Each
+file holds:
+
+- ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (int64 LE blob);
+  index ``samples_by_subject`` (subject_id, head_id) is the subject index;
+- ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
+  frac bits);
+- ``outbox``: encoded messages (deltas, dead letters, receipts) written in the same transaction
+  as the cache mutations, deleted once the broker acknowledged them;
+- ``progress``: the last ``requests`` offset whose outcome is in this file;
+- ``meta``: schema version and identity (topic, partition, client) checked on open.
+
+WAL journal, ``synchronous=FULL``: a committed batch survives a process kill and a power loss
+(re-judging a batch after losing it could re-quantize a GPU feature to other bits than the ones
+the ledger already applied).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote
+
+import numpy as np
+
+from unlearn.streams.featurizer.core import CacheMutations, CachedSample, HeadInfo, OutMessage
+
+__all__ = ["CACHE_SCHEMA_VERSION", "CacheError", "FeatureCache", "OutboxRow", "cache_path"]
+
+CACHE_SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS heads (
+    head_id TEXT PRIMARY KEY,
+    backbone TEXT NOT NULL,
+    input_kind TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    label_kind TEXT NOT NULL,
+    label_width INTEGER NOT NULL,
+    frac_bits INTEGER NOT NULL,
+    label_frac_bits INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS samples (
+    head_id TEXT NOT NULL,
+    sample_id TEXT NOT NULL,
+    subject_id TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    label_class INTEGER,
+    label_vec BLOB,
+    q BLOB NOT NULL,
+    PRIMARY KEY (head_id, sample_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS samples_by_subject ON samples (subject_id, head_id, sample_id);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    key BLOB,
+    value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS progress (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    applied_offset INTEGER NOT NULL
+);
+"""
+
+
+class CacheError(RuntimeError):
+    """The cache file is not usable as asked (other identity, newer schema, offset going back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A message waiting for its broker acknowledgement."""
+
+    seq: int
+    topic: str
+    key: bytes | None
+    value: bytes
+
+
+def cache_path(data_dir: str | Path, stream_dir: str, partition: int) -> Path:
+    """``<data_dir>/featurizer/<stream_dir>/p<partition>.sqlite`` (``stream_dir`` is percent-quoted
+    so any topic / client id makes one safe directory name)."""
+    return Path(data_dir) / "featurizer" / quote(stream_dir, safe="._-[]") / f"p{int(partition)}.sqlite"
+
+
+def _i64(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype="<i8").tobytes()
+
+
+def _from_i64(b: bytes) -> np.ndarray:
+    return np.frombuffer(b, dtype="<i8").astype(np.int64)
+
+
+class FeatureCache:
+    """One partition's cache; implements ``featurize_core.CacheView``. Single-threaded use.
+
+    ``identity`` (e.g. topic, partition, client) is written on first open and must match on
+    every later open: a cache file never silently serves another partition or site.
+    """
+
+    def __init__(self, path: str | Path, identity: Mapping[str, str] | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.executescript(_SCHEMA)
+            self._check_meta({"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity or {})})
+        except Exception:
+            self._db.close()
+            raise
+
+    @classmethod
+    def open_partition(cls, data_dir: str | Path, stream_dir: str, partition: int,
+                       identity: Mapping[str, str] | None = None) -> "FeatureCache":
+        """The cache file of one requests partition (created empty if absent)."""
+        ident = {"stream_dir": stream_dir, "partition": str(int(partition)), **dict(identity or {})}
+        return cls(cache_path(data_dir, stream_dir, partition), ident)
+
+    def _check_meta(self, wanted: Mapping[str, str]) -> None:
+        with self._tx():
+            have = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            for key, value in wanted.items():
+                if key in have and have[key] != value:
+                    raise CacheError(f"{self.path}: cache has {key}={have[key]!r}, opened as {value!r}")
+                if key not in have:
+                    self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # ------------------------------------------------------------------ transactions
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> None:
+            self.db.execute("BEGIN IMMEDIATE")
+
+        def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+            self.db.execute("COMMIT" if et is None else "ROLLBACK")
+
+    def _tx(self) -> "FeatureCache._Tx":
+        return FeatureCache._Tx(self._db)
+
+    # ------------------------------------------------------------------ CacheView
+    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
+        row = self._db.execute(
+            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
+            "FROM samples WHERE head_id = ? AND sample_id = ?", (head_id, sample_id)).fetchone()
+        return None if row is None else self._sample(row)
+
+    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
+        """The subject's cached samples in one head, ordered by sample id."""
+        rows = self._db.execute(
+            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
+            "FROM samples WHERE subject_id = ? AND head_id = ? ORDER BY sample_id", (subject_id, head_id)).fetchall()
+        return [self._sample(r) for r in rows]
+
+    def get_head(self, head_id: str) -> HeadInfo | None:
+        row = self._db.execute(
+            "SELECT head_id, backbone, input_kind, dim, label_kind, label_width, frac_bits, label_frac_bits "
+            "FROM heads WHERE head_id = ?", (head_id,)).fetchone()
+        return None if row is None else HeadInfo(*row)
+
+    @staticmethod
+    def _sample(row: Sequence[object]) -> CachedSample:
+        head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q = row
+        label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type]
+        return CachedSample(str(head_id), str(sample_id), str(subject_id), str(client_id), str(event_id),
+                            label, _from_i64(q))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ more reads
+    @property
+    def applied_offset(self) -> int:
+        """Last requests offset whose outcome is in this file; -1 for a fresh cache."""
+        row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
+        return -1 if row is None else int(row[0])
+
+    def heads(self) -> list[HeadInfo]:
+        rows = self._db.execute(
+            "SELECT head_id, backbone, input_kind, dim, label_kind, label_width, frac_bits, label_frac_bits "
+            "FROM heads ORDER BY head_id").fetchall()
+        return [HeadInfo(*r) for r in rows]
+
+    def count(self, head_id: str | None = None) -> int:
+        """Cached samples (in one head, or all)."""
+        if head_id is None:
+            return int(self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM samples WHERE head_id = ?", (head_id,)).fetchone()[0])
+
+    def samples(self, head_id: str) -> list[CachedSample]:
+        """Every cached sample of a head, ordered by sample id (audits, retrain references)."""
+        rows = self._db.execute(
+            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
+            "FROM samples WHERE head_id = ? ORDER BY sample_id", (head_id,)).fetchall()
+        return [self._sample(r) for r in rows]
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        """Messages written but not yet acknowledged, in write order."""
+        rows = self._db.execute("SELECT seq, topic, key, value FROM outbox ORDER BY seq").fetchall()
+        return [OutboxRow(int(s), str(t), None if k is None else bytes(k), bytes(v)) for s, t, k, v in rows]
+
+    # ------------------------------------------------------------------ writes
+    def commit_batch(self, mutations: CacheMutations, messages: Iterable[OutMessage], last_offset: int) -> list[int]:
+        """ONE transaction: apply the cache mutations, append ``messages`` to the outbox, record
+        ``last_offset``. Returns the outbox sequence numbers (for :meth:`ack_outbox`)."""
+        last_offset = int(last_offset)
+        with self._tx():
+            current = self.applied_offset
+            if last_offset <= current:
+                raise CacheError(f"{self.path}: batch ends at offset {last_offset}, cache already at {current}")
+            for head in mutations.put_heads:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO heads (head_id, backbone, input_kind, dim, label_kind, label_width, "
+                    "frac_bits, label_frac_bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (head.head_id, head.backbone, head.input_kind, head.dim, head.label_kind, head.label_width,
+                     head.frac_bits, head.label_frac_bits))
+            self._db.executemany(
+                "DELETE FROM samples WHERE head_id = ? AND sample_id = ?", list(mutations.drop_samples))
+            self._db.executemany(
+                "INSERT OR REPLACE INTO samples (head_id, sample_id, subject_id, client_id, event_id, label_class, "
+                "label_vec, q) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
+                  s.label if isinstance(s.label, int) else None,
+                  None if isinstance(s.label, int) else _i64(s.label), _i64(s.q))
+                 for s in mutations.put_samples])
+            seqs = []
+            for m in messages:
+                cur = self._db.execute("INSERT INTO outbox (topic, key, value) VALUES (?, ?, ?)",
+                                       (m.topic, m.key, m.value))
+                seqs.append(int(cur.lastrowid))  # type: ignore[arg-type]
+            self._db.execute(
+                "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
+                "ON CONFLICT (id) DO UPDATE SET applied_offset = excluded.applied_offset", (last_offset,))
+        return seqs
+
+    def ack_outbox(self, seqs: Iterable[int]) -> None:
+        """Forget outbox rows the broker acknowledged."""
+        with self._tx():
+            self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(int(s),) for s in seqs])
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "FeatureCache":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<FeatureCache {self.path}>"

@@ -1,0 +1,375 @@
+"""``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
+
+All decisions are in :mod:`services.featurize_core` (pure) and all durable state in
+:mod:`services.feature_cache`; this module moves bytes. Per micro-batch (size- and time-bounded)
+and per requests partition (docs/featurizer.md):
+
+1. decide the outcome (``featurize_batch``) against the partition's cache;
+2. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
+   rejected receipts into the outbox, record the batch's last input offset;
+3. produce the outbox rows, flush, wait for every delivery acknowledgement, delete them;
+4. commit the input offsets to Kafka (informational: the cache is authoritative).
+
+On partition assignment: re-produce any outbox rows a crash left behind, then seek the partition
+to (cache's recorded offset + 1). Re-produced deltas carry the same ``source_id`` as the first
+copy, so the ledger skips a duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
+from unlearn.streams.featurizer.core import (
+    CoreConfig,
+    Encoder,
+    InMessage,
+    OutMessage,
+    RegistryEncoder,
+    featurize_batch,
+)
+
+__all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError", "featurizer_main"]
+
+log = logging.getLogger("unlearn.featurizer")
+
+FaultHook = Callable[[str], None]
+"""Test hook, called at "after_cache_commit", "after_produce", "after_outbox_ack" and
+"after_offset_commit"; raising there simulates a crash at that point."""
+
+
+class FeaturizerError(RuntimeError):
+    """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
+
+
+class DeliveryError(FeaturizerError):
+    """The broker did not acknowledge every outbox message (they stay in the outbox)."""
+
+
+class LostCacheError(FeaturizerError):
+    """A partition's cache is empty but the group already committed offsets for it."""
+
+
+class FeaturizerService:
+    """One featurizer process: a consumer group member on the requests topic.
+
+    ``run(stop)`` blocks until ``stop`` is set (then finishes the current batch, flushes, commits
+    and returns 0). ``encoder`` replaces the backbone registry (tests); ``fault`` is a crash hook.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group: str | None = None,
+        federated: bool = False,
+        client_id: str | None = None,
+        requests_topic: str | None = None,
+        max_batch: int | None = None,
+        max_ms: int | None = None,
+        device: str | None = None,
+        encoder: Encoder | None = None,
+        fault: FaultHook | None = None,
+    ) -> None:
+        if federated and not client_id:
+            raise ValueError("--federated needs --client-id (the data owner this site serves)")
+        if client_id and not federated:
+            raise ValueError("--client-id is only meaningful with --federated")
+        self.settings = settings
+        self.config = CoreConfig.from_settings(settings, requests_topic=requests_topic, federated=federated,
+                                               client_id=client_id)
+        self.topic = self.config.requests_topic
+        default_group = f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
+        self.group = group or default_group
+        self.max_batch = int(max_batch or settings.batch_max_events)
+        self.max_ms = int(settings.batch_max_ms if max_ms is None else max_ms)
+        if self.max_batch < 1 or self.max_ms < 0:
+            raise ValueError("max_batch must be >= 1 and max_ms >= 0")
+        self.device = device or settings.device
+        self.encoder: Encoder = encoder or RegistryEncoder(self.device)
+        self.fault = fault
+        # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
+        self.stream_dir = self.topic + (f"[{client_id}]" if federated else "")
+        self.caches: dict[int, FeatureCache] = {}
+        self._pending: list[Any] = []
+        self._fatal: BaseException | None = None
+        self._consumer: Any = None
+        self._producer: Any = None
+        self.stats = {"batches": 0, "events": 0, "accepted": 0, "rows": 0, "deadletters": 0, "receipts": 0,
+                      "deltas": 0, "replayed": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Consume until ``stop`` is set; returns 0 after a clean stop (raises on fatal errors)."""
+        from confluent_kafka import Consumer, Producer
+
+        stop = stop or threading.Event()
+        self._producer = Producer(producer_config(self.settings, **{"linger.ms": 5}))
+        self._consumer = Consumer(consumer_config(self.settings, self.group))
+        clean = False
+        try:
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_revoke)
+            log.info("featurizer group=%s topic=%s stream=%s federated=%s batch<=%d/%dms",
+                     self.group, self.topic, self.config.stream, self.config.federated, self.max_batch, self.max_ms)
+            last_report = time.monotonic()
+            while not stop.is_set():
+                batch = self._poll_batch(stop)
+                if batch:
+                    self._process(batch)
+                if time.monotonic() - last_report > 30:
+                    log.info("featurizer stats %s", self.stats)
+                    last_report = time.monotonic()
+            clean = True
+            return 0
+        finally:
+            try:
+                self._consumer.close()  # leaves the group; on_revoke closes the caches
+            except Exception as exc:  # noqa: BLE001 - closing after a crash
+                log.warning("consumer close: %s", exc)
+            if clean:
+                self._producer.flush(self.settings.admin_timeout)
+            for cache in self.caches.values():
+                cache.close()
+            self.caches.clear()
+            self._consumer = self._producer = None  # release the librdkafka handles now
+            log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
+
+    def _check_fatal(self) -> None:
+        if self._fatal is not None:
+            err, self._fatal = self._fatal, None
+            raise err
+
+    def _hook(self, point: str) -> None:
+        if self.fault is not None:
+            self.fault(point)
+
+    # ------------------------------------------------------------------ rebalance
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        try:
+            for tp in partitions:
+                p = tp.partition
+                cache = self.caches.get(p)
+                if cache is None:
+                    cache = FeatureCache.open_partition(
+                        self.settings.data_dir, self.stream_dir, p,
+                        {"topic": self.topic, "client_id": self.config.client_id or ""})
+                    self.caches[p] = cache
+                rows = cache.pending_outbox()
+                if rows:
+                    log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(rows))
+                    self._deliver(rows)
+                    cache.ack_outbox(r.seq for r in rows)
+                    self.stats["replayed"] += len(rows)
+                off = cache.applied_offset
+                if off >= 0:
+                    tp.offset = off + 1
+                else:
+                    committed = consumer.committed([TopicPartition(self.topic, p)], timeout=self.settings.admin_timeout)
+                    if committed and committed[0].offset > 0:
+                        raise LostCacheError(
+                            f"partition {p}: the feature cache {cache.path} is empty but group {self.group!r} "
+                            f"committed offset {committed[0].offset}: deletes need the cached q of earlier adds. "
+                            "Restore the cache file (or move the partition back to the host that has it), or "
+                            "start over with a fresh ledger and a new consumer group.")
+                    tp.offset = OFFSET_BEGINNING
+                log.info("partition %d assigned: cache at offset %d, %d samples", p, off, cache.count())
+            consumer.assign(partitions)
+        except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
+            self._fatal = exc
+            try:
+                consumer.unassign()  # consume nothing; the poll loop raises right after
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = {tp.partition for tp in partitions}
+        # Not-yet-processed messages of revoked partitions are dropped: the cache offset says they
+        # are not applied, so whoever owns the partition next reads them again.
+        self._pending = [m for m in self._pending if m.partition() not in gone]
+        for p in gone:
+            cache = self.caches.pop(p, None)
+            if cache is not None:
+                cache.close()
+        try:
+            consumer.unassign()
+        except Exception:  # noqa: BLE001 - already unassigned (on_lost, close)
+            pass
+
+    # ------------------------------------------------------------------ the loop
+    def _poll_batch(self, stop: threading.Event) -> list[Any]:
+        """Up to max_batch messages, waiting at most max_ms after the first one."""
+        from confluent_kafka import KafkaError
+
+        self._pending = []
+        deadline: float | None = None
+        while len(self._pending) < self.max_batch:
+            if deadline is None:
+                # consume() blocks for its whole timeout unless the batch fills; poll() returns on
+                # the first message, which starts the batch window (latency of a lone delete).
+                first = self._consumer.poll(0.2)
+                got = [] if first is None else [first]
+            else:
+                timeout = max(0.0, deadline - time.monotonic())
+                got = self._consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
+            self._check_fatal()
+            for m in got:
+                err = m.error()
+                if err is None:
+                    self._pending.append(m)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                elif err.fatal():
+                    raise FeaturizerError(f"consumer: {err.str()}")
+                else:
+                    log.warning("consumer: %s", err.str())
+            if deadline is None:
+                if not self._pending:
+                    return []  # idle: let the caller look at the stop flag
+                deadline = time.monotonic() + self.max_ms / 1000.0
+            if time.monotonic() >= deadline or stop.is_set():
+                break
+        batch, self._pending = self._pending, []
+        return batch
+
+    def _process(self, batch: list[Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        by_partition: dict[int, list[InMessage]] = {}
+        for m in batch:
+            p = m.partition()
+            cache = self.caches.get(p)
+            if cache is None or m.offset() <= cache.applied_offset:
+                continue  # revoked meanwhile, or already in the cache (never judged twice)
+            by_partition.setdefault(p, []).append(InMessage(p, m.offset(), m.value(), m.key()))
+        if not by_partition:
+            return
+        done: list[tuple[int, FeatureCache, list[int], list[OutMessage], int]] = []
+        now = time.time()
+        for p, msgs in sorted(by_partition.items()):
+            msgs.sort(key=lambda x: x.offset)
+            cache = self.caches[p]
+            outcome = featurize_batch(msgs, cache, self.config, self.encoder, now=now)
+            messages = outcome.messages(self.config)
+            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset)
+            done.append((p, cache, seqs, messages, outcome.last_offset))
+            self.stats["events"] += len(msgs)
+            self.stats["accepted"] += outcome.accepted
+            self.stats["rows"] += outcome.rows
+            self.stats["deltas"] += len(outcome.deltas)
+            self.stats["deadletters"] += len(outcome.deadletters)
+            self.stats["receipts"] += len(outcome.receipts)
+            if outcome.deadletters:
+                log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
+                         outcome.reasons())
+        self._hook("after_cache_commit")
+        self._deliver([m for _, _, _, msgs, _ in done for m in msgs])
+        self._hook("after_produce")
+        for _, cache, seqs, _, _ in done:
+            cache.ack_outbox(seqs)
+        self._hook("after_outbox_ack")
+        offsets = [TopicPartition(self.topic, p, last + 1) for p, _, _, _, last in done]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # noqa: BLE001 - e.g. a rebalance in progress; the cache is authoritative
+            log.warning("offset commit failed (harmless, the cache has the offsets): %s", exc)
+        self.stats["batches"] += 1
+        self._hook("after_offset_commit")
+
+    def _deliver(self, messages: Sequence[OutMessage | OutboxRow]) -> None:
+        """Produce in order, flush, and raise unless every message was acknowledged."""
+        if not messages:
+            return
+        failures: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(f"{msg.topic()}: {err.str()}")
+
+        for m in messages:
+            while True:
+                try:
+                    self._producer.produce(m.topic, value=m.value, key=m.key, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    self._producer.poll(0.1)
+        remaining = self._producer.flush()
+        if remaining or failures:
+            raise DeliveryError(f"{remaining} message(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
+
+
+# --------------------------------------------------------------------------- CLI
+def featurizer_main(argv: Sequence[str] | None = None) -> int:
+    """``unlearn featurizer [--bootstrap B] [--group G] [--federated --client-id C]
+    [--requests-topic T] [--max-batch N] [--max-ms MS] [--device auto|cpu|cuda]``."""
+    parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
+    add_broker_args(parser, "bootstrap")
+    parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
+    parser.add_argument("--federated", action="store_true",
+                        help="data-owner site: send only packed exact statistics per micro-batch")
+    parser.add_argument("--client-id", help="federated: the one client id this site serves")
+    parser.add_argument("--requests-topic", help="full topic name to read (default: <prefix>requests)")
+    parser.add_argument("--max-batch", type=int, help="events per micro-batch (default: UNLEARN_BATCH_MAX_EVENTS)")
+    parser.add_argument("--max-ms", type=int, help="micro-batch time bound (default: UNLEARN_BATCH_MAX_MS)")
+    parser.add_argument("--device", help="auto | cpu | cuda[:N] (default: UNLEARN_DEVICE)")
+    add_broker_args(parser, "prefix", "profile")
+    parser.add_argument("--data-dir", help="feature cache location (default: UNLEARN_DATA_DIR)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return cli_exit_code(exc)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = settings_from_args(args, data_dir=args.data_dir, device=args.device)
+    except ValueError as exc:
+        return cli_exit_code(exc)
+    try:
+        service = FeaturizerService(settings, group=args.group, federated=args.federated, client_id=args.client_id,
+                                    requests_topic=args.requests_topic, max_batch=args.max_batch,
+                                    max_ms=args.max_ms, device=args.device)
+        if service.device not in ("auto", "cpu"):
+            from unlearn.features.backbones import resolve_device
+
+            resolve_device(service.device)  # fail now, not on the first text/image request
+        from unlearn.infra.topics import wait_for_topics
+
+        # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
+        c = service.config
+        wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic])
+    except Exception as exc:  # noqa: BLE001 - bad arguments, missing topics, no CUDA
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def _on_signal(signum: int, _frame: object) -> None:
+            log.info("signal %d: finishing the current batch", signum)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
+    try:
+        return service.run(stop)
+    except Exception as exc:  # noqa: BLE001 - fatal: report and exit non-zero (restart resumes from the cache)
+        log.error("featurizer failed: %s", exc, exc_info=True)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(featurizer_main())

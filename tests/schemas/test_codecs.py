@@ -1,0 +1,308 @@
+"""Binary codecs (deltas, heads): round trips, canonical form, and corruption never decoding
+into something wrong (it raises CodecError, and nothing else)."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from unlearn.schemas import (
+    CodecError,
+    Delta,
+    HeadUpdate,
+    PackedEntry,
+    RowsEntry,
+    decode_delta,
+    decode_head,
+    encode_delta,
+    encode_head,
+    head_to_json,
+)
+from unlearn.schemas._binary import PREFIX, crc32c
+
+_ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
+    n = draw(st.integers(1, 6))
+    ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
+    if draw(st.booleans()):
+        labels = draw(hnp.arrays(np.int64, n, elements=st.integers(0, 2**63 - 1)))
+    else:
+        labels = draw(hnp.arrays(np.int64, (n, draw(st.integers(1, 4))), elements=_I64))
+    q = draw(hnp.arrays(np.int64, (n, d), elements=_I64))
+    return RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q)
+
+
+@st.composite
+def _packed(draw: st.DrawFn) -> PackedEntry:
+    n = draw(st.integers(1, 5))
+    ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
+    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)))
+
+
+@st.composite
+def deltas(draw: st.DrawFn) -> Delta:
+    d = draw(st.integers(1, 9))
+    entries = draw(st.lists(st.one_of(_rows(d), _packed()), max_size=3))
+    return Delta(draw(_ids), draw(_ids), d, draw(st.integers(0, 62)), draw(st.integers(0, 62)), entries)
+
+
+_f64 = st.floats(allow_nan=True, allow_infinity=True, width=64)
+_nonneg = st.floats(min_value=0, max_value=1e300, allow_nan=False)
+
+
+@st.composite
+def heads(draw: st.DrawFn) -> HeadUpdate:
+    d = draw(st.integers(1, 6))
+    c = draw(st.integers(0, 4))
+    parts = draw(st.lists(st.integers(0, 2**31 - 1), unique=True, max_size=4))
+    return HeadUpdate(
+        head_id=draw(_ids),
+        version=draw(st.integers(0, 2**64 - 1)),
+        mode=draw(st.sampled_from(["exact", "fast"])),
+        digest=draw(st.binary(min_size=32, max_size=32)).hex(),
+        n_retained=draw(st.integers(0, 2**64 - 1)),
+        events_covered=draw(st.integers(0, 2**64 - 1)),
+        offsets=[(p, draw(st.integers(0, 2**63 - 1))) for p in parts],
+        drift=draw(_nonneg),
+        gamma=draw(st.floats(min_value=1e-300, max_value=1e300)),
+        created_ts=draw(_nonneg),
+        weights=draw(hnp.arrays(np.float64, (d, c), elements=_f64)),
+        posterior=draw(st.none() | hnp.arrays(np.float64, (d, d), elements=_f64)),
+    )
+
+
+CODECS: dict[str, tuple[Any, Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+    "delta": (deltas(), encode_delta, decode_delta),
+    "head": (heads(), encode_head, decode_head),
+}
+
+SAMPLES: dict[str, Any] = {
+    "delta": Delta("h", "f", 2, 30, 8, [
+        RowsEntry(1, ["e1", "e2"], ["s1", "s2"], ["u", "v"], np.array([[1], [2]]), np.array([[1, 2], [3, 4]])),
+        PackedEntry(-1, ["e3"], ["s3"], ["u"], b"ledger"),
+    ]),
+    "head": HeadUpdate("h", 7, "fast", "ab" * 32, 2, 3, [(0, 9)], 1e-12, 0.5, 1.0, np.ones((2, 3)), np.eye(2)),
+}
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- round trips
+@FAST
+@given(deltas())
+def test_delta_round_trip(delta: Delta) -> None:
+    raw = encode_delta(delta)
+    back = decode_delta(raw)
+    assert back == delta
+    assert encode_delta(back) == raw
+    for e in back.entries:
+        if isinstance(e, RowsEntry):
+            assert e.q.dtype == np.dtype("<i8") and e.q.shape == (e.n, delta.d)
+            assert not e.q.flags.writeable, "decoded arrays are read-only views"
+
+
+@FAST
+@given(heads())
+def test_head_round_trip(head: HeadUpdate) -> None:
+    raw = encode_head(head)
+    back = decode_head(raw)
+    assert back == head  # bitwise on floats (NaN payloads and -0.0 included)
+    assert encode_head(back) == raw
+    j = head_to_json(back)
+    assert (j["head_id"], j["version"], j["mode"], j["digest"], j["n_retained"]) == (
+        head.head_id, head.version, head.mode, head.digest, head.n_retained,
+    )
+    assert len(j["weights"]) == head.d and all(len(row) == head.c for row in j["weights"])
+
+
+def test_head_to_json_values() -> None:
+    w = np.arange(6, dtype=np.float64).reshape(3, 2)
+    h = HeadUpdate("h", 3, "exact", "0" * 64, 10, 12, [(1, 5), (0, 7)], 0.0, 1.0, 1.5, w, np.eye(3))
+    j = head_to_json(h)
+    assert j["weights"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert j["offsets"] == [[0, 7], [1, 5]] and j["has_posterior"] and "posterior" not in j
+    assert head_to_json(h, include_posterior=True)["posterior"] == np.eye(3).tolist()
+
+
+# --------------------------------------------------------------------------- corruption
+def _reframe(raw: bytes, body: bytes | None = None, version: int | None = None, flags: int | None = None) -> bytes:
+    """A message with the given changes and a *valid* length and CRC: tests the structural
+    checks behind the checksum (what a buggy or hostile encoder could send)."""
+    magic, v, f, _ = PREFIX.unpack_from(raw, 0)
+    body = raw[PREFIX.size : -4] if body is None else body
+    head = PREFIX.pack(magic, v if version is None else version, f if flags is None else flags,
+                       PREFIX.size + len(body) + 4)
+    return head + body + struct.pack("<I", crc32c(head + body))
+
+
+@pytest.mark.parametrize("kind", sorted(CODECS))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_truncation_and_bit_flips_raise_codec_error(kind: str, data: st.DataObject) -> None:
+    strategy, encode, decode = CODECS[kind]
+    raw = encode(data.draw(strategy))
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(CodecError):
+        decode(raw[:cut])
+    with pytest.raises(CodecError):
+        decode(raw + data.draw(st.binary(min_size=1, max_size=9)))
+    flipped = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(raw) * 8 - 1))
+        flipped[i // 8] ^= 1 << (i % 8)
+    if bytes(flipped) != raw:
+        with pytest.raises(CodecError):
+            decode(bytes(flipped))
+
+
+@pytest.mark.parametrize("kind", sorted(CODECS))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_structurally_wrong_bodies_with_valid_crc_never_decode_wrongly(kind: str, data: st.DataObject) -> None:
+    """Behind a valid checksum, garbage must raise CodecError, and anything accepted must be
+    exactly what the encoder produces for the decoded value (no silently different decode)."""
+    strategy, encode, decode = CODECS[kind]
+    raw = encode(data.draw(strategy))
+    body = bytearray(raw[PREFIX.size : -4])
+    op = data.draw(st.sampled_from(["flip", "cut", "insert", "overwrite"]))
+    if op == "flip" and body:
+        i = data.draw(st.integers(0, len(body) - 1))
+        body[i] ^= data.draw(st.integers(1, 255))
+    elif op == "cut" and body:
+        i = data.draw(st.integers(0, len(body) - 1))
+        del body[i : i + data.draw(st.integers(1, 16))]
+    elif op == "insert":
+        i = data.draw(st.integers(0, len(body)))
+        body[i:i] = data.draw(st.binary(min_size=1, max_size=16))
+    elif body:
+        i = data.draw(st.integers(0, len(body) - 1))
+        chunk = data.draw(st.binary(min_size=1, max_size=8))
+        body[i : i + len(chunk)] = chunk
+    msg = _reframe(raw, bytes(body))
+    try:
+        value = decode(msg)
+    except CodecError:
+        return
+    assert encode(value) == msg
+
+
+@pytest.mark.parametrize("kind", sorted(CODECS))
+def test_unknown_version_flags_and_magic(kind: str) -> None:
+    strategy, encode, decode = CODECS[kind]
+    raw = encode(SAMPLES[kind])
+    with pytest.raises(CodecError, match="unknown version 2"):
+        decode(_reframe(raw, version=2))
+    with pytest.raises(CodecError, match="unknown flags"):
+        decode(_reframe(raw, flags=0x8000))
+    with pytest.raises(CodecError, match="bad magic"):
+        decode(b"XXXX" + raw[4:])
+    with pytest.raises(CodecError, match="truncated"):
+        decode(raw[:10])
+    with pytest.raises(CodecError, match="expected bytes"):
+        decode("not bytes")  # type: ignore[arg-type]
+    with pytest.raises(CodecError):
+        decode(b"")
+
+
+def test_inconsistent_lengths_behind_valid_crc() -> None:
+    q = np.arange(6, dtype=np.int64).reshape(2, 3)
+    delta = Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["e1", "e2"], ["s1", "s2"], ["u", "u"], np.array([0, 1]), q)])
+    raw = encode_delta(delta)
+    body = raw[PREFIX.size : -4]
+    # the header's d (u32 right after the two ids): claim d = 4 -> q runs past the end
+    off = 2 + 1 + 2 + 1
+    bad = body[:off] + struct.pack("<I", 4) + body[off + 4 :]
+    with pytest.raises(CodecError, match="needs"):
+        decode_delta(_reframe(raw, bad))
+    # a huge entry count must not allocate or loop forever
+    bad = body[: off + 8] + struct.pack("<I", 2**32 - 1) + body[off + 12 :]
+    with pytest.raises(CodecError):
+        decode_delta(_reframe(raw, bad))
+
+
+# --------------------------------------------------------------------------- encoder checks
+def test_encoder_rejects_inconsistent_values() -> None:
+    q = np.zeros((2, 3), dtype=np.int64)
+    ids = (["e1", "e2"], ["s1", "s2"], ["u", "u"])
+    bad_deltas = [
+        Delta("h", "f", 4, 30, 0, [RowsEntry(1, *ids, np.array([0, 1]), q)]),  # q shape vs d
+        Delta("h", "f", 3, 30, 0, [RowsEntry(2, *ids, np.array([0, 1]), q)]),  # sign
+        Delta("h", "f", 3, 30, 0, [RowsEntry(1, *ids, np.array([0, -1]), q)]),  # negative class
+        Delta("h", "f", 3, 30, 0, [RowsEntry(1, *ids, np.array([0.5, 1.0]), q)]),  # float labels
+        Delta("h", "f", 3, 30, 0, [RowsEntry(1, *ids, np.array([0, 1]), q.astype(float))]),  # float q
+        Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["e1"], ["s1", "s2"], ["u", "u"], np.array([0, 1]), q)]),
+        Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["", "e2"], ["s1", "s2"], ["u", "u"], np.array([0, 1]), q)]),
+        Delta("", "f", 3, 30, 0, []),  # empty head id
+        Delta("h", "f", 3, 63, 0, []),  # frac bits
+        Delta("h", "f", 0, 30, 0, []),  # d
+        Delta("h", "f", 3, 30, 0, [PackedEntry(1, [], [], [], b"x")]),  # no events
+    ]
+    for delta in bad_deltas:
+        with pytest.raises(CodecError):
+            encode_delta(delta)
+    w = np.zeros((2, 2))
+    base = dict(head_id="h", version=1, mode="exact", digest="a" * 64, n_retained=1, events_covered=1,
+                offsets=[], drift=0.0, gamma=1.0, created_ts=1.0, weights=w)
+    bad_heads = [
+        {"mode": "approx"}, {"digest": "A" * 64}, {"digest": "a" * 63}, {"version": -1},
+        {"gamma": 0.0}, {"drift": float("nan")}, {"offsets": [(0, 1), (0, 2)]}, {"offsets": [(-1, 0)]},
+        {"weights": np.zeros(3)}, {"posterior": np.eye(3)},
+    ]
+    for change in bad_heads:
+        with pytest.raises(CodecError):
+            encode_head(HeadUpdate(**{**base, **change}))  # type: ignore[arg-type]
+
+
+def test_delta_layout_is_documented_exactly() -> None:
+    """Pin the byte layout of a tiny delta (docs/formats.md walks through the same bytes)."""
+    delta = Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]))])
+    raw = encode_delta(delta)
+    expect = (
+        b"ULDT" + struct.pack("<HHQ", 1, 0, len(raw))
+        + b"\x01\x00h" + b"\x01\x00f"
+        + struct.pack("<IBBHI", 2, 30, 0, 0, 1)
+        + struct.pack("<BbHI", 1, -1, 0, 1)
+        + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
+        + struct.pack("<BBHI", 0, 0, 0, 0)
+    )
+    expect += bytes((-len(expect)) % 8) + struct.pack("<q", 5)
+    expect += struct.pack("<qq", 1, -2)
+    expect += struct.pack("<I", crc32c(expect))
+    assert raw == expect
+
+
+def test_delta_codec_is_fast_for_a_256x768_batch() -> None:
+    rng = np.random.default_rng(0)
+    n, d = 256, 768
+    entry = RowsEntry(
+        1, [f"ev-{i}" for i in range(n)], [f"s-{i}" for i in range(n)], [f"u-{i % 9}" for i in range(n)],
+        rng.integers(0, 10, n), rng.integers(-(2**30), 2**30, (n, d)),
+    )
+    delta = Delta("head", "featurizer-0", d, 30, 0, [entry])
+    raw = encode_delta(delta)
+    assert decode_delta(raw) == delta
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(15):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    enc, dec = best(lambda: encode_delta(delta)), best(lambda: decode_delta(raw))
+    print(f"256x768 delta ({len(raw) / 1e6:.2f} MB): encode {enc * 1e3:.2f} ms, decode {dec * 1e3:.2f} ms")
+    # Target ~1 ms each on a quiet core; the bound leaves room for a loaded 2-core CI box.
+    assert enc < 0.02 and dec < 0.02

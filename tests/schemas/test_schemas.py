@@ -1,0 +1,415 @@
+"""JSON envelopes: the hand-written request checks agree with the JSON Schema upstream apps use,
+every malformed request maps to its reason code, and receipts/deadletters round-trip."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unlearn.schemas import (
+    REQUEST_REASONS,
+    SCHEMA_DIR,
+    CodecError,
+    DeadLetter,
+    FeaturesInput,
+    ImageInput,
+    InvalidRequest,
+    Receipt,
+    Request,
+    TextInput,
+    deadletter_for,
+    decode_deadletter,
+    decode_receipt,
+    encode_deadletter,
+    encode_receipt,
+    encode_request,
+    parse_request,
+    receipt_to_dict,
+)
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = orjson.loads((SCHEMA_DIR / name).read_bytes())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+REQUEST_V = _validator("request.v1.schema.json")
+RECEIPT_V = _validator("receipt.v1.schema.json")
+DEADLETTER_V = _validator("deadletter.v1.schema.json")
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
+
+
+def _base(**changes: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "schema": "unlearn.request/v1",
+        "event_id": "ev-1",
+        "op": "add",
+        "head_id": "fmnist",
+        "client_id": "app-1",
+        "subject_id": "user-9",
+        "sample_id": "img-3",
+        "label": 3,
+        "input": {"kind": "features", "values": [0.5, -0.25, 0.0]},
+    }
+    for k, v in changes.items():
+        if v is _DROP:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+_DROP = object()
+_DEL = {"op": "delete", "label": _DROP, "input": _DROP}
+_DEL_SUBJ = {"op": "delete_subject", "sample_id": _DROP, "label": _DROP, "input": _DROP}
+
+VALID: dict[str, dict[str, Any]] = {
+    "add_features": _base(),
+    "add_features_ints": _base(input={"kind": "features", "values": [1, 0, -1, 0.5]}),
+    "add_text": _base(input={"kind": "text", "text": "great product 👍"}),
+    "add_image": _base(input={"kind": "image", "format": "png", "data": PNG}),
+    "add_image_pad1": _base(input={"kind": "image", "format": "png", "data": "QUI="}),
+    "add_image_nopad": _base(input={"kind": "image", "format": "png", "data": "QUJD"}),
+    "add_vector_label": _base(label=[0.1, -2.5, 3]),
+    "add_label_zero": _base(label=0),
+    "add_label_float_integral": _base(label=4.0),
+    "add_label_max": _base(label=2**31 - 1),
+    "add_ts": _base(ts=1767225600.125),
+    "add_ts_zero": _base(ts=0),
+    "add_unicode_ids": _base(subject_id="Zoë-名前", sample_id="ü" * 256),
+    "delete": _base(**_DEL),
+    "delete_ts": _base(**_DEL, ts=12),
+    "delete_subject": _base(**_DEL_SUBJ),
+}
+
+# name -> (document or raw bytes, expected reason)
+INVALID: dict[str, tuple[Any, str]] = {
+    "garbage": (b"not json at all", "not_json"),
+    "invalid_utf8": (b'{"schema": "\xff\xfe"}', "not_json"),
+    "empty_bytes": (b"", "not_json"),
+    "nan_literal": (b'{"schema": "unlearn.request/v1", "ts": NaN}', "not_json"),
+    "infinite_number": (
+        orjson.dumps(_base()).replace(b"0.5", b"1e999"),
+        "not_json",
+    ),
+    "array": (b"[1, 2]", "not_object"),
+    "string": (b'"add"', "not_object"),
+    "null": (b"null", "not_object"),
+    "no_schema": (_base(schema=_DROP), "missing_field:schema"),
+    "schema_v2": (_base(schema="unlearn.request/v2"), "unknown_schema_version"),
+    "schema_int": (_base(schema=1), "unknown_schema_version"),
+    "unknown_field": (_base(extra=1), "unknown_field:extra"),
+    "no_event_id": (_base(event_id=_DROP), "missing_field:event_id"),
+    "no_op": (_base(op=_DROP), "missing_field:op"),
+    "no_subject": (_base(subject_id=_DROP), "missing_field:subject_id"),
+    "empty_event_id": (_base(event_id=""), "bad_field:event_id"),
+    "int_event_id": (_base(event_id=7), "bad_field:event_id"),
+    "long_head_id": (_base(head_id="h" * 257), "bad_field:head_id"),
+    "null_client_id": (_base(client_id=None), "bad_field:client_id"),
+    "list_sample_id": (_base(sample_id=["a"]), "bad_field:sample_id"),
+    "bad_op": (_base(op="remove"), "bad_op"),
+    "null_op": (_base(op=None), "bad_op"),
+    "add_no_input": (_base(input=_DROP), "missing_field:input"),
+    "add_no_label": (_base(label=_DROP), "missing_field:label"),
+    "add_no_sample": (_base(sample_id=_DROP), "missing_field:sample_id"),
+    "delete_no_sample": (_base(**{**_DEL, "sample_id": _DROP}), "missing_field:sample_id"),
+    "delete_with_label": (_base(**{**_DEL, "label": 1}), "unexpected_field:label"),
+    "delete_with_input": (_base(**{**_DEL, "input": {"kind": "text", "text": "x"}}), "unexpected_field:input"),
+    "delete_subject_with_sample": (_base(**{**_DEL_SUBJ, "sample_id": "s"}), "unexpected_field:sample_id"),
+    "negative_label": (_base(label=-1), "bad_label"),
+    "bool_label": (_base(label=True), "bad_label"),
+    "fractional_label": (_base(label=1.5), "bad_label"),
+    "string_label": (_base(label="cat"), "bad_label"),
+    "empty_vector_label": (_base(label=[]), "bad_label"),
+    "string_in_vector_label": (_base(label=[0.5, "a"]), "bad_label"),
+    "huge_label": (_base(label=2**31), "bad_label"),
+    "input_list": (_base(input=[1, 2]), "bad_input"),
+    "input_no_kind": (_base(input={"values": [1.0]}), "bad_input"),
+    "input_kind_audio": (_base(input={"kind": "audio", "data": "QUJD"}), "bad_input_kind"),
+    "input_kind_int": (_base(input={"kind": 5}), "bad_input_kind"),
+    "features_no_values": (_base(input={"kind": "features"}), "bad_input"),
+    "features_extra_key": (_base(input={"kind": "features", "values": [1.0], "text": "x"}), "bad_input"),
+    "features_empty": (_base(input={"kind": "features", "values": []}), "bad_features"),
+    "features_strings": (_base(input={"kind": "features", "values": ["1.0"]}), "bad_features"),
+    "features_bool": (_base(input={"kind": "features", "values": [0.5, True]}), "bad_features"),
+    "features_nested": (_base(input={"kind": "features", "values": [[0.5]]}), "bad_features"),
+    "features_not_list": (_base(input={"kind": "features", "values": 0.5}), "bad_features"),
+    "text_empty": (_base(input={"kind": "text", "text": ""}), "bad_text"),
+    "text_int": (_base(input={"kind": "text", "text": 5}), "bad_text"),
+    "image_jpeg": (_base(input={"kind": "image", "format": "jpeg", "data": PNG}), "bad_image_format"),
+    "image_no_format": (_base(input={"kind": "image", "data": PNG}), "bad_input"),
+    "image_short": (_base(input={"kind": "image", "format": "png", "data": "QU="}), "bad_base64"),
+    "image_bad_char": (_base(input={"kind": "image", "format": "png", "data": "QUJ!"}), "bad_base64"),
+    "image_no_padding": (_base(input={"kind": "image", "format": "png", "data": "QUJDQQ"}), "bad_base64"),
+    "image_triple_pad": (_base(input={"kind": "image", "format": "png", "data": "Q==="}), "bad_base64"),
+    "image_pad_middle": (_base(input={"kind": "image", "format": "png", "data": "QU=DQUJD"}), "bad_base64"),
+    "image_urlsafe": (_base(input={"kind": "image", "format": "png", "data": "QU-_"}), "bad_base64"),
+    "image_newline": (_base(input={"kind": "image", "format": "png", "data": "QUJD\n"}), "bad_base64"),
+    "image_non_ascii": (_base(input={"kind": "image", "format": "png", "data": "ÄÄÄÄ"}), "bad_base64"),
+    "image_int_data": (_base(input={"kind": "image", "format": "png", "data": 1234}), "bad_base64"),
+    "negative_ts": (_base(ts=-1), "bad_ts"),
+    "string_ts": (_base(ts="2026-01-01T00:00:00Z"), "bad_ts"),
+    "bool_ts": (_base(ts=False), "bad_ts"),
+}
+
+
+def _raw(doc: Any) -> bytes:
+    return doc if isinstance(doc, bytes) else orjson.dumps(doc)
+
+
+def _schema_valid(raw: bytes) -> bool:
+    """What an upstream app validating with the JSON Schema concludes (JSON parsed strictly)."""
+    try:
+        instance = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return REQUEST_V.is_valid(instance)
+
+
+def _known_reason(reason: str) -> bool:
+    base = reason.split(":", 1)[0]
+    return reason in REQUEST_REASONS or f"{base}:<name>" in REQUEST_REASONS
+
+
+def test_corpus_is_big_enough() -> None:
+    assert len(INVALID) >= 20 and len({r for _, r in INVALID.values()}) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_valid_requests_parse_and_round_trip(name: str) -> None:
+    raw = _raw(VALID[name])
+    assert _schema_valid(raw), "corpus error: the schema must accept it"
+    req = parse_request(raw)
+    again = encode_request(req)
+    assert REQUEST_V.is_valid(orjson.loads(again))
+    assert parse_request(again) == req
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_requests_get_their_reason(name: str) -> None:
+    doc, reason = INVALID[name]
+    raw = _raw(doc)
+    assert not _schema_valid(raw), "corpus error: the schema must reject it"
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(raw)
+    assert info.value.reason == reason, info.value
+    assert _known_reason(info.value.reason)
+    assert info.value.detail
+
+
+def test_parsed_fields_are_typed() -> None:
+    req = parse_request(_raw(VALID["add_image"]))
+    assert isinstance(req.input, ImageInput) and req.input.data.startswith(b"\x89PNG")
+    req = parse_request(_raw(VALID["add_features_ints"]))
+    assert isinstance(req.input, FeaturesInput) and req.input.values == (1.0, 0.0, -1.0, 0.5)
+    assert all(type(v) is float for v in req.input.values)
+    assert parse_request(_raw(VALID["add_label_float_integral"])).label == 4
+    assert parse_request(_raw(VALID["add_vector_label"])).label == (0.1, -2.5, 3.0)
+    req = parse_request(_raw(VALID["delete_subject"]))
+    assert (req.op, req.sample_id, req.label, req.input) == ("delete_subject", None, None, None)
+    assert parse_request(_raw(VALID["add_ts"])).ts == 1767225600.125
+
+
+# --------------------------------------------------------------------------- generated agreement
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+    | st.sampled_from(["add", "delete", "delete_subject", "features", "text", "image", "png", "QUJD", "", "x" * 257])
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+_FIELDS = ["schema", "event_id", "op", "head_id", "client_id", "subject_id", "sample_id", "label", "input", "ts", "zz"]
+_INPUT_FIELDS = ["kind", "values", "text", "format", "data", "zz"]
+
+
+@st.composite
+def _mutated_request(draw: st.DrawFn) -> Any:
+    doc = copy.deepcopy(draw(st.sampled_from(list(VALID.values()))))
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(["top", "top", "input"]))
+        target = doc if where == "top" or not isinstance(doc.get("input"), dict) else doc["input"]
+        key = draw(st.sampled_from(_FIELDS if target is doc else _INPUT_FIELDS))
+        action = draw(st.sampled_from(["drop", "random", "borrow"]))
+        if action == "drop":
+            target.pop(key, None)
+        elif action == "random":
+            target[key] = draw(_json_values)
+        else:  # a value that is valid somewhere else: recombines ops, labels and inputs
+            donors = [v for v in _DONORS if key in v] if target is doc else _INPUT_DONORS
+            donors = [v for v in donors if key in v]
+            if donors:
+                target[key] = copy.deepcopy(draw(st.sampled_from(donors))[key])
+    return doc
+
+
+_DONORS = list(VALID.values())
+_INPUT_DONORS = [d["input"] for d in VALID.values() if "input" in d]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated_request())
+def test_parser_agrees_with_json_schema_on_generated_documents(doc: Any) -> None:
+    raw = orjson.dumps(doc)
+    try:
+        parse_request(raw)
+        ok = True
+    except InvalidRequest as exc:
+        ok = False
+        assert _known_reason(exc.reason), exc.reason
+    assert ok == _schema_valid(raw), (doc, ok)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_crash_the_parser(raw: bytes) -> None:
+    try:
+        parse_request(raw)
+    except InvalidRequest as exc:
+        assert _known_reason(exc.reason)
+
+
+def test_encode_rejects_what_json_cannot_carry() -> None:
+    add = dict(event_id="e", op="add", head_id="h", client_id="c", subject_id="s", sample_id="x")
+    with pytest.raises(InvalidRequest) as info:
+        encode_request(Request(**add, label=1, input=FeaturesInput([0.1, math.nan])))
+    assert info.value.reason == "non_finite_feature"
+    with pytest.raises(InvalidRequest) as info:
+        encode_request(Request(**add, label=1, input=FeaturesInput([1e308, 1e308, math.inf])))
+    assert info.value.reason == "non_finite_feature"
+    # finite values whose sum overflows are fine
+    encode_request(Request(**add, label=1, input=FeaturesInput([1e308, 1e308])))
+    with pytest.raises(InvalidRequest) as info:
+        encode_request(Request(**add, label=(0.5, math.inf), input=TextInput("t")))
+    assert info.value.reason == "non_finite_label"
+    with pytest.raises(InvalidRequest) as info:
+        encode_request(Request(**{**add, "op": "delete"}, label=1))
+    assert info.value.reason == "unexpected_field:label"
+    with pytest.raises(InvalidRequest) as info:
+        encode_request(Request(**add, label=1, input=TextInput("t"), ts=math.inf))
+    assert info.value.reason == "bad_ts"
+
+
+def test_reason_table_is_documented() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    for reason in REQUEST_REASONS:
+        assert f"`{reason}`" in doc, f"docs/formats.md does not list {reason}"
+
+
+# --------------------------------------------------------------------------- receipts
+DIGEST = "ab" * 32
+
+
+def _receipt(**changes: Any) -> dict[str, Any]:
+    d = receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3", "img-4"], 12, DIGEST, 1767225600.5))
+    for k, v in changes.items():
+        if v is _DROP:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+RECEIPTS_VALID = [
+    _receipt(),
+    _receipt(sample_ids=[]),
+    _receipt(head_version=0, ts=0),
+    receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
+]
+RECEIPTS_INVALID = [
+    _receipt(schema="unlearn.receipt/v2"),
+    _receipt(status="pending"),
+    _receipt(digest="AB" * 32),
+    _receipt(digest="ab" * 31),
+    _receipt(digest=DIGEST + "\n"),
+    _receipt(head_version=-1),
+    _receipt(head_version=_DROP),
+    _receipt(reason="why"),
+    _receipt(sample_ids=["ok", ""]),
+    _receipt(event_id=_DROP),
+    _receipt(ts=-1),
+    _receipt(extra=True),
+    _receipt(status="rejected"),  # has head_version/digest, no reason
+    _receipt(status="rejected", head_version=_DROP, digest=_DROP),  # no reason
+]
+
+
+@pytest.mark.parametrize("doc", RECEIPTS_VALID)
+def test_valid_receipts_round_trip_and_match_schema(doc: dict[str, Any]) -> None:
+    assert RECEIPT_V.is_valid(doc)
+    r = decode_receipt(orjson.dumps(doc))
+    assert decode_receipt(encode_receipt(r)) == r
+    assert RECEIPT_V.is_valid(orjson.loads(encode_receipt(r)))
+
+
+@pytest.mark.parametrize("doc", RECEIPTS_INVALID)
+def test_invalid_receipts_are_rejected_like_the_schema(doc: dict[str, Any]) -> None:
+    assert not RECEIPT_V.is_valid(doc)
+    with pytest.raises(CodecError):
+        decode_receipt(orjson.dumps(doc))
+
+
+def test_receipt_garbage_is_codec_error() -> None:
+    for raw in (b"", b"{", b"[]", b"null"):
+        with pytest.raises(CodecError):
+            decode_receipt(raw)
+
+
+# --------------------------------------------------------------------------- deadletter
+def test_deadletter_round_trip_and_schema() -> None:
+    original = b'{"schema": "unlearn.request/v9"}\xff'
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(original)
+    rec = deadletter_for(original, info.value, "featurizer", topic="p.requests", partition=2, offset=41, key=b"user-9")
+    assert rec.reason == "not_json"
+    raw = encode_deadletter(rec)
+    assert DEADLETTER_V.is_valid(orjson.loads(raw))
+    back = decode_deadletter(raw)
+    assert back == rec and back.original == original
+
+    from_codec = deadletter_for(b"\x00", CodecError("delta: truncated"), "ledger", ts=1.0)
+    assert from_codec.reason == "codec_error" and from_codec.topic is None
+    assert decode_deadletter(encode_deadletter(from_codec)) == from_codec
+    assert deadletter_for(None, RuntimeError("boom"), "ledger").reason == "internal_error"
+
+
+def test_deadletter_garbage_is_codec_error() -> None:
+    good = orjson.loads(encode_deadletter(DeadLetter(b"x", "bad_op", "d", "featurizer", ts=1.0)))
+    bad_docs = [
+        b"",
+        b"[]",
+        orjson.dumps({**good, "schema": "unlearn.deadletter/v2"}),
+        orjson.dumps({**good, "original": "!!!"}),
+        orjson.dumps({**good, "reason": ""}),
+        orjson.dumps({**good, "source": None}),
+        orjson.dumps({k: v for k, v in good.items() if k != "stage"}),
+        orjson.dumps({**good, "ts": "yesterday"}),
+    ]
+    for raw in bad_docs:
+        with pytest.raises(CodecError):
+            decode_deadletter(raw)
+
+
+def test_schema_files_are_valid_draft_2020_12() -> None:
+    for path in SCHEMA_DIR.glob("*.schema.json"):
+        schema = orjson.loads(path.read_bytes())
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert re.fullmatch(r"unlearn\.[a-z]+/v1", schema["title"])

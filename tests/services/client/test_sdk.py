@@ -1,0 +1,255 @@
+"""The client SDK and the add/delete/delete-subject CLI, against a real broker and (for receipts)
+the real featurizer + ledger workers; plus an upstream app written from the JSON Schema alone."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from unlearn.infra.settings import Settings
+from unlearn.schemas import SCHEMA_DIR
+from unlearn.schemas.receipts import Receipt, encode_receipt
+
+D = 5
+
+
+@pytest.fixture(scope="module")
+def pipeline(broker_target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A featurizer and a ledger worker on their own topic prefix, shared by this module's tests
+    (each test uses its own head ids). Worker logs are in the module's tmp dir."""
+    from unlearn.infra.processes import ServiceProcess
+    from unlearn.infra.topics import create_topics, delete_topics, topic_names
+
+    tmp = tmp_path_factory.mktemp("pipeline")
+    s = Settings.from_env(bootstrap=broker_target.bootstrap, profile=broker_target.profile,
+                          topic_prefix=f"t.client.{uuid.uuid4().hex[:8]}.", data_dir=str(tmp / "data"),
+                          reset_every_seconds=1.0, checkpoint_every_seconds=1.0, batch_max_ms=20)
+    create_topics(s)
+    procs = [ServiceProcess("featurizer", ["featurizer"], s, tmp).start(),
+             ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp).start()]
+    try:
+        yield s
+    finally:
+        for p in procs:
+            p.stop()
+        try:
+            delete_topics(s, topic_names(s).values())
+        except Exception:
+            pass
+
+
+def features(seed: int, n: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, D))
+
+
+def read_all(settings: Settings, topic: str, timeout: float = 30.0) -> list:
+    from unlearn.services.verifier.core import read_topic
+
+    return read_topic(settings, settings.topic(topic), timeout=timeout)
+
+
+def head_digest_at(settings: Settings, head: str, version: int) -> str:
+    from unlearn.services.verifier.core import read_head_updates
+
+    ups, _ = read_head_updates(read_all(settings, "heads"), head)
+    return next(u.digest for u in ups if u.version == version)
+
+
+# --------------------------------------------------------------------------- an app from the schema alone
+def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings) -> None:
+    """An upstream app that knows only schemas/request.v1.schema.json (no SDK): JSON envelopes by
+    hand, keyed by subject id, a plain confluent-kafka producer; it reads its receipt itself."""
+    import jsonschema
+
+    from unlearn.ledger import ExactLedger
+    from unlearn.features.contract import quantize_feature_row
+
+    s = pipeline
+    request_schema = json.loads((SCHEMA_DIR / "request.v1.schema.json").read_text())
+    receipt_schema = json.loads((SCHEMA_DIR / "receipt.v1.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(request_schema)
+    F = features(1, 4)
+    labels = [0, 1, 2, 1]
+    envelopes = [
+        {"schema": "unlearn.request/v1", "event_id": f"plain-add-{i}", "op": "add", "head_id": "plain",
+         "client_id": "plain-app", "subject_id": "alice", "sample_id": f"a{i}", "label": labels[i],
+         "input": {"kind": "features", "values": F[i].tolist()}, "ts": time.time()}
+        for i in range(4)
+    ]
+    delete = {"schema": "unlearn.request/v1", "event_id": "plain-del-1", "op": "delete", "head_id": "plain",
+              "client_id": "plain-app", "subject_id": "alice", "sample_id": "a1"}
+    for env in [*envelopes, delete]:
+        validator.validate(env)
+    p = Producer({"bootstrap.servers": s.bootstrap, "enable.idempotence": True, "acks": "all"})
+    for env in [*envelopes, delete]:
+        p.produce(s.topic("requests"), key=env["subject_id"].encode(), value=json.dumps(env).encode())
+    assert p.flush(30) == 0
+
+    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False})
+    md = c.list_topics(timeout=10)
+    topic = s.topic("receipts")
+    c.assign([TopicPartition(topic, q, OFFSET_BEGINNING) for q in md.topics[topic].partitions])
+    receipt = None
+    deadline = time.monotonic() + 120
+    try:
+        while receipt is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            r = json.loads(m.value())
+            if r["event_id"] == "plain-del-1":
+                receipt = r
+    finally:
+        c.close()
+    assert receipt is not None, "no receipt within 120 s"
+    jsonschema.Draft202012Validator(receipt_schema).validate(receipt)
+    assert receipt["status"] == "applied" and receipt["sample_ids"] == ["a1"] and receipt["subject_id"] == "alice"
+    # the receipt's digest is the exact ledger of what is retained: anyone can recompute it
+    Q = np.stack([quantize_feature_row(F[i], s.frac_bits) for i in (0, 2, 3)])
+    ref = ExactLedger(D, 3)
+    ref.add(Q, np.array([labels[i] for i in (0, 2, 3)]))
+    assert receipt["digest"] == ref.digest()
+    assert head_digest_at(s, "plain", receipt["head_version"]) == receipt["digest"]
+
+
+# --------------------------------------------------------------------------- the SDK
+def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
+    from unlearn.services.client.sdk import ClientError, UnlearnClient
+
+    s = pipeline
+    F = features(2, 6)
+    with UnlearnClient(s, client_id="sdk-test") as client:
+        adds = [client.add("sdk", f"u{i % 2}", f"x{i}", i % 3, features=F[i]) for i in range(6)]
+        for h in adds:
+            h.wait_delivered(30)
+            assert h.delivered and h.op == "add" and h.partition is not None
+        with pytest.raises(ClientError, match="only delete and delete_subject get receipts"):
+            adds[0].wait_receipt(1)
+        d1 = client.delete("sdk", "x0", "u0")
+        ds = client.delete_subject("sdk", "u1")
+        ghost = client.delete("sdk", "never-added", "u0")
+        r1 = d1.wait_receipt(120)
+        rs = ds.wait_receipt(60)
+        rg = ghost.wait_receipt(60)
+    assert isinstance(r1, Receipt) and r1.event_id == d1.event_id
+    assert r1.status == "applied" and r1.sample_ids == ("x0",) and r1.head_id == "sdk"
+    assert rs.status == "applied" and sorted(rs.sample_ids) == ["x1", "x3", "x5"] and rs.subject_id == "u1"
+    assert rg.status == "rejected" and rg.reason == "unknown_sample" and rg.head_version is None
+    for r in (r1, rs):
+        assert head_digest_at(s, "sdk", r.head_version) == r.digest
+
+
+def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -> None:
+    """The listener fixes its offsets before the request is produced: a pipeline answering
+    instantly (here: the test itself, right after the request is acknowledged) is still seen."""
+    from unlearn.infra.profiles import producer_config
+    from unlearn.services.client.sdk import UnlearnClient
+
+    p = Producer(producer_config(settings, **{"linger.ms": 0}))
+    # old receipts of other events already on the topic are skipped
+    p.produce(settings.topic("receipts"), key=b"s", value=encode_receipt(
+        Receipt.rejected("someone-else", "s", "h", ["z"], "unknown_sample", time.time())))
+    p.flush(10)
+    with UnlearnClient(settings) as client:
+        handles = []
+        for i in range(20):
+            h = client.delete("h", f"x{i}", f"s{i}")
+            h.wait_delivered(10)
+            p.produce(settings.topic("receipts"), key=f"s{i}".encode(), value=encode_receipt(
+                Receipt.applied(h.event_id, f"s{i}", "h", [f"x{i}"], i + 1, f"{i:064x}", time.time())))
+            p.poll(0)
+            handles.append(h)
+        assert p.flush(10) == 0
+        got = [h.wait_receipt(20) for h in handles]
+    assert [r.head_version for r in got] == list(range(1, 21))
+    assert [r.event_id for r in got] == [h.event_id for h in handles]
+
+
+def test_wait_receipt_timeout_names_the_event_and_head(settings: Settings, capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from unlearn.services.client.sdk import ReceiptTimeout, UnlearnClient
+    from unlearn.services.client.cli import delete_main
+
+    with UnlearnClient(settings) as client:
+        h = client.delete("lonely-head", "x", "s")
+        t0 = time.monotonic()
+        with pytest.raises(ReceiptTimeout) as exc:
+            h.wait_receipt(1.0)
+        assert time.monotonic() - t0 < 5
+    assert isinstance(exc.value, TimeoutError)
+    assert h.event_id in str(exc.value) and "lonely-head" in str(exc.value)
+    assert exc.value.event_id == h.event_id and exc.value.head_id == "lonely-head"
+    code = delete_main(["--bootstrap", settings.bootstrap, "--prefix", settings.topic_prefix, "--head", "lonely-head",
+                        "--subject", "s", "--sample", "y", "--event-id", "ev-timeout", "--wait", "--timeout", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "timed out" in err and "ev-timeout" in err and "lonely-head" in err
+
+
+# --------------------------------------------------------------------------- the CLI
+def test_cli_files_arguments_and_wait(pipeline: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unlearn.services.client.cli import add_main, delete_main, delete_subject_main
+
+    s = pipeline
+    common = ["--bootstrap", s.bootstrap, "--prefix", s.topic_prefix]
+    F = features(3, 5)
+    lines = [json.dumps({"subject_id": f"c{i % 2}", "sample_id": f"f{i}", "label": i % 2,
+                         "features": F[i].tolist()}) for i in range(4)]
+    lines.insert(2, "# comments and blank lines are skipped")
+    lines.insert(3, "")
+    adds = tmp_path / "adds.jsonl"
+    adds.write_text("\n".join(lines) + "\n")
+    assert add_main([*common, "--head", "cli", "--file", str(adds), "--client-id", "cli-test"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["sample_id"] for o in out] == ["f0", "f1", "f2", "f3"] and all(o["offset"] is not None for o in out)
+    # one request from arguments
+    assert add_main([*common, "--head", "cli", "--subject", "c9", "--sample", "f9", "--label", "1",
+                     "--features", ",".join(map(str, F[4]))]) == 0
+    capsys.readouterr()
+
+    # a bad line: nothing is produced, the error names the line
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"sample_id": "f0", "subject_id": "c0"}) + "\n" + json.dumps({"sample_id": 3, "subject_id": "c0"}) + "\n")
+    assert delete_main([*common, "--head", "cli", "--file", str(bad), "--wait"]) == 1
+    assert f"{bad}:2: bad_field:sample_id" in capsys.readouterr().err
+
+    dels = tmp_path / "dels.jsonl"
+    dels.write_text(json.dumps({"subject_id": "c0", "sample_id": "f0", "event_id": "cli-del-0"}) + "\n"
+                    + json.dumps({"subject_id": "c9", "sample_id": "f9", "event_id": "cli-del-9"}) + "\n")
+    assert delete_main([*common, "--head", "cli", "--file", str(dels), "--wait", "--timeout", "120"]) == 0
+    receipts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["event_id"], r["status"], r["sample_ids"]) for r in receipts] == [
+        ("cli-del-0", "applied", ["f0"]), ("cli-del-9", "applied", ["f9"])]
+    assert delete_subject_main([*common, "--head", "cli", "--subject", "c1", "--wait", "--timeout", "60"]) == 0
+    (r,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert r["status"] == "applied" and sorted(r["sample_ids"]) == ["f1", "f3"]
+    # a rejected delete: the receipt is printed and the exit code says so
+    assert delete_main([*common, "--head", "cli", "--subject", "c0", "--sample", "f0", "--wait",
+                        "--timeout", "60"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["reason"] == "unknown_sample" and "rejected" in captured.err
+
+
+def test_cli_argument_errors(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unlearn.services.client.cli import add_main, load_requests
+
+    common = ["--bootstrap", settings.bootstrap, "--prefix", settings.topic_prefix]
+    assert add_main([*common, "--head", "h", "--subject", "s", "--sample", "x", "--label", "1"]) == 1
+    assert "missing_field:input" in capsys.readouterr().err
+    assert add_main([*common, "--head", "h", "--subject", "s", "--sample", "x", "--label", "[0.5, 1]",
+                     "--features", "nan,1"]) == 1
+    assert "non_finite_feature" in capsys.readouterr().err
+    assert add_main([*common, "--file", str(tmp_path / "missing.jsonl")]) == 1
+    reqs = load_requests(['{"head_id": "h", "subject_id": "s", "sample_id": "x", "label": 2, "text": "hi"}',
+                          '{"schema": "unlearn.request/v1", "event_id": "e", "op": "add", "head_id": "h", '
+                          '"client_id": "c", "subject_id": "s", "sample_id": "y", "label": [1.5], '
+                          '"input": {"kind": "features", "values": [1]}}'], "add", {"client_id": "cli"})
+    assert [r.input.kind for r in reqs] == ["text", "features"] and reqs[0].client_id == "cli"
+    assert reqs[1].event_id == "e" and reqs[1].label == (1.5,)

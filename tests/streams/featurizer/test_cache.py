@@ -1,0 +1,134 @@
+"""The durable feature cache and its transactional outbox (sqlite, one file per partition)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unlearn.schemas.delta_codec import decode_delta
+from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.streams.featurizer.cache import CacheError, FeatureCache, cache_path
+from unlearn.streams.featurizer.core import (
+    CacheMutations,
+    CachedSample,
+    CoreConfig,
+    HeadInfo,
+    InMessage,
+    OutMessage,
+    featurize_batch,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+HEAD = HeadInfo("h", "features", "features", 3, "class", 0, 30, 0)
+VHEAD = HeadInfo("v", "features", "features", 2, "vector", 2, 30, 8)
+
+
+def sample(sid: str, subj: str, q, label=1, head: str = "h") -> CachedSample:
+    lab = label if isinstance(label, int) else np.asarray(label, np.int64)
+    return CachedSample(head, sid, subj, "c1", f"add-{sid}", lab, np.asarray(q, np.int64))
+
+
+def test_roundtrip_and_reopen(tmp_path: Path) -> None:
+    path = cache_path(tmp_path, "unlearn.requests", 2)
+    assert path == tmp_path / "featurizer" / "unlearn.requests" / "p2.sqlite"
+    big = [2**30, -(2**30), 7]
+    muts = CacheMutations(
+        put_samples=(sample("b", "s1", big, 4), sample("a", "s1", [1, 2, 3], 0), sample("c", "s2", [0, 0, 1]),
+                     sample("z", "s1", [5, 6], [128, -64], head="v")),
+        put_heads=(HEAD, VHEAD),
+    )
+    msgs = [OutMessage("t.deltas", b"h", b"\x00delta"), OutMessage("t.deadletter", None, b"{}")]
+    with FeatureCache.open_partition(tmp_path, "unlearn.requests", 2) as cache:
+        assert cache.applied_offset == -1 and cache.count() == 0 and cache.get_head("h") is None
+        seqs = cache.commit_batch(muts, msgs, 41)
+        assert len(seqs) == 2 and seqs[0] < seqs[1]
+    with FeatureCache.open_partition(tmp_path, "unlearn.requests", 2) as cache:
+        assert cache.applied_offset == 41
+        assert cache.get_head("h") == HEAD and cache.get_head("v") == VHEAD and cache.heads() == [HEAD, VHEAD]
+        assert cache.get_sample("h", "b") == sample("b", "s1", big, 4)
+        assert cache.get_sample("v", "z") == sample("z", "s1", [5, 6], [128, -64], head="v")
+        assert cache.get_sample("h", "z") is None
+        assert [s.sample_id for s in cache.subject_samples("h", "s1")] == ["a", "b"]
+        assert cache.subject_samples("v", "s2") == []
+        assert cache.count() == 4 and cache.count("h") == 3
+        rows = cache.pending_outbox()
+        assert [(r.seq, r.topic, r.key, r.value) for r in rows] == [
+            (seqs[0], "t.deltas", b"h", b"\x00delta"), (seqs[1], "t.deadletter", None, b"{}")]
+        cache.ack_outbox([seqs[0]])
+        assert [r.seq for r in cache.pending_outbox()] == [seqs[1]]
+        # delete + re-add of another sample in one batch; the offset moves on
+        cache.commit_batch(CacheMutations(drop_samples=(("h", "a"), ("h", "b")),
+                                          put_samples=(sample("d", "s1", [9, 9, 9]),)), [], 50)
+        assert [s.sample_id for s in cache.samples("h")] == ["c", "d"] and cache.applied_offset == 50
+        mode = cache._db.execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
+
+
+def test_offsets_only_move_forward_and_failed_batches_roll_back(tmp_path: Path) -> None:
+    with FeatureCache(tmp_path / "c.sqlite") as cache:
+        cache.commit_batch(CacheMutations(put_heads=(HEAD,)), [], 10)
+        with pytest.raises(CacheError):
+            cache.commit_batch(CacheMutations(put_samples=(sample("a", "s", [1, 2, 3]),)), [], 10)
+        # a failure inside the transaction (NOT NULL value) leaves nothing behind
+        with pytest.raises(sqlite3.IntegrityError):
+            cache.commit_batch(CacheMutations(put_samples=(sample("a", "s", [1, 2, 3]),)),
+                               [OutMessage("t", b"k", None)], 11)  # type: ignore[arg-type]
+        assert cache.count() == 0 and cache.pending_outbox() == [] and cache.applied_offset == 10
+
+
+def test_identity_is_checked_on_open(tmp_path: Path) -> None:
+    FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()
+    FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()
+    with pytest.raises(CacheError):
+        FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "b"})
+    # odd stream names become one safe directory
+    p = cache_path(tmp_path, "req[site/7 ü]", 1)
+    assert p.parent.parent == tmp_path / "featurizer" and p.name == "p1.sqlite"
+
+
+def _reqs() -> list[bytes]:
+    return [
+        encode_request(Request("e1", "add", "h", "c1", "s1", "x1", 1, FeaturesInput((1.0, 2.0, 2.0)))),
+        encode_request(Request("e2", "add", "h", "c1", "s1", "x2", 0, FeaturesInput((0.0, 3.0, 4.0)))),
+        b"garbage",
+        encode_request(Request("e3", "delete", "h", "c1", "s1", "x1")),
+    ]
+
+
+def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Path) -> None:
+    """The outbox contract with a real SIGKILL: a child process judges a batch, commits it to the
+    cache and dies before producing. The batch's outcome is durable and nothing is lost."""
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from unlearn.streams.featurizer.cache import FeatureCache
+        from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+        import tests.streams.featurizer.test_cache as t
+        cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
+        cache = FeatureCache.open_partition({str(tmp_path)!r}, "t.requests", 0)
+        msgs = [InMessage(0, 100 + i, v, b"k") for i, v in enumerate(t._reqs())]
+        out = featurize_batch(msgs, cache, cfg, now=1.0)
+        cache.commit_batch(out.mutations, out.messages(cfg), out.last_offset)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], cwd=ROOT, timeout=60)
+    assert proc.returncode == -9
+    with FeatureCache.open_partition(tmp_path, "t.requests", 0) as cache:
+        assert cache.applied_offset == 103  # the restart seeks to 104: nothing is judged twice
+        assert [s.sample_id for s in cache.samples("h")] == ["x2"]  # x1 added and deleted
+        rows = cache.pending_outbox()
+        assert [r.topic for r in rows] == ["t.deltas", "t.deadletter"]
+        delta = decode_delta(rows[0].value)
+        assert delta.source_id == "requests/0@103"
+        assert [(e.sign, e.event_ids) for e in delta.entries] == [(1, ("e1", "e2")), (-1, ("e3",))]
+        # re-judging the same batch against the cache would be wrong (duplicates): that is why
+        # the shell seeks past applied_offset; here it would see x2 as a duplicate add
+        cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
+        again = featurize_batch([InMessage(0, 100 + i, v) for i, v in enumerate(_reqs())], cache, cfg, now=1.0)
+        assert "duplicate_add" in again.reasons()

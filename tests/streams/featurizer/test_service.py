@@ -1,0 +1,382 @@
+"""The featurizer service against a REAL Kafka-protocol broker (conftest: tansu or KAFKA_BOOTSTRAP)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.infra.topics import create_topics, delete_topics
+from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
+from unlearn.schemas.deadletter import decode_deadletter
+from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
+from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.receipts import decode_receipt
+from unlearn.streams.featurizer.core import parse_source
+from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
+
+pytestmark = pytest.mark.broker
+
+
+# --------------------------------------------------------------------------- helpers
+class Reader:
+    """Reads the output topics from the beginning (its own group-less assignment)."""
+
+    def __init__(self, settings: Settings, logical: tuple[str, ...] = ("deltas", "deadletter", "receipts")) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.c = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex}"))
+        self.names = {settings.topic(n): n for n in logical}
+        md = self.c.list_topics(timeout=10)
+        self.c.assign([TopicPartition(t, p, OFFSET_BEGINNING)
+                       for t in self.names for p in md.topics[t].partitions])
+        self.got: dict[str, list] = {n: [] for n in logical}
+
+    def until(self, done: Callable[[dict[str, list]], bool], timeout: float = 40.0) -> dict[str, list]:
+        deadline = time.monotonic() + timeout
+        while not done(self.got):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; got { {k: len(v) for k, v in self.got.items()} }")
+            for m in self.c.consume(100, 0.2):
+                if m.error() is None:
+                    self.got[self.names[m.topic()]].append(m)
+        return self.got
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def produce(settings: Settings, values: list[tuple[str, bytes]], topic: str | None = None) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer(producer_config(settings))
+    for key, value in values:
+        p.produce(topic or settings.topic("requests"), value=value, key=key.encode())
+    assert p.flush(30) == 0
+
+
+def add(ev: str, head: str, subj: str, sample: str, values, label, client: str = "app") -> tuple[str, bytes]:
+    return subj, encode_request(Request(ev, "add", head, client, subj, sample, label,
+                                        FeaturesInput(tuple(float(v) for v in values))))
+
+
+def delete(ev: str, head: str, subj: str, sample: str, client: str = "app") -> tuple[str, bytes]:
+    return subj, encode_request(Request(ev, "delete", head, client, subj, sample))
+
+
+def delete_subject(ev: str, head: str, subj: str, client: str = "app") -> tuple[str, bytes]:
+    return subj, encode_request(Request(ev, "delete_subject", head, client, subj))
+
+
+class Running:
+    """A FeaturizerService in a thread; ``stop()`` returns run()'s result or raises its error."""
+
+    def __init__(self, settings: Settings, **kw) -> None:
+        self.service = FeaturizerService(settings, max_ms=20, **kw)
+        self.stop_event = threading.Event()
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.service.run(self.stop_event)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+    def stop(self, timeout: float = 30.0) -> object:
+        self.stop_event.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "featurizer did not stop"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def wait_dead(self, timeout: float = 30.0) -> BaseException | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive()
+        return self.error
+
+
+def ledgers_from(delta_msgs: list, dedup: bool = True) -> tuple[dict[str, ExactLedger], list[str]]:
+    """What the ledger processor does with a deltas log: skip a delta whose source offset is not
+    beyond what was applied from its (stream, partition) for that head; apply rows or packed."""
+    ledgers: dict[str, ExactLedger] = {}
+    seen: dict[tuple[str, str, int], int] = {}
+    events: list[str] = []
+    for m in delta_msgs:
+        d = decode_delta(m.value())
+        assert m.key() == d.head_id.encode()
+        stream, part, off = parse_source(d.source_id)
+        key = (d.head_id, stream, part)
+        if dedup and off <= seen.get(key, -1):
+            continue
+        seen[key] = off
+        led = ledgers.setdefault(d.head_id, ExactLedger(d.d, 0, d.frac_bits, d.label_frac_bits))
+        for e in d.entries:
+            if isinstance(e, RowsEntry):
+                (led.add if e.sign > 0 else led.delete)(e.q, e.labels)
+            else:
+                led.absorb(ExactLedger.from_bytes(e.ledger_blob), e.sign)
+            events.extend(e.event_ids)
+    return ledgers, events
+
+
+def reference(retained: dict[tuple[str, str], tuple[list[float], int]], head: str, n_outputs: int) -> str:
+    rows = [(v, y) for (h, _), (v, y) in sorted(retained.items()) if h == head]
+    Q = np.stack([Quantizer(30).quantize(l2_normalize(np.asarray(v)))[0] for v, _ in rows])
+    return ExactLedger.from_rows(Q, np.array([y for _, y in rows]), n_outputs=n_outputs).digest()
+
+
+def workload(client: str = "app"):
+    """~50 requests over two heads, 8 subjects: adds, deletes, delete_subject and 5 bad ones.
+    Returns (requests, retained set, accepted event ids, expected dead-letter reasons)."""
+    rng = np.random.default_rng(3)
+    reqs, retained, accepted = [], {}, []
+    subj_of = {}
+    for i in range(36):
+        head, d = ("h2", 3) if i % 3 == 0 else ("h1", 4)
+        v = list(rng.normal(size=d))
+        subj = f"s{i % 8}"
+        subj_of[f"x{i}"] = subj
+        reqs.append(add(f"a{i}", head, subj, f"x{i}", v, i % 3, client))
+        retained[(head, f"x{i}")] = (v, i % 3)
+        accepted.append(f"a{i}")
+    for i in range(1, 5):  # x1..x4
+        head = "h2" if i % 3 == 0 else "h1"
+        reqs.append(delete(f"d{i}", head, subj_of[f"x{i}"], f"x{i}", client))
+        del retained[(head, f"x{i}")]
+        accepted.append(f"d{i}")
+    reqs.append(delete_subject("forget-s5", "h1", "s5", client))
+    reqs.append(delete_subject("forget-s6", "h2", "s6", client))
+    for key in [k for k in retained if (k[0], subj_of[k[1]]) in {("h1", "s5"), ("h2", "s6")}]:
+        del retained[key]
+    accepted += ["forget-s5", "forget-s6"]
+    reqs += [
+        add("dup", "h1", "s2", "x10", [1, 2, 3, 4], 0, client),                   # duplicate_add
+        delete("unknown", "h1", "s1", "nope", client),                            # unknown_sample
+        ("s3", b"{this is not json"),                                             # not_json
+        add("dim", "h1", "s1", "w", [1, 2], 0, client),                           # dimension_mismatch
+        ("s2", orjson.dumps({"schema": "unlearn.request/v1", "event_id": "soft", "op": "add", "head_id": "h1",
+                             "client_id": client, "subject_id": "s2", "sample_id": "v",
+                             "label": [0.5, 0.5], "input": {"kind": "features", "values": [1, 2, 3, 4]}})),
+    ]
+    reasons = sorted(["duplicate_add", "unknown_sample", "not_json", "dimension_mismatch",
+                      "soft_label_needs_label_frac_bits"])
+    return reqs, retained, accepted, reasons
+
+
+def committed_offsets(settings: Settings, group: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(consumer_config(settings, group))
+    try:
+        md = c.list_topics(timeout=10)
+        tps = c.committed([TopicPartition(topic, p) for p in md.topics[topic].partitions], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- tests
+def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, tmp_path: Path) -> None:
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    reqs, retained, accepted, reasons = workload()
+    produce(s, reqs)
+    reader = Reader(s)
+    run = Running(s, group="fz-e2e")
+    try:
+        got = reader.until(lambda g: len(g["deadletter"]) >= 5 and len(g["receipts"]) >= 1
+                           and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
+        assert run.stop() == 0
+    finally:
+        reader.close()
+        run.stop_event.set()
+    ledgers, events = ledgers_from(got["deltas"], dedup=False)
+    assert sorted(events) == sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"] * 1)  # one row per sample
+    for head in ("h1", "h2"):
+        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
+    for m in got["deltas"]:
+        assert parse_source(decode_delta(m.value()).source_id)[0] == "requests"
+    dls = [decode_deadletter(m.value()) for m in got["deadletter"]]
+    assert sorted(d.reason for d in dls) == reasons
+    assert all(d.stage == "featurizer" and d.topic == s.topic("requests") and d.offset is not None for d in dls)
+    (receipt,) = [decode_receipt(m.value()) for m in got["receipts"]]
+    assert (receipt.event_id, receipt.status, receipt.reason) == ("unknown", "rejected", "unknown_sample")
+    # input offsets were committed after the acks, up to the end of every partition (fresh topic:
+    # offsets start at 0, so the committed offsets sum to the number of requests; the watermark
+    # from ListOffsets is not used because tansu gets it wrong after multi-record batches)
+    committed = committed_offsets(s, "fz-e2e", s.topic("requests"))
+    assert sum(o for o in committed.values() if o > 0) == len(reqs)
+
+    # The cache is authoritative: losing it while the group has committed offsets is refused.
+    shutil.rmtree(tmp_path / "data")
+    lost = Running(s, group="fz-e2e")
+    err = lost.wait_dead(30)
+    assert isinstance(err, LostCacheError)
+
+
+@pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_produce"])
+def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, crash_at: str) -> None:
+    """Crash between the sqlite commit and the produce (nothing sent) or between the produce and
+    the outbox ack (everything sent, then re-sent): the restarted featurizer re-produces the
+    outbox, seeks past the cached offset, and the source-id rule gives the exact ledger."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    reqs, retained, accepted, reasons = workload()
+    produce(s, reqs)
+
+    class Crash(Exception):
+        pass
+
+    def fault(point: str) -> None:
+        if point == crash_at:
+            raise Crash(point)
+
+    first = Running(s, group="fz-crash", fault=fault, max_batch=16)
+    assert isinstance(first.wait_dead(40), Crash)
+    caches = list((tmp_path / "data" / "featurizer").glob("*/p*.sqlite"))
+    assert caches, "the crashed batch was committed to the cache"
+
+    second = Running(s, group="fz-crash", max_batch=16)
+    reader = Reader(s)
+    try:
+        got = reader.until(lambda g: len(g["deadletter"]) >= 5
+                           and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
+        time.sleep(0.5)  # anything else (there must be nothing) would arrive now
+        got = reader.until(lambda g: True)
+        assert second.stop() == 0
+    finally:
+        reader.close()
+        second.stop_event.set()
+    assert second.service.stats["replayed"] > 0
+    dls = sorted(decode_deadletter(m.value()).reason for m in got["deadletter"])
+    ledgers, events = ledgers_from(got["deltas"])
+    for head in ("h1", "h2"):
+        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
+    rows_expected = sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"])  # one row per deleted sample
+    assert sorted(events) == rows_expected
+    if crash_at == "after_cache_commit":
+        # nothing was produced before the crash: every message exactly once, no re-judging
+        assert dls == reasons
+        assert sorted(ledgers_from(got["deltas"], dedup=False)[1]) == rows_expected
+    else:
+        # the first batch went out twice; deltas are skipped by source id, dead letters repeat
+        assert "duplicate_add" not in set(dls) - set(reasons) and set(dls) == set(reasons)
+        raw, raw_events = ledgers_from(got["deltas"], dedup=False)
+        assert len(raw_events) > len(events)  # without the rule the ledger would double count
+
+
+def test_federated_site_sends_only_packed_statistics(settings: Settings, tmp_path: Path) -> None:
+    site_topic = "requests.site-a"
+    create_topics(settings, extra=[site_topic])
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    try:
+        reqs, retained, accepted, reasons = workload(client="site-a")
+        reqs.append(add("other", "h1", "s0", "zz", [1, 1, 1, 1], 0, client="site-b"))  # not this site's data
+        produce(s, reqs, topic=s.topic(site_topic))
+        reader = Reader(s)
+        run = Running(s, group="fz-site-a", federated=True, client_id="site-a", requests_topic=s.topic(site_topic))
+        try:
+            got = reader.until(lambda g: len(g["deadletter"]) >= 6
+                               and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
+            assert run.stop() == 0
+        finally:
+            reader.close()
+            run.stop_event.set()
+        for m in got["deltas"]:
+            d = decode_delta(m.value())
+            assert all(isinstance(e, PackedEntry) for e in d.entries)  # never per-sample rows
+            assert parse_source(d.source_id)[0] == "requests.site-a[site-a]"
+        ledgers, _ = ledgers_from(got["deltas"])
+        for head in ("h1", "h2"):
+            assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
+        dls = sorted(decode_deadletter(m.value()).reason for m in got["deadletter"])
+        assert dls == sorted(reasons + ["wrong_client"])
+    finally:
+        delete_topics(settings, [settings.topic(site_topic)])
+
+
+def test_cli_exits_zero_on_sigterm_after_finishing(settings: Settings, tmp_path: Path) -> None:
+    s = settings
+    reqs = [add(f"a{i}", "h", f"s{i}", f"x{i}", [i + 1, 1.0], i % 2) for i in range(6)]
+    produce(s, reqs)
+    env = dict(os.environ, UNLEARN_TOPIC_PREFIX=s.topic_prefix, UNLEARN_PROFILE=s.profile,
+               UNLEARN_DATA_DIR=str(tmp_path / "data"))
+    code = ("import sys; from unlearn.streams.featurizer.service import featurizer_main; "
+            "sys.exit(featurizer_main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "--bootstrap", s.bootstrap, "--group", "fz-cli",
+                             "--max-batch", "4", "--max-ms", "10", "--device", "cpu"],
+                            cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    reader = Reader(s, ("deltas",))
+    try:
+        got = reader.until(lambda g: len(ledgers_from(g["deltas"])[1]) >= 6, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        reader.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    assert sorted(ledgers_from(got["deltas"])[1]) == sorted(f"a{i}" for i in range(6))
+    committed = committed_offsets(s, "fz-cli", s.topic("requests"))
+    assert sum(o for o in committed.values() if o > 0) == len(reqs)
+
+
+def test_two_featurizers_rebalance_and_the_caches_move_with_the_partitions(settings: Settings, tmp_path: Path) -> None:
+    """Two processes of one group on one host (one data dir): partitions, and with them their
+    cache files, move on a rebalance mid-stream; the result is still exact and nothing repeats."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    reqs, retained, accepted, reasons = workload()
+    produce(s, reqs[:20])
+    reader = Reader(s)
+    a = Running(s, group="fz-pair", max_batch=4)
+    b = None
+    try:
+        reader.until(lambda g: len(ledgers_from(g["deltas"])[1]) >= 5)
+        written = {int(f.stem[1:]) for f in (tmp_path / "data" / "featurizer").glob("*/p*.sqlite")}
+        b = Running(s, group="fz-pair", max_batch=4)
+        deadline = time.monotonic() + 30
+        while not b.service.caches:  # B joined and got its share (rebalance done)
+            assert time.monotonic() < deadline, "second featurizer got no partitions"
+            time.sleep(0.05)
+        time.sleep(0.5)  # let B's on_assign finish filling its cache map
+        assert written & set(b.service.caches), "no partition with a cache moved to B"
+        produce(s, reqs[20:])
+        got = reader.until(lambda g: len(g["deadletter"]) >= 5
+                           and set(accepted) <= set(ledgers_from(g["deltas"])[1]), timeout=60)
+        time.sleep(0.5)
+        got = reader.until(lambda g: True)
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        reader.close()
+        a.stop_event.set()
+        if b is not None:
+            b.stop_event.set()
+    assert b.service.stats["events"] > 0 and a.service.stats["events"] > 0  # both did work
+    ledgers, events = ledgers_from(got["deltas"], dedup=False)  # no copies at all: clean handovers
+    assert sorted(events) == sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"])
+    for head in ("h1", "h2"):
+        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
+    assert sorted(decode_deadletter(m.value()).reason for m in got["deadletter"]) == reasons
+
+
+def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
+    from unlearn.streams.featurizer.service import featurizer_main
+
+    assert featurizer_main(["--no-such-flag"]) == 2
+    assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--federated"]) == 2  # no --client-id
+    assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--client-id", "x"]) == 2  # not federated
