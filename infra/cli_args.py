@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any, Literal
 
@@ -30,10 +31,38 @@ def add_broker_args(parser: argparse.ArgumentParser, *only: BrokerArg) -> None:
         parser.add_argument(f"--{name}", **_BROKER_ARGS[name])
 
 
+def add_worker_args(parser: argparse.ArgumentParser) -> None:
+    """The options every long-running command takes (featurizer, ledger, serve, broker): the broker
+    options, ``--data-dir`` and ``--loglevel``. Read back with ``settings_from_args`` (which maps
+    ``--data-dir``) and ``setup_logging(args.loglevel)``."""
+    add_broker_args(parser)
+    parser.add_argument("--data-dir", help="local state dir (default: UNLEARN_DATA_DIR)")
+    parser.add_argument("--loglevel", default="info", choices=("debug", "info", "warning", "error"),
+                        help="log level (default: info; the readiness line is logged at info)")
+
+
+def setup_logging(level: str) -> None:
+    """One log format for every command: ``time [LEVEL] logger: message``."""
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s [%(levelname)s] %(name)s: %(message)s")
+
+
+def log_ready(component: str, **fields: object) -> str:
+    """Log (and return) the one readiness line of a long-running command:
+    ``unlearn <component> ready key=value ...``. Operators and tests wait for it; values are
+    ``repr``-quoted where they are strings so that no input can forge a log line."""
+    parts = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in fields.items())
+    line = f"unlearn {component} ready {parts}".rstrip()
+    logging.getLogger(f"unlearn.{component}").info("%s", line)
+    return line
+
+
 def settings_from_args(args: argparse.Namespace, *, require_broker: bool = True, **overrides: object) -> Settings:
     """``Settings.from_env`` with the broker options in ``args`` (absent or unset ones fall back to the
     environment) and ``overrides``. Raises ``ValueError`` for invalid settings and ``CliUsageError``
     (also a ``ValueError``) when ``require_broker`` and no broker is configured."""
+    if getattr(args, "data_dir", None) and "data_dir" not in overrides:
+        overrides["data_dir"] = args.data_dir
     settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=getattr(args, "prefix", None),
                                  profile=getattr(args, "profile", None), **overrides)
     if require_broker and not settings.bootstrap:
