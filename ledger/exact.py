@@ -4,7 +4,7 @@ Why integers: float ledgers never return to zero after add-then-delete and their
 with the stream. Integers cancel bit for bit, so the ledger after any interleaving, order or
 partitioning of adds and deletes equals the ledger built from scratch on what is retained.
 
-How (DESIGN section 2): split every quantized value q = a*2^15 + b with b in [-2^14, 2^14).
+How (docs/design.md section 2): split every quantized value q = a*2^15 + b with b in [-2^14, 2^14).
 Every product of halves is below 2^31 in magnitude, so a float64 GEMM over at most 2^21 rows
 sums exact integers below 2^52 -- exact whatever the summation order or BLAS. The three
 symmetric limb matrices
@@ -426,7 +426,7 @@ class ExactLedger:
         return self._cached("moments", lambda: wide.to_float64(self._G_wide()) * scale).copy()
 
     def digest(self) -> str:
-        """Hex SHA-256 of the canonical encoding of the exact integers (DESIGN section 2).
+        """Hex SHA-256 of the canonical encoding of the exact integers (docs/design.md section 2).
 
         Byte by byte::
 

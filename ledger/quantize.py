@@ -42,7 +42,7 @@ class Quantizer:
     """Maps float features to int64 on the grid 2^-frac_bits, rejecting what it cannot represent.
 
     ``bound * 2^frac_bits`` may not exceed 2^30: that is what keeps every split-GEMM product
-    exact (DESIGN section 2).
+    exact (docs/design.md section 2).
     """
 
     def __init__(self, frac_bits: int = 30, bound: float = 1.0) -> None:

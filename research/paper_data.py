@@ -7,7 +7,7 @@ when the dataset or a backbone is missing, so the benchmark always runs.
 
 Every strategy sees the same features: L2-normalized, with an intercept column of ones, and
 snapped to the exact ledger's 2^-30 grid. Snapping makes the exact ledger's quantization lossless,
-so float strategies and the exact ledger are compared on identical inputs (DESIGN section 2:
+so float strategies and the exact ledger are compared on identical inputs (docs/design.md section 2:
 quantization is part of phi, and the retrain reference uses the same values).
 """
 

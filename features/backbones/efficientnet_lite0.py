@@ -14,7 +14,7 @@ The state dict is loaded with ``strict=True``: any architecture mismatch fails l
 silently leaving random weights.
 
 Default input size is 112 px (not the native 224): on a 2-core CPU that is ~4x cheaper and ridge
-on the pooled features still reaches ~0.86 on Fashion-MNIST (environment notes). The size is part
+on the pooled features still reaches ~0.86 on Fashion-MNIST (3k train). The size is part
 of the backbone's ``cache_key`` because it changes the features.
 """
 

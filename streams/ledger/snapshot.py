@@ -8,7 +8,7 @@ manifest pointing at the intact slot A. Every piece carries the snapshot generat
 input offset and the SHA-256 of the whole snapshot, so a mixed or partial set can never be
 mistaken for a snapshot. The ledger processor acks input offsets only after the manifest is
 written, so after a crash the input is replayed from at most the snapshot's offset + 1 and the
-offsets at or below the snapshot's are skipped (DESIGN section 4).
+offsets at or below the snapshot's are skipped (docs/design.md section 4).
 """
 
 from __future__ import annotations
