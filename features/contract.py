@@ -3,18 +3,40 @@
 A head's features are ``q = rint(f * 2^k)`` of the (optionally L2-normalized) backbone output,
 with every component inside a declared bound. Training (the featurizer) and serving must apply
 *the same* contract, or served predictions silently differ from what the head learned; both
-import it from here and nowhere else.
+import it from here and nowhere else. The contract covers: which backbone an input goes through
+(:func:`resolve_backbone`), the dimension a backbone fixes (:func:`fixed_dim`), the feature row
+(:func:`quantize_feature_row`) and the label (:func:`quantize_label`). Every refusal is a
+:class:`FeatureRejected` with a reason code (docs/featurizer.md lists them).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 
+from unlearn.features.backbones import BackboneError, backbone_cache_key, backbone_info
 from unlearn.ledger import QuantizationError, Quantizer, l2_normalize
+from unlearn.ledger.exact import MAX_CLASS_INDEX
 
-__all__ = ["FeatureRejected", "quantize_feature_row", "quantizer"]
+__all__ = [
+    "DEFAULT_BACKBONES",
+    "FeatureRejected",
+    "LabelKind",
+    "fixed_dim",
+    "quantize_feature_row",
+    "quantize_label",
+    "quantizer",
+    "resolve_backbone",
+]
+
+LabelKind = Literal["class", "vector"]
+"""A head's label kind: class indices, or (quantized) target vectors."""
+
+DEFAULT_BACKBONES: dict[str, str] = {"features": "features", "text": "minilm", "image": "efficientnet-lite0"}
+"""Backbone per input kind when ``UNLEARN_HEAD_BACKBONES`` names none for the head: part of the
+contract, since training (the featurizer) and serving must pick the same backbone for an input."""
 
 
 class FeatureRejected(ValueError):
@@ -56,3 +78,55 @@ def quantize_feature_row(f: np.ndarray, frac_bits: int, bound: float = 1.0, norm
         return quantizer(frac_bits, bound).quantize(x)[0]
     except QuantizationError as exc:
         raise FeatureRejected("feature_out_of_bound", str(exc)) from None
+
+
+def quantize_label(label: int | tuple[float, ...], label_frac_bits: int) -> tuple[LabelKind, int, int | np.ndarray]:
+    """(kind, width, value) of a request's label: a class index (width 0), or the int64 target
+    vector ``rint(y * 2^k_y)``. Part of the contract because the ledger sums exactly these
+    integers; raises :class:`FeatureRejected` (``label_out_of_range``,
+    ``soft_label_needs_label_frac_bits``) rather than clip or round silently."""
+    if isinstance(label, int):
+        if not 0 <= label <= MAX_CLASS_INDEX:
+            raise FeatureRejected("label_out_of_range", f"class index {label} exceeds {MAX_CLASS_INDEX}")
+        return "class", 0, int(label)
+    y = np.asarray(label, dtype=np.float64)
+    if y.size > MAX_CLASS_INDEX + 1:
+        raise FeatureRejected("label_out_of_range",
+                              f"label vector of {y.size} values is wider than {MAX_CLASS_INDEX + 1}")
+    if label_frac_bits == 0 and not np.all(y == np.rint(y)):
+        raise FeatureRejected("soft_label_needs_label_frac_bits",
+                              "label vector has non-integer values; set UNLEARN_LABEL_FRAC_BITS > 0 to quantize them")
+    try:
+        qy = quantizer(label_frac_bits, float(2 ** (30 - label_frac_bits))).quantize(y)[0]
+    except QuantizationError as exc:
+        raise FeatureRejected("label_out_of_range", f"label vector: {exc}") from None
+    return "vector", int(qy.shape[0]), qy
+
+
+def resolve_backbone(head_id: str, input_kind: str, configured: str | None = None) -> tuple[str, str]:
+    """(registry name, cache key) of the backbone a head's ``input_kind`` input goes through:
+    ``configured`` (``UNLEARN_HEAD_BACKBONES``) or :data:`DEFAULT_BACKBONES`. One rule for
+    training and serving, so both see the same features. Raises :class:`FeatureRejected`
+    (``backbone_unavailable``, ``backbone_mismatch``)."""
+    name = configured or DEFAULT_BACKBONES[input_kind]
+    try:
+        info = backbone_info(name)
+        key = backbone_cache_key(name)
+    except BackboneError as exc:
+        raise FeatureRejected("backbone_unavailable", f"head {head_id!r}: {exc}") from None
+    if info.kind != input_kind:
+        raise FeatureRejected("backbone_mismatch",
+                              f"head {head_id!r} uses backbone {key!r} ({info.kind} inputs), got a {input_kind} input")
+    return name, key
+
+
+def fixed_dim(backbone_key: str) -> int | None:
+    """The feature dimension a backbone cache key fixes (``features:64`` -> 64, ``minilm`` -> 384),
+    or None when the first add decides (plain ``features``, unknown names). Checked on a head's
+    first add so a head never starts with a dimension its backbone cannot produce."""
+    if backbone_key.startswith("features:"):
+        return int(backbone_key.split(":", 1)[1])
+    try:
+        return backbone_info(backbone_key.split("@", 1)[0]).dim
+    except BackboneError:
+        return None

@@ -30,6 +30,14 @@ def parse_source(source_id: str) -> tuple[str, int, int] | None:
     return m.group(1), int(m.group(2)), int(m.group(3))
 
 
+def parse_source_id(source_id: str) -> tuple[int, int] | None:
+    """``"<stream>/<partition>@<offset>"`` -> (partition, offset); None if not that form. For
+    callers that know the stream already; use :func:`parse_source` when the stream matters
+    (federated sites use their own stream names)."""
+    parsed = parse_source(source_id)
+    return None if parsed is None else (parsed[1], parsed[2])
+
+
 def dedup_key(source_id: str) -> tuple[str, int] | None:
     """("<stream>/<partition>", offset): what the ledger tracks per head to skip re-produced
     deltas; None for sources outside the convention (no producer-side dedup for them)."""

@@ -130,8 +130,6 @@ class HubImageBackbone(Backbone):
         with torch.inference_mode():
             x = torch.from_numpy(np.stack(list(items))).to(self._torch_device)
             x = (x.permute(0, 3, 1, 2).float() / 255.0 - self._mean) / self._std
-            if self.spec.source == "torchhub":
-                out = self.model(x)  # DINOv2 hub forward = normalized CLS token
-            else:
-                out = self.model(pixel_values=x).pooler_output  # layer-normed CLS token
+            # DINOv2 hub forward = normalized CLS token; HF: the layer-normed CLS token
+            out = self.model(x) if self.spec.source == "torchhub" else self.model(pixel_values=x).pooler_output
             return out.float().cpu().numpy()

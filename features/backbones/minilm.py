@@ -40,9 +40,8 @@ class MiniLMBackbone(Backbone):
         except FileNotFoundError as exc:
             raise BackboneError(str(exc), backbone="minilm") from exc
         self.model.eval()
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or getattr(
-            self.model, "get_sentence_embedding_dimension"
-        )  # renamed in sentence-transformers 6
+        # renamed in sentence-transformers 6
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         got = get_dim()
         if got != FEATURE_DIM:
             raise BackboneError(f"unexpected embedding dim {got} (want {FEATURE_DIM})", backbone="minilm")

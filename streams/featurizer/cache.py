@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from unlearn.streams.featurizer.core import CacheMutations, CachedSample, HeadInfo, OutMessage
+from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
 
 __all__ = ["CACHE_SCHEMA_VERSION", "CacheError", "FeatureCache", "OutboxRow", "cache_path"]
 
@@ -131,7 +131,7 @@ class FeatureCache:
 
     @classmethod
     def open_partition(cls, data_dir: str | Path, stream_dir: str, partition: int,
-                       identity: Mapping[str, str] | None = None) -> "FeatureCache":
+                       identity: Mapping[str, str] | None = None) -> FeatureCache:
         """The cache file of one requests partition (created empty if absent)."""
         ident = {"stream_dir": stream_dir, "partition": str(int(partition)), **dict(identity or {})}
         return cls(cache_path(data_dir, stream_dir, partition), ident)
@@ -156,7 +156,7 @@ class FeatureCache:
         def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
             self.db.execute("COMMIT" if et is None else "ROLLBACK")
 
-    def _tx(self) -> "FeatureCache._Tx":
+    def _tx(self) -> FeatureCache._Tx:
         return FeatureCache._Tx(self._db)
 
     # ------------------------------------------------------------------ CacheView
@@ -182,7 +182,7 @@ class FeatureCache:
     @staticmethod
     def _sample(row: Sequence[object]) -> CachedSample:
         head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q = row
-        label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type]
+        label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type,call-overload]
         return CachedSample(str(head_id), str(sample_id), str(subject_id), str(client_id), str(event_id),
                             label, _from_i64(q))  # type: ignore[arg-type]
 
@@ -260,7 +260,7 @@ class FeatureCache:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "FeatureCache":
+    def __enter__(self) -> FeatureCache:
         return self
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:

@@ -11,16 +11,22 @@ returns a :class:`BatchOutcome`:
   deletes the featurizer refuses,
 - the cache mutations (net effect of the batch) and the last input offset covered.
 
-Nothing here touches Kafka or sqlite; ``services/featurizer.py`` applies the outcome through the
-transactional outbox of ``services/feature_cache.py`` (docs/featurizer.md). Events are judged
-sequentially against an in-memory overlay of the cache, so "add x, delete x" in one batch works
-and a duplicate add within a batch is caught. Exact integer sums commute, so grouping the rows
-by (sign, label kind) gives the same ledger as the event order.
+Nothing here touches Kafka or sqlite; ``streams/featurizer/service.py`` applies the outcome
+through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
+are judged sequentially against an in-memory overlay of the cache, so "add x, delete x" in one
+batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
+the rows by (sign, label kind) gives the same ledger as the event order.
+
+The steps, each a function of its own: :func:`check_batch`, :func:`parse_batch`,
+:func:`encode_adds` (:func:`route_adds`, :func:`encode_group`), :func:`judge_batch`
+(:func:`judge_add`, :func:`judge_delete`, :func:`judge_delete_subject`, :func:`refusal`) and
+:func:`assemble_deltas`. How a feature vector or label becomes integers, which backbone an
+input goes through and what dimension it fixes is the feature contract
+(:mod:`features.contract`), shared with serving.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +35,19 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import orjson
 
-from unlearn.ledger import ExactLedger, Quantizer, QuantizationError, l2_normalize
-from unlearn.ledger.exact import MAX_CLASS_INDEX
+from unlearn.features.backbones import BackboneError, EncodeResult
+from unlearn.features.contract import (
+    DEFAULT_BACKBONES,
+    FeatureRejected,
+    fixed_dim,
+    quantize_feature_row,
+    quantize_label,
+    quantizer,
+    resolve_backbone,
+)
+from unlearn.ledger import ExactLedger
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, encode_delta
-from unlearn.schemas.source_id import format_source_id, parse_source, source_stream
 from unlearn.schemas.envelope import (
     ID_MAX_CHARS,
     REQUEST_REASONS,
@@ -45,8 +59,7 @@ from unlearn.schemas.envelope import (
     parse_request,
 )
 from unlearn.schemas.receipts import Receipt, encode_receipt
-from unlearn.features.backbones import BackboneError, EncodeResult, backbone_cache_key, backbone_info
-from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer
+from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 
 __all__ = [
     "DEFAULT_BACKBONES",
@@ -57,25 +70,39 @@ __all__ = [
     "CacheView",
     "CachedSample",
     "CoreConfig",
+    "EncodedAdds",
     "Encoder",
     "HeadInfo",
+    "HeadRows",
     "InMessage",
+    "Judgement",
     "OutMessage",
+    "Overlay",
     "RegistryEncoder",
     "Rejected",
+    "assemble_deltas",
+    "check_batch",
+    "encode_adds",
+    "encode_group",
     "featurize_batch",
     "format_source_id",
+    "judge_add",
+    "judge_batch",
+    "judge_delete",
+    "judge_delete_subject",
+    "parse_batch",
     "parse_source",
     "parse_source_id",
     "quantize_feature_row",
+    "refusal",
+    "route_adds",
+    "salvage_delete_ids",
     "source_stream",
+    "use_packed",
 ]
 
 STAGE = "featurizer"
 """``stage`` of every dead letter this service writes."""
-
-DEFAULT_BACKBONES: dict[str, str] = {"features": "features", "text": "minilm", "image": "efficientnet-lite0"}
-"""Backbone per input kind when ``UNLEARN_HEAD_BACKBONES`` names none for the head."""
 
 FEATURIZER_REASONS: dict[str, str] = {
     **{k: f"request envelope: {v}" for k, v in REQUEST_REASONS.items()},
@@ -101,15 +128,6 @@ FEATURIZER_REASONS: dict[str, str] = {
 """Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
 
 _DELETE_OPS = ("delete", "delete_subject")
-
-
-# --------------------------------------------------------------------------- source ids
-def parse_source_id(source_id: str) -> tuple[int, int] | None:
-    """``"requests/<partition>@<offset>"`` (any stream name) -> (partition, offset); None if the
-    string does not follow the convention. Use :func:`parse_source` when the stream matters
-    (federated sites use their own stream names)."""
-    parsed = parse_source(source_id)
-    return None if parsed is None else (parsed[1], parsed[2])
 
 
 # --------------------------------------------------------------------------- data types
@@ -212,7 +230,7 @@ in float64."""
 
 
 class RegistryEncoder:
-    """The production encoder: ``services.backbones.get_backbone(name, device)``, cached."""
+    """The production encoder: ``features.backbones.get_backbone(name, device)``, cached."""
 
     def __init__(self, device: str = "auto") -> None:
         self.device = device
@@ -251,11 +269,11 @@ class CoreConfig:
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
             raise ValueError("federated mode needs a client_id (the data owner this site serves)")
-        Quantizer(self.frac_bits, self.feature_bound)  # raises on an impossible grid
+        quantizer(self.frac_bits, self.feature_bound)  # raises on an impossible grid
 
     @classmethod
     def from_settings(cls, settings: Any, *, requests_topic: str | None = None, federated: bool = False,
-                      client_id: str | None = None) -> "CoreConfig":
+                      client_id: str | None = None) -> CoreConfig:
         """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``)."""
         topic = requests_topic or settings.topic("requests")
         overrides = {}
@@ -312,343 +330,33 @@ class BatchOutcome:
         return out
 
 
-# --------------------------------------------------------------------------- quantization
+# --------------------------------------------------------------------------- refusals
 # The featurizer's refusals share the feature contract's error type (one reason-code carrier).
 Rejected = FeatureRejected
 
 
-def _label_value(label: int | tuple[float, ...], label_frac_bits: int) -> tuple[str, int, int | np.ndarray]:
-    """(kind, width, value): a class index, or the int64 quantized target vector."""
-    if isinstance(label, int):
-        if not 0 <= label <= MAX_CLASS_INDEX:
-            raise Rejected("label_out_of_range", f"class index {label} exceeds {MAX_CLASS_INDEX}")
-        return "class", 0, int(label)
-    y = np.asarray(label, dtype=np.float64)
-    if y.size > MAX_CLASS_INDEX + 1:
-        raise Rejected("label_out_of_range", f"label vector of {y.size} values is wider than {MAX_CLASS_INDEX + 1}")
-    if label_frac_bits == 0 and not np.all(y == np.rint(y)):
-        raise Rejected("soft_label_needs_label_frac_bits",
-                      "label vector has non-integer values; set UNLEARN_LABEL_FRAC_BITS > 0 to quantize them")
-    try:
-        qy = quantizer(label_frac_bits, float(2 ** (30 - label_frac_bits))).quantize(y)[0]
-    except QuantizationError as exc:
-        raise Rejected("label_out_of_range", f"label vector: {exc}") from None
-    return "vector", int(qy.shape[0]), qy
+def refusal(m: InMessage, r: Request | None, reason: str, detail: str, config: CoreConfig, ts: float,
+            raw_ids: Mapping[str, Any] | None = None) -> tuple[DeadLetter, Receipt | None]:
+    """The dead letter of a refused message, plus a rejected receipt when it names a delete: the
+    client that asked waits for one. ``raw_ids`` are the ids :func:`salvage_delete_ids` found in
+    an invalid request (``r`` is None then)."""
+    dl = DeadLetter(
+        original=bytes(m.value) if m.value is not None else b"",
+        reason=reason, detail=detail, stage=STAGE, topic=config.requests_topic,
+        partition=m.partition, offset=m.offset, key=m.key,
+        event_id=r.event_id if r is not None else (raw_ids or {}).get("event_id"), ts=ts,
+    )
+    ids: Mapping[str, Any] | None = raw_ids if r is None else {
+        "op": r.op, "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id,
+        "sample_ids": [r.sample_id] if r.sample_id else [],
+    }
+    receipt = None
+    if ids and ids.get("op") in _DELETE_OPS:
+        receipt = Receipt.rejected(ids["event_id"], ids["subject_id"], ids["head_id"], ids["sample_ids"], reason, ts)
+    return dl, receipt
 
 
-def _fixed_dim(backbone_key: str) -> int | None:
-    if backbone_key.startswith("features:"):
-        return int(backbone_key.split(":", 1)[1])
-    try:
-        return backbone_info(backbone_key.split("@", 1)[0]).dim
-    except BackboneError:
-        return None
-
-
-# --------------------------------------------------------------------------- overlay
-class _Overlay:
-    """The cache as seen after the events of this batch judged so far."""
-
-    def __init__(self, base: CacheView) -> None:
-        self.base = base
-        self.samples: dict[tuple[str, str], CachedSample | None] = {}
-        self.heads: dict[str, HeadInfo] = {}
-
-    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
-        key = (head_id, sample_id)
-        if key in self.samples:
-            return self.samples[key]
-        return self.base.get_sample(head_id, sample_id)
-
-    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
-        found: dict[str, CachedSample] = {}
-        for cs in self.base.subject_samples(head_id, subject_id):
-            if (head_id, cs.sample_id) not in self.samples:
-                found[cs.sample_id] = cs
-        for (h, s), cs in self.samples.items():
-            if h == head_id and cs is not None and cs.subject_id == subject_id:
-                found[s] = cs
-        return [found[s] for s in sorted(found)]
-
-    def get_head(self, head_id: str) -> HeadInfo | None:
-        return self.heads.get(head_id) or self.base.get_head(head_id)
-
-    def mutations(self) -> CacheMutations:
-        return CacheMutations(
-            put_samples=tuple(v for v in self.samples.values() if v is not None),
-            drop_samples=tuple(k for k, v in self.samples.items() if v is None),
-            put_heads=tuple(self.heads.values()),
-        )
-
-
-class _HeadRows:
-    """Rows of one head in one batch, in the four entry groups."""
-
-    def __init__(self) -> None:
-        self.groups: dict[tuple[int, str], list[tuple[str, CachedSample]]] = {
-            (1, "class"): [], (1, "vector"): [], (-1, "class"): [], (-1, "vector"): [],
-        }
-
-    def add(self, sign: int, event_id: str, cs: CachedSample) -> None:
-        self.groups[(sign, cs.label_kind)].append((event_id, cs))
-
-
-# --------------------------------------------------------------------------- the batch
-def featurize_batch(
-    messages: Sequence[InMessage],
-    cache: CacheView,
-    config: CoreConfig,
-    encoder: Encoder | None = None,
-    *,
-    now: float | None = None,
-) -> BatchOutcome:
-    """Judge one micro-batch of ONE requests partition against ``cache`` (read only).
-
-    Returns the deltas, dead letters, rejected receipts and cache mutations; raises only for
-    programming errors (messages of several partitions, offsets not ascending) or a backbone
-    failure that hits every input of its group (a systemic failure: the worker should stop and
-    be restarted rather than dead-letter everything)."""
-    if not messages:
-        raise ValueError("featurize_batch needs at least one message")
-    partition = messages[0].partition
-    prev = -1
-    for m in messages:
-        if m.partition != partition:
-            raise ValueError(f"one partition per batch: got {partition} and {m.partition}")
-        if m.offset <= prev:
-            raise ValueError(f"offsets must ascend: {m.offset} after {prev}")
-        prev = m.offset
-    ts = time.time() if now is None else float(now)
-    encoder = encoder or RegistryEncoder("auto")
-
-    # Phase 1: parse.
-    reqs: list[Request | InvalidRequest] = []
-    for m in messages:
-        try:
-            reqs.append(parse_request(m.value))  # type: ignore[arg-type]
-        except InvalidRequest as exc:
-            reqs.append(exc)
-
-    # Phase 2: encode every add's input, batched per backbone (state-independent).
-    feats: dict[int, np.ndarray | Rejected] = {}
-    backbone_of: dict[int, str] = {}
-    groups: dict[str, list[tuple[int, Any]]] = {}
-    for i, r in enumerate(reqs):
-        if not isinstance(r, Request) or r.op != "add" or r.input is None:
-            continue
-        if config.federated and r.client_id != config.client_id:
-            continue  # rejected in phase 3; never encode another owner's data
-        try:
-            name, key = _resolve_backbone(config, r.head_id, r.input.kind)
-        except Rejected as rej:
-            feats[i] = rej
-            continue
-        backbone_of[i] = key
-        if isinstance(r.input, FeaturesInput):
-            feats[i] = np.asarray(r.input.values, dtype=np.float64)
-        elif isinstance(r.input, TextInput):
-            groups.setdefault(name, []).append((i, r.input.text))
-        elif isinstance(r.input, ImageInput):
-            groups.setdefault(name, []).append((i, r.input.data))
-    for name, items in groups.items():
-        for (i, _), res in zip(items, _encode_group(encoder, name, [p for _, p in items])):
-            feats[i] = res
-
-    # Phase 3: judge sequentially against the overlay.
-    overlay = _Overlay(cache)
-    rows: dict[str, _HeadRows] = {}
-    deadletters: list[DeadLetter] = []
-    receipts: list[Receipt] = []
-    accepted = 0
-
-    def reject(m: InMessage, r: Request | None, reason: str, detail: str, raw_ids: dict[str, Any] | None = None) -> None:
-        deadletters.append(DeadLetter(
-            original=bytes(m.value) if m.value is not None else b"",
-            reason=reason, detail=detail, stage=STAGE, topic=config.requests_topic,
-            partition=m.partition, offset=m.offset, key=m.key,
-            event_id=r.event_id if r is not None else (raw_ids or {}).get("event_id"), ts=ts,
-        ))
-        ids = raw_ids if r is None else {
-            "op": r.op, "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id,
-            "sample_ids": [r.sample_id] if r.sample_id else [],
-        }
-        if ids and ids.get("op") in _DELETE_OPS:
-            receipts.append(Receipt.rejected(ids["event_id"], ids["subject_id"], ids["head_id"],
-                                             ids["sample_ids"], reason, ts))
-
-    for i, (m, r) in enumerate(zip(messages, reqs)):
-        if isinstance(r, InvalidRequest):
-            reject(m, None, r.reason, r.detail, _salvage_delete_ids(m.value))
-            continue
-        if config.federated and r.client_id != config.client_id:
-            reject(m, r, "wrong_client",
-                   f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
-            continue
-        try:
-            if r.op == "add":
-                cs, head, new_head = _judge_add(r, feats.get(i), backbone_of.get(i), overlay, config)
-                if new_head:
-                    overlay.heads[head.head_id] = head
-                overlay.samples[(r.head_id, r.sample_id)] = cs  # type: ignore[index]
-                rows.setdefault(r.head_id, _HeadRows()).add(+1, r.event_id, cs)
-            elif r.op == "delete":
-                cs = overlay.get_sample(r.head_id, r.sample_id)  # type: ignore[arg-type]
-                if cs is None:
-                    raise Rejected("unknown_sample", f"sample {r.sample_id!r} of head {r.head_id!r} is not in the feature cache")
-                if cs.subject_id != r.subject_id:
-                    raise Rejected("subject_mismatch",
-                                  f"sample {r.sample_id!r} was added by another subject than {r.subject_id!r}")
-                overlay.samples[(r.head_id, cs.sample_id)] = None
-                rows.setdefault(r.head_id, _HeadRows()).add(-1, r.event_id, cs)
-            else:  # delete_subject
-                found = overlay.subject_samples(r.head_id, r.subject_id)
-                if not found:
-                    raise Rejected("unknown_subject",
-                                  f"subject {r.subject_id!r} has no cached sample in head {r.head_id!r}")
-                hr = rows.setdefault(r.head_id, _HeadRows())
-                for cs in found:
-                    overlay.samples[(r.head_id, cs.sample_id)] = None
-                    hr.add(-1, r.event_id, cs)
-        except Rejected as rej:
-            reject(m, r, rej.reason, rej.detail)
-            continue
-        accepted += 1
-
-    deltas: list[Delta] = []
-    source_id = format_source_id(partition, messages[-1].offset, config.stream)
-    n_rows = 0
-    for head_id, hr in rows.items():
-        head = overlay.get_head(head_id)
-        assert head is not None, f"rows for head {head_id!r} without head info"
-        n_head = sum(len(items) for items in hr.groups.values())
-        # Rows cost n*(d+c)*8 bytes, a packed ledger ~12*d^2 whatever n: a head whose rows would
-        # not fit comfortably in one message goes packed (the ledger accepts both, same digest).
-        rows_bytes = n_head * (head.dim + max(1, head.label_width)) * 8
-        packed = config.federated or rows_bytes > config.max_message_bytes // 2
-        entries = []
-        for (sign, _kind), items in hr.groups.items():
-            if not items:
-                continue
-            entries.append(_entry(sign, items, head, packed))
-            n_rows += len(items)
-        deltas.append(Delta(head_id, source_id, head.dim, head.frac_bits, head.label_frac_bits, tuple(entries)))
-    return BatchOutcome(partition, messages[-1].offset, deltas, deadletters, receipts, overlay.mutations(),
-                        accepted=accepted, rows=n_rows)
-
-
-def _encode_deadletter_bounded(d: DeadLetter, max_bytes: int) -> bytes:
-    """The record's JSON; a huge original (base64 grows it by 4/3) is truncated, and the detail
-    says so, rather than failing delivery forever."""
-    value = encode_deadletter(d)
-    if len(value) <= max_bytes:
-        return value
-    keep = max(0, max_bytes // 2 - len(d.detail) - 4096)
-    short = DeadLetter(d.original[:keep], d.reason,
-                       f"{d.detail} [original truncated from {len(d.original)} to {keep} bytes]",
-                       d.stage, d.topic, d.partition, d.offset, d.key, d.event_id, d.ts)
-    return encode_deadletter(short)
-
-
-def _resolve_backbone(config: CoreConfig, head_id: str, input_kind: str) -> tuple[str, str]:
-    """(registry name, cache key) of a head's backbone for an input of ``input_kind``."""
-    name = config.head_backbones.get(head_id) or DEFAULT_BACKBONES[input_kind]
-    try:
-        info = backbone_info(name)
-        key = backbone_cache_key(name)
-    except BackboneError as exc:
-        raise Rejected("backbone_unavailable", f"head {head_id!r}: {exc}") from None
-    if info.kind != input_kind:
-        raise Rejected("backbone_mismatch",
-                      f"head {head_id!r} uses backbone {key!r} ({info.kind} inputs), got a {input_kind} input")
-    return name, key
-
-
-def _encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarray | Rejected]:
-    """Encode items with one backbone; per-item rejects for bad inputs. A non-BackboneError from
-    the model (a crash on one odd input, or an out-of-memory on the whole batch) is retried item
-    by item to isolate the culprit; if every item still fails, it is systemic: re-raise."""
-    try:
-        res = encoder(name, items)
-    except BackboneError as exc:
-        if exc.index is None:
-            return [Rejected("backbone_unavailable", str(exc))] * len(items)
-        raise
-    except Exception as exc:
-        if len(items) == 1:
-            raise
-        out: list[np.ndarray | Rejected] = []
-        for item in items:
-            try:
-                out.extend(_encode_group(encoder, name, [item]))
-            except Exception as inner:
-                out.append(Rejected("encode_failed", f"{name}: {type(inner).__name__}: {inner}"))
-        if all(isinstance(o, Rejected) and o.reason == "encode_failed" for o in out):
-            raise exc
-        return out
-    out = [Rejected("undecodable_input", f"{name}: no output for this input")] * len(items)
-    for j, idx in enumerate(res.indices.tolist()):
-        out[idx] = np.asarray(res.features[j], dtype=np.float64)
-    for idx, err in res.errors.items():
-        out[idx] = Rejected("undecodable_input", f"{name}: {err.reason}")
-    return out
-
-
-def _judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str | None, overlay: _Overlay,
-               config: CoreConfig) -> tuple[CachedSample, HeadInfo, bool]:
-    assert r.sample_id is not None and r.input is not None and r.label is not None
-    if overlay.get_sample(r.head_id, r.sample_id) is not None:
-        raise Rejected("duplicate_add", f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
-    if isinstance(feat, Rejected):
-        raise feat
-    if feat is None or backbone_key is None:
-        raise Rejected("undecodable_input", "no features were produced for this input")
-    dim = int(feat.shape[0])
-    head = overlay.get_head(r.head_id)
-    if head is not None:
-        if head.backbone != backbone_key or head.input_kind != r.input.kind:
-            raise Rejected("backbone_mismatch",
-                          f"head {r.head_id!r} uses {head.backbone!r} on {head.input_kind} inputs; this add "
-                          f"resolves to {backbone_key!r} on a {r.input.kind} input")
-        if dim != head.dim:
-            raise Rejected("dimension_mismatch", f"head {r.head_id!r} has d={head.dim}, this add has {dim} features")
-        k, k_y = head.frac_bits, head.label_frac_bits
-    else:
-        fixed = _fixed_dim(backbone_key)
-        if fixed is not None and dim != fixed:
-            raise Rejected("dimension_mismatch", f"backbone {backbone_key!r} has d={fixed}, this add has {dim} features")
-        if dim > config.max_dim:
-            raise Rejected("dimension_too_large",
-                          f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={config.max_dim} for new head {r.head_id!r}")
-        k, k_y = config.frac_bits, config.label_frac_bits
-    kind, width, label = _label_value(r.label, k_y)
-    if head is not None and (kind != head.label_kind or width != head.label_width):
-        what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
-        got = "a class index" if kind == "class" else f"a label vector of width {width}"
-        raise Rejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
-    q = quantize_feature_row(feat, k, config.feature_bound, config.normalize)
-    new_head = head is None
-    if head is None:
-        head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)  # type: ignore[arg-type]
-    cs = CachedSample(r.head_id, r.sample_id, r.subject_id, r.client_id, r.event_id, label, q)
-    return cs, head, new_head
-
-
-def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool) -> RowsEntry | PackedEntry:
-    event_ids = tuple(e for e, _ in items)
-    sample_ids = tuple(cs.sample_id for _, cs in items)
-    subject_ids = tuple(cs.subject_id for _, cs in items)
-    Q = np.stack([cs.q for _, cs in items]).astype(np.int64, copy=False)
-    if items[0][1].label_kind == "class":
-        labels = np.asarray([cs.label for _, cs in items], dtype=np.int64)
-    else:
-        labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)  # type: ignore[misc]
-    if not packed:
-        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q)
-    blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
-    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob)
-
-
-def _salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
+def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
     """For an invalid request that still names a delete with usable ids: the receipt fields, so the
     client that asked is told it was rejected. None otherwise."""
     if raw is None:
@@ -670,3 +378,372 @@ def _salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
         "op": d["op"], "event_id": d["event_id"], "subject_id": d["subject_id"], "head_id": d["head_id"],
         "sample_ids": [sample] if ok(sample) else [],
     }
+
+
+def _encode_deadletter_bounded(d: DeadLetter, max_bytes: int) -> bytes:
+    """The record's JSON; a huge original (base64 grows it by 4/3) is truncated, and the detail
+    says so, rather than failing delivery forever."""
+    value = encode_deadletter(d)
+    if len(value) <= max_bytes:
+        return value
+    keep = max(0, max_bytes // 2 - len(d.detail) - 4096)
+    short = DeadLetter(d.original[:keep], d.reason,
+                       f"{d.detail} [original truncated from {len(d.original)} to {keep} bytes]",
+                       d.stage, d.topic, d.partition, d.offset, d.key, d.event_id, d.ts)
+    return encode_deadletter(short)
+
+
+# --------------------------------------------------------------------------- overlay
+class Overlay:
+    """The cache as seen after the events of this batch judged so far (a :class:`CacheView`), so
+    events of one batch see each other without touching the real cache before the commit."""
+
+    def __init__(self, base: CacheView) -> None:
+        self.base = base
+        self.samples: dict[tuple[str, str], CachedSample | None] = {}  # None: dropped in this batch
+        self.heads: dict[str, HeadInfo] = {}
+
+    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
+        key = (head_id, sample_id)
+        if key in self.samples:
+            return self.samples[key]
+        return self.base.get_sample(head_id, sample_id)
+
+    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
+        found: dict[str, CachedSample] = {}
+        for cs in self.base.subject_samples(head_id, subject_id):
+            if (head_id, cs.sample_id) not in self.samples:
+                found[cs.sample_id] = cs
+        for (h, s), put in self.samples.items():
+            if h == head_id and put is not None and put.subject_id == subject_id:
+                found[s] = put
+        return [found[s] for s in sorted(found)]
+
+    def get_head(self, head_id: str) -> HeadInfo | None:
+        return self.heads.get(head_id) or self.base.get_head(head_id)
+
+    def mutations(self) -> CacheMutations:
+        """The batch's net effect on the cache."""
+        return CacheMutations(
+            put_samples=tuple(v for v in self.samples.values() if v is not None),
+            drop_samples=tuple(k for k, v in self.samples.items() if v is None),
+            put_heads=tuple(self.heads.values()),
+        )
+
+
+class HeadRows:
+    """Rows of one head in one batch, in the four entry groups (the order of a delta's entries)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[int, str], list[tuple[str, CachedSample]]] = {
+            (1, "class"): [], (1, "vector"): [], (-1, "class"): [], (-1, "vector"): [],
+        }
+
+    def add(self, sign: int, event_id: str, cs: CachedSample) -> None:
+        self.groups[(sign, cs.label_kind)].append((event_id, cs))
+
+    def __len__(self) -> int:
+        return sum(len(items) for items in self.groups.values())
+
+
+# --------------------------------------------------------------------------- step 1: check and parse
+def check_batch(messages: Sequence[InMessage]) -> int:
+    """The batch's partition. Raises ValueError unless the batch is non-empty, of one partition and
+    in ascending offsets: events are judged in offset order, and the outcome's last offset (the
+    delta's source id) must cover every message."""
+    if not messages:
+        raise ValueError("featurize_batch needs at least one message")
+    partition = messages[0].partition
+    prev = -1
+    for m in messages:
+        if m.partition != partition:
+            raise ValueError(f"one partition per batch: got {partition} and {m.partition}")
+        if m.offset <= prev:
+            raise ValueError(f"offsets must ascend: {m.offset} after {prev}")
+        prev = m.offset
+    return partition
+
+
+def parse_batch(messages: Sequence[InMessage]) -> list[Request | InvalidRequest]:
+    """Each message's request, or the :class:`InvalidRequest` saying why it is none (kept in place:
+    an invalid message still takes its turn, and its offset, in the batch)."""
+    reqs: list[Request | InvalidRequest] = []
+    for m in messages:
+        try:
+            reqs.append(parse_request(m.value))  # type: ignore[arg-type]
+        except InvalidRequest as exc:
+            reqs.append(exc)
+    return reqs
+
+
+# --------------------------------------------------------------------------- step 2: encode
+@dataclass
+class EncodedAdds:
+    """Per add (by its index in the batch): float64 features or the refusal, and its backbone key."""
+
+    features: dict[int, np.ndarray | Rejected] = field(default_factory=dict)
+    backbones: dict[int, str] = field(default_factory=dict)
+
+
+def route_adds(reqs: Sequence[Request | InvalidRequest],
+               config: CoreConfig) -> tuple[EncodedAdds, dict[str, list[tuple[int, Any]]]]:
+    """Resolve each add's backbone. Feature vectors pass through in float64 as sent (the registry's
+    ``FeaturesBackbone`` casts to float32, so q would differ from what a client computes); text and
+    images are grouped per backbone name for :func:`encode_adds`. Returns (the adds settled so far,
+    the groups to encode). In federated mode another client's adds are skipped: never encode
+    another owner's data (they are refused when judged)."""
+    encoded = EncodedAdds()
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Request) or r.op != "add" or r.input is None:
+            continue
+        if config.federated and r.client_id != config.client_id:
+            continue
+        try:
+            name, key = resolve_backbone(r.head_id, r.input.kind, config.head_backbones.get(r.head_id))
+        except Rejected as rej:
+            encoded.features[i] = rej
+            continue
+        encoded.backbones[i] = key
+        if isinstance(r.input, FeaturesInput):
+            encoded.features[i] = np.asarray(r.input.values, dtype=np.float64)
+        elif isinstance(r.input, TextInput):
+            groups.setdefault(name, []).append((i, r.input.text))
+        elif isinstance(r.input, ImageInput):
+            groups.setdefault(name, []).append((i, r.input.data))
+    return encoded, groups
+
+
+def encode_adds(reqs: Sequence[Request | InvalidRequest], config: CoreConfig, encoder: Encoder) -> EncodedAdds:
+    """Features of every add, encoded in one call per backbone before judging: encoding does not
+    depend on the cache, and a model is fast on batches."""
+    encoded, groups = route_adds(reqs, config)
+    for name, items in groups.items():
+        for (i, _), res in zip(items, encode_group(encoder, name, [p for _, p in items]), strict=True):
+            encoded.features[i] = res
+    return encoded
+
+
+def encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarray | Rejected]:
+    """Encode items with one backbone; per-item rejects for bad inputs. A non-BackboneError from
+    the model (a crash on one odd input, or an out-of-memory on the whole batch) is retried item
+    by item to isolate the culprit; if every item still fails, it is systemic: re-raise."""
+    try:
+        res = encoder(name, items)
+    except BackboneError as exc:
+        if exc.index is None:
+            return [Rejected("backbone_unavailable", str(exc))] * len(items)
+        raise
+    except Exception as exc:
+        if len(items) == 1:
+            raise
+        out: list[np.ndarray | Rejected] = []
+        for item in items:
+            try:
+                out.extend(encode_group(encoder, name, [item]))
+            except Exception as inner:
+                out.append(Rejected("encode_failed", f"{name}: {type(inner).__name__}: {inner}"))
+        if all(isinstance(o, Rejected) and o.reason == "encode_failed" for o in out):
+            raise exc
+        return out
+    out = [Rejected("undecodable_input", f"{name}: no output for this input")] * len(items)
+    for j, idx in enumerate(res.indices.tolist()):
+        out[idx] = np.asarray(res.features[j], dtype=np.float64)
+    for idx, err in res.errors.items():
+        out[idx] = Rejected("undecodable_input", f"{name}: {err.reason}")
+    return out
+
+
+# --------------------------------------------------------------------------- step 3: judge
+def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str | None, view: CacheView,
+              config: CoreConfig) -> tuple[CachedSample, HeadInfo, bool]:
+    """(sample to cache, its head, whether the head is new) for an add; raises :class:`Rejected`.
+    A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
+    add, so every later row of the head is on the same grid and in the same space."""
+    assert r.sample_id is not None and r.input is not None and r.label is not None
+    if view.get_sample(r.head_id, r.sample_id) is not None:
+        raise Rejected("duplicate_add", f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
+    if isinstance(feat, Rejected):
+        raise feat
+    if feat is None or backbone_key is None:
+        raise Rejected("undecodable_input", "no features were produced for this input")
+    dim = int(feat.shape[0])
+    head = view.get_head(r.head_id)
+    if head is not None:
+        if head.backbone != backbone_key or head.input_kind != r.input.kind:
+            raise Rejected("backbone_mismatch",
+                           f"head {r.head_id!r} uses {head.backbone!r} on {head.input_kind} inputs; this add "
+                           f"resolves to {backbone_key!r} on a {r.input.kind} input")
+        if dim != head.dim:
+            raise Rejected("dimension_mismatch", f"head {r.head_id!r} has d={head.dim}, this add has {dim} features")
+        k, k_y = head.frac_bits, head.label_frac_bits
+    else:
+        fixed = fixed_dim(backbone_key)
+        if fixed is not None and dim != fixed:
+            raise Rejected("dimension_mismatch",
+                           f"backbone {backbone_key!r} has d={fixed}, this add has {dim} features")
+        if dim > config.max_dim:
+            raise Rejected("dimension_too_large",
+                           f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={config.max_dim} for new head {r.head_id!r}")
+        k, k_y = config.frac_bits, config.label_frac_bits
+    kind, width, label = quantize_label(r.label, k_y)
+    if head is not None and (kind != head.label_kind or width != head.label_width):
+        what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
+        got = "a class index" if kind == "class" else f"a label vector of width {width}"
+        raise Rejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
+    q = quantize_feature_row(feat, k, config.feature_bound, config.normalize)
+    new_head = head is None
+    if head is None:
+        head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)
+    cs = CachedSample(r.head_id, r.sample_id, r.subject_id, r.client_id, r.event_id, label, q)
+    return cs, head, new_head
+
+
+def judge_delete(r: Request, view: CacheView) -> list[CachedSample]:
+    """The one cached sample a delete removes (its cached q and label, never a raw input); raises
+    :class:`Rejected` unless it is cached and was added by the same subject."""
+    cs = view.get_sample(r.head_id, r.sample_id)  # type: ignore[arg-type]
+    if cs is None:
+        raise Rejected("unknown_sample", f"sample {r.sample_id!r} of head {r.head_id!r} is not in the feature cache")
+    if cs.subject_id != r.subject_id:
+        raise Rejected("subject_mismatch", f"sample {r.sample_id!r} was added by another subject than {r.subject_id!r}")
+    return [cs]
+
+
+def judge_delete_subject(r: Request, view: CacheView) -> list[CachedSample]:
+    """Every cached sample of the subject in the head (by sample id); raises :class:`Rejected` if
+    none, so the client learns the request removed nothing."""
+    found = view.subject_samples(r.head_id, r.subject_id)
+    if not found:
+        raise Rejected("unknown_subject", f"subject {r.subject_id!r} has no cached sample in head {r.head_id!r}")
+    return found
+
+
+@dataclass
+class Judgement:
+    """What judging a batch in offset order decided: the overlay (cache after the batch), the
+    rows per head, and the refusals."""
+
+    overlay: Overlay
+    rows: dict[str, HeadRows] = field(default_factory=dict)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)
+    accepted: int = 0
+
+    def accept_add(self, event_id: str, cs: CachedSample, head: HeadInfo, new_head: bool) -> None:
+        """Cache the sample (and a new head) and give it a ``+q`` row."""
+        if new_head:
+            self.overlay.heads[head.head_id] = head
+        self.overlay.samples[(cs.head_id, cs.sample_id)] = cs
+        self.rows.setdefault(cs.head_id, HeadRows()).add(+1, event_id, cs)
+        self.accepted += 1
+
+    def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample]) -> None:
+        """Drop the samples from the cache and give each a ``-q`` row (all with the delete's event id)."""
+        hr = self.rows.setdefault(head_id, HeadRows())
+        for cs in samples:
+            self.overlay.samples[(head_id, cs.sample_id)] = None
+            hr.add(-1, event_id, cs)
+        self.accepted += 1
+
+    def refuse(self, deadletter: DeadLetter, receipt: Receipt | None) -> None:
+        """Record a refusal (see :func:`refusal`)."""
+        self.deadletters.append(deadletter)
+        if receipt is not None:
+            self.receipts.append(receipt)
+
+
+def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidRequest], encoded: EncodedAdds,
+                cache: CacheView, config: CoreConfig, ts: float) -> Judgement:
+    """Judge the requests in offset order against ``cache`` plus the batch so far, so "add x,
+    delete x" in one batch works and a duplicate add within it is caught."""
+    j = Judgement(Overlay(cache))
+    for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
+        if isinstance(r, InvalidRequest):
+            j.refuse(*refusal(m, None, r.reason, r.detail, config, ts, salvage_delete_ids(m.value)))
+            continue
+        try:
+            if config.federated and r.client_id != config.client_id:
+                raise Rejected("wrong_client",
+                               f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
+            if r.op == "add":
+                j.accept_add(r.event_id, *judge_add(r, encoded.features.get(i), encoded.backbones.get(i),
+                                                    j.overlay, config))
+            elif r.op == "delete":
+                j.accept_deletes(r.head_id, r.event_id, judge_delete(r, j.overlay))
+            else:
+                j.accept_deletes(r.head_id, r.event_id, judge_delete_subject(r, j.overlay))
+        except Rejected as rej:
+            j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
+    return j
+
+
+# --------------------------------------------------------------------------- step 4: assemble
+def use_packed(head: HeadInfo, n_rows: int, config: CoreConfig) -> bool:
+    """Whether a head's delta carries packed ledgers instead of rows: always in federated mode
+    (never per-sample rows), else when rows would not fit comfortably in one message (rows cost
+    n*(d+c)*8 bytes, a packed ledger ~12*d^2 whatever n; the ledger accepts both, same digest)."""
+    rows_bytes = n_rows * (head.dim + max(1, head.label_width)) * 8
+    return config.federated or rows_bytes > config.max_message_bytes // 2
+
+
+def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: str,
+                    config: CoreConfig) -> tuple[list[Delta], int]:
+    """(one delta per head touched, rows over all of them). Entries follow the four groups' order;
+    exact integer sums commute, so this gives the same ledger as the event order."""
+    deltas: list[Delta] = []
+    n_rows = 0
+    for head_id, hr in rows.items():
+        head = heads.get_head(head_id)
+        assert head is not None, f"rows for head {head_id!r} without head info"
+        packed = use_packed(head, len(hr), config)
+        entries = []
+        for (sign, _kind), items in hr.groups.items():
+            if items:
+                entries.append(_entry(sign, items, head, packed))
+                n_rows += len(items)
+        deltas.append(Delta(head_id, source_id, head.dim, head.frac_bits, head.label_frac_bits, tuple(entries)))
+    return deltas, n_rows
+
+
+def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool) -> RowsEntry | PackedEntry:
+    event_ids = tuple(e for e, _ in items)
+    sample_ids = tuple(cs.sample_id for _, cs in items)
+    subject_ids = tuple(cs.subject_id for _, cs in items)
+    Q = np.stack([cs.q for _, cs in items]).astype(np.int64, copy=False)
+    if items[0][1].label_kind == "class":
+        labels = np.asarray([cs.label for _, cs in items], dtype=np.int64)
+    else:
+        labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)
+    if not packed:
+        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q)
+    blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
+    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob)
+
+
+# --------------------------------------------------------------------------- the batch
+def featurize_batch(
+    messages: Sequence[InMessage],
+    cache: CacheView,
+    config: CoreConfig,
+    encoder: Encoder | None = None,
+    *,
+    now: float | None = None,
+) -> BatchOutcome:
+    """Judge one micro-batch of ONE requests partition against ``cache`` (read only).
+
+    Returns the deltas, dead letters, rejected receipts and cache mutations; raises only for
+    programming errors (messages of several partitions, offsets not ascending) or a backbone
+    failure that hits every input of its group (a systemic failure: the worker should stop and
+    be restarted rather than dead-letter everything). Steps: :func:`check_batch`,
+    :func:`parse_batch`, :func:`encode_adds`, :func:`judge_batch`, :func:`assemble_deltas`."""
+    partition = check_batch(messages)
+    ts = time.time() if now is None else float(now)
+    reqs = parse_batch(messages)
+    encoded = encode_adds(reqs, config, encoder or RegistryEncoder("auto"))
+    judged = judge_batch(messages, reqs, encoded, cache, config, ts)
+    last = messages[-1].offset
+    deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
+                                     config)
+    return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),
+                        accepted=judged.accepted, rows=n_rows)

@@ -1,7 +1,7 @@
 """``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
 
-All decisions are in :mod:`services.featurize_core` (pure) and all durable state in
-:mod:`services.feature_cache`; this module moves bytes. Per micro-batch (size- and time-bounded)
+All decisions are in :mod:`streams.featurizer.core` (pure) and all durable state in
+:mod:`streams.featurizer.cache`; this module moves bytes. Per micro-batch (size- and time-bounded)
 and per requests partition (docs/featurizer.md):
 
 1. decide the outcome (``featurize_batch``) against the partition's cache;
@@ -18,6 +18,7 @@ copy, so the ledger skips a duplicate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
@@ -47,6 +48,9 @@ FaultHook = Callable[[str], None]
 """Test hook, called at "after_cache_commit", "after_produce", "after_outbox_ack" and
 "after_offset_commit"; raising there simulates a crash at that point."""
 
+ReadyHook = Callable[[], object]
+"""Called once, after the first partition assignment is in place (caches opened, seeks done)."""
+
 
 class FeaturizerError(RuntimeError):
     """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
@@ -64,7 +68,9 @@ class FeaturizerService:
     """One featurizer process: a consumer group member on the requests topic.
 
     ``run(stop)`` blocks until ``stop`` is set (then finishes the current batch, flushes, commits
-    and returns 0). ``encoder`` replaces the backbone registry (tests); ``fault`` is a crash hook.
+    and returns 0). ``encoder`` replaces the backbone registry (tests); ``fault`` is a crash hook;
+    ``on_ready`` is called once the group has assigned this member its partitions (``ready`` is
+    set then too), which is when a readiness line means something.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class FeaturizerService:
         device: str | None = None,
         encoder: Encoder | None = None,
         fault: FaultHook | None = None,
+        on_ready: ReadyHook | None = None,
     ) -> None:
         if federated and not client_id:
             raise ValueError("--federated needs --client-id (the data owner this site serves)")
@@ -98,6 +105,8 @@ class FeaturizerService:
         self.device = device or settings.device
         self.encoder: Encoder = encoder or RegistryEncoder(self.device)
         self.fault = fault
+        self.on_ready = on_ready
+        self.ready = threading.Event()
         # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
         self.stream_dir = self.topic + (f"[{client_id}]" if federated else "")
         self.caches: dict[int, FeatureCache] = {}
@@ -135,7 +144,7 @@ class FeaturizerService:
         finally:
             try:
                 self._consumer.close()  # leaves the group; on_revoke closes the caches
-            except Exception as exc:  # noqa: BLE001 - closing after a crash
+            except Exception as exc:  # closing after a crash: report, do not mask the crash
                 log.warning("consumer close: %s", exc)
             if clean:
                 self._producer.flush(self.settings.admin_timeout)
@@ -189,10 +198,13 @@ class FeaturizerService:
             consumer.assign(partitions)
         except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
             self._fatal = exc
-            try:
+            with contextlib.suppress(Exception):
                 consumer.unassign()  # consume nothing; the poll loop raises right after
-            except Exception:  # noqa: BLE001
-                pass
+            return
+        if not self.ready.is_set():
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         gone = {tp.partition for tp in partitions}
@@ -203,10 +215,8 @@ class FeaturizerService:
             cache = self.caches.pop(p, None)
             if cache is not None:
                 cache.close()
-        try:
+        with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
             consumer.unassign()
-        except Exception:  # noqa: BLE001 - already unassigned (on_lost, close)
-            pass
 
     # ------------------------------------------------------------------ the loop
     def _poll_batch(self, stop: threading.Event) -> list[Any]:
@@ -283,7 +293,7 @@ class FeaturizerService:
         offsets = [TopicPartition(self.topic, p, last + 1) for p, _, _, _, last in done]
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
-        except Exception as exc:  # noqa: BLE001 - e.g. a rebalance in progress; the cache is authoritative
+        except Exception as exc:  # e.g. a rebalance in progress; the cache is authoritative
             log.warning("offset commit failed (harmless, the cache has the offsets): %s", exc)
         self.stats["batches"] += 1
         self._hook("after_offset_commit")
@@ -311,11 +321,11 @@ class FeaturizerService:
 
 
 # --------------------------------------------------------------------------- CLI
-def featurizer_main(argv: Sequence[str] | None = None) -> int:
-    """``unlearn featurizer [--bootstrap B] [--group G] [--federated --client-id C]
-    [--requests-topic T] [--max-batch N] [--max-ms MS] [--device auto|cpu|cuda]``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``unlearn featurizer`` options: the shared worker options (``add_worker_args``) plus the
+    featurizer's own."""
     parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
-    add_broker_args(parser, "bootstrap")
+    add_worker_args(parser)
     parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
     parser.add_argument("--federated", action="store_true",
                         help="data-owner site: send only packed exact statistics per micro-batch")
@@ -324,16 +334,38 @@ def featurizer_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, help="events per micro-batch (default: UNLEARN_BATCH_MAX_EVENTS)")
     parser.add_argument("--max-ms", type=int, help="micro-batch time bound (default: UNLEARN_BATCH_MAX_MS)")
     parser.add_argument("--device", help="auto | cpu | cuda[:N] (default: UNLEARN_DEVICE)")
-    add_broker_args(parser, "prefix", "profile")
-    parser.add_argument("--data-dir", help="feature cache location (default: UNLEARN_DATA_DIR)")
+    return parser
+
+
+def featurizer_main(argv: Sequence[str] | None = None) -> int:
+    """``unlearn featurizer``: run until SIGINT/SIGTERM, then finish the current batch and exit 0.
+    Exit 2 for bad arguments, missing topics or an unavailable device (restarting will not help);
+    exit 1 for a fatal error at run time (restarting resumes from the cache)."""
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return cli_exit_code(exc)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(args.loglevel)
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        # Installed before the startup checks, so a stop request at any point ends cleanly.
+        def _on_signal(signum: int, _frame: object) -> None:
+            log.info("signal %d: finishing the current batch", signum)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
     try:
-        settings = settings_from_args(args, data_dir=args.data_dir, device=args.device)
+        return _run_cli(args, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
+    try:
+        settings = settings_from_args(args, device=args.device)
     except ValueError as exc:
         return cli_exit_code(exc)
     try:
@@ -349,26 +381,18 @@ def featurizer_main(argv: Sequence[str] | None = None) -> int:
         # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
         c = service.config
         wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic])
-    except Exception as exc:  # noqa: BLE001 - bad arguments, missing topics, no CUDA
+    except Exception as exc:  # bad arguments, missing topics, no CUDA: exit 2, a restart will not help
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        def _on_signal(signum: int, _frame: object) -> None:
-            log.info("signal %d: finishing the current batch", signum)
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
+    if stop.is_set():
+        return 0
+    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.topic,
+                                         data_dir=str(settings.data_dir))
     try:
         return service.run(stop)
-    except Exception as exc:  # noqa: BLE001 - fatal: report and exit non-zero (restart resumes from the cache)
+    except Exception as exc:  # fatal: report and exit non-zero (a restart resumes from the cache)
         log.error("featurizer failed: %s", exc, exc_info=True)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,7 +67,7 @@ def test_registry_names_info_and_keys() -> None:
     assert backbone_cache_key("efficientnet-lite0") == "efficientnet-lite0@112px"
     assert backbone_cache_key("efficientnet-lite0", image_size=224) == "efficientnet-lite0@224px"
     assert backbone_cache_key("features:64") == "features:64"
-    with pytest.raises(BackboneError, match="unknown backbone 'resnet9000'.*efficientnet-lite0"):
+    with pytest.raises(BackboneError, match=r"unknown backbone 'resnet9000'.*efficientnet-lite0"):
         get_backbone("resnet9000")
     with pytest.raises(BackboneError, match="features:<positive int>"):
         get_backbone("features:0")
@@ -93,7 +93,8 @@ def test_features_passthrough_rejects_bad_items_by_index() -> None:
     b = get_backbone("features", dim=3)
     assert b is get_backbone("features:3")  # same (name, device, options) -> same instance
     good = [0.1, -0.2, 0.3]
-    res = b.encode_checked([good, [1.0, float("nan"), 0.0], [1.0, 2.0], "1,2,3", [1e39, 0.0, 0.0], [1, float("-inf"), 2], good])
+    res = b.encode_checked([good, [1.0, float("nan"), 0.0], [1.0, 2.0], "1,2,3", [1e39, 0.0, 0.0],
+                            [1, float("-inf"), 2], good])
     assert res.indices.tolist() == [0, 6]
     assert res.features.dtype == np.float32 and res.features.shape == (2, 3)
     np.testing.assert_array_equal(res.features[0], np.float32(good))
@@ -229,7 +230,7 @@ def test_minilm_embeddings(minilm: Backbone) -> None:
 
 
 def test_minilm_per_item_errors(minilm: Backbone) -> None:
-    res = minilm.encode_checked(["hello world", "", 42, "hello world".encode(), b"\xff\xfe bad"])
+    res = minilm.encode_checked(["hello world", "", 42, b"hello world", b"\xff\xfe bad"])
     assert res.indices.tolist() == [0, 3]
     assert sorted(res.errors) == [1, 2, 4]
     assert "empty text" in str(res.errors[1]) and "UTF-8" in str(res.errors[4])

@@ -15,8 +15,8 @@ from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.streams.featurizer.cache import CacheError, FeatureCache, cache_path
 from unlearn.streams.featurizer.core import (
-    CacheMutations,
     CachedSample,
+    CacheMutations,
     CoreConfig,
     HeadInfo,
     InMessage,

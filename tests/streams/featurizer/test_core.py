@@ -8,25 +8,43 @@ import numpy as np
 import orjson
 import pytest
 
+from unlearn.features.backbones import BackboneError, EncodeResult
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request
+from unlearn.schemas.envelope import (
+    FeaturesInput,
+    ImageInput,
+    InvalidRequest,
+    Request,
+    TextInput,
+    encode_request,
+    parse_request,
+)
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.features.backbones import BackboneError, EncodeResult
+from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 from unlearn.streams.featurizer.core import (
-    CacheMutations,
     CachedSample,
+    CacheMutations,
     CoreConfig,
     HeadInfo,
     InMessage,
     RegistryEncoder,
+    Rejected,
+    assemble_deltas,
+    check_batch,
+    encode_adds,
     featurize_batch,
-    format_source_id,
-    parse_source,
-    parse_source_id,
+    judge_add,
+    judge_batch,
+    judge_delete,
+    judge_delete_subject,
+    parse_batch,
     quantize_feature_row,
-    source_stream,
+    refusal,
+    route_adds,
+    salvage_delete_ids,
+    use_packed,
 )
 
 K = 30
@@ -131,7 +149,8 @@ def test_adds_give_rows_equal_to_quantizer_on_l2_normalized_inputs() -> None:
     assert out.deadletters == [] and out.receipts == [] and out.accepted == 6 and out.rows == 6
     assert out.last_offset == 15 and out.partition == 0
     (delta,) = out.deltas
-    assert (delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits) == ("h", "requests/0@15", 5, K, 0)
+    assert ((delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits)
+            == ("h", "requests/0@15", 5, K, 0))
     (entry,) = delta.entries
     assert isinstance(entry, RowsEntry) and entry.sign == 1
     assert entry.event_ids == tuple(f"e{i}" for i in range(6))
@@ -158,7 +177,8 @@ def test_delete_and_delete_subject_use_the_cached_q_and_label() -> None:
     for sample, subj, head, q, y in [("a", "s1", "h", [1, 2, 3], 4), ("c", "s1", "h", [7, 8, 9], 0),
                                      ("b", "s1", "h", [4, 5, 6], 1), ("d", "s2", "h", [0, 0, 1], 2),
                                      ("e", "s1", "g", [3, 3, 3], 5)]:
-        cache.samples[(head, sample)] = CachedSample(head, sample, subj, "c1", f"add-{sample}", y, np.array(q, np.int64))
+        cache.samples[(head, sample)] = CachedSample(head, sample, subj, "c1", f"add-{sample}", y,
+                                                     np.array(q, np.int64))
     out = featurize_batch(batch(delete("del-d", "h", "s2", "d"), delete_subject("forget-s1", "h", "s1")),
                           cache, cfg(), no_encoder)
     assert out.deadletters == [] and out.accepted == 2 and out.rows == 4
@@ -453,3 +473,76 @@ def test_oversized_row_deltas_go_packed_and_huge_deadletters_are_truncated() -> 
     (msg,) = out.messages(cfg(max_message_bytes=20_000))
     rec = decode_deadletter(msg.value)
     assert len(msg.value) <= 20_000 and "truncated from 50000" in rec.detail and rec.reason == "not_json"
+
+
+# --------------------------------------------------------------------------- the steps, one by one
+def test_steps_parse_encode_judge_assemble() -> None:
+    """featurize_batch is check -> parse -> encode -> judge -> assemble; each step on its own."""
+    msgs = batch(add("a", "h", "s", "x", [3, 4], 1), b"not json", delete("d", "h", "s", "x"),
+                 delete("d2", "h", "s", "gone"), start=7)
+    assert check_batch(msgs) == 0
+    reqs = parse_batch(msgs)
+    assert isinstance(reqs[1], InvalidRequest) and reqs[1].reason == "not_json"
+    assert [r.op for r in reqs if isinstance(r, Request)] == ["add", "delete", "delete"]
+
+    encoded, groups = route_adds(reqs, cfg())
+    assert groups == {} and encoded.backbones == {0: "features"}  # vectors pass through, float64
+    assert encoded.features[0].dtype == np.float64
+    assert encode_adds(reqs, cfg(), no_encoder).backbones == encoded.backbones
+
+    judged = judge_batch(msgs, reqs, encoded, MemCache(), cfg(), ts=5.0)
+    assert judged.accepted == 2  # the add, and the delete that sees it through the overlay
+    assert [(d.offset, d.reason) for d in judged.deadletters] == [(8, "not_json"), (10, "unknown_sample")]
+    assert [(r.event_id, r.reason) for r in judged.receipts] == [("d2", "unknown_sample")]
+    assert judged.overlay.mutations().drop_samples == (("h", "x"),)
+    assert len(judged.rows["h"]) == 2
+
+    deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, "requests/0@10", cfg())
+    (delta,) = deltas
+    assert n_rows == 2 and delta.source_id == "requests/0@10" and [e.sign for e in delta.entries] == [1, -1]
+    np.testing.assert_array_equal(delta.entries[0].q[0], ref_q([3, 4]))
+
+
+def test_judge_steps_are_pure_decisions() -> None:
+    cache = MemCache()
+    head = HeadInfo("h", "features", "features", 2, "class", 0, K, 0)
+    cache.heads["h"] = head
+    cs = CachedSample("h", "x", "s", "c1", "add-x", 1, np.array([1, 2], np.int64))
+    cache.samples[("h", "x")] = cs
+    req = parse_request
+    assert judge_delete(req(delete("d", "h", "s", "x")), cache) == [cs]
+    with pytest.raises(Rejected) as exc:
+        judge_delete(req(delete("d", "h", "other", "x")), cache)
+    assert exc.value.reason == "subject_mismatch"
+    assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache) == [cs]
+    with pytest.raises(Rejected, match="unknown_subject"):
+        judge_delete_subject(req(delete_subject("ds", "h", "nobody")), cache)
+    new, got_head, is_new = judge_add(req(add("a", "h", "s", "y", [0, 2], 0)), np.array([0.0, 2.0]), "features",
+                                      cache, cfg())
+    assert got_head is head and not is_new and new.q.tolist() == ref_q([0, 2]).tolist()
+    with pytest.raises(Rejected, match="duplicate_add"):
+        judge_add(req(add("a", "h", "s", "x", [0, 2], 0)), np.array([0.0, 2.0]), "features", cache, cfg())
+    with pytest.raises(Rejected, match="dimension_mismatch"):
+        judge_add(req(add("a", "h", "s", "z", [1, 2, 3], 0)), np.array([1.0, 2, 3]), "features", cache, cfg())
+    assert cache.samples.keys() == {("h", "x")}  # nothing was written: the caller applies decisions
+
+
+def test_refusal_gives_receipts_only_for_deletes() -> None:
+    (m,) = batch(delete("d", "h", "s", "x"))
+    dl, receipt = refusal(m, parse_request(m.value), "unknown_sample", "gone", cfg(), 1.0)
+    assert dl.reason == "unknown_sample" and dl.event_id == "d" and dl.stage == "featurizer"
+    assert receipt is not None and receipt.reason == "unknown_sample" and receipt.sample_ids == ("x",)
+    (m,) = batch(add("a", "h", "s", "x", [1, 0]))
+    assert refusal(m, parse_request(m.value), "duplicate_add", "dup", cfg(), 1.0)[1] is None
+    bad = raw(op="delete", event_id="e", subject_id="s", head_id="h", sample_id="x", client_id=7)
+    ids = salvage_delete_ids(bad)
+    assert ids == {"op": "delete", "event_id": "e", "subject_id": "s", "head_id": "h", "sample_ids": ["x"]}
+    assert salvage_delete_ids(raw(op="add", event_id="e", subject_id="s", head_id="h")) is None
+    assert salvage_delete_ids(b"\xff") is None and salvage_delete_ids(None) is None
+
+
+def test_packed_choice() -> None:
+    head = HeadInfo("h", "features", "features", 4, "class", 0, K, 0)
+    assert not use_packed(head, 10, cfg())
+    assert use_packed(head, 11, cfg(max_message_bytes=800))  # 11 * 5 * 8 = 440 > 400
+    assert use_packed(head, 1, cfg(federated=True, client_id="c1"))

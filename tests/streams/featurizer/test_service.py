@@ -95,7 +95,7 @@ class Running:
     def _run(self) -> None:
         try:
             self.result = self.service.run(self.stop_event)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             self.error = exc
 
     def stop(self, timeout: float = 30.0) -> object:
@@ -276,7 +276,7 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
     else:
         # the first batch went out twice; deltas are skipped by source id, dead letters repeat
         assert "duplicate_add" not in set(dls) - set(reasons) and set(dls) == set(reasons)
-        raw, raw_events = ledgers_from(got["deltas"], dedup=False)
+        _, raw_events = ledgers_from(got["deltas"], dedup=False)
         assert len(raw_events) > len(events)  # without the rule the ledger would double count
 
 
@@ -305,7 +305,7 @@ def test_federated_site_sends_only_packed_statistics(settings: Settings, tmp_pat
         for head in ("h1", "h2"):
             assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
         dls = sorted(decode_deadletter(m.value()).reason for m in got["deadletter"])
-        assert dls == sorted(reasons + ["wrong_client"])
+        assert dls == sorted([*reasons, "wrong_client"])
     finally:
         delete_topics(settings, [settings.topic(site_topic)])
 
@@ -320,7 +320,8 @@ def test_cli_exits_zero_on_sigterm_after_finishing(settings: Settings, tmp_path:
             "sys.exit(featurizer_main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "--bootstrap", s.bootstrap, "--group", "fz-cli",
                              "--max-batch", "4", "--max-ms", "10", "--device", "cpu"],
-                            cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     reader = Reader(s, ("deltas",))
     try:
         got = reader.until(lambda g: len(ledgers_from(g["deltas"])[1]) >= 6, timeout=60)
@@ -330,7 +331,12 @@ def test_cli_exits_zero_on_sigterm_after_finishing(settings: Settings, tmp_path:
         reader.close()
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    log = out.decode(errors="replace")
+    assert proc.returncode == 0, log[-3000:]
+    # one readiness line (after the assignment), and a clean stop: no traceback, nothing at ERROR
+    ready = [line for line in log.splitlines() if "unlearn featurizer ready" in line]
+    assert len(ready) == 1 and "group='fz-cli'" in ready[0] and f"requests_topic={s.topic('requests')!r}" in ready[0]
+    assert "Traceback" not in log and "[ERROR]" not in log, log[-3000:]
     assert sorted(ledgers_from(got["deltas"])[1]) == sorted(f"a{i}" for i in range(6))
     committed = committed_offsets(s, "fz-cli", s.topic("requests"))
     assert sum(o for o in committed.values() if o > 0) == len(reqs)
@@ -378,5 +384,6 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     from unlearn.streams.featurizer.service import featurizer_main
 
     assert featurizer_main(["--no-such-flag"]) == 2
+    assert featurizer_main(["--loglevel", "chatty"]) == 2
     assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--federated"]) == 2  # no --client-id
     assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--client-id", "x"]) == 2  # not federated
