@@ -1,0 +1,45 @@
+"""``unlearn verify``: replay a head's deltas through the pure exact ledger and certify the live head.
+
+docs/verifier.md has the full story. The package, by concept:
+
+- ``reading``: what is read (the shared ``infra.topic_reader``), which head update is live.
+- ``export``: the ``ULDX`` export file (``unlearn export-deltas``, ``verify --deltas-file``).
+- ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/head_runtime.py``).
+- ``orders``: the add-before-delete DAG, shuffled orders, partitionings, the retained rows.
+- ``checks``: one function per check on the replay's ``Evidence``.
+- ``certificate``: ``Check`` and ``Certificate`` (``unlearn.verify/v1``).
+- ``certify``: ``verify`` (pure, records in memory), ``verify_broker``, ``verify_head``, ``verify_file``.
+- ``cli``: ``verify_main``, ``export_deltas_main``.
+- ``errors``: ``VerifyError``, "could not run" as opposed to a failed check.
+
+Records are ``unlearn.infra.topic_reader.LogRecord``.
+"""
+
+from __future__ import annotations
+
+from .certificate import CERTIFICATE_SCHEMA, Certificate, Check
+from .certify import verify, verify_broker, verify_file, verify_head
+from .cli import export_deltas_main, verify_main
+from .errors import VerifyError
+from .export import EXPORT_MAGIC, export_deltas, read_export, write_export
+from .reading import read_head_updates
+from .replay import replay_log
+
+__all__ = [
+    "CERTIFICATE_SCHEMA",
+    "EXPORT_MAGIC",
+    "Certificate",
+    "Check",
+    "VerifyError",
+    "export_deltas",
+    "export_deltas_main",
+    "read_export",
+    "read_head_updates",
+    "replay_log",
+    "verify",
+    "verify_broker",
+    "verify_file",
+    "verify_head",
+    "verify_main",
+    "write_export",
+]

@@ -9,11 +9,13 @@ testable without a broker.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
-from unlearn.ledger import ExactLedger, LedgerError, NonMemberDelete, TrackedHead
+from unlearn.ledger import ExactLedger, LedgerError, NonMemberDelete, TrackedHead, UpdateReport
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.source_id import dedup_key
@@ -23,6 +25,11 @@ from .snapshot import HeadMeta
 
 #: ("<stream>/<partition>", offset) of a delta's source: skips deltas a featurizer re-produced.
 parse_source_id = dedup_key
+
+#: Why a deltas message is skipped whole ("" = it applies).
+SkipReason = Literal["", "redelivered", "duplicate_source"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -128,32 +135,13 @@ class HeadRuntime:
     def apply(self, delta: Delta, offset: int, partition: int) -> ApplyOutcome:
         """Apply one deltas message at input ``offset``. Entries apply atomically one by one; a bad
         entry is rejected (state untouched) and the others proceed."""
-        if offset <= self.applied_offset:
-            return ApplyOutcome(skipped="redelivered")
-        src = parse_source_id(delta.source_id)
-        if src is not None and src[1] <= self.source_offsets.get(src[0], -1):
-            # the same requests were already applied from an earlier copy of this delta
-            self.applied_offset = offset
-            return ApplyOutcome(skipped="duplicate_source")
+        skipped = admit(self, delta, offset)
+        if skipped:
+            return ApplyOutcome(skipped=skipped)
         out = ApplyOutcome()
-        grid = (delta.d, delta.frac_bits, delta.label_frac_bits)
-        mine = (self.ledger.dim, self.ledger.frac_bits, self.ledger.label_frac_bits)
-        for i, entry in enumerate(delta.entries):
-            if grid != mine:
-                reason = "dimension_mismatch" if delta.d != self.ledger.dim else "grid_mismatch"
-                out.rejections.append(_reject(i, entry, reason,
-                                              f"delta has (d, frac_bits, label_frac_bits) = {grid}, head {self.head_id!r} has {mine}"))
-                continue
-            try:
-                if isinstance(entry, RowsEntry):
-                    rep = (self.tracked.add if entry.sign > 0 else self.tracked.delete)(entry.q, entry.labels)
-                else:
-                    rep = self.tracked.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
-            except NonMemberDelete as exc:
-                out.rejections.append(_reject(i, entry, "non_member_delete", str(exc)))
-                continue
-            except LedgerError as exc:
-                out.rejections.append(_reject(i, entry, "invalid_entry", str(exc)))
+        for _, entry, rep in apply_entries(self.head_id, delta, self.ledger, self._apply_entry):
+            if isinstance(rep, Rejection):
+                out.rejections.append(rep)
                 continue
             if rep.reset_reason:
                 out.reset_reason = rep.reset_reason
@@ -162,13 +150,16 @@ class HeadRuntime:
             self.events_covered += len(set(entry.event_ids))
             if entry.sign < 0:
                 out.deletes.extend(_group_deletes(entry))
-        self.applied_offset = offset
+        record_applied(self, delta, offset)
         self.input_partition = partition
-        if src is not None:
-            self.source_offsets[src[0]] = src[1]
         self.version += 1
         self.dirty_since_snapshot += 1
         return out
+
+    def _apply_entry(self, entry: RowsEntry | PackedEntry) -> UpdateReport:
+        if isinstance(entry, RowsEntry):
+            return (self.tracked.add if entry.sign > 0 else self.tracked.delete)(entry.q, entry.labels)
+        return self.tracked.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
 
     def timed_reset_due(self, every_seconds: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -178,6 +169,69 @@ class HeadRuntime:
         """Canonical head now (timer or operator request). The version is unchanged: same ledger."""
         self.tracked.reset(reason)
         self.last_reset_at = time.monotonic()
+
+
+# --------------------------------------------------------------------------- admission rules
+# Module functions, not methods, so the replay verifier (services/verifier/replay.py) applies the
+# very same rules to a bare ExactLedger instead of re-coding them.
+class InputPosition(Protocol):
+    """Where a head is in its deltas input (HeadRuntime, or the verifier's replay)."""
+
+    applied_offset: int
+    source_offsets: dict[str, int]
+
+
+def creates_head(delta: Delta) -> bool:
+    """A head is created by its first delta with an add; a delete-only delta before that is
+    rejected as ``unknown_head`` (there is nothing to delete from)."""
+    return any(e.sign > 0 for e in delta.entries)
+
+
+def admit(pos: InputPosition, delta: Delta, offset: int) -> SkipReason:
+    """"" when the deltas message at ``offset`` applies, else why it is skipped whole: an offset at or
+    below the last applied one is ``redelivered``; a source offset not beyond what was applied from
+    that source is a ``duplicate_source`` (a featurizer's outbox replay), which still moves
+    ``pos.applied_offset`` past the message so it is not looked at again."""
+    if offset <= pos.applied_offset:
+        return "redelivered"
+    src = parse_source_id(delta.source_id)
+    if src is not None and src[1] <= pos.source_offsets.get(src[0], -1):
+        # the same requests were already applied from an earlier copy of this delta
+        pos.applied_offset = offset
+        return "duplicate_source"
+    return ""
+
+
+def record_applied(pos: InputPosition, delta: Delta, offset: int) -> None:
+    """After ``delta`` at ``offset`` applied: later redeliveries and copies of its source are skipped."""
+    pos.applied_offset = offset
+    src = parse_source_id(delta.source_id)
+    if src is not None:
+        pos.source_offsets[src[0]] = src[1]
+
+
+def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
+                  apply_entry: Callable[[RowsEntry | PackedEntry], _T]
+                  ) -> Iterator[tuple[int, RowsEntry | PackedEntry, _T | Rejection]]:
+    """The per-entry rules: yields (index, entry, what ``apply_entry`` returned, or a Rejection).
+    An entry off ``ledger``'s grid is rejected unapplied; an entry ``apply_entry`` refuses
+    (NonMemberDelete, LedgerError; it must leave state untouched then) is rejected and the next
+    one proceeds. Lazy: each entry applies when its result is taken."""
+    grid = (delta.d, delta.frac_bits, delta.label_frac_bits)
+    mine = (ledger.dim, ledger.frac_bits, ledger.label_frac_bits)
+    for i, entry in enumerate(delta.entries):
+        if grid != mine:
+            reason = "dimension_mismatch" if delta.d != ledger.dim else "grid_mismatch"
+            yield i, entry, _reject(i, entry, reason,
+                                    f"delta has (d, frac_bits, label_frac_bits) = {grid}, head {head_id!r} has {mine}")
+            continue
+        try:
+            result: _T | Rejection = apply_entry(entry)
+        except NonMemberDelete as exc:
+            result = _reject(i, entry, "non_member_delete", str(exc))
+        except LedgerError as exc:
+            result = _reject(i, entry, "invalid_entry", str(exc))
+        yield i, entry, result
 
 
 def _reject(i: int, entry: RowsEntry | PackedEntry, reason: str, detail: str) -> Rejection:

@@ -1,0 +1,103 @@
+"""Certify a head: run the checks on records from memory (``verify``), the broker
+(``verify_broker``, ``verify_head``) or an export file (``verify_file``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import LogRecord
+from unlearn.schemas.head_codec import HeadUpdate
+
+from .certificate import Certificate, head_json
+from .checks import Evidence, run_checks
+from .errors import VerifyError
+from .export import read_export
+from .reading import delta_head, read_head_records, read_head_updates
+
+
+def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None, head_id: str, *,
+           orders: int = 3, partitionings: int = 3, seed: int | None = None, tolerance: float = 1e-8,
+           source: dict[str, Any] | None = None, require_live: bool = True,
+           gamma: float | None = None) -> Certificate:
+    """Run every check on a head's deltas (log order) and its head updates (log order; None when
+    there are none to compare with). ``require_live``: a missing live head fails the live check
+    (broker mode) instead of skipping it (a file exported without heads). ``gamma`` is used for
+    the retrain reference only when no head update says which gamma the head has.
+
+    Runs with one BLAS thread: the replays are many small exact GEMMs, which a multithreaded BLAS
+    only slows down on a shared box (~3x here); results are exact integers either way."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        seed = int(seed) if seed is not None else secrets.randbits(63)  # recorded: the run can be redone
+        rng = np.random.default_rng(seed)
+        ev = Evidence.gather(delta_records, head_updates, head_id)
+        rep = ev.replay
+        warnings: list[str] = []
+        if len(rep.partitions) > 1:
+            warnings.append(f"the head's deltas are on {len(rep.partitions)} partitions {sorted(rep.partitions)}: "
+                            "deltas must be keyed by head id; their live order is undefined (replayed by partition)")
+        checks = run_checks(ev, rng, orders=orders, partitionings=partitionings, tolerance=tolerance,
+                            require_live=require_live, gamma=gamma)
+        if rep.pending:
+            warnings.append(f"{rep.pending} deltas messages beyond the live head's version {rep.version} are not "
+                            "yet covered by a published head (the ledger worker may be behind)")
+        live_json = head_json(ev.latest) if ev.latest is not None else None
+        return Certificate(head_id, source or {}, checks, rep.to_json(ev.digest), live_json, seed, warnings)
+
+
+def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None, partitionings: int | None = None,
+                  seed: int | None = None, tolerance: float | None = None, timeout: float = 60.0) -> Certificate:
+    """Read the head's deltas and head updates from the broker and verify them. ``heads`` is read
+    first, so the deltas read always cover the live head. VerifyError when a topic cannot be read."""
+    heads = read_head_records(settings, settings.topic("heads"), head_id, timeout)
+    deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
+    updates, bad = read_head_updates(heads, head_id)
+    cert = verify(deltas, updates, head_id,
+                  orders=settings.verify_orders if orders is None else orders,
+                  partitionings=settings.verify_partitionings if partitionings is None else partitionings,
+                  seed=seed, tolerance=settings.verify_tolerance if tolerance is None else tolerance,
+                  source={"kind": "broker", "bootstrap": settings.bootstrap,
+                          "deltas_topic": settings.topic("deltas"), "heads_topic": settings.topic("heads")},
+                  require_live=True)
+    if bad:
+        cert.warnings.append(f"{bad} undecodable messages keyed {head_id!r} on {settings.topic('heads')}")
+    return cert
+
+
+def verify_head(settings: Settings, head_id: str, *, orders: int | None = None, partitions: int | None = None,
+                seed: int | None = None, tolerance: float | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    """``verify_broker`` as a JSON-ready certificate (``ok``, ``summary``, ``retrain_deviation``,
+    ``checks``, ...) for callers such as the demo; ``{"ok": False, "error": ...}`` when the
+    verification cannot run (broker unreachable, topic missing)."""
+    try:
+        cert = verify_broker(settings, head_id, orders=orders, partitionings=partitions, seed=seed,
+                             tolerance=tolerance, timeout=timeout)
+    except VerifyError as exc:
+        return {"ok": False, "head_id": head_id, "error": str(exc)}
+    return cert.to_json()
+
+
+def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3, partitionings: int = 3,
+                seed: int | None = None, tolerance: float = 1e-8, gamma: float | None = None) -> Certificate:
+    """Verify an export file (``export_deltas`` / ``unlearn export-deltas``) without a broker.
+    ``head_id`` may be left out when the file holds one head's deltas."""
+    deltas, heads = read_export(path)
+    if head_id is None:
+        ids = {h for h in (delta_head(r) for r in deltas) if h is not None}
+        if len(ids) != 1:
+            raise VerifyError(f"{path} holds deltas of {len(ids)} heads {sorted(ids)[:10]}: pass --head")
+        head_id = ids.pop()
+    updates, bad = read_head_updates(heads, head_id)
+    cert = verify(deltas, updates if heads else None, head_id, orders=orders, partitionings=partitionings,
+                  seed=seed, tolerance=tolerance, source={"kind": "file", "path": str(path)}, require_live=False,
+                  gamma=gamma)
+    if bad:
+        cert.warnings.append(f"{bad} undecodable head messages in {path}")
+    return cert

@@ -1,0 +1,328 @@
+"""The checks, one function each, on the ``Evidence`` of one head (docs/verifier.md, "Checks").
+
+Each function returns its ``Check`` (``pass``, ``fail`` or ``skipped`` with why); ``run_checks``
+runs them in the certificate's order. The shuffled orders and the partitionings draw from one
+random generator in that order, so a seed reproduces a certificate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unlearn.infra.topic_reader import LogRecord
+from unlearn.ledger import (
+    ExactLedger,
+    LedgerError,
+    centralized_retrain,
+    one_hot,
+    posterior_inverse,
+    retrain_deviation,
+    solve_head,
+)
+from unlearn.ledger.smw import relative_deviation
+from unlearn.schemas.head_codec import HeadUpdate
+
+from .certificate import Check
+from .orders import (
+    Dependencies,
+    apply_units,
+    components,
+    dependencies,
+    partitioned_digest,
+    retained_rows,
+    shuffled_digest,
+)
+from .reading import live_updates
+from .replay import UNIT_CLASS_ROW, UNIT_VECTOR_ROW, LogReplay, Units, replay_log
+
+
+@dataclass
+class Evidence:
+    """What the checks look at: the log-order replay up to the live head's version, its units'
+    dependency DAG and sample groups, and the head updates (the live one and the latest exact)."""
+
+    head_id: str
+    replay: LogReplay
+    updates: list[HeadUpdate]
+    latest: HeadUpdate | None
+    latest_exact: HeadUpdate | None
+    digest: str | None  # the replay ledger's: the baseline every other digest must equal
+    deps: Dependencies
+    comps: list[list[int]]
+    _solved: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def gather(cls, delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None,
+               head_id: str) -> Evidence:
+        """Replay to the live head's version (so every digest describes the events it covers),
+        keeping a ledger copy at the latest exact update's version for the canonical check."""
+        updates = list(head_updates or [])
+        latest, latest_exact = live_updates(updates)
+        stop = latest.version if latest is not None else None
+        capture = {v for v in (stop, latest_exact.version if latest_exact else None) if v}
+        rep = replay_log(delta_records, head_id, stop, capture)
+        digest = rep.ledger.digest() if rep.ledger is not None else None
+        return cls(head_id, rep, updates, latest, latest_exact, digest, dependencies(rep.units),
+                   components(rep.units))
+
+    @property
+    def units(self) -> Units:
+        return self.replay.units
+
+    @property
+    def ledger(self) -> ExactLedger | None:
+        return self.replay.ledger
+
+    @property
+    def unmatched(self) -> list[int]:
+        return self.deps.unmatched
+
+    def retained(self) -> list[int] | None:
+        """Row units of the retained multiset, when derivable and there is a replay."""
+        return retained_rows(self.units, self.deps) if self.digest is not None else None
+
+    def head_weights(self, version: int, gamma: float) -> np.ndarray:
+        """``solve_head`` of the replayed ledger at ``version``, solved once for the canonical and the
+        retrain checks (the solve is deterministic, so sharing it changes no result)."""
+        key = (version, gamma)
+        if key not in self._solved:
+            led = self.replay.at_version.get(version)
+            if led is None and version == self.replay.version:
+                led = self.ledger
+            if led is None:
+                raise KeyError(f"the replay has no ledger at version {version}")
+            self._solved[key] = solve_head(led, gamma)
+        return self._solved[key]
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.ascontiguousarray(a, "<f8").tobytes() == np.ascontiguousarray(b, "<f8").tobytes()
+
+
+def check_log_replay(ev: Evidence) -> Check:
+    """At least one delta applied in log order: its digest is the baseline."""
+    rep = ev.replay
+    if ev.ledger is None or rep.version == 0:
+        return Check("log_replay", "fail", f"no applicable deltas for head {ev.head_id!r} "
+                     f"({rep.messages} messages read)")
+    return Check("log_replay", "pass", f"{rep.version} messages applied in log order, digest {ev.digest}",
+                 {"digest": ev.digest})
+
+
+def check_delete_matching(ev: Evidence) -> Check | None:
+    """Every accepted delete matches an earlier add of its sample ids: the ledger's non-member test
+    (counts, class counts, diagonal of S) lets a ghost delete of a known class through. Only
+    reported when it fails."""
+    if not ev.unmatched:
+        return None
+    return Check("delete_matching", "fail",
+                 f"{len(ev.unmatched)} accepted delete units name samples with no earlier retained add "
+                 "(the ledger's counts allowed them, but they remove rows that were never added)",
+                 {"units": ev.unmatched[:20]})
+
+
+def check_shuffled_orders(ev: Evidence, orders: int, rng: np.random.Generator) -> Check:
+    """``orders`` random valid orders of the units, in random batches, give the baseline digest."""
+    base = ev.digest
+    if base is None or orders <= 0:
+        return Check("shuffled_orders", "skipped", "no orders requested" if base else "nothing to replay")
+    digests: list[str] = []
+    info: list[dict[str, Any]] = []
+    err = None
+    for _ in range(orders):
+        try:
+            dg, _, meta = shuffled_digest(ev.units, rng, ev.deps)
+        except LedgerError as exc:
+            err = f"a shuffled order was refused by the ledger: {exc}"
+            break
+        digests.append(dg)
+        info.append(meta)
+    bad = [i for i, dg in enumerate(digests) if dg != base]
+    ok = err is None and not bad
+    return Check("shuffled_orders", "pass" if ok else "fail",
+                 (f"{orders} random orders ({len(ev.units)} units) give the log-order digest" if ok
+                  else err or f"orders {bad} give different digests"),
+                 {"digests": digests, "orders": info})
+
+
+def check_repartitionings(ev: Evidence, partitionings: int, rng: np.random.Generator) -> Check:
+    """``partitionings`` random partitionings, each merged, give the baseline digest (skipped when
+    ghost deletes pin the order)."""
+    base = ev.digest
+    if base is None or partitionings <= 0 or ev.unmatched:
+        why = ("no partitionings requested" if partitionings <= 0 else
+               "unmatched deletes pin the order" if ev.unmatched else "nothing to replay")
+        return Check("repartitionings", "skipped", why)
+    digests: list[str] = []
+    info: list[dict[str, Any]] = []
+    err = None
+    for _ in range(partitionings):
+        try:
+            dg, meta = partitioned_digest(ev.units, rng, ev.deps, ev.comps)
+        except LedgerError as exc:
+            err = f"a partition replay was refused by the ledger: {exc}"
+            break
+        digests.append(dg)
+        info.append(meta)
+    bad = [i for i, dg in enumerate(digests) if dg != base]
+    ok = err is None and not bad
+    return Check("repartitionings", "pass" if ok else "fail",
+                 (f"{partitionings} random partitionings ({len(ev.comps)} sample groups), merged, give the "
+                  "log-order digest" if ok else err or f"partitionings {bad} give different digests"),
+                 {"digests": digests, "partitionings": info})
+
+
+def check_from_scratch(ev: Evidence) -> Check:
+    """A fresh ledger of the retained rows has the baseline digest (the history left no trace)."""
+    retained = ev.retained()
+    led = ev.ledger
+    units = ev.units
+    if retained is None or led is None:
+        why = ("packed entries carry statistics, not rows" if units.has_packed else
+               "unmatched deletes" if ev.unmatched else "nothing to replay")
+        return Check("from_scratch", "skipped", f"retained rows not available: {why}")
+    scratch = ExactLedger(units.d, led.n_outputs, units.k, units.k_y)
+    apply_units(scratch, units, retained, +1)
+    sd = scratch.digest()
+    base = ev.digest
+    return Check("from_scratch", "pass" if sd == base else "fail",
+                 f"a fresh ledger of the {len(retained)} retained rows has digest {sd}"
+                 + ("" if sd == base else f" != replay {base}"), {"digest": sd, "rows": len(retained)})
+
+
+def retained_dataset(ev: Evidence) -> tuple[np.ndarray, np.ndarray] | None:
+    """The retained rows dequantized (F = q * 2^-k; Y one-hot, or target vectors * 2^-k_y), the
+    input of an independent retrain; None when the retained rows are not derivable or empty."""
+    retained = ev.retained()
+    led = ev.ledger
+    if retained is None or led is None:
+        return None
+    units = ev.units
+    cls = [units.ref[u] for u in retained if units.kind[u] == UNIT_CLASS_ROW]
+    vec = [units.ref[u] for u in retained if units.kind[u] == UNIT_VECTOR_ROW]
+    rows_all = cls + vec
+    if not rows_all:
+        return None
+    c = led.n_outputs
+    F = units.Q[np.asarray(rows_all)].astype(np.float64) * (2.0 ** -units.k)
+    Y = np.zeros((len(rows_all), c))
+    if cls:
+        Y[: len(cls)] = one_hot(np.asarray([units.class_labels[i] for i in cls]), c)
+    for j, i in enumerate(vec):
+        v = units.vector_labels[i].astype(np.float64) * (2.0 ** -units.k_y)
+        Y[len(cls) + j, : v.shape[0]] = v
+    return F, Y
+
+
+def check_live_digest(ev: Evidence, require_live: bool) -> Check:
+    """The live head's version, digest, n_retained and covered offset equal the replay's.
+    ``require_live``: a missing live head fails (broker) instead of being skipped (export without heads)."""
+    latest, led, rep, base = ev.latest, ev.ledger, ev.replay, ev.digest
+    if latest is None:
+        return Check("live_digest", "fail" if require_live else "skipped",
+                     f"no head update for {ev.head_id!r}" + (" on the heads topic" if require_live else
+                                                             " in the input"))
+    if led is None:
+        return Check("live_digest", "fail", f"the live head is at version {latest.version} but no deltas of "
+                                            f"{ev.head_id!r} could be replayed")
+    problems = []
+    if rep.version != latest.version:
+        problems.append(f"live version {latest.version} but the deltas log yields {rep.final_version} applied "
+                        "messages")
+    if latest.digest != base:
+        problems.append(f"live digest {latest.digest} != replay digest {base}")
+    if latest.n_retained != led.count:
+        problems.append(f"live n_retained {latest.n_retained} != replay {led.count}")
+    where = rep.offset_of_version.get(latest.version)
+    if where is not None and latest.offsets and tuple(latest.offsets[-1]) != where:
+        problems.append(f"live head covers deltas offset {list(latest.offsets[-1])} but version "
+                        f"{latest.version} is the delta at {list(where)}")
+    return Check("live_digest", "fail" if problems else "pass",
+                 "; ".join(problems) if problems else
+                 f"live head version {latest.version} ({latest.mode}) has the replay digest",
+                 {"live_digest": latest.digest, "replay_digest": base})
+
+
+def check_canonical_head(ev: Evidence) -> Check:
+    """``solve_head`` on the replayed ledger equals the latest exact head's W (and posterior T)
+    bit for bit; a fast live head is checked through the latest exact update at its own version."""
+    latest, exact = ev.latest, ev.latest_exact
+    if exact is None:
+        return Check("canonical_head", "skipped",
+                     "not checkable: no exact head update published" + ("" if ev.updates else " (no updates)"))
+    le = ev.replay.at_version.get(exact.version)
+    if le is None:
+        return Check("canonical_head", "fail",
+                     f"exact head version {exact.version} but the replay has no such version")
+    W = ev.head_weights(exact.version, exact.gamma)
+    W_live = np.asarray(exact.weights)
+    same_w = _bits_equal(W, W_live)
+    note = "" if latest is None or exact is latest else (
+        f" (the live head is {latest.mode} at version {latest.version}; checked the latest exact "
+        f"update, version {exact.version})")
+    data: dict[str, Any] = {"version": exact.version, "gamma": exact.gamma}
+    if not same_w:
+        data["max_abs_diff"] = (float(np.max(np.abs(W - W_live))) if W.shape == W_live.shape and W.size
+                                else None)
+        data["shapes"] = [list(W.shape), list(W_live.shape)]
+    post_ok = True
+    if exact.posterior is not None:
+        T = posterior_inverse(le, exact.gamma)
+        post_ok = _bits_equal(T, np.asarray(exact.posterior))
+        data["posterior_checked"] = True
+    same_digest = le.digest() == exact.digest
+    ok = same_w and post_ok and same_digest
+    detail = (f"solve_head(replay ledger, gamma={exact.gamma}) equals the published W"
+              + (" and posterior T" if exact.posterior is not None else "") + " bit for bit" + note
+              if ok else
+              "published exact head differs from the canonical solve: "
+              + ", ".join(x for x, bad in (("W", not same_w), ("posterior T", not post_ok),
+                                           ("digest", not same_digest)) if bad) + note)
+    return Check("canonical_head", "pass" if ok else "fail", detail, data)
+
+
+def check_retrain_deviation(ev: Evidence, tolerance: float, gamma: float | None) -> Check:
+    """||W - W_sklearn||_F / ||W_sklearn||_F <= tolerance against an independent scikit-learn ridge
+    on the retained rows. ``gamma`` is used only when no head update says the head's gamma."""
+    dataset = retained_dataset(ev)
+    led = ev.ledger
+    if dataset is None or led is None:
+        return Check("retrain_deviation", "skipped", "retained feature set not available")
+    F, Y = dataset
+    ref = ev.latest_exact or ev.latest
+    gamma = ref.gamma if ref is not None else gamma
+    if gamma is None:
+        return Check("retrain_deviation", "skipped", "no head update: gamma unknown")
+    if led.n_outputs == 0:
+        return Check("retrain_deviation", "skipped", "the head has no outputs")
+    W = ev.head_weights(ev.replay.version, gamma)
+    dev = retrain_deviation(W, F, Y, gamma)
+    data: dict[str, Any] = {"deviation": dev, "tolerance": tolerance, "rows": int(F.shape[0]), "gamma": gamma}
+    latest = ev.latest
+    if latest is not None and latest.weights.shape == W.shape:
+        data["live_head_deviation"] = relative_deviation(np.asarray(latest.weights), centralized_retrain(F, Y, gamma))
+    return Check("retrain_deviation", "pass" if dev <= tolerance else "fail",
+                 f"||W - W_sklearn|| / ||W_sklearn|| = {dev:.3g} (tolerance {tolerance:g}) on "
+                 f"{F.shape[0]} retained rows", data)
+
+
+def run_checks(ev: Evidence, rng: np.random.Generator, *, orders: int, partitionings: int, tolerance: float,
+               require_live: bool, gamma: float | None) -> list[Check]:
+    """Every check, in the certificate's order (the random draws happen in this order too)."""
+    checks = [check_log_replay(ev)]
+    matching = check_delete_matching(ev)
+    if matching is not None:
+        checks.append(matching)
+    checks += [
+        check_shuffled_orders(ev, orders, rng),
+        check_repartitionings(ev, partitionings, rng),
+        check_from_scratch(ev),
+        check_live_digest(ev, require_live),
+        check_canonical_head(ev),
+        check_retrain_deviation(ev, tolerance, gamma),
+    ]
+    return checks

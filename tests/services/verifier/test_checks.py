@@ -1,0 +1,101 @@
+"""The checks: a ghost delete, a fast live head, tampering of every published field."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.services.verifier.support import StreamBuilder, anomalous_stream, records_of, simulate, status
+from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.services.verifier import verify
+from unlearn.services.verifier.checks import Evidence, check_delete_matching, check_live_digest, run_checks
+
+
+def test_a_ghost_delete_the_ledger_accepts_is_flagged() -> None:
+    """The ledger's non-member test is necessary, not sufficient (counts, class counts, diagonal
+    of S): a never-added row of a known class usually passes it. The verifier matches every
+    delete to an earlier add by sample id and fails the certificate when one has none."""
+    b = StreamBuilder(seed=8)
+    for _ in range(15):
+        b.random_message()
+    b.emit([b.non_member(cls=1)])
+    recs = records_of(b.msgs)
+    ups, _rt, reasons = simulate(recs, "h", final_reset=True)
+    assert reasons == []  # the live ledger applied it
+    cert = verify(recs, ups, "h", orders=2, partitionings=2, seed=2)
+    assert not cert.ok and status(cert, "delete_matching") == "fail"
+    assert status(cert, "live_digest") == "pass" and status(cert, "shuffled_orders") == "pass"
+    assert status(cert, "from_scratch") == "skipped" and status(cert, "repartitionings") == "skipped"
+
+
+def test_fast_latest_head_is_checked_at_the_latest_exact_version() -> None:
+    b = anomalous_stream(seed=2, n_msgs=20)
+    recs = records_of(b.msgs)
+    ups, _rt, _ = simulate(recs, "h")
+    assert ups[-1].mode == "fast"  # reset_every=7: exact updates exist mid-stream
+    exact = [u for u in ups if u.mode == "exact"]
+    assert exact
+    cert = verify(recs, ups, "h", orders=1, partitionings=1, seed=1)
+    assert cert.ok, cert.summary()
+    canon = next(c for c in cert.checks if c.name == "canonical_head")
+    assert canon.status == "pass" and canon.data["version"] == exact[-1].version
+    assert "fast" in canon.detail
+    # without any exact update the canonical check is reported as not checkable
+    only_fast = [u for u in ups if u.mode == "fast"]
+    cert = verify(recs, only_fast, "h", orders=1, partitionings=0, seed=1)
+    assert status(cert, "canonical_head") == "skipped" and cert.ok
+
+
+def test_tampering_is_detected() -> None:
+    b = anomalous_stream(seed=3, n_msgs=15)
+    recs = records_of(b.msgs)
+    ups, _rt, _ = simulate(recs, "h", final_reset=True)
+    last = ups[-1]
+    assert last.mode == "exact"
+
+    def forged(**changes: object) -> list[HeadUpdate]:
+        fields = {f: getattr(last, f) for f in HeadUpdate.__slots__}
+        fields.update(changes)
+        return [*ups[:-1], HeadUpdate(**fields)]
+
+    W = np.array(last.weights)
+    W[0, 0] = np.nextafter(W[0, 0], np.inf)  # one ulp
+    cert = verify(recs, forged(weights=W), "h", orders=1, partitionings=1, seed=1)
+    assert not cert.ok and status(cert, "canonical_head") == "fail" and status(cert, "live_digest") == "pass"
+    T = np.array(last.posterior)
+    T[1, 1] = np.nextafter(T[1, 1], 0)
+    cert = verify(recs, forged(posterior=T), "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "canonical_head") == "fail" and "posterior" in next(
+        c.detail for c in cert.checks if c.name == "canonical_head")
+    cert = verify(recs, forged(digest="0" * 64), "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "fail" and not cert.ok
+    # a delta the live head claims but the log does not have (a lost/hidden message)
+    applied = [i for i, r in enumerate(recs) if r.key == b"h" and i > 3]
+    cert = verify(recs[: applied[-1]], ups, "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "fail"
+    # a head that was never published
+    cert = verify(recs, [], "h", orders=1, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "fail" and not cert.ok
+
+
+def test_one_function_per_check_on_the_evidence() -> None:
+    """The checks run on their own: the live head is the newest update (exact wins a tie), the
+    delete-matching check is only reported when it fails, a missing live head is skipped offline."""
+    b = anomalous_stream(seed=4, n_msgs=10)
+    recs = records_of(b.msgs)
+    ups, rt, _ = simulate(recs, "h", final_reset=True)
+    ev = Evidence.gather(recs, ups, "h")
+    assert ev.latest is ups[-1] and ev.latest.mode == "exact" and ev.latest_exact is ups[-1]
+    assert ev.digest == rt.ledger.digest()
+    assert check_delete_matching(ev) is None
+    assert check_live_digest(ev, require_live=True).status == "pass"
+    names = [c.name for c in run_checks(ev, np.random.default_rng(0), orders=1, partitionings=1, tolerance=1e-8,
+                                        require_live=True, gamma=None)]
+    assert names == ["log_replay", "shuffled_orders", "repartitionings", "from_scratch", "live_digest",
+                     "canonical_head", "retrain_deviation"]
+    offline = Evidence.gather(recs, None, "h")
+    assert check_live_digest(offline, require_live=False).status == "skipped"
+    assert check_live_digest(offline, require_live=True).status == "fail"
+    # the same seed gives the same certificate content
+    a = verify(recs, ups, "h", orders=2, partitionings=2, seed=7).to_json()
+    c = verify(recs, ups, "h", orders=2, partitionings=2, seed=7).to_json()
+    assert a["checks"] == c["checks"]
