@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from unlearn.infra.cli_args import log_ready
 from unlearn.infra.settings import Settings
 
 __all__ = [
@@ -363,7 +364,9 @@ def run_broker_forever(
 ) -> int:
     """Body of ``unlearn broker [--port P] [--data DIR]``: run tansu until SIGINT/SIGTERM.
 
-    Prints ``bootstrap=127.0.0.1:P`` (one line, flushed) so scripts can capture the address.
+    Prints ``bootstrap=127.0.0.1:P`` (one line, flushed) so scripts can capture the address, then
+    logs the readiness line ``unlearn broker ready bootstrap='127.0.0.1:P'`` (at info, like every
+    long-running command's).
     Returns the process exit code: 0 after a signal, 1 if the broker died by itself.
     """
     if data_dir is not None:
@@ -384,6 +387,7 @@ def run_broker_forever(
         broker.start()
         print(f"bootstrap={broker.bootstrap}", flush=True)
         print(f"log={broker.log_path}", file=sys.stderr, flush=True)
+        log_ready("broker", bootstrap=broker.bootstrap)
         while not stop.wait(0.5):
             if not broker.running:
                 print(f"tansu exited unexpectedly:\n{broker.log_tail()}", file=sys.stderr)

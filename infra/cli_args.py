@@ -41,6 +41,13 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         help="log level (default: info; the readiness line is logged at info)")
 
 
+def add_loglevel_arg(parser: argparse.ArgumentParser) -> None:
+    """Only ``--loglevel`` (same choices and default as ``add_worker_args``), for a long-running
+    command that takes no broker options (``unlearn broker``)."""
+    parser.add_argument("--loglevel", default="info", choices=("debug", "info", "warning", "error"),
+                        help="log level (default: info; the readiness line is logged at info)")
+
+
 def setup_logging(level: str) -> None:
     """One log format for every command: ``time [LEVEL] logger: message``."""
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),

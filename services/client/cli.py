@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,7 +28,10 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
 from unlearn.schemas.receipts import receipt_to_dict
 
-__all__ = ["add_main", "delete_main", "delete_subject_main", "load_requests", "EXIT_ERROR", "EXIT_REJECTED"]
+if TYPE_CHECKING:  # the SDK (confluent-kafka) loads only when a request is produced
+    from unlearn.services.client.sdk import RequestHandle, UnlearnClient
+
+__all__ = ["EXIT_ERROR", "EXIT_REJECTED", "add_main", "delete_main", "delete_subject_main", "load_requests"]
 
 EXIT_ERROR = 1
 EXIT_REJECTED = 3
@@ -91,10 +94,7 @@ def _parse_label(text: str) -> Any:
 def _parse_features(text: str) -> list[float]:
     t = text.strip()
     try:
-        if t.startswith("["):
-            v = orjson.loads(t)
-        else:
-            v = [float(x) for x in t.split(",") if x.strip()]
+        v = orjson.loads(t) if t.startswith("[") else [float(x) for x in t.split(",") if x.strip()]
     except (orjson.JSONDecodeError, ValueError):
         raise CliError("--features must be comma-separated numbers or a JSON list") from None
     if not isinstance(v, list) or not v:
@@ -104,11 +104,7 @@ def _parse_features(text: str) -> list[float]:
 
 def _envelope(obj: dict[str, Any], op: str, defaults: dict[str, Any], base_dir: Path, where: str) -> Request:
     """An envelope-ish object + defaults -> a validated Request (CliError naming ``where``)."""
-    unknown = sorted(set(obj) - _LINE_KEYS)
-    if unknown:
-        raise CliError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
-    if "op" in obj and obj["op"] != op:
-        raise CliError(f"{where}: op {obj['op']!r} does not match this command (op {op!r})")
+    _check_line_keys(obj, op, where)
     d: dict[str, Any] = {"schema": obj.get("schema", REQUEST_SCHEMA_V1), "op": op}
     for key in ("event_id", "head_id", "client_id", "subject_id", "sample_id", "label", "ts"):
         if key in obj:
@@ -119,27 +115,9 @@ def _envelope(obj: dict[str, Any], op: str, defaults: dict[str, Any], base_dir: 
         from unlearn.services.client.sdk import new_event_id
 
         d["event_id"] = new_event_id()
-    shorthands = [k for k in ("input", "features", "text", "image_png", "image_file") if k in obj]
-    if len(shorthands) > 1:
-        raise CliError(f"{where}: give one input, not {', '.join(shorthands)}")
-    if shorthands:
-        k = shorthands[0]
-        v = obj[k]
-        if k == "input":
-            d["input"] = v
-        elif k == "features":
-            d["input"] = {"kind": "features", "values": v}
-        elif k == "text":
-            d["input"] = {"kind": "text", "text": v}
-        elif k == "image_png":
-            d["input"] = {"kind": "image", "format": "png", "data": v}
-        else:
-            path = Path(v) if Path(v).is_absolute() else base_dir / v
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                raise CliError(f"{where}: cannot read image_file {str(path)!r}: {exc.strerror}") from None
-            d["input"] = {"kind": "image", "format": "png", "data": base64.b64encode(data).decode("ascii")}
+    given = _input_of(obj, base_dir, where)
+    if given is not None:
+        d["input"] = given
     elif defaults.get("input") is not None:
         d["input"] = defaults["input"]
     if op != "add":  # a delete takes no label/input even if defaults had them
@@ -151,6 +129,40 @@ def _envelope(obj: dict[str, Any], op: str, defaults: dict[str, Any], base_dir: 
         return request_from_dict(d)
     except InvalidRequest as exc:
         raise CliError(f"{where}: {exc.reason}: {exc.detail}") from None
+
+
+def _check_line_keys(obj: dict[str, Any], op: str, where: str) -> None:
+    """A line names only known fields, and no other op than the command's."""
+    unknown = sorted(set(obj) - _LINE_KEYS)
+    if unknown:
+        raise CliError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+    if "op" in obj and obj["op"] != op:
+        raise CliError(f"{where}: op {obj['op']!r} does not match this command (op {op!r})")
+
+
+def _input_of(obj: dict[str, Any], base_dir: Path, where: str) -> dict[str, Any] | None:
+    """The envelope ``input`` a line gives (as ``input`` or one shorthand), or None."""
+    shorthands = [k for k in ("input", "features", "text", "image_png", "image_file") if k in obj]
+    if len(shorthands) > 1:
+        raise CliError(f"{where}: give one input, not {', '.join(shorthands)}")
+    if not shorthands:
+        return None
+    k = shorthands[0]
+    v = obj[k]
+    if k == "input":
+        return v
+    if k == "features":
+        return {"kind": "features", "values": v}
+    if k == "text":
+        return {"kind": "text", "text": v}
+    if k == "image_png":
+        return {"kind": "image", "format": "png", "data": v}
+    path = Path(v) if Path(v).is_absolute() else base_dir / v
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{where}: cannot read image_file {str(path)!r}: {exc.strerror}") from None
+    return {"kind": "image", "format": "png", "data": base64.b64encode(data).decode("ascii")}
 
 
 def load_requests(lines: Sequence[str] | Any, op: str, defaults: dict[str, Any] | None = None,
@@ -203,6 +215,7 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def _run(command: str, argv: Sequence[str] | None) -> int:
+    """Parse, build and validate every request, produce them (and with --wait collect receipts)."""
     op = _OP_OF_COMMAND[command]
     ap = _parser(command)
     try:
@@ -211,35 +224,39 @@ def _run(command: str, argv: Sequence[str] | None) -> int:
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     try:
-        defaults = _defaults(args, settings)
-        if args.file:
-            if args.event_id:
-                raise CliError("--event-id names one request; put event_id on each --file line instead")
-            if args.file == "-":
-                reqs = load_requests(sys.stdin.readlines(), op, defaults, ".", "<stdin>")
-            else:
-                path = Path(args.file)
-                try:
-                    lines = path.read_text(encoding="utf-8").splitlines()
-                except OSError as exc:
-                    raise CliError(f"--file {args.file!r}: {exc.strerror}") from None
-                reqs = load_requests(lines, op, defaults, path.parent, args.file)
-            if not reqs:
-                raise CliError(f"--file {args.file!r} holds no requests")
-        else:
-            if args.event_id:
-                defaults["event_id"] = args.event_id
-            reqs = [_envelope({}, op, defaults, Path("."), "arguments")]
+        reqs = _requests_of(args, op, _defaults(args, settings))
         return _produce_and_wait(settings, reqs, args, op)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
-def _produce_and_wait(settings: Settings, reqs: list[Request], args: argparse.Namespace, op: str) -> int:
-    from tqdm import tqdm
+def _requests_of(args: argparse.Namespace, op: str, defaults: dict[str, Any]) -> list[Request]:
+    """The validated requests: every line of ``--file``, or the one the options describe."""
+    if not args.file:
+        if args.event_id:
+            defaults["event_id"] = args.event_id
+        return [_envelope({}, op, defaults, Path("."), "arguments")]
+    if args.event_id:
+        raise CliError("--event-id names one request; put event_id on each --file line instead")
+    if args.file == "-":
+        reqs = load_requests(sys.stdin.readlines(), op, defaults, ".", "<stdin>")
+    else:
+        path = Path(args.file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise CliError(f"--file {args.file!r}: {exc.strerror}") from None
+        reqs = load_requests(lines, op, defaults, path.parent, args.file)
+    if not reqs:
+        raise CliError(f"--file {args.file!r} holds no requests")
+    return reqs
 
-    from unlearn.services.client.sdk import ClientError, DeliveryFailed, UnlearnClient
+
+def _produce_and_wait(settings: Settings, reqs: list[Request], args: argparse.Namespace, op: str) -> int:
+    """Produce ``reqs`` and wait for their acknowledgement; then print them, or with --wait
+    collect and print their receipts. The exit code."""
+    from unlearn.services.client.sdk import ClientError, UnlearnClient
 
     wait = bool(getattr(args, "wait", False))
     timeout = getattr(args, "timeout", None) or settings.receipt_timeout
@@ -249,52 +266,76 @@ def _produce_and_wait(settings: Settings, reqs: list[Request], args: argparse.Na
     except ClientError as exc:
         raise CliError(str(exc)) from None
     try:
-        handles = []
-        with tqdm(total=len(reqs), desc=f"producing {op}", unit="req", disable=not show_bar, file=sys.stderr) as bar:
-            for r in reqs:
-                handles.append(client.send(r))
-                bar.update(1)
-        left = client.flush(timeout)
-        failed = [h for h in handles if not h.delivered]
-        if left or failed:
-            detail = "; ".join(f"{h.event_id}: {h.delivery_error or 'not acknowledged'}" for h in failed[:5])
-            raise CliError(f"{len(failed) or left} of {len(handles)} requests were not delivered to "
-                           f"{client.requests_topic} within {timeout:g}s ({detail})")
-        if not wait:
-            if not args.quiet:
-                for h in handles:
-                    _emit({"event_id": h.event_id, "op": h.op, "head_id": h.head_id, "subject_id": h.subject_id,
-                           "sample_id": h.sample_id, "topic": client.requests_topic,
-                           "partition": h.partition, "offset": h.offset})
-            return 0
-        deadline = time.monotonic() + timeout
-        rejected = 0
-        missing: list[str] = []
-        with tqdm(total=len(handles), desc="receipts", unit="rcpt", disable=not show_bar, file=sys.stderr) as bar:
+        handles = _produce_all(client, reqs, op, timeout, show_bar)
+        if wait:
+            return _collect_receipts(client, handles, timeout, show_bar)
+        if not args.quiet:
             for h in handles:
-                try:
-                    r = h.wait_receipt(max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    missing.append(h.event_id)
-                    bar.update(1)
-                    continue
-                except DeliveryFailed as exc:
-                    raise CliError(str(exc)) from None
-                _emit(receipt_to_dict(r))
-                if r.status != "applied":
-                    rejected += 1
-                    print(f"rejected: event {r.event_id} (head {r.head_id}): {r.reason}", file=sys.stderr)
-                bar.update(1)
-        if missing:
-            heads = sorted({h.head_id for h in handles if h.event_id in set(missing)})
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            print(f"error: timed out after {timeout:g}s waiting for {len(missing)} receipt(s) on "
-                  f"{client.receipts_topic}: event {shown} (head {', '.join(heads)}); are the featurizer and "
-                  "ledger workers running and caught up?", file=sys.stderr)
-            return EXIT_ERROR
-        return EXIT_REJECTED if rejected else 0
+                _emit({"event_id": h.event_id, "op": h.op, "head_id": h.head_id, "subject_id": h.subject_id,
+                       "sample_id": h.sample_id, "topic": client.requests_topic,
+                       "partition": h.partition, "offset": h.offset})
+        return 0
     finally:
         client.close()
+
+
+def _produce_all(client: UnlearnClient, reqs: list[Request], op: str, timeout: float,
+                 show_bar: bool) -> list[RequestHandle]:
+    """Produce every request; CliError unless the broker acknowledged all of them in ``timeout``."""
+    from tqdm import tqdm
+
+    handles = []
+    with tqdm(total=len(reqs), desc=f"producing {op}", unit="req", disable=not show_bar, file=sys.stderr) as bar:
+        for r in reqs:
+            handles.append(client.send(r))
+            bar.update(1)
+    left = client.flush(timeout)
+    failed = [h for h in handles if not h.delivered]
+    if left or failed:
+        detail = "; ".join(f"{h.event_id}: {h.delivery_error or 'not acknowledged'}" for h in failed[:5])
+        raise CliError(f"{len(failed) or left} of {len(handles)} requests were not delivered to "
+                       f"{client.requests_topic} within {timeout:g}s ({detail})")
+    return handles
+
+
+def _collect_receipts(client: UnlearnClient, handles: list[RequestHandle], timeout: float, show_bar: bool) -> int:
+    """Print each receipt as one JSON line, in order, all within ``timeout`` seconds together.
+    Exit 1 if any is missing (naming them), 3 if any was rejected, else 0."""
+    from tqdm import tqdm
+
+    from unlearn.services.client.sdk import DeliveryFailed
+
+    deadline = time.monotonic() + timeout
+    rejected = 0
+    missing: list[str] = []
+    with tqdm(total=len(handles), desc="receipts", unit="rcpt", disable=not show_bar, file=sys.stderr) as bar:
+        for h in handles:
+            try:
+                r = h.wait_receipt(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                missing.append(h.event_id)
+                bar.update(1)
+                continue
+            except DeliveryFailed as exc:
+                raise CliError(str(exc)) from None
+            _emit(receipt_to_dict(r))
+            if r.status != "applied":
+                rejected += 1
+                print(f"rejected: event {r.event_id} (head {r.head_id}): {r.reason}", file=sys.stderr)
+            bar.update(1)
+    if missing:
+        _report_missing(client, handles, missing, timeout)
+        return EXIT_ERROR
+    return EXIT_REJECTED if rejected else 0
+
+
+def _report_missing(client: UnlearnClient, handles: list[RequestHandle], missing: list[str], timeout: float) -> None:
+    wanted = set(missing)
+    heads = sorted({h.head_id for h in handles if h.event_id in wanted})
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    print(f"error: timed out after {timeout:g}s waiting for {len(missing)} receipt(s) on "
+          f"{client.receipts_topic}: event {shown} (head {', '.join(heads)}); are the featurizer and "
+          "ledger workers running and caught up?", file=sys.stderr)
 
 
 def add_main(argv: Sequence[str] | None = None) -> int:

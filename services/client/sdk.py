@@ -1,7 +1,7 @@
 """Python client SDK for upstream apps: produce request events, wait for deletion receipts.
 
     from unlearn.infra.settings import Settings
-    from unlearn.services.client.sdk import UnlearnClient
+    from unlearn.services.client.sdk import UnlearnClient  # or: from unlearn.services.client import ...
 
     with UnlearnClient(Settings.from_env()) as client:
         client.add("faces", subject_id="u1", sample_id="img-1", label=3, features=[0.1, 0.2, ...])
@@ -15,7 +15,8 @@ delete in one partition). Each returns a :class:`RequestHandle` naming the event
 
 Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one receipt
 (applied, or rejected with a reason) carrying the request's event id. One
-:class:`ReceiptListener` per client reads that topic in a background thread. It is started, and
+:class:`ReceiptListener` per client reads that topic in a background thread (an
+``infra.topic_reader.TopicFollower`` started at the topic's end). It is started, and
 its start offsets are fixed, *before* the first delete is produced, and every delete's event id
 is registered before its request is produced, so a receipt can never slip past unseen however
 fast the pipeline answers. See docs/client.md.
@@ -32,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 
-from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError
 from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import (
     FeaturesInput,
@@ -118,13 +120,12 @@ class _Waiter:
 
 
 class ReceiptListener:
-    """Reads ``<prefix>receipts`` from "now" on, in a daemon thread; hands receipts to waiters.
+    """Reads ``<prefix>receipts`` from "now" on (an ``infra.topic_reader.TopicFollower`` started at
+    the end) and hands receipts to waiters.
 
     Only receipts of registered event ids are kept (a busy deployment's other receipts are
-    dropped on sight). ``start()`` returns once the consumer is assigned every partition at an
-    explicit offset no later than the current end, so anything produced after ``start()``
-    returns is seen. (The end comes from ListOffsets; on tansu that can be slightly *early*
-    after multi-record batches -- harmless, the reader just skips a few old receipts.)
+    dropped on sight). ``start()`` returns once every partition is assigned at an explicit offset
+    no later than the current end, so anything produced after ``start()`` returns is seen.
     """
 
     def __init__(self, settings: Settings, *, poll_interval: float = 0.2) -> None:
@@ -133,55 +134,36 @@ class ReceiptListener:
         self.poll_interval = poll_interval
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._consumer: Consumer | None = None
-        self._error: BaseException | None = None
+        self._follower: TopicFollower | None = None
         self.received = 0  # receipts read (all event ids)
         self.bad = 0  # undecodable receipts seen
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._follower is not None and self._follower.running
 
-    def start(self, timeout: float | None = None) -> "ReceiptListener":
-        """Assign every partition at its current end offset, then start reading. Idempotent."""
-        if self._thread is not None:
+    def start(self, timeout: float | None = None) -> ReceiptListener:
+        """Fix the start offsets (every partition's current end), then read in a daemon thread.
+        Idempotent. ``ClientError`` if the broker or the topic is not there within ``timeout``."""
+        if self._follower is not None:
             return self
-        timeout = self.settings.admin_timeout if timeout is None else timeout
-        c = Consumer(consumer_config(
-            self.settings, f"{self.settings.topic_prefix}client-receipts-{uuid.uuid4().hex}",
-            **{"enable.partition.eof": False},
-        ))
+        follower = TopicFollower(self.settings, self.topic, self._on_record, start_at="end",
+                                 role="client-receipts", poll_interval=self.poll_interval)
         try:
-            try:
-                md = c.list_topics(timeout=timeout)  # whole metadata: naming a topic auto-creates it on tansu
-            except KafkaException as exc:
-                raise ClientError(f"cannot reach the broker at {self.settings.bootstrap}: {exc}") from None
-            t = md.topics.get(self.topic)
-            if t is None or t.error is not None or not t.partitions:
-                raise ClientError(f"topic {self.topic} does not exist: run `unlearn topics create` "
-                                  "(with the same --prefix) first")
-            assignment = []
-            for p in sorted(t.partitions):
-                _, high = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
-                assignment.append(TopicPartition(self.topic, p, max(0, int(high))))
-            c.assign(assignment)
-        except BaseException:
-            c.close()
-            raise
-        self._consumer = c
-        self._thread = threading.Thread(target=self._run, name="unlearn-receipts", daemon=True)
-        self._thread.start()
+            follower.start(wait_assigned=self.settings.admin_timeout if timeout is None else timeout)
+        except TopicReadError:
+            follower.stop()
+            raise ClientError(f"cannot read {self.topic} on {self.settings.bootstrap}: {follower.error or 'timed out'}"
+                              " (is the broker up? run `unlearn topics create` with the same --prefix first)"
+                              ) from None
+        self._follower = follower
         return self
 
     def close(self) -> None:
         """Stop the thread and close the consumer (pending waits then time out)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        self._thread = None
+        if self._follower is not None:
+            self._follower.stop()
 
     # ------------------------------------------------------------------ waiting
     def register(self, event_id: str) -> None:
@@ -190,6 +172,7 @@ class ReceiptListener:
             self._waiters.setdefault(event_id, _Waiter())
 
     def forget(self, event_id: str) -> None:
+        """Stop keeping the receipt of ``event_id`` (collected, or its request failed)."""
         with self._lock:
             self._waiters.pop(event_id, None)
 
@@ -200,55 +183,45 @@ class ReceiptListener:
         return w.receipt if w is not None else None
 
     def wait(self, event_id: str, timeout: float) -> Receipt | None:
-        """Block until the receipt of a registered event id arrives; None on timeout."""
+        """Block until the receipt of a registered event id arrives; None on timeout, ClientError
+        if the reading thread died (its error says why)."""
         with self._lock:
             w = self._waiters.get(event_id)
         if w is None:
             raise ClientError(f"event {event_id!r} was not registered with this receipt listener")
         deadline = time.monotonic() + max(0.0, timeout)
         while not w.event.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
-            if self._error is not None:
-                raise ClientError(f"receipt listener failed: {self._error}") from self._error
+            failure = self._failure()
+            if failure is not None:
+                raise ClientError(f"receipt listener failed: {failure}")
             if time.monotonic() >= deadline:
                 return None
         return w.receipt
 
+    def _failure(self) -> str | None:
+        """Why the reading thread stopped by itself (None while it runs or after ``close()``)."""
+        f = self._follower
+        if f is None or f.running or f.error is None:
+            return None
+        return f.error
+
     # ------------------------------------------------------------------ thread
-    def _run(self) -> None:
-        c = self._consumer
-        assert c is not None
+    def _on_record(self, record: LogRecord) -> None:
+        """Runs in the follower's thread: decode, and hand a registered receipt to its waiter."""
+        self.received += 1
+        if record.value is None:
+            return
         try:
-            while not self._stop.is_set():
-                msgs = c.consume(num_messages=500, timeout=self.poll_interval)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("receipts consumer: %s", err)
-                        continue
-                    self.received += 1
-                    value = m.value()
-                    if value is None:
-                        continue
-                    try:
-                        r = decode_receipt(value)
-                    except CodecError as exc:
-                        self.bad += 1
-                        log.warning("undecodable receipt at %s/%d@%d: %s", m.topic(), m.partition(), m.offset(), exc)
-                        continue
-                    with self._lock:
-                        w = self._waiters.get(r.event_id)
-                    if w is not None and w.receipt is None:
-                        w.receipt = r
-                        w.event.set()
-        except BaseException as exc:  # pragma: no cover - surfaced to waiters
-            self._error = exc
-            log.exception("receipt listener stopped")
-        finally:
-            try:
-                c.close()
-            except Exception:  # pragma: no cover
-                pass
+            r = decode_receipt(record.value)
+        except CodecError as exc:
+            self.bad += 1
+            log.warning("undecodable receipt at %s/%d@%d: %s", self.topic, record.partition, record.offset, exc)
+            return
+        with self._lock:
+            w = self._waiters.get(r.event_id)
+        if w is not None and w.receipt is None:
+            w.receipt = r
+            w.event.set()
 
 
 # --------------------------------------------------------------------------- handles
@@ -261,7 +234,7 @@ class RequestHandle:
     head_id: str
     subject_id: str
     sample_id: str | None
-    _client: "UnlearnClient" = field(repr=False)
+    _client: UnlearnClient = field(repr=False)
     _delivered: threading.Event = field(default_factory=threading.Event, repr=False)
     _delivery_error: str | None = field(default=None, repr=False)
     partition: int | None = None
@@ -408,17 +381,22 @@ class UnlearnClient:
         return int(self._producer.flush(self.settings.receipt_timeout if timeout is None else timeout))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Flush outstanding requests and stop the receipt listener."""
+        """Flush outstanding requests (up to ``timeout`` seconds; what is still queued then is
+        purged: its handle reports a delivery error), close the producer and stop the receipt
+        listener. Close a client before its broker goes away: a client left open keeps reconnecting."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._producer.flush(timeout)
+            if self._producer.flush(timeout):
+                self._producer.purge()
+                self._producer.poll(0)  # hand the purged requests' delivery errors to their handles
+            self._producer.close()
         finally:
             if self._listener is not None:
                 self._listener.close()
 
-    def __enter__(self) -> "UnlearnClient":
+    def __enter__(self) -> UnlearnClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,6 +13,7 @@ stores the raw float32 features as ``.npz`` keyed by everything that changes the
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import importlib.metadata
@@ -125,7 +126,7 @@ def _split_indices(n: int, split: Split, seed: int, test_fraction: float) -> np.
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     perm = np.random.default_rng(seed).permutation(n)
-    n_test = int(round(n * test_fraction))
+    n_test = round(n * test_fraction)
     if split == "test":
         return perm[:n_test]
     if split == "train":
@@ -219,13 +220,15 @@ class DatasetSpec:
 
 
 DATASETS: dict[str, DatasetSpec] = {
-    "fashion-mnist": DatasetSpec("fashion-mnist", "image", lambda split, limit, seed: load_fashion_mnist(split, limit), False, 10),
+    "fashion-mnist": DatasetSpec("fashion-mnist", "image",
+                                 lambda split, limit, seed: load_fashion_mnist(split, limit), False, 10),
     "tweets": DatasetSpec("tweets", "text", lambda split, limit, seed: load_tweets(split, limit, seed), True, 3),
     "digits": DatasetSpec("digits", "features", lambda split, limit, seed: load_digits(split, limit, seed), True, 10),
 }
 
 
-def load_dataset(name: str, split: Split = "train", limit: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def load_dataset(name: str, split: Split = "train", limit: int | None = None,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Raw inputs and int64 labels of a named dataset (see ``DATASETS``)."""
     return _dataset_spec(name).load(split, limit, seed)
 
@@ -295,10 +298,8 @@ def _write_cache_atomic(path: Path, F: np.ndarray, y: np.ndarray, meta: dict[str
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
@@ -348,7 +349,8 @@ def cached_features(
     return F, y
 
 
-def encode_with_progress(backbone: Any, inputs: Any, *, batch_size: int = 64, progress: bool = True, desc: str = "") -> np.ndarray:
+def encode_with_progress(backbone: Any, inputs: Any, *, batch_size: int = 64, progress: bool = True,
+                         desc: str = "") -> np.ndarray:
     """Strictly encode a dataset in chunks with a tqdm bar (dataset items must all be valid)."""
     from tqdm import tqdm
 

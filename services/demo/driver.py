@@ -15,29 +15,32 @@ import base64
 import io
 import json
 import sys
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from tqdm import tqdm
 
-from unlearn.infra.broker import LocalBroker
+from unlearn.infra.broker import LocalBroker, free_port
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import Quantizer, l2_normalize
+from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.services.client.head_reader import read_heads, wait_for_head
-
+from unlearn.services.client.head_reader import HeadFollower
 
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
+WARMUP_HEAD = "demo-warmup"  # the head of the one warm-up add (not part of the report)
 
 
 @dataclass
@@ -60,59 +63,81 @@ def _png(img: np.ndarray) -> bytes:
 
 
 def load_demo_data(dataset: str, n_train: int, n_test: int) -> DemoData:
-    """Train inputs as request payloads; test features from the on-disk feature cache."""
-    from unlearn.services.demo.datasets import DatasetUnavailableError, cached_features, load_digits, load_fashion_mnist, load_tweets
+    """Train inputs as request payloads; test features from the on-disk feature cache. Falls back
+    to sklearn digits when Fashion-MNIST is not available offline."""
+    from unlearn.services.demo.datasets import DatasetUnavailableError
 
     if dataset == "fashion":
         try:
-            X, y = load_fashion_mnist("train", limit=n_train)
-            F_test, y_test = cached_features("fashion-mnist", "efficientnet-lite0", "test", n_test)
-            Xt, _ = load_fashion_mnist("test", limit=SERVE_PROBES)
-            probes = {"image_png": [base64.b64encode(_png(x)).decode() for x in Xt]}
-            return DemoData("fashion-mnist", "efficientnet-lite0", [ImageInput(_png(x)) for x in X], y, F_test, y_test,
-                            probes)
+            return _fashion_data(n_train, n_test)
         except DatasetUnavailableError as exc:
             print(f"note: {exc}\nnote: falling back to sklearn digits (pixels as features)", file=sys.stderr)
             dataset = "digits"
     if dataset == "tweets":
-        T, y = load_tweets("train", limit=n_train)
-        F_test, y_test = cached_features("tweets", "minilm", "test", n_test)
-        Tt, _ = load_tweets("test", limit=SERVE_PROBES)
-        return DemoData("tweets", "minilm", [TextInput(str(t)) for t in T], y, F_test, y_test,
-                        {"text": [str(t) for t in Tt]})
+        return _tweets_data(n_train, n_test)
+    return _digits_data(n_train, n_test)
+
+
+def _fashion_data(n_train: int, n_test: int) -> DemoData:
+    """PNG images through efficientnet-lite0 (in the featurizer)."""
+    from unlearn.services.demo.datasets import cached_features, load_fashion_mnist
+
+    X, y = load_fashion_mnist("train", limit=n_train)
+    F_test, y_test = cached_features("fashion-mnist", "efficientnet-lite0", "test", n_test)
+    Xt, _ = load_fashion_mnist("test", limit=SERVE_PROBES)
+    probes = {"image_png": [base64.b64encode(_png(x)).decode() for x in Xt]}
+    return DemoData("fashion-mnist", "efficientnet-lite0", [ImageInput(_png(x)) for x in X], y, F_test, y_test,
+                    probes)
+
+
+def _tweets_data(n_train: int, n_test: int) -> DemoData:
+    """Texts through minilm (in the featurizer)."""
+    from unlearn.services.demo.datasets import cached_features, load_tweets
+
+    T, y = load_tweets("train", limit=n_train)
+    F_test, y_test = cached_features("tweets", "minilm", "test", n_test)
+    Tt, _ = load_tweets("test", limit=SERVE_PROBES)
+    return DemoData("tweets", "minilm", [TextInput(str(t)) for t in T], y, F_test, y_test,
+                    {"text": [str(t) for t in Tt]})
+
+
+def _digits_data(n_train: int, n_test: int) -> DemoData:
+    """Pixels as features (passthrough backbone: bit-reproducible, fast, always offline)."""
+    from unlearn.services.demo.datasets import load_digits
+
     X, y = load_digits("train")
     Xt, yt = load_digits("test")
     X, y = X[:n_train], y[:n_train]
-    return DemoData("digits", "features", [FeaturesInput(tuple(map(float, x))) for x in X], y, Xt[:n_test], yt[:n_test],
-                    {"features": Xt[:SERVE_PROBES].tolist()})
+    return DemoData("digits", "features", [FeaturesInput(tuple(map(float, x))) for x in X], y, Xt[:n_test],
+                    yt[:n_test], {"features": Xt[:SERVE_PROBES].tolist()})
 
 
-class ReceiptWatcher(threading.Thread):
-    """Collects receipt arrival times (started before any delete is produced)."""
+class ReceiptWatcher:
+    """Collects receipt arrival times. Started (offsets fixed at the topic's end) before any delete
+    is produced, so every receipt of the run is seen."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(daemon=True)
-        self.settings = settings
         self.arrived: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._stop = threading.Event()
-        self.ready = threading.Event()
+        self._follower = TopicFollower(settings, settings.topic("receipts"), self._on_record, start_at="end",
+                                       role="demo-receipts")
 
-    def run(self) -> None:
-        c = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}demo-receipts"))
-        topic = self.settings.topic("receipts")
-        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        self.ready.set()
-        while not self._stop.is_set():
-            m = c.poll(0.2)
-            if m is None or m.error():
-                continue
-            r = decode_receipt(m.value())
-            self.arrived[r.event_id] = (time.time(), {"status": r.status, "version": r.head_version, "reason": r.reason})
-        c.close()
+    def start(self, timeout: float = 30.0) -> ReceiptWatcher:
+        """Returns once partitions are assigned (``TopicReadError`` if not within ``timeout``)."""
+        self._follower.start(wait_assigned=timeout)
+        return self
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop reading and close the consumer (before the broker stops)."""
+        self._follower.stop()
+
+    def _on_record(self, record: LogRecord) -> None:
+        if record.value is None:
+            return
+        try:
+            r = decode_receipt(record.value)
+        except CodecError:
+            return  # not a receipt the demo can time; the pipeline's own tests judge the format
+        self.arrived[r.event_id] = (time.time(), {"status": r.status, "version": r.head_version, "reason": r.reason})
 
 
 @dataclass
@@ -128,16 +153,21 @@ class Phase:
 
 
 class Demo:
+    """One run of the demo: ``run()`` owns the broker, the services and every in-process client;
+    the phases (``_scenarios``) produce requests and wait on the heads and receipts they cause."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out = Path(args.out)
         self.head = args.head
         self.phases: list[Phase] = []
         self.produce_times: dict[str, float] = {}
+        self.pending_receipts: list[str] = []
         self.seq = 0
 
     # ------------------------------------------------------------------ helpers
     def request(self, op: str, i: int, client: str) -> Request:
+        """The ``op`` request of train sample ``i`` (subject ``user<i mod subjects>``)."""
         self.seq += 1
         subject = f"user{i % self.args.subjects}"
         if op == "add":
@@ -146,10 +176,12 @@ class Demo:
         return Request(f"ev{self.seq}", "delete", self.head, client, subject, f"sample{i}")
 
     def send(self, op: str, idx: list[int], desc: str) -> list[str]:
+        """Produce ``op`` for each sample in ``idx`` (round-robin over the clients); their event ids."""
         events = []
         for k, i in enumerate(tqdm(idx, desc=desc, unit="ev", leave=False) if desc else idx):
             req = self.request(op, int(i), f"client{k % self.args.clients}")
-            self.producer.produce(self.settings.topic("requests"), key=req.subject_id.encode(), value=encode_request(req))
+            self.producer.produce(self.settings.topic("requests"), key=req.subject_id.encode(),
+                                  value=encode_request(req))
             self.produce_times[req.event_id] = time.time()
             events.append(req.event_id)
             self.producer.poll(0)
@@ -157,27 +189,34 @@ class Demo:
         return events
 
     def wait_retained(self, n: int, desc: str, timeout: float) -> HeadUpdate:
+        """Wait until the head retains ``n`` samples and every pending receipt arrived."""
         deadline = time.monotonic() + timeout
         bar = tqdm(total=n, desc=desc, unit="samples", leave=False)
-        while True:
-            h = read_heads(self.settings, [self.head], timeout=30).get(self.head)
-            if h is not None:
-                bar.n = min(h.n_retained, n) if n else 0
-                bar.refresh()
-                if h.n_retained == n and (not self.pending_receipts or self.receipts_done()):
-                    bar.close()
-                    return h
-            if time.monotonic() > deadline:
-                bar.close()
-                logs = "\n".join(f"--- {p.name}\n{p.log_tail(15)}" for p in self.procs)
-                raise TimeoutError(f"head {self.head!r} did not reach n_retained={n} in {timeout}s "
-                                   f"(last: {None if h is None else h.n_retained})\n{logs}")
-            time.sleep(0.3)
+        try:
+            while True:
+                h = self.heads.get(self.head)
+                if h is not None:
+                    bar.n = min(h.n_retained, n) if n else 0
+                    bar.refresh()
+                    if h.n_retained == n and (not self.pending_receipts or self.receipts_done()):
+                        return h
+                if time.monotonic() > deadline:
+                    raise TimeoutError(self._stuck_message(n, timeout, h))
+                time.sleep(0.1)
+        finally:
+            bar.close()
+
+    def _stuck_message(self, n: int, timeout: float, h: HeadUpdate | None) -> str:
+        logs = "\n".join(f"--- {p.name}\n{p.log_tail(15)}" for p in self.procs)
+        reader = f"; heads reader: {self.heads.error}" if self.heads.error else ""
+        return (f"head {self.head!r} did not reach n_retained={n} in {timeout}s "
+                f"(last: {None if h is None else h.n_retained}){reader}\n{logs}")
 
     def receipts_done(self) -> bool:
         return all(e in self.receipts.arrived for e in self.pending_receipts)
 
     def accuracy(self, h: HeadUpdate) -> float:
+        """Test accuracy of the head's weights on the (quantized, normalized) test features."""
         q = Quantizer(self.settings.frac_bits)
         F = q.dequantize(q.quantize(l2_normalize(self.data.F_test)))
         W = np.asarray(h.weights)
@@ -196,56 +235,95 @@ class Demo:
         t_start = time.time()
         print(f"[1/6] loading {a.dataset} (train {a.n_train}, test {a.n_test}; test features cached on disk)")
         self.data = load_demo_data(a.dataset, a.n_train, a.n_test)
-        n = len(self.data.y_train)
-        with LocalBroker(log_path=self.out / "broker.log") as broker:
-            from unlearn.infra.broker import free_port
+        with LocalBroker(log_path=self.out / "broker.log") as broker, self._services(broker), self._clients():
+            return self._scenarios(len(self.data.y_train), t_start)
 
-            self.settings = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="demo.",
-                                              data_dir=str(self.out / "state"), profile="tansu",
-                                              serve_port=free_port())
-            create_topics(self.settings)
-            print(f"[2/6] broker at {broker.bootstrap}; starting featurizer, ledger worker and serving "
-                  f"(http://127.0.0.1:{self.settings.serve_port})")
-            self.procs = [ServiceProcess("featurizer", ["featurizer"], self.settings, self.out / "logs").start(),
-                          ServiceProcess("ledger", ["ledger"], self.settings, self.out / "logs").start(),
-                          ServiceProcess("serve", ["serve"], self.settings, self.out / "logs").start()]
-            self.receipts = ReceiptWatcher(self.settings)
-            self.receipts.start()
-            self.receipts.ready.wait(30)
-            self.pending_receipts: list[str] = []
-            self.producer = Producer(producer_config(self.settings))
-            try:
-                return self._scenarios(n, t_start)
-            finally:
-                self.receipts.stop()
-                for p in self.procs:
-                    p.stop()
+    @contextmanager
+    def _services(self, broker: LocalBroker) -> Iterator[None]:
+        """Topics, then the featurizer, ledger worker and serving as child processes (stopped on exit,
+        while the broker is still up)."""
+        self.settings = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="demo.",
+                                          data_dir=str(self.out / "state"), profile="tansu",
+                                          serve_port=free_port())
+        create_topics(self.settings)
+        print(f"[2/6] broker at {broker.bootstrap}; starting featurizer, ledger worker and serving "
+              f"(http://127.0.0.1:{self.settings.serve_port})")
+        self.procs = [ServiceProcess(name, [name], self.settings, self.out / "logs")
+                      for name in ("featurizer", "ledger", "serve")]
+        try:
+            for p in self.procs:
+                p.start()
+            yield
+        finally:
+            for p in self.procs:
+                p.stop()
+
+    @contextmanager
+    def _clients(self) -> Iterator[None]:
+        """The demo's own Kafka clients: the receipt watcher and the heads follower (both reading
+        before the first request is produced) and the request producer. All are closed on exit,
+        before the services and the broker stop, so no client is left reconnecting to a gone broker."""
+        self.receipts = ReceiptWatcher(self.settings)
+        self.heads = HeadFollower(self.settings, [self.head, WARMUP_HEAD])
+        self.producer = Producer(producer_config(self.settings))
+        try:
+            self.receipts.start(30)
+            self.heads.start(30)
+            yield
+        finally:
+            self.receipts.stop()
+            self.heads.stop()
+            self.producer.flush(10)
+            self.producer.close()
 
     def _scenarios(self, n: int, t_start: float) -> int:
-        a = self.args
-        rng = np.random.default_rng(0)
-        # Warm-up on a separate head: the timed phases start once both workers have joined their
-        # consumer groups (a join takes ~30 s on tansu), so throughput measures the pipeline.
-        warm = Request("warmup", "add", "demo-warmup", "demo", "warmup", "w0", 0, FeaturesInput((1.0, 0.0)))
+        """The paper's scenarios in order, then the checks and the report; the exit code."""
+        self._warm_up()
+        self._initial_adds(n)
+        retained, before_burst = self._chunked_deletes(n)
+        lat, h = self._burst_and_readd(retained)
+        exact_return = h.digest == before_burst
+        print("[6/6] replay verifier and a served prediction")
+        cert = self.verify()
+        served = self.serve_check(h)
+        report = self.report(n, lat, exact_return, cert, t_start, served)
+        return 0 if report["ok"] else 1
+
+    def _warm_up(self) -> None:
+        """One add on a separate head: the timed phases start once both workers have joined their
+        consumer groups (a join takes seconds on tansu), so throughput measures the pipeline."""
+        warm = Request("warmup", "add", WARMUP_HEAD, "demo", "warmup", "w0", 0, FeaturesInput((1.0, 0.0)))
         self.producer.produce(self.settings.topic("requests"), key=b"warmup", value=encode_request(warm))
         self.producer.flush(30)
         with tqdm(desc="waiting for the workers to join", bar_format="{desc} {elapsed}", leave=False):
-            wait_for_head(self.settings, "demo-warmup", lambda u: True, timeout=a.timeout)
-        print(f"[3/6] streaming {n} add events from {a.clients} clients through {self.data.backbone}")
+            self.heads.wait(WARMUP_HEAD, lambda u: True, timeout=self.args.timeout)
+
+    def _initial_adds(self, n: int) -> None:
+        print(f"[3/6] streaming {n} add events from {self.args.clients} clients through {self.data.backbone}")
         t0 = time.time()
         self.send("add", list(range(n)), "add")
-        h = self.wait_retained(n, "ledger", a.timeout)
+        h = self.wait_retained(n, "ledger", self.args.timeout)
         self.record("initial adds", n, t0, h, events_per_s=n / (time.time() - t0))
+
+    def _chunked_deletes(self, n: int) -> tuple[list[int], str]:
+        """Delete 20% of the data per step, in a random order; what is retained, and the digest."""
         print("[4/6] chunked deletions: 20% of the data per step")
-        retained = list(rng.permutation(n))
+        retained = [int(i) for i in np.random.default_rng(0).permutation(n)]
         chunk = n // 5
-        for step in range(a.chunk_steps):
+        h = self.heads.get(self.head)
+        for step in range(self.args.chunk_steps):
             gone, retained = retained[:chunk], retained[chunk:]
             t0 = time.time()
             self.pending_receipts = self.send("delete", gone, f"delete step {step + 1}")
-            h = self.wait_retained(len(retained), f"delete step {step + 1}", a.timeout)
+            h = self.wait_retained(len(retained), f"delete step {step + 1}", self.args.timeout)
             self.record(f"chunk delete {step + 1} (-20%)", len(gone), t0, h)
-        before_burst = h.digest
+        assert h is not None  # the initial adds published it
+        return retained, h.digest
+
+    def _burst_and_readd(self, retained: list[int]) -> tuple[np.ndarray, HeadUpdate]:
+        """Single-sample deletions one by one (delete-to-receipt latency), then re-adding them.
+        The latencies (ms) and the final head."""
+        a = self.args
         burst = retained[:a.burst]
         print(f"[5/6] burst of {len(burst)} single-sample deletions, then re-adding them")
         t0 = time.time()
@@ -262,41 +340,20 @@ class Demo:
         self.send("add", burst, "re-add")
         h = self.wait_retained(len(retained), "re-add", a.timeout)
         self.record(f"re-add {len(burst)}", len(burst), t0, h)
-        exact_return = h.digest == before_burst
-        print("[6/6] replay verifier and a served prediction")
-        cert = self.verify()
-        served = self.serve_check(h)
-        report = self.report(n, lat, exact_return, cert, t_start, served)
-        return 0 if report["ok"] else 1
+        return lat, h
 
     def verify(self) -> dict[str, Any]:
-        try:
-            from unlearn.services.verifier.core import verify_head
-        except ImportError as exc:  # pragma: no cover - wired when the verifier lands
-            return {"ok": False, "error": f"verifier unavailable: {exc}"}
+        """The replay verifier's certificate of the demo head (JSON-ready; ``ok`` says if it passed)."""
+        from unlearn.services.verifier import verify_head
+
         return verify_head(self.settings, self.head, orders=3, partitions=3)
 
     def serve_check(self, h: HeadUpdate) -> dict[str, Any]:
         """Ask `unlearn serve` for predictions on a few test inputs; they must come from the final
         head (same version and digest) and agree with the published weights."""
-        import urllib.error
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self.settings.serve_port}/v1/heads/{self.head}/predict"
-        body = json.dumps(self.data.serve_inputs).encode()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    got = json.loads(resp.read())
-                if got.get("version", -1) >= h.version:
-                    break
-            except (urllib.error.URLError, OSError) as exc:
-                got = {"error": str(exc)}
-            if time.monotonic() > deadline:
-                return {"ok": False, "error": f"no prediction from the final head: {got}"}
-            time.sleep(1.0)
+        got = self._served_predictions(h.version)
+        if "predictions" not in got:
+            return {"ok": False, "error": f"no prediction from the final head: {got}"}
         q = Quantizer(self.settings.frac_bits)
         k = len(got["predictions"])
         local = np.argmax(q.dequantize(q.quantize(l2_normalize(self.data.F_test[:k]))) @ np.asarray(h.weights), axis=1)
@@ -305,8 +362,32 @@ class Demo:
                 "mode": got["mode"], "agree_with_published_head": int((served == local).sum()), "probes": k,
                 "mean_variance": float(np.mean([p.get("variance") or 0.0 for p in got["predictions"]]))}
 
+    def _served_predictions(self, version: int, timeout: float = 60.0) -> dict[str, Any]:
+        """Serving's answer once it serves ``version`` or later (it follows ``heads`` on its own);
+        after ``timeout`` seconds, its last answer or ``{"error": ...}``."""
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.settings.serve_port}/v1/heads/{self.head}/predict"
+        body = json.dumps(self.data.serve_inputs).encode()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    got: dict[str, Any] = json.loads(resp.read())
+                if got.get("version", -1) >= version:
+                    return got
+            except (urllib.error.URLError, OSError) as exc:
+                got = {"error": str(exc)}
+            if time.monotonic() > deadline:
+                got.pop("predictions", None)  # an older head's answer is no answer
+                return got
+            time.sleep(1.0)
+
     def report(self, n: int, lat: np.ndarray, exact_return: bool, cert: dict[str, Any], t_start: float,
                served: dict[str, Any]) -> dict[str, Any]:
+        """Write report.json and phases.png, print the summary; the report (``ok`` = every check held)."""
         # Re-adding restores the digest bit for bit only when the backbone is bit-reproducible:
         # a neural backbone's output for an input can differ in the last bits with the batch it is
         # encoded in, and a re-add is a new encoding (its old q was erased with the delete, as
@@ -319,35 +400,39 @@ class Demo:
             "phases": [p.__dict__ for p in self.phases],
             "delete_to_receipt_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
             "throughput_events_per_s": self.phases[0].extra.get("events_per_s"),
-            "readd_restores_digest": exact_return, "backbone_bit_reproducible": self.data.backbone == "features",
+            "readd_restores_digest": exact_return, "backbone_bit_reproducible": reproducible,
             "verifier": cert, "serving": served, "ok": ok,
             "wall_seconds": time.time() - t_start,
         }
         (self.out / "report.json").write_text(json.dumps(rep, indent=2, default=str))
         self.plot()
+        self._print_summary(rep, len(lat))
+        return rep
+
+    def _print_summary(self, rep: dict[str, Any], n_burst: int) -> None:
+        cert, served, exact_return = rep["verifier"], rep["serving"], rep["readd_restores_digest"]
         print("\n== results ==")
         for p in self.phases:
             print(f"  {p.name:<28} test acc {p.accuracy:.4f}   {p.seconds:6.1f} s")
         print(f"  delete->receipt latency  p50 {rep['delete_to_receipt_ms']['p50']:.0f} ms   "
-              f"p99 {rep['delete_to_receipt_ms']['p99']:.0f} ms   (burst of {len(lat)})")
+              f"p99 {rep['delete_to_receipt_ms']['p99']:.0f} ms   (burst of {n_burst})")
         print(f"  add throughput {rep['throughput_events_per_s']:.0f} events/s end to end (incl. the backbone)")
         dev = cert.get("retrain_deviation")
         print(f"  verifier: {'PASS' if cert.get('ok') else 'FAIL'} "
               f"({cert.get('summary', cert.get('error', ''))})")
-        why = "" if exact_return or reproducible else (
+        why = "" if exact_return or rep["backbone_bit_reproducible"] else (
             f" ({self.data.backbone} re-encoded the re-added inputs with last-bit differences (batch effects), so "
             "they are new samples to the ledger; their first q's were erased with the deletes)")
         print(f"  exactness: re-adding the burst restores the ledger digest bit for bit: {exact_return}{why}; "
               f"deviation from an independent retrain: {dev if dev is not None else 'n/a'}")
         if served.get("ok"):
             print(f"  serving: version {served['version']} ({served['mode']}), digest {served['digest'][:16]}: "
-                  f"{served['agree_with_published_head']}/{served['probes']} predictions agree with the published head "
-                  f"(mean predictive variance {served['mean_variance']:.3g})")
+                  f"{served['agree_with_published_head']}/{served['probes']} predictions agree with the published "
+                  f"head (mean predictive variance {served['mean_variance']:.3g})")
         else:
             print(f"  serving: FAIL ({served.get('error')})")
         print(f"  report: {self.out / 'report.json'}   plot: {self.out / 'phases.png'}   "
               f"total {rep['wall_seconds']:.0f} s")
-        return rep
 
     def plot(self) -> None:
         import matplotlib

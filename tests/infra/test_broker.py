@@ -135,6 +135,31 @@ def test_run_broker_forever_prints_bootstrap_and_stops_on_sigterm() -> None:
             child.wait()
 
 
+@pytest.mark.broker
+def test_unlearn_broker_logs_its_readiness_line() -> None:
+    """`unlearn broker` takes --loglevel like every long-running command and, after the bootstrap
+    line on stdout, logs the one readiness line operators and tests wait for."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "unlearn.services.cli", "broker", "--loglevel", "info"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        bootstrap = child.stdout.readline().strip().split("=", 1)[1]
+        seen = []
+        for _ in range(20):
+            seen.append(child.stderr.readline())
+            if "ready" in seen[-1]:
+                break
+        assert f"unlearn broker ready bootstrap={bootstrap!r}" in seen[-1], seen
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def test_run_broker_forever_rejects_data_dir_clearly(tmp_path: Path) -> None:
     with pytest.raises(BrokerError, match="only memory storage is supported"):
         run_broker_forever(None, tmp_path)

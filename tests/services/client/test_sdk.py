@@ -3,6 +3,7 @@ the real featurizer + ledger workers; plus an upstream app written from the JSON
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -39,27 +40,25 @@ def pipeline(broker_target, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     finally:
         for p in procs:
             p.stop()
-        try:
+        with contextlib.suppress(Exception):
             delete_topics(s, topic_names(s).values())
-        except Exception:
-            pass
 
 
 def features(seed: int, n: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, D))
 
 
-def read_all(settings: Settings, topic: str, timeout: float = 30.0) -> list:
-    from unlearn.services.verifier.core import read_topic
-
-    return read_topic(settings, settings.topic(topic), timeout=timeout)
-
-
 def head_digest_at(settings: Settings, head: str, version: int) -> str:
-    from unlearn.services.verifier.core import read_head_updates
+    """The digest the head published at ``version`` (read straight off ``heads``)."""
+    from unlearn.infra.topic_reader import keys_in, read_topic
+    from unlearn.schemas.head_codec import decode_head
 
-    ups, _ = read_head_updates(read_all(settings, "heads"), head)
-    return next(u.digest for u in ups if u.version == version)
+    for r in read_topic(settings, settings.topic("heads"), keep=keys_in([head]), timeout=30):
+        assert r.value is not None
+        h = decode_head(r.value)
+        if h.version == version:
+            return h.digest
+    raise AssertionError(f"head {head!r} never published version {version}")
 
 
 # --------------------------------------------------------------------------- an app from the schema alone
@@ -68,8 +67,8 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
     hand, keyed by subject id, a plain confluent-kafka producer; it reads its receipt itself."""
     import jsonschema
 
-    from unlearn.ledger import ExactLedger
     from unlearn.features.contract import quantize_feature_row
+    from unlearn.ledger import ExactLedger
 
     s = pipeline
     request_schema = json.loads((SCHEMA_DIR / "request.v1.schema.json").read_text())
@@ -175,8 +174,8 @@ def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -
 
 def test_wait_receipt_timeout_names_the_event_and_head(settings: Settings, capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
-    from unlearn.services.client.sdk import ReceiptTimeout, UnlearnClient
     from unlearn.services.client.cli import delete_main
+    from unlearn.services.client.sdk import ReceiptTimeout, UnlearnClient
 
     with UnlearnClient(settings) as client:
         h = client.delete("lonely-head", "x", "s")
@@ -216,7 +215,8 @@ def test_cli_files_arguments_and_wait(pipeline: Settings, tmp_path: Path, capsys
 
     # a bad line: nothing is produced, the error names the line
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"sample_id": "f0", "subject_id": "c0"}) + "\n" + json.dumps({"sample_id": 3, "subject_id": "c0"}) + "\n")
+    bad.write_text(json.dumps({"sample_id": "f0", "subject_id": "c0"}) + "\n"
+                   + json.dumps({"sample_id": 3, "subject_id": "c0"}) + "\n")
     assert delete_main([*common, "--head", "cli", "--file", str(bad), "--wait"]) == 1
     assert f"{bad}:2: bad_field:sample_id" in capsys.readouterr().err
 
@@ -253,3 +253,47 @@ def test_cli_argument_errors(settings: Settings, tmp_path: Path, capsys: pytest.
                           '"input": {"kind": "features", "values": [1]}}'], "add", {"client_id": "cli"})
     assert [r.input.kind for r in reqs] == ["text", "features"] and reqs[0].client_id == "cli"
     assert reqs[1].event_id == "e" and reqs[1].label == (1.5,)
+
+
+# --------------------------------------------------------------------------- the receipt listener
+def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> None:
+    from unlearn.services.client.sdk import ClientError, ReceiptListener
+
+    missing = settings.with_(topic_prefix=settings.topic_prefix + "nothing-here.")
+    listener = ReceiptListener(missing)
+    with pytest.raises(ClientError, match=r"does not exist.*unlearn topics create"):
+        listener.start(timeout=2.0)
+    assert not listener.running
+
+
+def test_a_dead_listener_fails_its_waiters(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading thread dying is reported to every waiter (not a silent timeout)."""
+    from unlearn.infra.profiles import producer_config
+    from unlearn.services.client import sdk
+
+    def broken(_value: bytes) -> Receipt:
+        raise RuntimeError("decoder exploded")
+
+    monkeypatch.setattr(sdk, "decode_receipt", broken)
+    listener = sdk.ReceiptListener(settings).start()
+    try:
+        listener.register("ev-1")
+        p = Producer(producer_config(settings))
+        p.produce(settings.topic("receipts"), key=b"s", value=b"{}")
+        assert p.flush(10) == 0
+        with pytest.raises(sdk.ClientError, match="decoder exploded"):
+            listener.wait("ev-1", 30)
+        with pytest.raises(sdk.ClientError, match="not registered"):
+            listener.wait("ev-unknown", 1)
+    finally:
+        listener.close()
+
+
+def test_the_sdk_is_importable_from_the_package() -> None:
+    import unlearn.services.client as client_pkg
+    from unlearn.services.client import UnlearnClient, sdk
+
+    assert UnlearnClient is sdk.UnlearnClient
+    assert set(client_pkg.__all__) == set(sdk.__all__)
+    with pytest.raises(AttributeError):
+        _ = client_pkg.NoSuchThing  # type: ignore[attr-defined]

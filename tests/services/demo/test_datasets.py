@@ -28,7 +28,7 @@ def test_fashion_mnist_shapes_and_labels() -> None:
     assert np.bincount(y).tolist() == [6000] * 10  # official split is balanced
     Xt, yt = ds.load_fashion_mnist("test", limit=100)
     assert Xt.shape == (100, 28, 28) and yt.shape == (100,)
-    assert 0 <= yt.min() and yt.max() <= 9
+    assert yt.min() >= 0 and yt.max() <= 9
     full_t, _ = ds.load_fashion_mnist("test")
     np.testing.assert_array_equal(full_t[:100], Xt)  # limit = prefix of the file order
     assert X.max() == 255 and X.mean() > 50  # real pixels, not an empty buffer
@@ -69,7 +69,7 @@ def test_digits() -> None:
     X, y = ds.load_digits()
     assert X.shape == (1797, 64) and X.dtype == np.float32 and y.dtype == np.int64
     assert X.min() == 0.0 and X.max() == 1.0 and set(np.unique(y)) == set(range(10))
-    Xtr, ytr = ds.load_digits("train")
+    Xtr, _ = ds.load_digits("train")
     Xte, _ = ds.load_digits("test")
     assert len(Xtr) + len(Xte) == 1797 and len(Xte) == 359
     assert ds.load_digits("train", limit=10)[0].shape == (10, 64)
@@ -148,14 +148,14 @@ def test_cache_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_cache_rejects_kind_mismatch_without_loading(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="image inputs.*encodes text"):
+    with pytest.raises(ValueError, match=r"image inputs.*encodes text"):
         ds.cached_features("fashion-mnist", "minilm", "train", limit=5, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown dataset"):
         ds.cached_features("cifar10", "features", "train", cache_dir=tmp_path)
 
 
 def test_cache_real_image_backbone(tmp_path: Path) -> None:
-    F, y = ds.cached_features("fashion-mnist", "efficientnet-lite0", "test", limit=16, cache_dir=tmp_path,
+    F, _ = ds.cached_features("fashion-mnist", "efficientnet-lite0", "test", limit=16, cache_dir=tmp_path,
                               device="cpu", progress=False)
     assert F.shape == (16, 1280) and F.dtype == np.float32 and np.isfinite(F).all()
     assert (tmp_path / "fashion-mnist__efficientnet-lite0@112px__test__16__v1.npz").is_file()
