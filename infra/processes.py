@@ -83,6 +83,25 @@ class ServiceProcess:
                 self.proc.wait(10)
         return self.proc.returncode
 
+    def wait_for_log(self, text: str, timeout: float = 60.0, after_start: int | None = None) -> float:
+        """Seconds until ``text`` appears in the log of start number ``after_start`` (default: the
+        latest start); raises TimeoutError (with the log's tail) if it does not in ``timeout``."""
+        marker = f"===== start {self.starts - 1 if after_start is None else after_start} "
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            try:
+                log = self.log_path.read_text(errors="replace")
+            except OSError:
+                log = ""
+            i = log.rfind(marker)
+            if i >= 0 and text in log[i:]:
+                return time.monotonic() - t0
+            if self.proc is not None and self.proc.poll() is not None and i >= 0 and text not in log[i:]:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before logging {text!r}:\n"
+                                   + self.log_tail())
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not log {text!r} within {timeout:g}s:\n" + self.log_tail())
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

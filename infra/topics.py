@@ -31,10 +31,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter")
+TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter", "ledger-state")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name)."""
 
-COMPACTED: frozenset[str] = frozenset({"heads"})
+COMPACTED: frozenset[str] = frozenset({"heads", "ledger-state"})
 """Logical topics created with cleanup.policy=compact."""
 
 

@@ -12,7 +12,7 @@ services
   broker          run the local tansu broker (prints bootstrap=127.0.0.1:PORT)
   topics          create/list the topics (unlearn topics create --bootstrap B)
   featurizer      requests -> exact deltas (backbones, feature cache, deadletters)
-  ledger          deltas -> exact ledger per head -> heads, receipts (faust worker)
+  ledger          deltas -> exact ledger per head -> heads, receipts (consumer-group worker)
   serve           HTTP predictions from the latest heads
 tools
   head            print the latest head of a head id
@@ -24,31 +24,38 @@ tools
 
 
 def _ledger_main(argv: list[str]) -> int:
+    """``unlearn ledger``: the worker options every long-running command takes, plus --worker-id."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
-    ap.add_argument("--bootstrap")
-    ap.add_argument("--worker-id", default="ledger-0", help="separates local data dirs of workers on one host")
-    ap.add_argument("--loglevel", default="warning")
-    args = ap.parse_args(argv)
-    from unlearn.infra.cli_args import CliUsageError, settings_from_args
-    from unlearn.streams.ledger.app import run_ledger_worker
+    from unlearn.infra.cli_args import add_worker_args, settings_from_args, setup_logging
 
+    ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
+    add_worker_args(ap)
+    ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and the consumer group")
+    args = ap.parse_args(argv)
+    setup_logging(args.loglevel)
     try:
         settings = settings_from_args(args)
-    except CliUsageError as exc:
+    except ValueError as exc:  # no broker (CliUsageError) or invalid settings
         ap.error(str(exc))
-    run_ledger_worker(settings, args.worker_id, args.loglevel)
-    return 0
+    from unlearn.streams.ledger.worker import run_ledger_worker
+
+    return run_ledger_worker(settings, args.worker_id, args.loglevel)
 
 
 def _broker_main(argv: list[str]) -> int:
+    """``unlearn broker``: tansu until SIGINT/SIGTERM; ``bootstrap=HOST:PORT`` on stdout, then the
+    readiness line in the log (stderr)."""
     import argparse
+
+    from unlearn.infra.cli_args import add_loglevel_arg, setup_logging
 
     ap = argparse.ArgumentParser(prog="unlearn broker", description="Run the local tansu broker.")
     ap.add_argument("--port", type=int)
     ap.add_argument("--data", help="persistent storage dir (needs a local S3; see README)")
+    add_loglevel_arg(ap)
     args = ap.parse_args(argv)
+    setup_logging(args.loglevel)
     from unlearn.infra.broker import BrokerError, run_broker_forever
 
     try:
@@ -71,13 +78,13 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "topics": _lazy("unlearn.infra.topics", "topics_main"),
     "featurizer": _lazy("unlearn.streams.featurizer.service", "featurizer_main"),
     "ledger": _ledger_main,
-    "serve": _lazy("unlearn.services.serving.app", "serve_main"),
+    "serve": _lazy("unlearn.services.serving.cli", "serve_main"),
     "head": _lazy("unlearn.services.client.head_reader", "head_main"),
     "add": _lazy("unlearn.services.client.cli", "add_main"),
     "delete": _lazy("unlearn.services.client.cli", "delete_main"),
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),
-    "verify": _lazy("unlearn.services.verifier.core", "verify_main"),
-    "export-deltas": _lazy("unlearn.services.verifier.core", "export_deltas_main"),
+    "verify": _lazy("unlearn.services.verifier.cli", "verify_main"),
+    "export-deltas": _lazy("unlearn.services.verifier.cli", "export_deltas_main"),
     "demo": _lazy("unlearn.services.demo.driver", "demo_main"),
 }
 

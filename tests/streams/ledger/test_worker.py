@@ -1,5 +1,6 @@
-"""The faust ledger processor against a real broker: exactness end to end, kill -9 recovery,
-and two workers sharing heads through a rebalance."""
+"""The ledger worker against a real broker: exactness end to end, kill -9 recovery with several
+heads per partition, two workers sharing heads through rebalances, and state that does not match
+the log (a recreated topic: refused with a clear error; a lost state topic: rebuilt exactly)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from confluent_kafka import Producer
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topics import create_topics, delete_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.client.head_reader import read_heads, wait_for_head
@@ -137,3 +139,85 @@ def test_two_workers_share_heads_through_a_rebalance(settings: Settings, tmp_pat
     finally:
         a.stop()
         b.stop()
+
+
+def test_kill_minus_nine_with_many_heads_per_partition_recovers_fast(settings: Settings, tmp_path: Path) -> None:
+    """Eight heads on two partitions (so heads share partitions), kill -9 at random points: every
+    head ends exact, and a restarted worker is ready again within seconds."""
+    s = worker_settings(settings, tmp_path).with_(partitions=2, topic_prefix=settings.topic_prefix + "p2.")
+    create_topics(s)
+    stream = Stream([f"m{i}" for i in range(8)], d=6, seed=5)
+    rng = np.random.default_rng(6)
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    recoveries = []
+    try:
+        worker.wait_for_log("unlearn ledger ready", timeout=60)
+        for _ in range(4):
+            produce(s, [stream.next_message() for _ in range(int(rng.integers(30, 80)))])
+            time.sleep(float(rng.uniform(0.2, 2.5)))
+            worker.kill9()
+            worker.start()
+            recoveries.append(worker.wait_for_log("unlearn ledger ready", timeout=60))
+        produce(s, [stream.next_message() for _ in range(20)])
+        assert_final_heads_exact(s, stream, timeout=120)
+    finally:
+        worker.stop()
+        delete_topics(s, [s.topic(t) for t in ("requests", "deltas", "heads", "receipts", "deadletter",
+                                              "ledger-state")])
+    assert max(recoveries) < 15, recoveries  # loose bound for a loaded CI box; bench.chaos measures
+
+
+def test_a_recreated_deltas_topic_is_refused_with_a_clear_error(settings: Settings, tmp_path: Path) -> None:
+    """State that belongs to an earlier incarnation of ``deltas`` is never used to skip events."""
+    s = worker_settings(settings, tmp_path)
+    stream = Stream(["r1"], d=5, seed=7)
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    try:
+        produce(s, [stream.next_message() for _ in range(20)])
+        assert_final_heads_exact(s, stream)
+    finally:
+        assert worker.stop() == 0
+    delete_topics(s, [s.topic("deltas")])
+    time.sleep(1.0)
+    create_topics(s)
+    wait_for_topics(s, [s.topic("deltas")])
+    produce(s, [stream.next_message() for _ in range(3)])
+    worker.start()
+    assert worker.proc is not None
+    assert worker.proc.wait(60) == 2, worker.log_tail()
+    assert "recreated" in worker.log_tail() or "log ends at" in worker.log_tail(), worker.log_tail()
+
+
+def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(settings: Settings,
+                                                                         tmp_path: Path) -> None:
+    """Without ledger-state the worker replays deltas from offset 0: the same (version, digest)
+    pairs come out again, so a head version never names two ledgers."""
+    s = worker_settings(settings, tmp_path)
+    stream = Stream(["q1", "q2"], d=5, seed=8)
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    try:
+        produce(s, [stream.next_message() for _ in range(40)])
+        assert_final_heads_exact(s, stream)
+        before = {h: (u.version, u.digest) for h, u in read_heads(s).items()}
+    finally:
+        assert worker.stop() == 0
+    delete_topics(s, [s.topic("ledger-state")])
+    time.sleep(1.0)
+    create_topics(s)
+    worker.start()
+    try:
+        worker.wait_for_log("unlearn ledger ready", timeout=60)
+        produce(s, [stream.next_message() for _ in range(10)])
+        assert_final_heads_exact(s, stream)
+    finally:
+        worker.stop()
+    from unlearn.infra.topic_reader import read_topic
+    from unlearn.schemas.head_codec import decode_head
+
+    digests: dict[tuple[str, int], set[str]] = {}
+    for r in read_topic(s, s.topic("heads")):
+        u = decode_head(r.value or b"")
+        digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+    assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests"
+    for h, (version, digest) in before.items():
+        assert digests[(h, version)] == {digest}

@@ -1,0 +1,151 @@
+"""The ledger worker's crash-consistency rules, without I/O (docs/design.md section 4).
+
+A ledger worker owns ``deltas`` partitions. For each one it keeps the heads whose deltas are on
+that partition and, in the ``ledger-state`` changelog partition of the same number, their
+snapshots plus one *checkpoint record*: the partition's **floor** (every deltas message below it
+is covered by the durable snapshots the record names) and the identity of the ``deltas`` topic
+the state belongs to. Three invariants make the ledger exact under kill -9, rebalances and broker
+restarts; each has a function here and a test without a broker:
+
+1. **A floor never passes durable state** (:func:`safe_floor`): the floor of a partition is at
+   most the first offset of any head in it whose events are not all in a durable snapshot.
+2. **Recovery starts at the floor, and never skips** (:func:`check_recovery`): a worker resumes
+   a partition at its checkpoint's floor (not at a consumer-group offset, which a framework or an
+   operator may move), and refuses state that does not belong to the log it reads: another topic
+   incarnation (topic id), a floor beyond the log's end (truncated or recreated log), or a log
+   that starts after the floor (events lost to retention). It raises :class:`StaleStateError`
+   naming the mismatch instead of guessing.
+3. **A (head, version) pair has one digest**: versions count applied deltas messages and replay
+   starts from a snapshot taken at a message boundary, so a replay recomputes the same versions
+   from the same ledger states (``HeadRuntime``; tested there and by the chaos benchmark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import orjson
+
+__all__ = [
+    "CHECKPOINT_KEY_PREFIX",
+    "Checkpoint",
+    "HeadPointer",
+    "StaleStateError",
+    "check_recovery",
+    "latest_checkpoint",
+    "piece_key",
+    "safe_floor",
+]
+
+CHECKPOINT_KEY_PREFIX = b"checkpoint/"
+_FORMAT = "unlearn.ledger-checkpoint/v1"
+
+
+class StaleStateError(RuntimeError):
+    """The state found does not belong to the log: the worker stops rather than skip or double."""
+
+
+@dataclass(frozen=True)
+class HeadPointer:
+    """Where a head's latest durable snapshot is in the changelog partition."""
+
+    generation: int
+    applied_offset: int  # last deltas offset the snapshot covers
+    sha256: str  # of the whole snapshot blob (snapshot.state_sha)
+    piece_offsets: tuple[int, ...]  # changelog offsets of its pieces, in order
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The durable position of one ``deltas`` partition."""
+
+    partition: int
+    floor: int  # next deltas offset to read: everything below is in the snapshots named here
+    topic_id: str  # the deltas topic incarnation this state belongs to ("" if unknown)
+    heads: Mapping[str, HeadPointer] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "format": _FORMAT, "partition": self.partition, "floor": self.floor, "topic_id": self.topic_id,
+            "heads": {h: {"generation": p.generation, "applied_offset": p.applied_offset, "sha256": p.sha256,
+                          "piece_offsets": list(p.piece_offsets)} for h, p in sorted(self.heads.items())},
+        })
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Checkpoint:
+        try:
+            doc = orjson.loads(raw)
+            if doc.get("format") != _FORMAT:
+                raise ValueError(f"unknown checkpoint format {doc.get('format')!r}")
+            heads = {h: HeadPointer(int(p["generation"]), int(p["applied_offset"]), str(p["sha256"]),
+                                    tuple(int(o) for o in p["piece_offsets"])) for h, p in doc["heads"].items()}
+            return cls(int(doc["partition"]), int(doc["floor"]), str(doc["topic_id"]), heads)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StaleStateError(f"unreadable checkpoint record: {exc}") from None
+
+
+def piece_key(head_id: str, slot: int, index: int) -> bytes:
+    """Changelog key of a snapshot piece. Two slots (double buffering), so that on a compacting
+    broker the pieces a checkpoint names are still the latest values of their keys until a newer
+    checkpoint names the other slot."""
+    return f"piece/{head_id}/{slot}/{index}".encode()
+
+
+def checkpoint_key(partition: int) -> bytes:
+    return CHECKPOINT_KEY_PREFIX + str(partition).encode()
+
+
+def safe_floor(next_offset: int, last_touched: Mapping[str, int], durable: Mapping[str, int]) -> int:
+    """The highest floor that does not pass durable state (invariant 1).
+
+    ``next_offset``: one past the last deltas message processed in the partition;
+    ``last_touched``: head -> offset of its last message processed; ``durable``: head -> applied
+    offset of its latest durable snapshot (absent: none). A head with events beyond its durable
+    snapshot holds the floor at its durable offset + 1 (the first of its events that could be
+    lost), whatever other heads did.
+    """
+    floor = next_offset
+    for head, last in last_touched.items():
+        done = durable.get(head, -1)
+        if done < last:
+            floor = min(floor, done + 1)
+    return floor
+
+
+def check_recovery(cp: Checkpoint | None, topic_id: str, log_start: int, log_end: int) -> int:
+    """Where to resume a partition, or :class:`StaleStateError` (invariant 2).
+
+    ``log_start``/``log_end``: the first offset and one past the last offset the deltas partition
+    holds now; ``topic_id``: the deltas topic's id now ("" where the broker has none)."""
+    if cp is None:
+        if log_start > 0:
+            raise StaleStateError(
+                f"no ledger state for deltas partition, and its log starts at offset {log_start}: the events "
+                "before it are gone (retention), so the ledger cannot be rebuilt; restore the ledger-state topic")
+        return 0
+    if cp.topic_id and topic_id and cp.topic_id != topic_id:
+        raise StaleStateError(
+            f"ledger state of partition {cp.partition} belongs to deltas topic id {cp.topic_id}, but the topic "
+            f"now has id {topic_id} (recreated): delete the ledger-state topic to rebuild from the new log")
+    if cp.floor > log_end:
+        raise StaleStateError(
+            f"ledger state of partition {cp.partition} covers deltas up to offset {cp.floor}, but the log ends at "
+            f"{log_end} (truncated, or a different broker): refusing to skip; delete the ledger-state topic to "
+            "rebuild from the log")
+    if cp.floor < log_start:
+        raise StaleStateError(
+            f"ledger state of partition {cp.partition} resumes at offset {cp.floor}, but the log starts at "
+            f"{log_start}: events in between are gone (retention); cannot stay exact")
+    return cp.floor
+
+
+def latest_checkpoint(records: Iterable[tuple[int, bytes | None, bytes | None]], partition: int) -> Checkpoint | None:
+    """The checkpoint of ``partition`` with the highest changelog offset among ``records``
+    ((offset, key, value) triples; tombstones and other keys ignored)."""
+    want = checkpoint_key(partition)
+    best: tuple[int, bytes] | None = None
+    for offset, key, value in records:
+        if key == want and value is not None and (best is None or offset > best[0]):
+            best = (offset, value)
+    return None if best is None else Checkpoint.decode(best[1])

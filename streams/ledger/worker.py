@@ -1,0 +1,430 @@
+"""The ledger worker: ``deltas`` in, exact per-head ledgers, head updates and receipts out.
+
+A thin shell around ``HeadRuntime`` (the rules), ``checkpoint`` (the crash-consistency
+invariants) and ``ChangelogStore`` (durable state in the ``ledger-state`` topic). Per deltas
+message (key = head id, so one head's deltas are totally ordered): decode -> apply to the head's
+exact ledger and fast head -> produce a head update, receipts for applied deletes, dead letters
+for rejected entries. Every ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` per
+partition, and before a partition is given up:
+
+1. wait until every output produced so far is durable (so no receipt can be lost behind a floor);
+2. write a snapshot of every head touched since the last checkpoint to ``ledger-state``;
+3. write the partition's checkpoint record (floor = next offset to read, by ``safe_floor``);
+4. commit the floor to the consumer group (for lag monitoring only: recovery never reads it).
+
+On assignment a partition is rebuilt from its checkpoint and resumed at its floor, after
+``check_recovery`` made sure the state belongs to the log (docs/design.md section 4).
+
+Why not faust: its offset bookkeeping commits past an unacked message when acks have a gap
+(faust-streaming #312, #606), can resume fetching before seeking to committed offsets (#216),
+its exactly-once mode cannot start on the embedded broker, and its group join there takes
+~30 s. Kafka Streams' model (state in a changelog topic, restore before processing) is kept;
+the worker owns its offsets so that exactness does not depend on a framework's.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from unlearn.infra.cli_args import log_ready
+from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.ledger.tracked import HeadMode
+from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
+from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
+from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.receipts import Receipt, encode_receipt
+
+from .checkpoint import Checkpoint, HeadPointer, StaleStateError, check_recovery, safe_floor
+from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head
+from .state_store import ChangelogStore
+
+log = logging.getLogger("unlearn.ledger")
+
+STAGE = "ledger"
+
+
+class LedgerWorkerError(RuntimeError):
+    """The worker cannot go on safely (an output could not be delivered, state does not match)."""
+
+
+@dataclass
+class PartitionState:
+    """What the worker holds for one ``deltas`` partition it owns."""
+
+    partition: int
+    next_offset: int  # next deltas offset to process
+    heads: dict[str, HeadRuntime] = field(default_factory=dict)
+    pointers: dict[str, HeadPointer] = field(default_factory=dict)  # latest durable snapshot per head
+    last_touched: dict[str, int] = field(default_factory=dict)  # head -> offset of its last message since checkpoint
+    pending: int = 0  # messages processed since the last checkpoint
+    last_checkpoint: float = field(default_factory=time.monotonic)
+
+
+class LedgerWorker:
+    """One ledger worker process (one consumer-group member)."""
+
+    def __init__(self, settings: Settings, worker_id: str = "ledger-0") -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.settings = settings
+        self.worker_id = worker_id
+        self.deltas_topic = settings.topic("deltas")
+        self.heads_topic = settings.topic("heads")
+        self.receipts_topic = settings.topic("receipts")
+        self.deadletter_topic = settings.topic("deadletter")
+        self.group = f"{settings.topic_prefix}ledger"
+        self.consumer = Consumer(consumer_config(settings, self.group, **{
+            "client.id": worker_id,
+            # Eager rebalances: every partition is checkpointed and given up, then reassigned and
+            # rebuilt from its checkpoint. Simple to reason about; rebuilding costs the state size.
+            "partition.assignment.strategy": "roundrobin",
+        }))
+        self.producer = Producer(producer_config(settings, **{"client.id": worker_id}))
+        self.store = ChangelogStore(settings)
+        self.partitions: dict[int, PartitionState] = {}
+        self.head_partition: dict[str, int] = {}
+        self.topic_id = ""
+        self.delivery_errors: list[str] = []
+        self.fatal: BaseException | None = None
+        self.ready = False
+        self.stopping = False
+        self.on_ready: Callable[[], None] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def run(self) -> None:
+        """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``)."""
+        self.topic_id = _topic_id(self.settings, self.deltas_topic)
+        self.consumer.subscribe([self.deltas_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        try:
+            while not self.stopping:
+                msgs = self.consumer.consume(num_messages=500, timeout=0.05)
+                self._raise_if_fatal()
+                for m in msgs:
+                    self._on_message(m)
+                self.producer.poll(0)
+                self._raise_if_delivery_failed()
+                self._timed_resets()
+                self._checkpoint_due()
+            self._checkpoint_all()
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def _close(self) -> None:
+        try:
+            self.consumer.close()  # leaves the group: the others rebalance at once
+        except Exception as exc:  # closing after a fatal error: nothing more to save
+            log.debug("consumer close: %s", exc)
+        self.producer.flush(self.settings.admin_timeout)
+        self.store.close()
+
+    def _raise_if_fatal(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _raise_if_delivery_failed(self) -> None:
+        if self.delivery_errors:
+            # An output that cannot be delivered must not be covered by a checkpoint: stop, and
+            # the restart replays from the last floor (nothing lost, nothing doubled).
+            raise LedgerWorkerError(f"output delivery failed: {self.delivery_errors[:3]}")
+
+    # ---------------------------------------------------------------- rebalances
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        started = time.monotonic()
+        try:
+            for tp in partitions:
+                ps = self._recover(tp.partition)
+                self.partitions[tp.partition] = ps
+                tp.offset = ps.next_offset
+            consumer.assign(partitions)
+        except Exception as exc:  # surfaced from run(): never process a partition we could not rebuild
+            self.fatal = exc
+            consumer.assign([])
+            return
+        owned = sorted(self.partitions)
+        took = time.monotonic() - started
+        if not self.ready:
+            self.ready = True
+            log_ready("ledger", worker=self.worker_id, group=self.group, deltas_topic=self.deltas_topic,
+                      partitions=owned, recovery_s=round(took, 3))
+            if self.on_ready is not None:
+                self.on_ready()
+        else:
+            log.info("assigned deltas partitions %s (rebuilt in %.3fs)", owned, took)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            if tp.partition in self.partitions and self.fatal is None:
+                try:
+                    self.checkpoint(tp.partition)
+                except Exception as exc:
+                    self.fatal = exc
+            self._drop(tp.partition)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        # Another worker owns them now: writing state for them could race its writes.
+        for tp in partitions:
+            log.warning("deltas partition %d lost (session timeout); dropping its state", tp.partition)
+            self._drop(tp.partition)
+
+    def _drop(self, partition: int) -> None:
+        ps = self.partitions.pop(partition, None)
+        if ps is not None:
+            for head_id in ps.heads:
+                self.head_partition.pop(head_id, None)
+
+    def _recover(self, partition: int) -> PartitionState:
+        """Rebuild a partition from its checkpoint and check it belongs to the log (invariant 2)."""
+        cp, heads = self.store.recover(partition)
+        log_start, log_end = _log_bounds(self.settings, self.consumer, self.deltas_topic, partition,
+                                         cp.floor if cp is not None else 0)
+        floor = check_recovery(cp, self.topic_id, log_start, log_end)
+        ps = PartitionState(partition, floor)
+        for head_id, (meta, ledger) in heads.items():
+            head = HeadRuntime.from_snapshot(meta, ledger, self._head_config(head_id))
+            ps.heads[head_id] = head
+            self.head_partition[head_id] = partition
+        if cp is not None:
+            ps.pointers = dict(cp.heads)
+        log.info("deltas partition %d: %d heads restored, resuming at offset %d", partition, len(ps.heads), floor)
+        return ps
+
+    # ---------------------------------------------------------------- the fold
+    def _head_config(self, head_id: str) -> HeadConfig:
+        s = self.settings
+        return HeadConfig(s.gamma_for(head_id), s.reset_every_events, s.drift_threshold)
+
+    def _on_message(self, m: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        err = m.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("deltas consumer: %s", err)
+            return
+        ps = self.partitions.get(m.partition())
+        if ps is None or m.offset() < ps.next_offset:
+            return  # not ours (any more), or already covered by the partition's state
+        ps.next_offset = m.offset() + 1
+        ps.pending += 1
+        self.handle(ps, m.offset(), m.key(), m.value() or b"")
+
+    def handle(self, ps: PartitionState, offset: int, key: bytes | None, raw: bytes) -> None:
+        """Fold one deltas message (already counted in ``ps``)."""
+        part = ps.partition
+        try:
+            delta = decode_delta(raw)
+            if key and key.decode("utf-8", "replace") != delta.head_id:
+                raise CodecError(f"message key {key!r} is not the head id {delta.head_id!r}: "
+                                 "deltas must be keyed by head id to stay ordered")
+        except CodecError as exc:
+            self._deadletter(DeadLetter(raw, "bad_delta", str(exc), STAGE, self.deltas_topic, part, offset, key,
+                                        None, time.time()))
+            return
+        owner = self.head_partition.get(delta.head_id)
+        if owner is not None and owner != part:
+            self._reject_all(delta, raw, part, offset, key, "wrong_partition",
+                             f"head {delta.head_id!r} lives on deltas partition {owner}, not {part}: "
+                             "a head's deltas must share one partition (key them by head id)")
+            return
+        head = ps.heads.get(delta.head_id)
+        if head is None:
+            if not creates_head(delta):
+                self._reject_all(delta, raw, part, offset, key, "unknown_head",
+                                 f"head {delta.head_id!r} does not exist yet: its first event must be an add")
+                return
+            head = HeadRuntime.new(delta.head_id, delta, self._head_config(delta.head_id))
+            ps.heads[delta.head_id] = head
+            self.head_partition[delta.head_id] = part
+            log.info("head %r created (d=%d)", delta.head_id, delta.d)
+        outcome = head.apply(delta, offset, part)
+        ps.last_touched[head.head_id] = offset
+        if outcome.skipped:
+            log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)
+            return
+        self._publish(head, outcome, raw, part, offset, key)
+
+    # ---------------------------------------------------------------- outputs
+    def _produce(self, topic: str, key: bytes, value: bytes) -> None:
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.delivery_errors.append(f"{topic}: {err}")
+
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+    def head_update(self, head: HeadRuntime, mode: HeadMode | None = None) -> HeadUpdate:
+        mode = mode or head.mode
+        posterior = head.tracked.tracker.T if (mode == "exact" and self.settings.publish_posterior) else None
+        return HeadUpdate(
+            head_id=head.head_id, version=head.version, mode=mode, digest=head.digest(),
+            n_retained=head.ledger.count, events_covered=head.events_covered,
+            offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
+            gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior)
+
+    def _publish(self, head: HeadRuntime, outcome: ApplyOutcome, raw: bytes, part: int, offset: int,
+                 key: bytes | None) -> None:
+        self._produce(self.heads_topic, head.head_id.encode(), encode_head(self.head_update(head)))
+        now = time.time()
+        for d in outcome.deletes:
+            r = Receipt.applied(d.event_id, d.subject_id, head.head_id, d.sample_ids, head.version, head.digest(), now)
+            self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
+        for rej in outcome.rejections:
+            self._rejected(head.head_id, rej, raw, part, offset, key)
+
+    def _reject_all(self, delta: Delta, raw: bytes, part: int, offset: int, key: bytes | None, reason: str,
+                    detail: str) -> None:
+        for i, e in enumerate(delta.entries):
+            rej = Rejection(i, e.sign, reason, detail, e.event_ids, e.sample_ids, e.subject_ids)
+            self._rejected(delta.head_id, rej, raw, part, offset, key)
+
+    def _rejected(self, head_id: str, rej: Rejection, raw: bytes, part: int, offset: int, key: bytes | None) -> None:
+        first_event = rej.event_ids[0] if rej.event_ids else None
+        detail = f"entry {rej.entry_index} ({'add' if rej.sign > 0 else 'delete'}, {len(rej.event_ids)} rows): {rej.detail}"
+        self._deadletter(DeadLetter(raw, rej.reason, detail, STAGE, self.deltas_topic, part, offset, key, first_event,
+                                    time.time()))
+        if rej.sign < 0:
+            groups: dict[str, tuple[str, list[str]]] = {}
+            for ev, sample, subject in zip(rej.event_ids, rej.sample_ids, rej.subject_ids, strict=False):
+                groups.setdefault(ev, (subject, []))[1].append(sample)
+            for ev, (subject, samples) in groups.items():
+                r = Receipt.rejected(ev, subject, head_id, samples, rej.reason, time.time())
+                self._produce(self.receipts_topic, subject.encode(), encode_receipt(r))
+
+    def _deadletter(self, rec: DeadLetter) -> None:
+        log.warning("deadletter %s: %r", rec.reason, rec.detail)
+        self._produce(self.deadletter_topic, rec.key or b"", encode_deadletter(rec))
+
+    # ---------------------------------------------------------------- checkpoints
+    def _checkpoint_due(self) -> None:
+        now = time.monotonic()
+        for part, ps in list(self.partitions.items()):
+            if ps.pending and (ps.pending >= self.settings.checkpoint_every_messages
+                               or now - ps.last_checkpoint >= self.settings.checkpoint_every_seconds):
+                self.checkpoint(part)
+
+    def _checkpoint_all(self) -> None:
+        for part in sorted(self.partitions):
+            if self.partitions[part].pending:
+                self.checkpoint(part)
+
+    def checkpoint(self, part: int) -> None:
+        """Make ``part``'s processed messages durable: outputs, snapshots, then the checkpoint."""
+        ps = self.partitions[part]
+        if self.producer.flush(self.settings.admin_timeout):
+            raise LedgerWorkerError("outputs not delivered within the admin timeout; not checkpointing")
+        self._raise_if_delivery_failed()
+        for head_id, last in sorted(ps.last_touched.items()):
+            head = ps.heads.get(head_id)
+            ptr = ps.pointers.get(head_id)
+            if head is None or (ptr is not None and ptr.applied_offset >= last and head.dirty_since_snapshot == 0):
+                continue
+            ps.pointers[head_id] = self.store.write_snapshot(part, head.meta(), head.ledger, ptr)
+            head.dirty_since_snapshot = 0
+        floor = safe_floor(ps.next_offset, ps.last_touched,
+                           {h: p.applied_offset for h, p in ps.pointers.items()})
+        self.store.write_checkpoint(Checkpoint(part, floor, self.topic_id, dict(ps.pointers)))
+        self._commit_floor(part, floor)
+        ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
+        ps.pending = 0
+        ps.last_checkpoint = time.monotonic()
+
+    def _commit_floor(self, part: int, floor: int) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.deltas_topic, part, floor)], asynchronous=True)
+        except KafkaException as exc:  # informative only (lag monitoring); the checkpoint is what counts
+            log.debug("commit of partition %d floor %d: %s", part, floor, exc)
+
+    # ---------------------------------------------------------------- timers
+    def _timed_resets(self) -> None:
+        """Canonical heads on a clock: a fast head older than ``reset_every_seconds`` is reset
+        and republished as exact (same version: the ledger did not change)."""
+        for ps in self.partitions.values():
+            for head in ps.heads.values():
+                if head.timed_reset_due(self.settings.reset_every_seconds):
+                    head.reset("timer")
+                    self._produce(self.heads_topic, head.head_id.encode(), encode_head(self.head_update(head)))
+
+
+def _topic_id(settings: Settings, topic: str) -> str:
+    """The topic's id ("" where the broker gives none): names a topic incarnation."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    admin = AdminClient(admin_config(settings))  # kept alive until the result is in
+    try:
+        fut = admin.describe_topics(TopicCollection([topic]))[topic]
+        return str(fut.result(timeout=settings.admin_timeout).topic_id or "")
+    except Exception as exc:  # an old broker without topic ids: the offset checks still apply
+        log.warning("topic id of %s unavailable (%s); recreated topics are detected by offsets only", topic, exc)
+        return ""
+
+
+def _log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, floor: int) -> tuple[int, int]:
+    """(first offset, one past the last offset) of a deltas partition. ListOffsets can report an
+    end that is too early on the embedded broker; when ``floor`` lies beyond it, the true end is
+    read from a fetch (partition EOF), so a correct state is never refused."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    timeout = settings.admin_timeout
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    low, high = max(0, int(low)), max(0, int(high))
+    if floor <= high:
+        return low, high
+    probe = Consumer(consumer_config(settings, f"{settings.topic_prefix}ledger-probe", **{"enable.partition.eof": True}))
+    try:
+        probe.assign([TopicPartition(topic, partition, high)])
+        deadline = time.monotonic() + timeout
+        end = high
+        while time.monotonic() < deadline:
+            m = probe.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    return low, max(end, int(m.offset()))
+                continue
+            end = m.offset() + 1
+        return low, end
+    finally:
+        probe.close()
+
+
+def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info") -> int:
+    """Run one ledger worker until SIGINT/SIGTERM; 0 on a clean stop, 2 on state that does not
+    match the log (the message names the mismatch)."""
+    from threadpoolctl import threadpool_limits
+
+    from unlearn.infra.topics import create_topics
+
+    # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
+    # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).
+    with threadpool_limits(limits=settings.ledger_blas_threads, user_api="blas"):
+        create_topics(settings)
+        worker = LedgerWorker(settings, worker_id)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: worker.stop())
+        try:
+            worker.run()
+        except StaleStateError as exc:
+            log.error("%s", exc)
+            return 2
+    log.info("ledger worker %r stopped", worker_id)
+    return 0
