@@ -273,7 +273,7 @@ def test_profile_settings_are_per_broker_kind() -> None:
         assert c["receive.message.max.bytes"] >= c["fetch.max.bytes"] + 512
         assert producer_config(s)["message.max.bytes"] >= s.max_message_bytes
         assert faust_app_kwargs(s)["processing_guarantee"] == "at_least_once"
-    assert consumer_config(tansu, "g")["session.timeout.ms"] == 6000
+    assert consumer_config(tansu, "g")["session.timeout.ms"] == 3000
     assert "session.timeout.ms" not in consumer_config(kafka, "g")
     assert faust_app_kwargs(tansu)["producer_max_batch_size"] == 1
     assert "producer_max_batch_size" not in faust_app_kwargs(kafka)
