@@ -18,7 +18,6 @@ __all__ = [
     "BrokerQuirks",
     "admin_config",
     "consumer_config",
-    "faust_app_kwargs",
     "producer_config",
     "quirks",
     "topic_config",
@@ -44,7 +43,8 @@ class BrokerQuirks:
     """tansu shows records of aborted transactions to read_committed consumers: correctness
     must not depend on transactions (docs/design.md section 4)."""
     aiokafka_idempotence: bool
-    """tansu rejects aiokafka's InitProducerId v0: faust exactly_once cannot start there."""
+    """tansu rejects aiokafka's InitProducerId v0: aiokafka-based frameworks (faust's exactly_once)
+    cannot use idempotence or transactions there. The project's clients are librdkafka's."""
     auto_creates_topics_with_4_partitions: bool
     """tansu auto-creates unknown topics with 4 partitions: always create topics explicitly."""
     fetch_returns_on_data: bool
@@ -161,62 +161,3 @@ def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
         # tansu accepts but never runs compaction (BrokerQuirks.compaction_runs).
         conf["cleanup.policy"] = "compact"
     return conf
-
-
-class _DriverModuleProxy:
-    """Stands in for the ``aiokafka`` module inside faust's driver only, with another consumer."""
-
-    def __init__(self, module: Any, consumer: Any) -> None:
-        self._module = module
-        self.AIOKafkaConsumer = consumer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
-
-
-def tune_faust_consumer(settings: Settings) -> None:
-    """faust 0.15 hard-codes ``fetch_max_wait_ms=1500`` for its consumer. On a broker that holds
-    every fetch for the full wait (tansu) that adds ~750 ms per hop, so the tansu profile swaps
-    in a consumer with ``fetch_max_wait_ms(settings)`` -- inside faust's driver module only, not
-    for other users of aiokafka. A no-op where fetches return on data (Kafka)."""
-    if quirks(settings).fetch_returns_on_data:
-        return
-    import faust.transport.drivers.aiokafka as driver
-
-    real = driver.aiokafka._module if isinstance(driver.aiokafka, _DriverModuleProxy) else driver.aiokafka
-    wait = fetch_max_wait_ms(settings)
-
-    class ShortPollConsumer(real.AIOKafkaConsumer):  # type: ignore[misc, name-defined]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["fetch_max_wait_ms"] = wait
-            super().__init__(*args, **kwargs)
-
-    driver.aiokafka = _DriverModuleProxy(real, ShortPollConsumer)
-
-
-def faust_app_kwargs(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """Keyword arguments for ``faust.App(id, **faust_app_kwargs(settings))``: broker parts only."""
-    size = settings.max_message_bytes + _FRAMING_SLACK
-    kw: dict[str, Any] = {
-        "broker": ";".join(f"kafka://{b.strip()}" for b in _bootstrap(settings).split(",")),
-        # faust exactly_once has open duplicate/crash bugs and needs transactions that tansu
-        # mishandles: the ledger is designed for at-least-once (docs/design.md section 4).
-        "processing_guarantee": "at_least_once",
-        "consumer_auto_offset_reset": "earliest",
-        "producer_max_request_size": size,
-        "consumer_max_fetch_size": size,  # aiokafka max_partition_fetch_bytes
-        "producer_acks": -1,
-        "topic_partitions": settings.partitions,
-    }
-    if settings.profile == "tansu":
-        # ListOffsets(latest) is wrong after a multi-record batch, and faust table recovery uses
-        # it: with default batching recovery crashed (ConsistencyError) or silently lost table
-        # updates. aiokafka's max_batch_size is in bytes; 1 forces one record per batch, which
-        # made recovery correct (memory and rocksdb stores). Costs producer throughput.
-        kw["producer_max_batch_size"] = 1
-        # Not tuned on purpose: faust's default session/rebalance timeouts make a group join on
-        # tansu take ~30 s, and 6 s timeouts make it ~3 s -- but with them a two-worker rebalance
-        # test stalled (a worker stopped consuming without error) in 2 of 20 runs under load.
-        # Slow joins are a test-time cost; a stalled ledger is not acceptable.
-    kw.update(overrides)
-    return kw

@@ -1,5 +1,5 @@
 """``unlearn``: one entry point for every service and tool. Subcommands import lazily so that
-`unlearn head` does not pay for torch, and `unlearn broker` does not pay for faust."""
+`unlearn head` does not pay for torch, and `unlearn broker` does not pay for numpy."""
 
 from __future__ import annotations
 

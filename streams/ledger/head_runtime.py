@@ -1,6 +1,6 @@
 """One head inside the ledger processor: exact ledger + fast tracker + bookkeeping, no I/O.
 
-The faust app is a thin shell around this: it hands each ``deltas`` message with its offset to
+The ledger worker (worker.py) is a thin shell around this: it hands each ``deltas`` message with its offset to
 ``HeadRuntime.apply`` and publishes what comes back. Keeping the logic here makes every rule
 (skip redelivered offsets, reject bad entries without touching state, receipts, reset policy)
 testable without a broker.

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from unlearn.infra.broker import BrokerBinaryNotFound, BrokerError, LocalBroker, find_tansu_binary, run_broker_forever
-from unlearn.infra.profiles import admin_config, consumer_config, faust_app_kwargs, producer_config, quirks
+from unlearn.infra.profiles import admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
 
@@ -272,11 +272,8 @@ def test_profile_settings_are_per_broker_kind() -> None:
         assert c["max.partition.fetch.bytes"] >= s.max_message_bytes
         assert c["receive.message.max.bytes"] >= c["fetch.max.bytes"] + 512
         assert producer_config(s)["message.max.bytes"] >= s.max_message_bytes
-        assert faust_app_kwargs(s)["processing_guarantee"] == "at_least_once"
     assert consumer_config(tansu, "g")["session.timeout.ms"] == 3000
     assert "session.timeout.ms" not in consumer_config(kafka, "g")
-    assert faust_app_kwargs(tansu)["producer_max_batch_size"] == 1
-    assert "producer_max_batch_size" not in faust_app_kwargs(kafka)
     assert consumer_config(tansu, "g", **{"enable.auto.commit": True})["enable.auto.commit"] is True
     assert not quirks(tansu).compaction_runs and quirks(kafka).compaction_runs
     with pytest.raises(ValueError, match="UNLEARN_BOOTSTRAP"):
