@@ -193,6 +193,17 @@ class FeatureCache:
         row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
         return -1 if row is None else int(row[0])
 
+    @property
+    def topic_id(self) -> str:
+        """Id of the requests topic this cache was built from ("" if never recorded)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'topic_id'").fetchone()
+        return "" if row is None else str(row[0])
+
+    def bind_topic_id(self, topic_id: str) -> None:
+        """Record the topic incarnation this cache follows (once; a different id is an error)."""
+        if topic_id and self.topic_id != topic_id:
+            self._check_meta({"topic_id": topic_id})
+
     def heads(self) -> list[HeadInfo]:
         rows = self._db.execute(
             "SELECT head_id, backbone, input_kind, dim, label_kind, label_width, frac_bits, label_frac_bits "

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
@@ -113,6 +114,7 @@ class FeaturizerService:
         self._pending: list[Any] = []
         self._fatal: BaseException | None = None
         self._consumer: Any = None
+        self.topic_id = ""  # the requests topic's id, read at start
         self._producer: Any = None
         self.stats = {"batches": 0, "events": 0, "accepted": 0, "rows": 0, "deadletters": 0, "receipts": 0,
                       "deltas": 0, "replayed": 0}
@@ -127,6 +129,7 @@ class FeaturizerService:
         self._consumer = Consumer(consumer_config(self.settings, self.group))
         clean = False
         try:
+            self.topic_id = topic_id(self.settings, self.topic)
             self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
             log.info("featurizer group=%s topic=%s stream=%s federated=%s batch<=%d/%dms",
@@ -165,7 +168,7 @@ class FeaturizerService:
 
     # ------------------------------------------------------------------ rebalance
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        from confluent_kafka import TopicPartition
 
         try:
             for tp in partitions:
@@ -183,9 +186,7 @@ class FeaturizerService:
                     cache.ack_outbox(r.seq for r in rows)
                     self.stats["replayed"] += len(rows)
                 off = cache.applied_offset
-                if off >= 0:
-                    tp.offset = off + 1
-                else:
+                if off < 0:
                     committed = consumer.committed([TopicPartition(self.topic, p)], timeout=self.settings.admin_timeout)
                     if committed and committed[0].offset > 0:
                         raise LostCacheError(
@@ -193,7 +194,7 @@ class FeaturizerService:
                             f"committed offset {committed[0].offset}: deletes need the cached q of earlier adds. "
                             "Restore the cache file (or move the partition back to the host that has it), or "
                             "start over with a fresh ledger and a new consumer group.")
-                    tp.offset = OFFSET_BEGINNING
+                tp.offset = self._resume_offset(consumer, p, cache)
                 log.info("partition %d assigned: cache at offset %d, %d samples", p, off, cache.count())
             consumer.assign(partitions)
         except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
@@ -205,6 +206,19 @@ class FeaturizerService:
             self.ready.set()
             if self.on_ready is not None:
                 self.on_ready()
+
+    def _resume_offset(self, consumer: Any, partition: int, cache: FeatureCache) -> int:
+        """Where the partition resumes: after the cache's last offset, if the cache belongs to
+        this log (same topic incarnation, offset within the log); else StaleStateError."""
+        off = cache.applied_offset
+        next_offset = off + 1 if off >= 0 else None
+        low, end = log_bounds(self.settings, consumer, self.topic, partition, next_offset or 0)
+        start = check_resume(
+            f"feature cache {cache.path} (partition {partition})", next_offset, cache.topic_id, self.topic_id, low,
+            end, "move the data dir away to start over with an empty cache (and a fresh ledger), or point the "
+                 "featurizer at the broker and topic its cache came from")
+        cache.bind_topic_id(self.topic_id)
+        return start
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         gone = {tp.partition for tp in partitions}
@@ -390,6 +404,9 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
                                          data_dir=str(settings.data_dir))
     try:
         return service.run(stop)
+    except StaleStateError as exc:  # a restart would not help: the operator must decide
+        log.error("featurizer stopped: %s", exc)
+        return 2
     except Exception as exc:  # fatal: report and exit non-zero (a restart resumes from the cache)
         log.error("featurizer failed: %s", exc, exc_info=True)
         return 1

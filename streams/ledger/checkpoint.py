@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from unlearn.infra.log_position import StaleStateError, check_resume
+
 __all__ = [
     "CHECKPOINT_KEY_PREFIX",
     "Checkpoint",
@@ -42,8 +44,8 @@ CHECKPOINT_KEY_PREFIX = b"checkpoint/"
 _FORMAT = "unlearn.ledger-checkpoint/v1"
 
 
-class StaleStateError(RuntimeError):
-    """The state found does not belong to the log: the worker stops rather than skip or double."""
+_FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
+        "broker and topics its state came from")
 
 
 @dataclass(frozen=True)
@@ -118,26 +120,9 @@ def check_recovery(cp: Checkpoint | None, topic_id: str, log_start: int, log_end
 
     ``log_start``/``log_end``: the first offset and one past the last offset the deltas partition
     holds now; ``topic_id``: the deltas topic's id now ("" where the broker has none)."""
-    if cp is None:
-        if log_start > 0:
-            raise StaleStateError(
-                f"no ledger state for deltas partition, and its log starts at offset {log_start}: the events "
-                "before it are gone (retention), so the ledger cannot be rebuilt; restore the ledger-state topic")
-        return 0
-    if cp.topic_id and topic_id and cp.topic_id != topic_id:
-        raise StaleStateError(
-            f"ledger state of partition {cp.partition} belongs to deltas topic id {cp.topic_id}, but the topic "
-            f"now has id {topic_id} (recreated): delete the ledger-state topic to rebuild from the new log")
-    if cp.floor > log_end:
-        raise StaleStateError(
-            f"ledger state of partition {cp.partition} covers deltas up to offset {cp.floor}, but the log ends at "
-            f"{log_end} (truncated, or a different broker): refusing to skip; delete the ledger-state topic to "
-            "rebuild from the log")
-    if cp.floor < log_start:
-        raise StaleStateError(
-            f"ledger state of partition {cp.partition} resumes at offset {cp.floor}, but the log starts at "
-            f"{log_start}: events in between are gone (retention); cannot stay exact")
-    return cp.floor
+    what = "ledger state" if cp is None else f"ledger state of deltas partition {cp.partition}"
+    return check_resume(what, None if cp is None else cp.floor, "" if cp is None else cp.topic_id, topic_id,
+                        log_start, log_end, _FIX)
 
 
 def latest_checkpoint(records: Iterable[tuple[int, bytes | None, bytes | None]], partition: int) -> Checkpoint | None:

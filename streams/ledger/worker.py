@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unlearn.infra.cli_args import log_ready
+from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.ledger.tracked import HeadMode
@@ -40,7 +41,7 @@ from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
 
-from .checkpoint import Checkpoint, HeadPointer, StaleStateError, check_recovery, safe_floor
+from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
 from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head
 from .state_store import ChangelogStore
 
@@ -99,7 +100,7 @@ class LedgerWorker:
     # ---------------------------------------------------------------- lifecycle
     def run(self) -> None:
         """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``)."""
-        self.topic_id = _topic_id(self.settings, self.deltas_topic)
+        self.topic_id = topic_id(self.settings, self.deltas_topic)
         self.consumer.subscribe([self.deltas_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         try:
@@ -185,8 +186,8 @@ class LedgerWorker:
     def _recover(self, partition: int) -> PartitionState:
         """Rebuild a partition from its checkpoint and check it belongs to the log (invariant 2)."""
         cp, heads = self.store.recover(partition)
-        log_start, log_end = _log_bounds(self.settings, self.consumer, self.deltas_topic, partition,
-                                         cp.floor if cp is not None else 0)
+        log_start, log_end = log_bounds(self.settings, self.consumer, self.deltas_topic, partition,
+                                        cp.floor if cp is not None else 0)
         floor = check_recovery(cp, self.topic_id, log_start, log_end)
         ps = PartitionState(partition, floor)
         for head_id, (meta, ledger) in heads.items():
@@ -359,52 +360,6 @@ class LedgerWorker:
                 if head.timed_reset_due(self.settings.reset_every_seconds):
                     head.reset("timer")
                     self._produce(self.heads_topic, head.head_id.encode(), encode_head(self.head_update(head)))
-
-
-def _topic_id(settings: Settings, topic: str) -> str:
-    """The topic's id ("" where the broker gives none): names a topic incarnation."""
-    from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AdminClient
-
-    from unlearn.infra.profiles import admin_config
-
-    admin = AdminClient(admin_config(settings))  # kept alive until the result is in
-    try:
-        fut = admin.describe_topics(TopicCollection([topic]))[topic]
-        return str(fut.result(timeout=settings.admin_timeout).topic_id or "")
-    except Exception as exc:  # an old broker without topic ids: the offset checks still apply
-        log.warning("topic id of %s unavailable (%s); recreated topics are detected by offsets only", topic, exc)
-        return ""
-
-
-def _log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, floor: int) -> tuple[int, int]:
-    """(first offset, one past the last offset) of a deltas partition. ListOffsets can report an
-    end that is too early on the embedded broker; when ``floor`` lies beyond it, the true end is
-    read from a fetch (partition EOF), so a correct state is never refused."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    timeout = settings.admin_timeout
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
-    low, high = max(0, int(low)), max(0, int(high))
-    if floor <= high:
-        return low, high
-    probe = Consumer(consumer_config(settings, f"{settings.topic_prefix}ledger-probe", **{"enable.partition.eof": True}))
-    try:
-        probe.assign([TopicPartition(topic, partition, high)])
-        deadline = time.monotonic() + timeout
-        end = high
-        while time.monotonic() < deadline:
-            m = probe.poll(0.2)
-            if m is None:
-                continue
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    return low, max(end, int(m.offset()))
-                continue
-            end = m.offset() + 1
-        return low, end
-    finally:
-        probe.close()
 
 
 def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info") -> int:

@@ -387,3 +387,32 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     assert featurizer_main(["--loglevel", "chatty"]) == 2
     assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--federated"]) == 2  # no --client-id
     assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--client-id", "x"]) == 2  # not federated
+
+
+@pytest.mark.parametrize("how", ["recreated_topic", "fresh_broker_log"])
+def test_a_cache_from_another_log_is_refused_not_skipped(settings: Settings, tmp_path: Path, how: str) -> None:
+    """A featurizer whose cache was built from an earlier incarnation of ``requests`` (a recreated
+    topic, or a fresh broker where the log is shorter than the cache's offset) must not resume past
+    the new log's events in silence: it stops with an error naming the mismatch."""
+    from unlearn.infra.log_position import StaleStateError
+    from unlearn.infra.topics import wait_for_topics
+
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    reqs, *_ = workload()
+    produce(s, reqs)
+    run = Running(s)
+    reader = Reader(s)
+    reader.until(lambda got: len(got["deltas"]) >= 2)  # the cache has advanced
+    reader.close()
+    assert run.stop() == 0
+    delete_topics(s, [s.topic("requests")])
+    time.sleep(1.0)
+    create_topics(s)
+    wait_for_topics(s, [s.topic("requests")])
+    if how == "recreated_topic":
+        produce(s, reqs[:3])  # new events at offsets the old cache claims to have seen
+    run = Running(s)
+    err = run.wait_dead(60)
+    assert isinstance(err, StaleStateError), err
+    assert ("recreated" in str(err)) or ("log ends at" in str(err)), err
+    assert "feature cache" in str(err)

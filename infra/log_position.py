@@ -1,0 +1,102 @@
+"""Does a worker's saved position belong to the log it is about to read?
+
+Every stateful worker (the featurizer's feature cache, the ledger's checkpoints) saves "the next
+offset to read" with its state. Resuming from a saved position is only right if the log is the
+one the state was built from. A recreated topic, a fresh broker, a truncated log or events lost
+to retention must never be met by silently skipping (resuming past the end reads nothing and says
+nothing) or by silently re-applying: ``check_resume`` raises :class:`StaleStateError` naming the
+mismatch, and the worker stops with that message (exit code 2).
+
+``topic_id`` and ``log_bounds`` ask the broker; ``check_resume`` is pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from unlearn.infra.settings import Settings
+
+log = logging.getLogger("unlearn.log_position")
+
+__all__ = ["StaleStateError", "check_resume", "log_bounds", "topic_id"]
+
+
+class StaleStateError(RuntimeError):
+    """Saved state does not belong to the log: stop rather than skip or double."""
+
+
+def check_resume(what: str, next_offset: int | None, saved_topic_id: str, topic_id: str, log_start: int,
+                 log_end: int, fix: str) -> int:
+    """The offset to resume at, or :class:`StaleStateError`.
+
+    ``what``: the state's name in messages; ``next_offset``: saved next offset (None: no state,
+    so start at the beginning of the log); ``saved_topic_id``/``topic_id``: the topic id the state
+    was built from and the topic's id now ("" where unknown); ``log_start``/``log_end``: the first
+    offset and one past the last offset the partition holds now; ``fix``: what the operator can do.
+    """
+    if next_offset is None:
+        if log_start > 0:
+            raise StaleStateError(f"{what}: no saved state, and the log starts at offset {log_start}: the "
+                                  f"events before it are gone (retention), so it cannot be rebuilt; {fix}")
+        return 0
+    if saved_topic_id and topic_id and saved_topic_id != topic_id:
+        raise StaleStateError(f"{what} belongs to topic id {saved_topic_id}, but the topic now has id {topic_id} "
+                              f"(recreated): {fix}")
+    if next_offset > log_end:
+        raise StaleStateError(f"{what} resumes at offset {next_offset}, but the log ends at {log_end} (truncated, "
+                              f"recreated or a different broker): refusing to skip; {fix}")
+    if next_offset < log_start:
+        raise StaleStateError(f"{what} resumes at offset {next_offset}, but the log starts at {log_start}: the "
+                              f"events in between are gone (retention); {fix}")
+    return next_offset
+
+
+def topic_id(settings: Settings, topic: str) -> str:
+    """The topic's id ("" where the broker gives none): it names one incarnation of the topic."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    admin = AdminClient(admin_config(settings))  # kept alive until the result is in
+    try:
+        fut = admin.describe_topics(TopicCollection([topic]))[topic]
+        return str(fut.result(timeout=settings.admin_timeout).topic_id or "")
+    except Exception as exc:  # a broker without topic ids: the offset checks still apply
+        log.warning("topic id of %s unavailable (%s); recreated topics are detected by offsets only", topic, exc)
+        return ""
+
+
+def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at_least: int = 0) -> tuple[int, int]:
+    """(first offset, one past the last offset) of a partition. ListOffsets can report an end that
+    is too early on the embedded broker (after multi-record batches); when ``at_least`` lies beyond
+    it, the true end is read from a fetch (partition EOF), so a correct state is never refused."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from unlearn.infra.profiles import consumer_config
+
+    timeout = settings.admin_timeout
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    low, high = max(0, int(low)), max(0, int(high))
+    if at_least <= high:
+        return low, high
+    probe = Consumer(consumer_config(settings, f"{settings.topic_prefix}log-probe", **{"enable.partition.eof": True}))
+    try:
+        probe.assign([TopicPartition(topic, partition, high)])
+        end = high
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = probe.poll(0.2)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return low, max(end, int(m.offset()))
+                continue
+            end = m.offset() + 1
+        return low, end
+    finally:
+        probe.close()
