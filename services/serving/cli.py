@@ -1,0 +1,74 @@
+"""``unlearn serve``: run the serving app until SIGTERM/SIGINT.
+
+Takes the options every long-running command shares (``unlearn.infra.cli_args``) plus
+``--host``/``--port``, and logs the one readiness line (``unlearn serve ready url=... heads_topic=...``)
+once the socket listens: operators, the demo and the tests wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
+from unlearn.infra.settings import Settings
+from unlearn.services.serving.http import build_app, listen
+
+__all__ = ["serve_main"]
+
+log = logging.getLogger("unlearn.serve")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="unlearn serve", description="HTTP predictions from the latest heads.")
+    add_worker_args(ap)
+    ap.add_argument("--port", type=int, help="listen port (default: UNLEARN_SERVE_PORT; 0: a free one)")
+    ap.add_argument("--host", help="listen address (default: UNLEARN_SERVE_HOST)")
+    return ap
+
+
+async def _serve(settings: Settings) -> None:
+    """Listen, announce readiness, wait for SIGTERM/SIGINT, then clean up (follower included)."""
+    stop = asyncio.Event()
+    got: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        got.append(sig.name)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        runner, port = await listen(build_app(settings), settings.serve_host, settings.serve_port)
+        try:
+            log_ready("serve", url=f"http://{settings.serve_host}:{port}", heads_topic=settings.topic("heads"))
+            await stop.wait()
+            log.info("stopping (%s)", got[0])
+        finally:
+            await runner.cleanup()  # stops the heads follower and the model pool
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    """``unlearn serve [--bootstrap B] [--port P] [--host H] [--prefix P] ...``: serve until SIGTERM/SIGINT
+    (exit 0); 2 for bad options or settings, 1 if the address cannot be bound."""
+    ap = _parser()
+    try:
+        args = ap.parse_args(argv)
+        settings = settings_from_args(args, serve_port=args.port, serve_host=args.host)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
+    setup_logging(args.loglevel)
+    try:
+        asyncio.run(_serve(settings))
+    except OSError as exc:
+        print(f"error: cannot listen on {settings.serve_host}:{settings.serve_port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
