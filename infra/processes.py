@@ -6,6 +6,7 @@ stopped with SIGTERM (graceful) or SIGKILL (crash tests). Children die with the 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -31,10 +32,8 @@ def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class ServiceProcess:
@@ -47,16 +46,18 @@ class ServiceProcess:
         self.log_path = Path(log_dir) / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.started_at = 0.0
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        log.write(f"\n===== start {self.starts} {time.ctime()} =====\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen([sys.executable, "-m", "unlearn.services.cli", *self.args], stdout=log,
-                                     stderr=subprocess.STDOUT, env=settings_env(self.settings),
-                                     preexec_fn=_die_with_parent)
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            log.write(f"\n===== start {self.starts} {time.ctime()} =====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen([sys.executable, "-m", "unlearn.services.cli", *self.args], stdout=log,
+                                         stderr=subprocess.STDOUT, env=settings_env(self.settings),
+                                         preexec_fn=_die_with_parent)
         self.starts += 1
+        self.started_at = time.monotonic()
         return self
 
     @property
@@ -84,8 +85,9 @@ class ServiceProcess:
         return self.proc.returncode
 
     def wait_for_log(self, text: str, timeout: float = 60.0, after_start: int | None = None) -> float:
-        """Seconds until ``text`` appears in the log of start number ``after_start`` (default: the
-        latest start); raises TimeoutError (with the log's tail) if it does not in ``timeout``."""
+        """Seconds from the latest start until ``text`` appears in the log of start number
+        ``after_start`` (default: the latest start); raises TimeoutError (with the log's tail) if
+        it does not within ``timeout`` seconds of this call."""
         marker = f"===== start {self.starts - 1 if after_start is None else after_start} "
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -95,7 +97,7 @@ class ServiceProcess:
                 log = ""
             i = log.rfind(marker)
             if i >= 0 and text in log[i:]:
-                return time.monotonic() - t0
+                return time.monotonic() - self.started_at
             if self.proc is not None and self.proc.poll() is not None and i >= 0 and text not in log[i:]:
                 raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before logging {text!r}:\n"
                                    + self.log_tail())

@@ -47,6 +47,10 @@ class BrokerQuirks:
     cannot use idempotence or transactions there. The project's clients are librdkafka's."""
     auto_creates_topics_with_4_partitions: bool
     """tansu auto-creates unknown topics with 4 partitions: always create topics explicitly."""
+    idempotent_producer_reliable: bool
+    """tansu (s3:// storage, seen in bench.chaos) answers idempotent produce requests of live
+    producers with OUT_OF_ORDER_SEQUENCE_NUMBER, a fatal error for librdkafka: every worker then
+    dies. Where False, producers run without idempotence, one request in flight."""
     fetch_returns_on_data: bool
     """Kafka answers a long-polling Fetch as soon as data arrives; tansu holds every Fetch for the
     full max wait (measured: median delivery latency = about half of fetch.wait.max.ms). On tansu
@@ -60,6 +64,7 @@ _QUIRKS = {
         aborted_transactions_hidden=False,
         aiokafka_idempotence=False,
         auto_creates_topics_with_4_partitions=True,
+        idempotent_producer_reliable=False,
         fetch_returns_on_data=False,
     ),
     "kafka": BrokerQuirks(
@@ -68,6 +73,7 @@ _QUIRKS = {
         aborted_transactions_hidden=True,
         aiokafka_idempotence=True,
         auto_creates_topics_with_4_partitions=False,
+        idempotent_producer_reliable=True,
         fetch_returns_on_data=True,
     ),
 }
@@ -100,7 +106,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "bootstrap.servers": _bootstrap(settings),
         # Ordering is the contract (a subject's add precedes its delete; one head's deltas are
         # totally ordered): idempotence keeps retries from reordering or duplicating within a
-        # partition. librdkafka's idempotent producer works on tansu too (aiokafka's does not).
+        # partition (see idempotent_producer_reliable for the embedded broker).
         "enable.idempotence": True,
         "acks": "all",
         # Packed deltas and heads with a posterior (d x d float64) can be tens of MB. tansu has
@@ -108,8 +114,13 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         # the only one; on Kafka the topic gets max.message.bytes too (see topic_config).
         "message.max.bytes": settings.max_message_bytes + _FRAMING_SLACK,
     }
-    # tansu needs nothing more here: librdkafka batching is fine for produce/consume (only
-    # ListOffsets(latest) suffers from multi-record batches; see BrokerQuirks).
+    if not quirks(settings).idempotent_producer_reliable:
+        # Ordered, at-least-once instead: one request in flight per connection keeps a retry
+        # from overtaking the batch after it; a retried duplicate is harmless (deltas carry
+        # source ids the ledger dedupes, head updates and receipts are idempotent, snapshot
+        # pieces are addressed by the offsets their delivery reports).
+        conf["enable.idempotence"] = False
+        conf["max.in.flight.requests.per.connection"] = 1
     conf.update(overrides)
     return conf
 
@@ -132,13 +143,15 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "fetch.wait.max.ms": fetch_max_wait_ms(settings),  # see BrokerQuirks.fetch_returns_on_data
     }
     if settings.profile == "tansu":
-        # tansu completes a group join after about one session timeout (measured: 1 s at 1-2 s,
-        # 2 s at 3 s, 6 s at 6 s; 23 s with librdkafka's 45 s default), and a killed member's
-        # partitions move after it. 3 s keeps a restarted worker's join near 2 s; librdkafka
-        # heartbeats from its own thread, so a busy Python thread does not miss them. Kafka keeps
-        # its defaults (its brokers also refuse sessions below group.min.session.timeout.ms).
-        conf["session.timeout.ms"] = 3000
-        conf["heartbeat.interval.ms"] = 500
+        # tansu completes a group join after about one session timeout, at least ~1 s (measured:
+        # 1 s at 1-2 s, 2 s at 3 s, 6 s at 6 s; 23 s with librdkafka's 45 s default), and a
+        # killed member's partitions move only once its session expires; it does not support
+        # static membership (a join with group.instance.id hangs). 1.5 s brings a kill -9 ->
+        # restart -> assigned cycle to ~3 s. librdkafka heartbeats from its own thread, so a busy
+        # Python thread does not miss them; a missed one costs a rebalance, never exactness. Kafka
+        # keeps its defaults (and refuses sessions below group.min.session.timeout.ms).
+        conf["session.timeout.ms"] = 1500
+        conf["heartbeat.interval.ms"] = 300
     conf.update(overrides)
     return conf
 

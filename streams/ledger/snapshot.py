@@ -1,14 +1,12 @@
-"""Crash-consistent snapshots of a head's state, split into table values under a size limit.
+"""A head's state as self-verifying snapshot pieces, each under a size limit.
 
-Why this shape: the exact ledger of a d=768 head is ~7 MB, over the changelog message limit, and
-writing it per delta would swamp the broker. So a head's state is snapshotted every N messages /
-T seconds as *pieces* (each under ``max_piece_bytes``) plus a small *manifest* written last.
-Pieces alternate between two slots (double buffering): a crash while writing slot B leaves the
-manifest pointing at the intact slot A. Every piece carries the snapshot generation, the applied
-input offset and the SHA-256 of the whole snapshot, so a mixed or partial set can never be
-mistaken for a snapshot. The ledger processor acks input offsets only after the manifest is
-written, so after a crash the input is replayed from at most the snapshot's offset + 1 and the
-offsets at or below the snapshot's are skipped (docs/design.md section 4).
+Why this shape: the exact ledger of a d=768 head is ~7 MB, over a comfortable message size, and
+writing it per delta would swamp the broker. So a head's state is snapshotted at checkpoints
+(streams/ledger/worker.py) as *pieces*, each under ``max_piece_bytes``, written to the
+``ledger-state`` changelog; the partition's checkpoint record names them (checkpoint.py). Every
+piece carries the snapshot generation, the applied input offset, its index, the piece count and
+the SHA-256 of the whole state, so a mixed or partial set can never be mistaken for a snapshot
+(docs/ledger-processor.md has the byte layout).
 """
 
 from __future__ import annotations
@@ -68,14 +66,6 @@ def decode_state(blob: bytes) -> tuple[HeadMeta, ExactLedger]:
     return meta, ExactLedger.from_bytes(blob[10 + mlen:])
 
 
-def piece_key(head_id: str, slot: int, index: int) -> str:
-    return f"{head_id}\x1fslot{slot}\x1f{index}"
-
-
-def manifest_key(head_id: str) -> str:
-    return f"{head_id}\x1fmanifest"
-
-
 def split_pieces(state: bytes, generation: int, offset: int, max_piece_bytes: int) -> list[bytes]:
     """Cut a state blob into self-describing pieces of at most ``max_piece_bytes`` each."""
     payload = max_piece_bytes - _PIECE.size
@@ -87,15 +77,9 @@ def split_pieces(state: bytes, generation: int, offset: int, max_piece_bytes: in
             for i in range(count)]
 
 
-def manifest(generation: int, slot: int, offset: int, count: int, sha: bytes) -> bytes:
-    return orjson.dumps({"generation": generation, "slot": slot, "offset": offset, "count": count, "sha256": sha.hex()})
-
-
-def join_pieces(manifest_raw: bytes, pieces: list[bytes | None]) -> bytes:
-    """Reassemble and verify the state the manifest names; raises SnapshotError if anything is off."""
-    man = orjson.loads(manifest_raw)
-    if len(pieces) != man["count"]:
-        raise SnapshotError(f"manifest names {man['count']} pieces, got {len(pieces)}")
+def join_pieces(generation: int, offset: int, sha256_hex: str, pieces: list[bytes | None]) -> bytes:
+    """Reassemble and verify the state of snapshot ``generation`` at ``offset`` whose SHA-256 is
+    ``sha256_hex``; raises SnapshotError if a piece is missing, foreign or the checksum is off."""
     parts = []
     for i, p in enumerate(pieces):
         if p is None or len(p) < _PIECE.size:
@@ -103,11 +87,11 @@ def join_pieces(manifest_raw: bytes, pieces: list[bytes | None]) -> bytes:
         magic, version, gen, off, idx, count, sha = _PIECE.unpack_from(p, 0)
         if magic != _PIECE_MAGIC or version != _VERSION:
             raise SnapshotError(f"piece {i}: bad magic/version")
-        if (gen, off, idx, count) != (man["generation"], man["offset"], i, man["count"]) or sha.hex() != man["sha256"]:
+        if (gen, off, idx, count) != (generation, offset, i, len(pieces)) or sha.hex() != sha256_hex:
             raise SnapshotError(f"piece {i} belongs to another snapshot (generation {gen})")
         parts.append(p[_PIECE.size:])
     state = b"".join(parts)
-    if hashlib.sha256(state).hexdigest() != man["sha256"]:
+    if hashlib.sha256(state).hexdigest() != sha256_hex:
         raise SnapshotError("snapshot checksum mismatch")
     return state
 

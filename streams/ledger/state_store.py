@@ -16,14 +16,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.ledger import ExactLedger
 
 from .checkpoint import Checkpoint, HeadPointer, StaleStateError, checkpoint_key, latest_checkpoint, piece_key
-from .snapshot import HeadMeta, SnapshotError, decode_state, join_pieces, split_pieces, state_sha
+from .snapshot import HeadMeta, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
 
 log = logging.getLogger("unlearn.ledger")
 
@@ -88,7 +86,7 @@ class ChangelogStore:
                        previous: HeadPointer | None) -> HeadPointer:
         """Write a head's snapshot into the slot the previous checkpoint does not name."""
         generation = (previous.generation if previous is not None else 0) + 1
-        state = _encode(meta, ledger)
+        state = encode_state(meta, ledger)
         pieces = split_pieces(state, generation, meta.applied_offset, self.settings.changelog_max_bytes)
         slot = generation % 2
         offsets = self._produce_all(partition, [(piece_key(meta.head_id, slot, i), p) for i, p in enumerate(pieces)])
@@ -160,22 +158,15 @@ class ChangelogStore:
             for offset, _key, value in self._read_range(c, partition, lo, hi + 1):
                 if offset in want:
                     found[offset] = value
-        manifest = orjson.dumps({"generation": ptr.generation, "offset": ptr.applied_offset,
-                                 "count": len(ptr.piece_offsets), "sha256": ptr.sha256})
         try:
-            meta, ledger = decode_state(join_pieces(manifest, [found.get(o) for o in ptr.piece_offsets]))
+            meta, ledger = decode_state(join_pieces(ptr.generation, ptr.applied_offset, ptr.sha256,
+                                                    [found.get(o) for o in ptr.piece_offsets]))
         except (SnapshotError, ValueError) as exc:
             raise StaleStateError(f"snapshot of head {head_id!r} in {self.topic}/{partition} does not verify: {exc}"
                                   ) from None
         if meta.head_id != head_id:
             raise StaleStateError(f"snapshot named for head {head_id!r} holds head {meta.head_id!r}")
         return meta, ledger
-
-
-def _encode(meta: HeadMeta, ledger: ExactLedger) -> bytes:
-    from .snapshot import encode_state
-
-    return encode_state(meta, ledger)
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:

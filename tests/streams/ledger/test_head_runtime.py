@@ -8,8 +8,14 @@ import pytest
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime, parse_source_id
-from unlearn.streams.ledger.snapshot import (SnapshotError, decode_state, encode_state, join_pieces, manifest, split_pieces,
-                              state_sha)
+from unlearn.streams.ledger.snapshot import (
+    SnapshotError,
+    decode_state,
+    encode_state,
+    join_pieces,
+    split_pieces,
+    state_sha,
+)
 
 CFG = HeadConfig(gamma=1.0, reset_every=1000, drift_threshold=1e-9)
 
@@ -102,8 +108,8 @@ def test_snapshot_pieces_round_trip_and_detect_mixing() -> None:
     state = encode_state(head.meta(), head.ledger)
     pieces = split_pieces(state, generation=3, offset=5, max_piece_bytes=4096)
     assert len(pieces) > 3 and all(len(p) <= 4096 for p in pieces)
-    man = manifest(3, 1, 5, len(pieces), state_sha(state))
-    meta, ledger = decode_state(join_pieces(man, pieces))
+    sha = state_sha(state).hex()
+    meta, ledger = decode_state(join_pieces(3, 5, sha, pieces))
     assert meta == head.meta() and ledger.digest() == head.ledger.digest()
     restored = HeadRuntime.from_snapshot(meta, ledger, CFG)
     assert restored.version == 1 and restored.source_offsets == {"requests/1": 7}
@@ -111,6 +117,6 @@ def test_snapshot_pieces_round_trip_and_detect_mixing() -> None:
     # a piece from another generation (a crash mid-write of the other slot) is never accepted
     other = split_pieces(state + b"", generation=4, offset=5, max_piece_bytes=4096)
     with pytest.raises(SnapshotError, match="another snapshot"):
-        join_pieces(man, [other[0]] + pieces[1:])
+        join_pieces(3, 5, sha, [other[0], *pieces[1:]])
     with pytest.raises(SnapshotError, match="missing"):
-        join_pieces(man, pieces[:-1] + [None])
+        join_pieces(3, 5, sha, [*pieces[:-1], None])
