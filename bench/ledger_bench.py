@@ -32,8 +32,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -178,7 +179,8 @@ K_UPD, K_BASE, K_EXTRA, K_RETRAIN, K_R, K_BULK, K_CHURN, K_SMW0, K_SMW = range(1
 Case = Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]
 
 
-def side_by_side(cases: dict[str, Case], repeats: int, warmup: int = 1, alternate: bool = True) -> dict[str, dict[str, Any]]:
+def side_by_side(cases: dict[str, Case], repeats: int, warmup: int = 1,
+                 alternate: bool = True) -> dict[str, dict[str, Any]]:
     """Time each case once per round, all cases in every round (order reversed on odd rounds when
     ``alternate``) so that load changes on a shared machine hit every case alike.
 
@@ -219,7 +221,7 @@ class _Threads:
         self.n = n
         self._ctx: Any = None
 
-    def __enter__(self) -> "_Threads":
+    def __enter__(self) -> _Threads:
         if self.n is not None:
             from threadpoolctl import threadpool_limits
             self._ctx = threadpool_limits(limits=self.n)
@@ -311,7 +313,8 @@ def bench_solve(dims: Iterable[int], c: int, n_rows: int, repeats: int, seed: in
 
 
 # ------------------------------------------------------------------------- 3. Variant B update
-def bench_smw(dims: Iterable[int], c: int, ranks: Iterable[int], n_rows: int, repeats: int, seed: int) -> list[dict[str, Any]]:
+def bench_smw(dims: Iterable[int], c: int, ranks: Iterable[int], n_rows: int, repeats: int,
+              seed: int) -> list[dict[str, Any]]:
     """SMWTracker.add then .delete of the same r rows (each timed), on a tracker of n_rows rows."""
     rows = []
     ranks = tuple(ranks)
@@ -481,9 +484,11 @@ def drift_study(d: int, c: int, n_bulk: int, batch: int, delete_chunk: int, n_re
 
         def flush() -> None:
             if buf:
-                Q = np.vstack([p[0] for p in buf]); y = np.concatenate([p[1] for p in buf])
+                Q = np.vstack([p[0] for p in buf])
+                y = np.concatenate([p[1] for p in buf])
                 F = np.vstack([p[2] for p in buf])
-                sx.add(Q, y); s64.add(F, y)
+                sx.add(Q, y)
+                s64.add(F, y)
                 if s32 is not None:
                     s32.add(F, y)
                 buf.clear()
@@ -521,7 +526,7 @@ def drift_study(d: int, c: int, n_bulk: int, batch: int, delete_chunk: int, n_re
     for b in range(len(sizes)):
         apply(+1, *bulk(b))
         present_bulk.add(b)
-    checkpoint("bulk added (rank-%d)" % batch)
+    checkpoint(f"bulk added (rank-{batch})")
 
     rng = np.random.default_rng([seed, d, c, 99])
     next_id = 0
@@ -548,7 +553,7 @@ def drift_study(d: int, c: int, n_bulk: int, batch: int, delete_chunk: int, n_re
         present_bulk.discard(int(b))
         if j + 1 == len(order) // 2:
             checkpoint("half of bulk deleted")
-    checkpoint("bulk deleted (rank-%d)" % delete_chunk)
+    checkpoint(f"bulk deleted (rank-{delete_chunk})")
 
     for cid in rng.permutation(sorted(churn_ids)):
         apply(-1, *churn_rows.pop(int(cid)))
@@ -670,25 +675,30 @@ def render(results: dict[str, Any]) -> str:
     out.append("")
     out.append(f"- CPU: {m['cpu_model']}; os.cpu_count()={m['cpu_count']}, usable={m['cpu_affinity']}; {m['platform']}")
     out.append(f"- python {m['python']}, numpy {m['numpy']}, scipy {m['scipy']}, scikit-learn {m['sklearn']}")
-    out.append(f"- numpy BLAS: {m.get('numpy_blas')} {m.get('numpy_blas_version')} ({m.get('numpy_blas_config', '').strip()}); "
-               f"SIMD found: {m.get('numpy_simd_found')}")
+    out.append(f"- numpy BLAS: {m.get('numpy_blas')} {m.get('numpy_blas_version')} "
+               f"({m.get('numpy_blas_config', '').strip()}); SIMD found: {m.get('numpy_simd_found')}")
     for p in m["threadpools"]:
         out.append(f"- threadpool: {p['internal_api']} {p['version'] or ''} ({p['prefix']}, {p['user_api']}), "
                    f"default threads {p['num_threads']}, arch {p['architecture']}")
     out.append(f"- BLAS threads used: {m['bench_blas_threads']} (sections 1-3, 5, 6); section 4 shows 1 and all")
     out.append(f"- load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}; "
                f"at end {', '.join(f'{x:.2f}' for x in results['loadavg_end'])} (shared machine)")
-    out.append(f"- gamma = {GAMMA} (section 6 also {', '.join(str(g) for g in cfg['smw_gammas'] if g != GAMMA)}); c = {cfg['c']} classes; k = 30 frac bits; medians of `repeats` side-by-side rounds "
+    other_gammas = ", ".join(str(g) for g in cfg["smw_gammas"] if g != GAMMA)
+    out.append(f"- gamma = {GAMMA} (section 6 also {other_gammas}); c = {cfg['c']} classes; k = 30 frac bits; "
+               "medians of `repeats` side-by-side rounds "
                "(cases interleaved, order reversed every other round, one warm-up round)")
-    out.append("- features: synthetic (class means + Gaussian noise with a power-law spectrum, std 2/(1+j/2) on coordinate j; L2-normalized, quantized at k=30; "
-               "the float ledgers and retrains get the dequantized q * 2^-30, i.e. the same model), not backbone features")
+    out.append("- features: synthetic (class means + Gaussian noise with a power-law spectrum, std 2/(1+j/2) on "
+               "coordinate j; L2-normalized, quantized at k=30; "
+               "the float ledgers and retrains get the dequantized q * 2^-30, i.e. the same model), "
+               "not backbone features")
     out.append("")
 
     if "blas_threads" in results:
         out.append("## 0. BLAS threading on this machine")
         out.append("")
         out.append(_table(["BLAS threads", "d", "T@u (d x d matvec) µs", "T@G (d x d x 10) µs"],
-                          [[r["threads"], r["d"], _t(r["matvec_us"]), _t(r["gemm_d_d_10_us"])] for r in results["blas_threads"]]))
+                          [[r["threads"], r["d"], _t(r["matvec_us"]), _t(r["gemm_d_d_10_us"])]
+                           for r in results["blas_threads"]]))
         out.append("")
 
     if "updates" in results:
@@ -701,20 +711,23 @@ def render(results: dict[str, Any]) -> str:
         out.append(_table(["d", "rank r", "exact µs/call", "float64 µs/call", "exact µs/row", "float64 µs/row",
                            "exact/float64", "quantize µs/call"],
                           [[r["d"], r["r"], _t(r["exact_us"]), _t(r["float64_us"]), _t(r["exact_us_per_row"]),
-                            _t(r["float64_us_per_row"]), _x(r['exact_over_float']), _t(r["quantize_us"])] for r in rows]))
+                            _t(r["float64_us_per_row"]), _x(r['exact_over_float']), _t(r["quantize_us"])]
+                           for r in rows]))
         out.append("")
 
     if "solve" in results:
         rows = results["solve"]
         out.append("## 2. Variant A: solve_head (Cholesky of S + gamma I, two triangular solves)")
         out.append("")
-        out.append(f"Ledger of n rows; median of {rows[0]['repeats']} repeats, ms. solve_head(exact) = gram()+moments() "
-                   "(128-bit limbs -> float64) + Cholesky + solves. SMW reset = SMWTracker.reset (solve + explicit inverse T).")
+        out.append(f"Ledger of n rows; median of {rows[0]['repeats']} repeats, ms. "
+                   "solve_head(exact) = gram()+moments() (128-bit limbs -> float64) + Cholesky + solves. "
+                   "SMW reset = SMWTracker.reset (solve + explicit inverse T).")
         out.append("")
         out.append(_table(["d", "n", "solve_head(exact) ms", "solve_head(float64) ms", "exact gram()+moments() ms",
                            "Cholesky alone ms", "digest ms", "SMW reset ms"],
-                          [[r["d"], r["n"], _t(r["solve_exact_ms"]), _t(r["solve_float64_ms"]), _t(r["gram_moments_ms"]),
-                            _t(r["cholesky_ms"]), _t(r["digest_ms"]), _t(r["smw_reset_ms"])] for r in rows]))
+                          [[r["d"], r["n"], _t(r["solve_exact_ms"]), _t(r["solve_float64_ms"]),
+                            _t(r["gram_moments_ms"]), _t(r["cholesky_ms"]), _t(r["digest_ms"]), _t(r["smw_reset_ms"])]
+                           for r in rows]))
         out.append("")
 
     if "smw" in results:
@@ -727,7 +740,8 @@ def render(results: dict[str, Any]) -> str:
         out.append(_table(["d", "rank r", "add µs", "delete µs", "add µs/row", "delete µs/row",
                            "solve_head / delete", "deletes feasible"],
                           [[r["d"], r["r"], _t(r["add_us"]), _t(r["delete_us"]), _t(r["add_us_per_row"]),
-                            _t(r["delete_us_per_row"]), _x(r['solve_over_delete']), r["all_deletes_feasible"]] for r in rows]))
+                            _t(r["delete_us_per_row"]), _x(r['solve_over_delete']), r["all_deletes_feasible"]]
+                           for r in rows]))
         out.append("")
 
     if "delete_vs_retrain" in results:
@@ -750,7 +764,8 @@ def render(results: dict[str, Any]) -> str:
             ("digest", "ExactLedger.digest (what a receipt carries; not in deletion A/B)"),
         ]
         out.append("BLAS threads 'all' = OpenBLAS default (2 here). On a shared machine a multi-threaded BLAS call can "
-                   "stall while another process holds a core (section 0 probes this); the 1-thread column is the reference.")
+                   "stall while another process holds a core (section 0 probes this); "
+                   "the 1-thread column is the reference.")
         out.append("")
         header = ["operation"] + [f"BLAS threads {s['threads']}: ms" for s in dv["settings"]]
         body = []
@@ -768,43 +783,51 @@ def render(results: dict[str, Any]) -> str:
         out.append("")
         out.append(f"Sanity (what is timed gives the right head): relative deviation from the float64 retrain: "
                    f"deletion A {_g(sa['dev_A_vs_float64_retrain'])}, deletion B {_g(sa['dev_B_vs_float64_retrain'])}, "
-                   f"sklearn {_g(sa['dev_sklearn_vs_float64_retrain'])}; SMW downdate feasible: {sa['smw_downdate_feasible']}.")
+                   f"sklearn {_g(sa['dev_sklearn_vs_float64_retrain'])}; "
+                   f"SMW downdate feasible: {sa['smw_downdate_feasible']}.")
         out.append("")
 
     if "drift" in results:
         dr = results["drift"]
-        out.append(f"## 5. Drift study: float ledgers vs the exact ledger (d = {dr['d']}, c = {dr['c']}, gamma = {dr['gamma']})")
+        out.append(f"## 5. Drift study: float ledgers vs the exact ledger "
+                   f"(d = {dr['d']}, c = {dr['c']}, gamma = {dr['gamma']})")
         out.append("")
-        out.append(f"Stream: add R ({dr['n_retained_final']:,} samples) -> add {dr['n_bulk']:,} samples in rank-{dr['batch']} "
-                   f"batches -> {dr['n_churn_events']:,} rank-1 churn events (add a fresh sample / delete a random churn "
+        out.append(f"Stream: add R ({dr['n_retained_final']:,} samples) -> add {dr['n_bulk']:,} samples "
+                   f"in rank-{dr['batch']} batches -> {dr['n_churn_events']:,} rank-1 churn events "
+                   "(add a fresh sample / delete a random churn "
                    f"sample) -> delete the bulk in random batch order, rank-{dr['delete_chunk']} pieces -> delete the "
                    f"remaining churn samples one by one (back to R). Total {dr['total_s']:.0f} s.")
         out.append("")
-        out.append("dev = ||W - W_ref||_F / ||W_ref||_F, W_ref = solve_head of a float64 S, G built from scratch from the "
-                   f"dequantized retained rows (regrouped into {dr['scratch_chunk']}-row chunks). float32 scratch = the same "
+        out.append("dev = ||W - W_ref||_F / ||W_ref||_F, W_ref = solve_head of a float64 S, G built from scratch "
+                   f"from the dequantized retained rows (regrouped into {dr['scratch_chunk']}-row chunks). "
+                   "float32 scratch = the same "
                    "from-scratch build in float32: the floor a float32 ledger could reach with no stream residue. "
-                   "digest equal: exact ledger digest == digest of an ExactLedger built from scratch on the retained rows; "
-                   "head bits equal: solve_head of both is bit-identical. So `exact dev` is the distance between two from-scratch "
+                   "digest equal: exact ledger digest == digest of an ExactLedger built from scratch on the retained "
+                   "rows; head bits equal: solve_head of both is bit-identical. "
+                   "So `exact dev` is the distance between two from-scratch "
                    "computations (exactly rounded S vs a float64 GEMM sum): the float64 reference's own rounding, not "
                    "drift; the float columns are that plus the stream's residue.")
         out.append("")
         out.append(_table(["checkpoint", "rows added", "rows deleted", "n retained", "float64 dev", "float32 dev",
                            "float32 scratch dev", "exact dev", "exact digest equal", "exact head bits equal"],
                           [[r["checkpoint"], f"{r['rows_added']:,}", f"{r['rows_deleted']:,}", f"{r['n_retained']:,}",
-                            _g(r["float64_dev"]), _g(r["float32_dev"]), _g(r["float32_scratch_dev"]), _g(r["exact_dev"]),
-                            r["exact_digest_equal"], r["exact_head_bits_equal"]] for r in dr["checkpoints"]]))
+                            _g(r["float64_dev"]), _g(r["float32_dev"]), _g(r["float32_scratch_dev"]),
+                            _g(r["exact_dev"]), r["exact_digest_equal"], r["exact_head_bits_equal"]]
+                           for r in dr["checkpoints"]]))
         out.append("")
 
     for i, sd in enumerate(results.get("smw_drift", [])):
         names = list(sd["policies"])
-        out.append(f"## 6{'abcdefgh'[i]}. Variant B drift: TrackedHead on a rank-1 churn stream (d = {sd['d']}, c = {sd['c']}, "
-                   f"gamma = {sd['gamma']})")
+        out.append(f"## 6{'abcdefgh'[i]}. Variant B drift: TrackedHead on a rank-1 churn stream "
+                   f"(d = {sd['d']}, c = {sd['c']}, gamma = {sd['gamma']})")
         out.append("")
         out.append(f"Start from {sd['n0']:,} samples; {sd['n_events']:,} rank-1 events (add a fresh sample or delete a "
-                   f"random present one, 50/50); checkpoints one event before round marks. dev = served head vs the canonical head solve_head(ledger) (= the "
-                   f"from-scratch retrain, by section 5). Policies: "
+                   "random present one, 50/50); checkpoints one event before round marks. "
+                   "dev = served head vs the canonical head solve_head(ledger) (= the "
+                   "from-scratch retrain, by section 5). Policies: "
                    + "; ".join(f"{k}: {_policy(v)}" for k, v in sd["policies"].items())
-                   + f". max@reset = largest drift the tracker reported at a reset so far. Total {sd['total_s']:.0f} s.")
+                   + ". max@reset = largest drift the tracker reported at a reset so far. "
+                   + f"Total {sd['total_s']:.0f} s.")
         out.append("")
         header = ["events", "n retained"]
         for k in names:
@@ -870,7 +893,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="smaller n, fewer repeats (about 3 minutes on 2 cores)")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke test sizes
     ap.add_argument("--json", metavar="PATH", help="also write all numbers (raw samples included) as JSON")
-    ap.add_argument("--threads", default="1", help="BLAS threads for the timing sections: a number or 'all' (default 1)")
+    ap.add_argument("--threads", default="1",
+                    help="BLAS threads for the timing sections: a number or 'all' (default 1)")
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
     cfg = TINY if args.tiny else QUICK if args.quick else FULL

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["throughput"] = {"events": args.n, "produce_s": t_produced - t0, "end_to_end_s": t_done - t0,
                                  "events_per_s": args.n / (t_done - t0)}
             print(f"throughput: {args.n} adds at d={args.dim}, c={args.classes}: "
-                  f"{args.n / (t_done - t0):,.0f} events/s end to end ({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s)")
+                  f"{args.n / (t_done - t0):,.0f} events/s end to end "
+                  f"({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s)")
 
             def deletes(ids: list[int], gap: float) -> dict[str, float]:
                 sent: dict[str, float] = {}
@@ -162,7 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out = percentiles([w.version_at[w.receipt[e]] - t for e, t in sent.items()])
                 # where the time goes (broker timestamps = producers' clocks, same host)
                 hops = [(w.delta_ts[e] - t, w.head_ts[w.receipt[e]] - w.delta_ts[e],
-                         w.version_at[w.receipt[e]] - w.head_ts[w.receipt[e]]) for e, t in sent.items() if e in w.delta_ts]
+                         w.version_at[w.receipt[e]] - w.head_ts[w.receipt[e]])
+                        for e, t in sent.items() if e in w.delta_ts]
                 if hops:
                     med = np.median(np.array(hops), axis=0) * 1000
                     out.update({"hop_featurizer_ms": float(med[0]), "hop_ledger_ms": float(med[1]),
@@ -172,7 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ids = list(rng.permutation(args.n))
             steady = deletes(ids[:args.deletes], 1.0 / args.rate)
             out["delete_to_head_steady"] = steady
-            print(f"delete->head latency, steady {args.rate}/s: p50 {steady['p50_ms']:.1f} ms  p99 {steady['p99_ms']:.1f} ms"
+            print(f"delete->head latency, steady {args.rate}/s: "
+                  f"p50 {steady['p50_ms']:.1f} ms  p99 {steady['p99_ms']:.1f} ms"
                   f"  max {steady['max_ms']:.1f} ms  (n={steady['n']})")
             if "hop_featurizer_ms" in steady:
                 print(f"  median hops: request->delta (featurizer) {steady['hop_featurizer_ms']:.1f} ms, "
@@ -180,7 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"head->consumer {steady['hop_head_delivery_ms']:.1f} ms")
             burst = deletes(ids[args.deletes:2 * args.deletes], 0.0)
             out["delete_to_head_burst"] = burst
-            print(f"delete->head latency, burst of {args.deletes}: p50 {burst['p50_ms']:.1f} ms  p99 {burst['p99_ms']:.1f} ms")
+            print(f"delete->head latency, burst of {args.deletes}: "
+                  f"p50 {burst['p50_ms']:.1f} ms  p99 {burst['p99_ms']:.1f} ms")
         finally:
             w.halt.set()
             for proc in procs:

@@ -91,12 +91,14 @@ def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at
             m = probe.poll(0.2)
             if m is None:
                 continue
-            err = m.error()
+            err, off = m.error(), m.offset()
+            if off is None:  # set on every fetched message and partition-EOF event
+                continue
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    return low, max(end, int(m.offset()))
+                    return low, max(end, off)
                 continue
-            end = m.offset() + 1
+            end = off + 1
         return low, end
     finally:
         probe.close()

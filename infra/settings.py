@@ -93,7 +93,7 @@ class Settings:
         return f"{self.topic_prefix}{name}"
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "Settings":
+    def from_env(cls, **overrides: object) -> Settings:
         """Read every field from ``UNLEARN_<FIELD>``; explicit overrides win."""
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -110,7 +110,7 @@ class Settings:
         settings.validate()
         return settings
 
-    def with_(self, **changes: object) -> "Settings":
+    def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed (validated)."""
         s = replace(self, **changes)  # type: ignore[arg-type]
         s.validate()

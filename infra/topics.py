@@ -163,10 +163,7 @@ def topics_main(argv: Sequence[str] | None = None) -> int:
     except CliUsageError as exc:
         parser.error(str(exc))
     try:
-        if args.action == "create":
-            counts = create_topics(settings)
-        else:
-            counts = _existing(settings)
+        counts = create_topics(settings) if args.action == "create" else _existing(settings)
     except (TopicError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

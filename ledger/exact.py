@@ -134,7 +134,7 @@ class ExactLedger:
         return (f"ExactLedger(dim={self.dim}, n_outputs={self.n_outputs}, count={self.count}, "
                 f"frac_bits={self.frac_bits}, label_frac_bits={self.label_frac_bits})")
 
-    def copy(self) -> "ExactLedger":
+    def copy(self) -> ExactLedger:
         other = ExactLedger.__new__(ExactLedger)
         other.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
         other._cache = dict(self._cache)
@@ -177,12 +177,14 @@ class ExactLedger:
             arr = arr[None]
         if arr.dtype.kind not in "iu":
             raise LedgerError(
-                f"labels must be integer class indices (r,) or an int64 quantized target matrix (r, c); got dtype {arr.dtype}")
+                "labels must be integer class indices (r,) or an int64 quantized target matrix (r, c); "
+                f"got dtype {arr.dtype}")
         if arr.ndim == 1:
             if arr.shape[0] != r:
                 raise LedgerError(f"got {arr.shape[0]} class labels for {r} rows")
             if r and (arr.min() < 0 or arr.max() > MAX_CLASS_INDEX):
-                raise LedgerError(f"class indices must be in 0..{MAX_CLASS_INDEX}, got {int(arr.min())}..{int(arr.max())}")
+                raise LedgerError(
+                    f"class indices must be in 0..{MAX_CLASS_INDEX}, got {int(arr.min())}..{int(arr.max())}")
             idx = arr.astype(np.int64)
             c = max(self.n_outputs, int(idx.max()) + 1 if r else 0)
             Y = np.zeros((r, c), np.int64)
@@ -309,7 +311,7 @@ class ExactLedger:
 
     @classmethod
     def from_rows(cls, Q: ArrayLike, y: ArrayLike, n_outputs: int = 0, frac_bits: int = 30,
-                  label_frac_bits: int = 0) -> "ExactLedger":
+                  label_frac_bits: int = 0) -> ExactLedger:
         """The ledger of exactly these rows (e.g. a packed batch for federated mode)."""
         Qa = np.asarray(Q)
         d = Qa.shape[-1] if Qa.ndim else 0
@@ -317,7 +319,7 @@ class ExactLedger:
         led.add(Q, y)
         return led
 
-    def absorb(self, other: "ExactLedger", sign: int = +1) -> None:
+    def absorb(self, other: ExactLedger, sign: int = +1) -> None:
         """In place: self += sign * other (the packed-statistics path). Validated before mutation."""
         if sign not in (1, -1):
             raise LedgerError("sign must be +1 or -1")
@@ -325,7 +327,8 @@ class ExactLedger:
             raise LedgerError(f"can only absorb an ExactLedger, got {type(other).__name__}")
         if (other.dim, other.frac_bits, other.label_frac_bits) != (self.dim, self.frac_bits, self.label_frac_bits):
             raise LedgerError(
-                f"incompatible ledgers: (dim, frac_bits, label_frac_bits) {(other.dim, other.frac_bits, other.label_frac_bits)} "
+                "incompatible ledgers: (dim, frac_bits, label_frac_bits) "
+                f"{(other.dim, other.frac_bits, other.label_frac_bits)} "
                 f"vs {(self.dim, self.frac_bits, self.label_frac_bits)}")
         new_count = self._count + sign * other._count
         if new_count > MAX_COUNT:
@@ -358,12 +361,20 @@ class ExactLedger:
             self._grow_outputs(c_new)
         c_o = other.n_outputs
         if sign > 0:
-            self._AA += other._AA; self._X += other._X; self._BB += other._BB
-            self._GAA[:, :c_o] += other._GAA; self._GX[:, :c_o] += other._GX; self._GBB[:, :c_o] += other._GBB
+            self._AA += other._AA
+            self._X += other._X
+            self._BB += other._BB
+            self._GAA[:, :c_o] += other._GAA
+            self._GX[:, :c_o] += other._GX
+            self._GBB[:, :c_o] += other._GBB
             self._class_counts[:c_o] += other._class_counts
         else:
-            self._AA -= other._AA; self._X -= other._X; self._BB -= other._BB
-            self._GAA[:, :c_o] -= other._GAA; self._GX[:, :c_o] -= other._GX; self._GBB[:, :c_o] -= other._GBB
+            self._AA -= other._AA
+            self._X -= other._X
+            self._BB -= other._BB
+            self._GAA[:, :c_o] -= other._GAA
+            self._GX[:, :c_o] -= other._GX
+            self._GBB[:, :c_o] -= other._GBB
             self._class_counts[:c_o] -= other._class_counts
         self._count = new_count
         self._mutations += 1
@@ -384,13 +395,13 @@ class ExactLedger:
         if n_outputs > self.n_outputs:
             self._grow_outputs(n_outputs)
 
-    def merge(self, other: "ExactLedger") -> "ExactLedger":
+    def merge(self, other: ExactLedger) -> ExactLedger:
         """A new ledger of the disjoint union: ledgers of partitions sum exactly."""
         out = self.copy()
         out.absorb(other, +1)
         return out
 
-    def __add__(self, other: "ExactLedger") -> "ExactLedger":
+    def __add__(self, other: ExactLedger) -> ExactLedger:
         return self.merge(other)
 
     def __eq__(self, other: object) -> bool:
@@ -472,7 +483,7 @@ class ExactLedger:
         return body + hashlib.sha256(body).digest()
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "ExactLedger":
+    def from_bytes(cls, blob: bytes) -> ExactLedger:
         """Inverse of to_bytes; rejects truncated, corrupted or unknown-version input with LedgerError."""
         blob = bytes(blob)
         if len(blob) < _HEADER.size + 32:

@@ -59,7 +59,7 @@ class SMWTracker:
         self.last_reset_drift = 0.0
 
     @classmethod
-    def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8) -> "SMWTracker":
+    def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8) -> SMWTracker:
         """Start from the canonical solve of a ledger (T and W exactly as Variant A gives them)."""
         L = cholesky_factor(stats, gamma)
         T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
@@ -79,7 +79,8 @@ class SMWTracker:
         if n_outputs > self.n_outputs:
             self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
 
-    def _prepare(self, U: NDArray[np.float64], dG: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    def _prepare(self, U: NDArray[np.float64],
+                 dG: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         U = np.asarray(U, dtype=np.float64)
         if U.ndim == 1:
             U = U[None, :]
@@ -164,4 +165,4 @@ class SMWTracker:
         return res / den if den > 0 else res
 
 
-__all__ = ["SMWTracker", "DowndateCheck", "relative_deviation", "posterior_inverse"]
+__all__ = ["DowndateCheck", "SMWTracker", "posterior_inverse", "relative_deviation"]

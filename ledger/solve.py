@@ -10,6 +10,9 @@ compare heads computed in different processes bit for bit.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Any
+
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
@@ -20,7 +23,7 @@ from .exact import SufficientStatistics
 _controller = None
 
 
-def single_threaded_blas():  # type: ignore[no-untyped-def]
+def single_threaded_blas() -> AbstractContextManager[Any]:
     """Context manager limiting BLAS to one thread (deterministic summation order)."""
     global _controller
     if _controller is None:

@@ -46,7 +46,7 @@ def combine(terms: list[tuple[NDArray[np.int64], int]]) -> tuple[NDArray[np.int6
             raise ValueError("shift must be in 0..63")
         t_lo = v.view(np.uint64) << np.uint64(shift) if shift else v.view(np.uint64).copy()
         t_hi = v >> np.int64(63 if shift == 0 else 64 - shift)
-        if lo is None:
+        if hi is None or lo is None:
             hi, lo = t_hi, t_lo
             continue
         lo += t_lo  # wraps modulo 2^64
@@ -81,7 +81,7 @@ def to_le_bytes(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> bytes:
 def to_pyints(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> list[int]:
     """Python ints (for tests and small diagnostics; slow for big arrays)."""
     hi, lo = w
-    return [(int(h) << 64) + int(l) for h, l in zip(hi.ravel(), lo.ravel())]
+    return [(int(h) << 64) + int(lw) for h, lw in zip(hi.ravel(), lo.ravel())]
 
 
 def is_negative(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> NDArray[np.bool_]:

@@ -69,9 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from threadpoolctl import threadpool_limits
-
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(max(1, args.threads))
     with threadpool_limits(limits=max(1, args.threads)):

@@ -21,10 +21,30 @@ import numpy as np
 from numpy.typing import NDArray
 
 from research.metrics import causal_faithfulness, parameter_gap
+from research.strategies import (
+    ACU,
+    HFKCU,
+    SAFE,
+    ACURandomProjection,
+    CentralTrainer,
+    ExactRidgeA,
+    ExactRidgeB,
+    FedAvgRetrain,
+    FedAvgTrainer,
+    Finetune,
+    Float32RidgeA,
+    Float32RidgeB,
+    Float64RidgeA,
+    Float64RidgeB,
+    NegGrad,
+    NoUnlearning,
+    RidgeRetrain,
+    SoftmaxRetrain,
+    Strategy,
+    Trainer,
+    dirichlet_partition,
+)
 from unlearn.ledger import ExactLedger, centralized_retrain, one_hot, solve_head
-from research.strategies import (ACU, HFKCU, SAFE, ACURandomProjection, CentralTrainer, ExactRidgeA, ExactRidgeB, FedAvgRetrain,
-                        FedAvgTrainer, Finetune, Float32RidgeA, Float32RidgeB, Float64RidgeA, Float64RidgeB, NegGrad,
-                        NoUnlearning, RidgeRetrain, SoftmaxRetrain, Strategy, Trainer, dirichlet_partition)
 
 from .paper_data import PaperData
 from .paper_runner import Request, StrategyFactory, StreamRunner, run_summary
@@ -228,7 +248,7 @@ def ridge_paper(cfg: PaperConfig, data: PaperData, log: Log) -> list[dict[str, A
 
     # Figure 2: chunked deletions of 20% of the data per step.
     log(f"ridge / figure 2: {cfg.f2_chunks} chunked deletions of {cfg.f2_fraction:.0%}")
-    chunk = int(round(cfg.f2_fraction * n))
+    chunk = round(cfg.f2_fraction * n)
     perm = _rng(cfg, 2).permutation(n)
     reqs = [Request("delete", np.sort(perm[i * chunk:(i + 1) * chunk])) for i in range(cfg.f2_chunks)]
     runner = StreamRunner(data, clients, strategy_factories(cfg, central_trainer(), cfg.f2_chunks),
@@ -243,7 +263,7 @@ def acu_protocol(cfg: PaperConfig, data: PaperData, log: Log) -> list[dict[str, 
     """A forgetting pool (25% of the training set) split into 5 and 25 sequential requests."""
     recs: list[dict[str, Any]] = []
     n = data.F_train.shape[0]
-    pool = _rng(cfg, 3).choice(n, int(round(cfg.acu_pool_fraction * n)), replace=False)
+    pool = _rng(cfg, 3).choice(n, round(cfg.acu_pool_fraction * n), replace=False)
     clients = dirichlet_partition(data.y_train, cfg.clients, cfg.alpha, seed=cfg.seed)
     for R in cfg.acu_requests:
         log(f"acu: forgetting pool of {pool.size} in {R} requests")

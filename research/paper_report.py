@@ -81,25 +81,25 @@ def ridge_tables(records: Sequence[Mapping[str, Any]]) -> str:
             devs = [(_step(r, e) or {}).get("param_gap") if _step(r, e) else None for e in ev]
             last = _step(r, ev[-1]) or {}
             ms = r.get("mean_request_seconds")
-            rows.append([r["strategy"] + _status(r)] + devs + [None if ms is None else 1e3 * ms,
-                                                                 last.get("ledger_bit_identical")])
-        hdr = ["strategy"] + [f"after {e} deletions" if e <= m else f"after {e - m} add-backs" for e in ev]
+            rows.append([r["strategy"] + _status(r), *devs, None if ms is None else 1e3 * ms,
+                         last.get("ledger_bit_identical")])
+        hdr = ["strategy", *(f"after {e} deletions" if e <= m else f"after {e - m} add-backs" for e in ev)]
         parts.append(f"### Table 5: deviation from the retrained model, {m} single deletions then add-back\n\n"
                      "Deviation is the parameter gap to the retrain of the strategy's own family (ridge: "
                      "scikit-learn central ridge; softmax: L-BFGS/FedAvg retrain). Retrain strategies are "
                      "evaluated lazily (retrained only at the evaluation steps; their per-request time is that "
                      "retrain's time).\n\n"
-                     + table(hdr + ["mean ms / request", "ledger bit-identical at end"], rows))
+                     + table([*hdr, "mean ms / request", "ledger bit-identical at end"], rows))
     f2 = _by(records, "ridge.figure2")
     if f2:
         n_steps = max(len(r["steps"]) for r in f2)
         rows = []
         for r in f2:
             ta = [s.get("ta") for s in r["steps"]] + [None] * (n_steps - len(r["steps"]))
-            rows.append([r["strategy"] + _status(r)] + ta + [r.get("cum_seconds")])
+            rows.append([r["strategy"] + _status(r), *ta, r.get("cum_seconds")])
         parts.append("### Figure 2 (table): test accuracy after each chunked deletion of "
                      f"{f2[0].get('chunk_fraction', 0.2):.0%} of the data, and cumulative unlearning time\n\n"
-                     + table(["strategy"] + [f"step {i}" for i in range(n_steps)] + ["cum. time (s)"], rows))
+                     + table(["strategy", *(f"step {i}" for i in range(n_steps)), "cum. time (s)"], rows))
     return "\n\n".join(parts)
 
 

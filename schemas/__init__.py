@@ -45,7 +45,15 @@ from unlearn.schemas.envelope import (
     request_from_dict,
     request_to_dict,
 )
-from unlearn.schemas.head_codec import HEAD_MAGIC, HEAD_VERSION, MODES, HeadUpdate, decode_head, encode_head, head_to_json
+from unlearn.schemas.head_codec import (
+    HEAD_MAGIC,
+    HEAD_VERSION,
+    MODES,
+    HeadUpdate,
+    decode_head,
+    encode_head,
+    head_to_json,
+)
 from unlearn.schemas.receipts import (
     RECEIPT_SCHEMA_V1,
     Receipt,
@@ -96,8 +104,8 @@ __all__ = [
     "encode_request",
     "head_to_json",
     "parse_request",
-    "request_from_dict",
-    "request_to_dict",
     "receipt_from_dict",
     "receipt_to_dict",
+    "request_from_dict",
+    "request_to_dict",
 ]

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import crc32c as _crc32c
 import numpy as np
 
-__all__ = ["CodecError", "Reader", "Writer", "crc32c", "check_frame", "PREFIX"]
+__all__ = ["PREFIX", "CodecError", "Reader", "Writer", "check_frame", "crc32c"]
 
 
 class CodecError(ValueError):
@@ -77,7 +77,7 @@ class Reader:
     """Bounds-checked little-endian reads from a body view; offsets are body-relative and the
     body starts 16 bytes into the message (8-aligned, so alignment is the same for both)."""
 
-    __slots__ = ("mv", "pos", "what", "base")
+    __slots__ = ("base", "mv", "pos", "what")
 
     def __init__(self, mv: memoryview, what: str, base: int = PREFIX.size) -> None:
         self.mv = mv
@@ -118,9 +118,8 @@ class Reader:
 
     def pad8(self, what: str) -> None:
         p = (-(self.base + self.pos)) % 8
-        if p:
-            if any(self.raw(p, f"padding before {what}")):
-                raise self.fail(f"non-zero padding before {what}")
+        if p and any(self.raw(p, f"padding before {what}")):
+            raise self.fail(f"non-zero padding before {what}")
 
     def array(self, dtype: str, count: int, what: str, align: bool = True) -> np.ndarray:
         """A read-only numpy view (zero-copy) of ``count`` items."""
@@ -193,7 +192,7 @@ class Writer:
         if align:
             self.pad8()
         a = np.ascontiguousarray(a)
-        self.put(memoryview(a.reshape(-1)).cast("B") if a.size else b"")
+        self.put(a.reshape(-1).data.cast("B") if a.size else b"")
 
     def str_column(self, items: Sequence[str], what: str) -> None:
         try:
@@ -204,7 +203,7 @@ class Writer:
         except UnicodeEncodeError as exc:  # lone surrogates
             raise CodecError(f"{what}: not encodable as UTF-8: {exc.reason}") from None
         lengths = list(map(len, encoded))
-        if lengths and not (1 <= min(lengths) and max(lengths) <= 0xFFFF):
+        if lengths and not (min(lengths) >= 1 and max(lengths) <= 0xFFFF):
             raise CodecError(f"{what}: each must be 1..65535 UTF-8 bytes")
         self.put(struct.pack(f"<{len(lengths)}H", *lengths))
         self.put(b"".join(encoded))

@@ -24,8 +24,8 @@ __all__ = [
     "DEADLETTER_SCHEMA_V1",
     "STAGES",
     "DeadLetter",
-    "decode_deadletter",
     "deadletter_for",
+    "decode_deadletter",
     "encode_deadletter",
 ]
 

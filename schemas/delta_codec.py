@@ -18,9 +18,8 @@ Two entry kinds:
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -115,7 +114,7 @@ class PackedEntry:
         return len(self.event_ids)
 
 
-Entry = Union[RowsEntry, PackedEntry]
+Entry = RowsEntry | PackedEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +201,7 @@ def _int64(a: object, what: str) -> np.ndarray:
     return arr
 
 
-def _check_params(d: int, k: int, k_y: int, err: type[Exception]) -> None:
+def _check_params(d: int, k: int, k_y: int, err: Callable[[str], Exception]) -> None:
     if not 1 <= d <= 0xFFFFFFFF:
         raise err(f"d must be in 1..2^32-1, got {d}")
     if not 0 <= k <= _MAX_FRAC_BITS or not 0 <= k_y <= _MAX_FRAC_BITS:

@@ -16,7 +16,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeGuard
 
 import orjson
 
@@ -113,7 +113,7 @@ class ImageInput:
     kind: Literal["image"] = field(default="image", init=False)
 
 
-Input = Union[FeaturesInput, TextInput, ImageInput]
+Input = FeaturesInput | TextInput | ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +193,10 @@ def _check_label(v: object) -> int | tuple[float, ...]:
     raise _fail("bad_label", f"label must be a class index (int >= 0) or a list of numbers, got {_short(v)}")
 
 
+def _is_op(v: object) -> TypeGuard[Op]:
+    return type(v) is str and v in OPS
+
+
 def _check_input(v: object) -> Input:
     if type(v) is not dict:
         raise _fail("bad_input", f"input must be an object, got {_short(v)}")
@@ -256,7 +260,7 @@ def request_from_dict(d: object) -> Request:
             raise _fail(f"missing_field:{name}", f"field {name!r} is required")
     event_id, head_id, client_id, subject_id = (_check_id(d, n) for n in _ID_FIELDS)
     op = d["op"]
-    if type(op) is not str or op not in OPS:
+    if not _is_op(op):
         raise _fail("bad_op", f"op must be add | delete | delete_subject, got {_short(op)}")
     if op == "add":
         for name in ("sample_id", "label", "input"):

@@ -204,7 +204,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     posterior = r.array("<f8", d * d, "posterior").reshape(d, d) if flags & _FLAG_POSTERIOR else None
     r.done()
     return HeadUpdate(
-        head_id, h_version, MODES[mode_i], digest.hex(), n_retained, events, offsets,  # type: ignore[arg-type]
+        head_id, h_version, MODES[mode_i], digest.hex(), n_retained, events, offsets,
         drift, gamma, ts, weights, posterior,
     )
 

@@ -30,7 +30,8 @@ class World:
     def __init__(self, heads: dict[str, int], seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.dims = heads
-        self.live: dict[str, dict[str, tuple[str, np.ndarray, int]]] = {h: {} for h in heads}  # sample -> (subject, f, y)
+        # sample -> (subject, f, y)
+        self.live: dict[str, dict[str, tuple[str, np.ndarray, int]]] = {h: {} for h in heads}
         self.n = 0
         self.requests: list[tuple[bytes, bytes]] = []
 
@@ -94,7 +95,7 @@ def pipeline_settings(settings: Settings, tmp_path: Path) -> Settings:
 def assert_heads_equal_reference(s: Settings, world: World, timeout: float = 120.0) -> None:
     for h in world.dims:
         ref = world.reference(h, s.frac_bits)
-        got = wait_for_head(s, h, lambda u: u.digest == ref.digest() and u.mode == "exact", timeout=timeout)
+        got = wait_for_head(s, h, lambda u, ref=ref: u.digest == ref.digest() and u.mode == "exact", timeout=timeout)
         assert got.n_retained == ref.count
         ref.grow_outputs(got.weights.shape[1])
         assert np.array_equal(np.asarray(got.weights), solve_head(ref, s.gamma_for(h)))
@@ -174,15 +175,18 @@ def _malformed(head: str) -> list[tuple[str, bytes]]:
         ("bad_image_format", mut(input={"kind": "image", "format": "gif", "data": "AAAA"})),
         ("bad_text", mut(input={"kind": "text", "text": ""})),
         ("bad_field:subject_id", mut(subject_id="")),
-        ("unexpected_field:label", orjson.dumps({**{k: v for k, v in ok.items() if k not in ("input",)}, "op": "delete"})),
+        ("unexpected_field:label",
+         orjson.dumps({**{k: v for k, v in ok.items() if k not in ("input",)}, "op": "delete"})),
         ("dimension_mismatch", mut(event_id="dim", sample_id="dim", input={"kind": "features", "values": [0.1] * 4})),
         ("duplicate_add", mut(event_id="dup", sample_id="base0")),
         ("unknown_sample", orjson.dumps({k: v for k, v in {**ok, "op": "delete", "sample_id": "ghost"}.items()
                                          if k not in ("label", "input")})),
-        ("unknown_subject", orjson.dumps({k: v for k, v in {**ok, "op": "delete_subject", "subject_id": "nobody"}.items()
-                                          if k not in ("label", "input", "sample_id")})),
+        ("unknown_subject",
+         orjson.dumps({k: v for k, v in {**ok, "op": "delete_subject", "subject_id": "nobody"}.items()
+                       if k not in ("label", "input", "sample_id")})),
         ("undecodable_input", mut(event_id="png", sample_id="png", head_id=head + "-img",
-                                  input={"kind": "image", "format": "png", "data": base64.b64encode(b"not a png").decode()})),
+                                  input={"kind": "image", "format": "png",
+                                         "data": base64.b64encode(b"not a png").decode()})),
         ("label_mismatch", mut(event_id="lm", sample_id="lm", label=[0.0, 1.0])),
         ("bad_ts", mut(ts=-5)),
     ]

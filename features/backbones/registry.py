@@ -103,7 +103,7 @@ class _Entry:
 
 
 def _hub_entry(name: str, dim: int, desc: str) -> _Entry:
-    return _Entry(BackboneInfo(name, "image", dim, False, desc), _make_hub(name), lambda o, n=name: n)
+    return _Entry(BackboneInfo(name, "image", dim, False, desc), _make_hub(name), lambda _options: name)
 
 
 _ENTRIES: dict[str, _Entry] = {

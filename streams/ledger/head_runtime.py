@@ -22,7 +22,6 @@ from unlearn.schemas.source_id import dedup_key
 
 from .snapshot import HeadMeta
 
-
 #: ("<stream>/<partition>", offset) of a delta's source: skips deltas a featurizer re-produced.
 parse_source_id = dedup_key
 
@@ -93,12 +92,12 @@ class HeadRuntime:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def new(cls, head_id: str, delta: Delta, config: HeadConfig) -> "HeadRuntime":
+    def new(cls, head_id: str, delta: Delta, config: HeadConfig) -> HeadRuntime:
         """A head is created by its first add; its dimension and grids come from that delta."""
         return cls(head_id, ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits), config)
 
     @classmethod
-    def from_snapshot(cls, meta: HeadMeta, ledger: ExactLedger, config: HeadConfig) -> "HeadRuntime":
+    def from_snapshot(cls, meta: HeadMeta, ledger: ExactLedger, config: HeadConfig) -> HeadRuntime:
         cfg = HeadConfig(meta.gamma, config.reset_every, config.drift_threshold)
         return cls(meta.head_id, ledger, cfg, version=meta.version, events_covered=meta.events_covered,
                    applied_offset=meta.applied_offset, input_partition=meta.input_partition,

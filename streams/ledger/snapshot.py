@@ -46,7 +46,7 @@ class HeadMeta:
         return orjson.dumps(self.__dict__)
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "HeadMeta":
+    def from_json(cls, raw: bytes) -> HeadMeta:
         return cls(**orjson.loads(raw))
 
 
@@ -73,8 +73,8 @@ def split_pieces(state: bytes, generation: int, offset: int, max_piece_bytes: in
         raise ValueError("max_piece_bytes too small")
     sha = hashlib.sha256(state).digest()
     count = max(1, -(-len(state) // payload))
-    return [_PIECE.pack(_PIECE_MAGIC, _VERSION, generation, offset, i, count, sha) + state[i * payload:(i + 1) * payload]
-            for i in range(count)]
+    header = [_PIECE.pack(_PIECE_MAGIC, _VERSION, generation, offset, i, count, sha) for i in range(count)]
+    return [header[i] + state[i * payload:(i + 1) * payload] for i in range(count)]
 
 
 def join_pieces(generation: int, offset: int, sha256_hex: str, pieces: list[bytes | None]) -> bytes:

@@ -99,8 +99,8 @@ class ChangelogStore:
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        return Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}ledger-recovery-{uuid.uuid4().hex}",
-                                        **{"enable.partition.eof": True}))
+        group = f"{self.settings.topic_prefix}ledger-recovery-{uuid.uuid4().hex}"  # never joined
+        return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
 
     def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, tuple[HeadMeta, ExactLedger]]]:
         """The latest checkpoint of ``partition`` and the heads it names (verified snapshots)."""

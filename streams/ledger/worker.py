@@ -294,7 +294,8 @@ class LedgerWorker:
 
     def _rejected(self, head_id: str, rej: Rejection, raw: bytes, part: int, offset: int, key: bytes | None) -> None:
         first_event = rej.event_ids[0] if rej.event_ids else None
-        detail = f"entry {rej.entry_index} ({'add' if rej.sign > 0 else 'delete'}, {len(rej.event_ids)} rows): {rej.detail}"
+        kind = "add" if rej.sign > 0 else "delete"
+        detail = f"entry {rej.entry_index} ({kind}, {len(rej.event_ids)} rows): {rej.detail}"
         self._deadletter(DeadLetter(raw, rej.reason, detail, STAGE, self.deltas_topic, part, offset, key, first_event,
                                     time.time()))
         if rej.sign < 0:

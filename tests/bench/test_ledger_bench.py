@@ -77,7 +77,8 @@ def test_delete_vs_retrain_section() -> None:
     for k in ("ledger_delete_1row", "solve_head", "smw_downdate_r1", "deletion_A", "deletion_B",
               "retrain_float64", "retrain_sklearn", "digest"):
         assert _finite_positive(st["median_s"][k])
-    assert st["speedup_float64_over_A"] == pytest.approx(st["median_s"]["retrain_float64"] / st["median_s"]["deletion_A"])
+    assert st["speedup_float64_over_A"] == pytest.approx(
+        st["median_s"]["retrain_float64"] / st["median_s"]["deletion_A"])
 
 
 def test_drift_study_exact_ledger_matches_scratch() -> None:
@@ -111,7 +112,8 @@ def test_main_tiny_prints_all_sections_and_writes_json(tmp_path, capsys) -> None
     out = tmp_path / "bench.json"
     lb.main(["--tiny", "--json", str(out)])
     text = capsys.readouterr().out
-    for heading in ("## Machine and configuration", "## 0.", "## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6a.", "## 6b."):
+    for heading in ("## Machine and configuration", "## 0.", "## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6a.",
+                    "## 6b."):
         assert heading in text
     assert "AMD" in text or "Intel" in text or "CPU:" in text
     data = json.loads(out.read_text())

@@ -7,9 +7,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import (ExactLedger, Quantizer, SMWTracker, TrackedHead, centralized_retrain, kl_matrix_normal,
-                    l2_normalize, one_hot, posterior_inverse, predictive_variance, predictive_variance_cholesky,
-                    relative_deviation, retrain_deviation, solve_head, with_intercept)
+from unlearn.ledger import (
+    ExactLedger,
+    Quantizer,
+    SMWTracker,
+    TrackedHead,
+    centralized_retrain,
+    kl_matrix_normal,
+    l2_normalize,
+    one_hot,
+    posterior_inverse,
+    predictive_variance,
+    predictive_variance_cholesky,
+    relative_deviation,
+    retrain_deviation,
+    solve_head,
+    with_intercept,
+)
 
 
 def clustered_features(rng: np.random.Generator, n: int, d: int, c: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +131,7 @@ def test_drift_threshold_triggers_reset() -> None:
     head = TrackedHead(ExactLedger(8, 2), gamma=1.0, reset_every=10**6, drift_threshold=0.0, drift_check_every=1)
     head.add(Q[:5], y[:5])
     r = head.add(Q[5:10], y[5:10])
-    assert r.mode == "exact" and "drift" in r.reset_reason or r.reset_reason == ""  # zero residual is possible
+    assert (r.mode == "exact" and "drift" in r.reset_reason) or r.reset_reason == ""  # zero residual is possible
     head.tracker.W += 1e-3  # corrupt the fast head: the estimate must catch it
     r = head.add(Q[10:11], y[10:11])
     assert r.mode == "exact" and r.reset_reason.startswith("drift")

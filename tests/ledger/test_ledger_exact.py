@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import QMAX, ExactLedger, LedgerError
-from unlearn.ledger import wide
+from unlearn.ledger import QMAX, ExactLedger, LedgerError, wide
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -144,7 +143,7 @@ def test_from_bytes_rejects_corruption_and_truncation() -> None:
     rng = np.random.default_rng(1)
     led = ExactLedger.from_rows(random_rows(rng, 10, 4), rng.integers(0, 3, 10))
     blob = led.to_bytes()
-    with pytest.raises(LedgerError, match="truncated|bytes"):
+    with pytest.raises(LedgerError, match=r"truncated|bytes"):
         ExactLedger.from_bytes(blob[:-1])
     flipped = bytearray(blob)
     flipped[60] ^= 0x01

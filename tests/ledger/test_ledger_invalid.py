@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unlearn.ledger import QMAX, ExactLedger, LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError, Quantizer
+from unlearn.ledger import (
+    QMAX,
+    ExactLedger,
+    LedgerError,
+    NonMemberDelete,
+    OverflowBudgetError,
+    QuantizationError,
+    Quantizer,
+)
 from unlearn.ledger.exact import MAX_COUNT
 
 
@@ -39,7 +47,8 @@ BAD_UPDATES = [
 
 
 @pytest.mark.parametrize("name,op,make,message", BAD_UPDATES, ids=[b[0] for b in BAD_UPDATES])
-def test_bad_update_is_rejected_and_changes_nothing(ledger: ExactLedger, name: str, op: str, make, message: str) -> None:
+def test_bad_update_is_rejected_and_changes_nothing(ledger: ExactLedger, name: str, op: str, make,
+                                                    message: str) -> None:
     before, blob = ledger.digest(), ledger.to_bytes()
     Q, y = make()
     with pytest.raises(LedgerError, match=message):

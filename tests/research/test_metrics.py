@@ -9,8 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from research.metrics import (MembershipAttack, SetOutputs, accuracy, causal_faithfulness, cumulative, mia_features,
-                           mia_score, output_kl, parameter_gap, speedup, unlearning_metrics)
+from research.metrics import (
+    MembershipAttack,
+    SetOutputs,
+    accuracy,
+    causal_faithfulness,
+    cumulative,
+    mia_features,
+    mia_score,
+    output_kl,
+    parameter_gap,
+    speedup,
+    unlearning_metrics,
+)
 
 
 def test_accuracy() -> None:

@@ -13,10 +13,34 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import ExactLedger, Quantizer, centralized_retrain, l2_normalize, one_hot, solve_head, with_intercept
-from research.strategies import (ACU, STRATEGIES, ACURandomProjection, ExactRidgeA, ExactRidgeB, Float32RidgeA, Float32RidgeB,
-                        Float64RidgeA, Float64RidgeB, FloatRidge, RidgeRetrain, Strategy, StrategyError,
-                        UnsupportedOperation, available_strategies, dirichlet_partition, make_strategy)
+from research.strategies import (
+    ACU,
+    STRATEGIES,
+    ACURandomProjection,
+    ExactRidgeA,
+    ExactRidgeB,
+    Float32RidgeA,
+    Float32RidgeB,
+    Float64RidgeA,
+    Float64RidgeB,
+    FloatRidge,
+    RidgeRetrain,
+    Strategy,
+    StrategyError,
+    UnsupportedOperation,
+    available_strategies,
+    dirichlet_partition,
+    make_strategy,
+)
+from unlearn.ledger import (
+    ExactLedger,
+    Quantizer,
+    centralized_retrain,
+    l2_normalize,
+    one_hot,
+    solve_head,
+    with_intercept,
+)
 
 C = 3
 

@@ -15,12 +15,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from research.strategies import (HFKCU, SAFE, CentralTrainer, FedAvgRetrain, FedAvgTrainer, Finetune, GaussianClassStats,
-                        NegGrad, NoUnlearning, SoftmaxRetrain, client_weights, conjugate_gradient, dirichlet_partition,
-                        iid_partition, softmax_hvp)
+from research.strategies import (
+    HFKCU,
+    SAFE,
+    CentralTrainer,
+    FedAvgRetrain,
+    FedAvgTrainer,
+    Finetune,
+    GaussianClassStats,
+    NegGrad,
+    NoUnlearning,
+    SoftmaxRetrain,
+    client_weights,
+    conjugate_gradient,
+    dirichlet_partition,
+    iid_partition,
+    softmax_hvp,
+)
 from research.strategies._softmax import ce_loss_grad
 from research.strategies.safe import kl_grad_logits
-
 from tests.research.test_strategies import C, make_data
 
 
@@ -118,7 +131,7 @@ def test_hfkcu_causal_weights_isolate_unaffected_clients() -> None:
 @settings(max_examples=10, deadline=None)
 @given(beta=st.floats(1e-4, 1e-2))
 def test_hfkcu_adaptive_scaling_caps_each_client_step(beta: float) -> None:
-    s, F, y, clients = _hf_fixture(beta=beta)
+    s, F, y, _clients = _hf_fixture(beta=beta)
     W0 = s.weights.copy()
     gone = np.arange(30)  # all of client 0: a large raw step
     s.delete(F[gone], y[gone], ids=gone)
@@ -133,7 +146,7 @@ def test_hfkcu_removal_sign_moves_toward_the_retrain_and_the_published_sign_away
     renormalized over fewer samples, so only the direction is asserted.)"""
     dist = {}
     for sign in ("removal", "published"):
-        s, F, y, clients = _hf_fixture(hessian="global", adaptive_scaling=False, cg_iters=100, sign=sign)
+        s, F, y, _clients = _hf_fixture(hessian="global", adaptive_scaling=False, cg_iters=100, sign=sign)
         W0 = s.weights.copy()
         gone = np.array([3, 50, 70])
         s.delete(F[gone], y[gone], ids=gone)
@@ -224,7 +237,7 @@ def test_safe_noise_is_seeded_and_scaled() -> None:
 def test_safe_target_is_the_original_prediction_before_any_shift() -> None:
     """With nothing removed the density ratio is 1: the target equals f(x; w0) and the forgetting
     gradient vanishes."""
-    s, F, y = _safe_fixture()
+    s, F, _y = _safe_fixture()
     np.testing.assert_allclose(np.exp(s.log_target(F[:20])), np.exp(np.log(s.predict_proba(F[:20]))), rtol=1e-9)
     assert np.abs(s.forgetting_gradient(F[:20], s.w0)).max() < 1e-9
 

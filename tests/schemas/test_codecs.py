@@ -200,7 +200,7 @@ def test_structurally_wrong_bodies_with_valid_crc_never_decode_wrongly(kind: str
 
 @pytest.mark.parametrize("kind", sorted(CODECS))
 def test_unknown_version_flags_and_magic(kind: str) -> None:
-    strategy, encode, decode = CODECS[kind]
+    _strategy, encode, decode = CODECS[kind]
     raw = encode(SAMPLES[kind])
     with pytest.raises(CodecError, match="unknown version 2"):
         decode(_reframe(raw, version=2))

@@ -54,7 +54,8 @@ def test_checkpoint_record_round_trips(part: int, floor: int, topic_id: str, hea
     assert Checkpoint.decode(cp.encode()) == cp
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b'{"format": "other"}', b'{"format": "unlearn.ledger-checkpoint/v1"}'])
+@pytest.mark.parametrize(
+    "raw", [b"", b"{", b"[]", b'{"format": "other"}', b'{"format": "unlearn.ledger-checkpoint/v1"}'])
 def test_an_unreadable_checkpoint_is_a_stale_state_error(raw: bytes) -> None:
     with pytest.raises(StaleStateError):
         Checkpoint.decode(raw)

@@ -39,7 +39,8 @@ class Stream:
         members = self.retained[h]
         entries = []
         if members and self.rng.random() < 0.35:
-            ids = list(self.rng.choice(sorted(members), size=min(len(members), int(self.rng.integers(1, 4))), replace=False))
+            size = min(len(members), int(self.rng.integers(1, 4)))
+            ids = list(self.rng.choice(sorted(members), size=size, replace=False))
             Q = np.stack([members[i][0] for i in ids])
             y = np.array([members[i][1] for i in ids])
             entries.append(RowsEntry(-1, [f"del-{i}" for i in ids], ids, ["u"] * len(ids), y, Q))
@@ -82,7 +83,7 @@ def assert_final_heads_exact(s: Settings, stream: Stream, timeout: float = 90.0)
     for h in stream.heads:
         ref = stream.reference(h)
         want = stream.n_msgs[h]
-        got = wait_for_head(s, h, lambda u: u.version >= want and u.mode == "exact", timeout=timeout)
+        got = wait_for_head(s, h, lambda u, want=want: u.version >= want and u.mode == "exact", timeout=timeout)
         assert got.version == want, f"{h}: every delta applied exactly once"
         assert got.digest == ref.digest(), f"{h}: ledger digest equals the from-scratch ledger"
         assert got.n_retained == ref.count
@@ -108,7 +109,7 @@ def test_kill_minus_nine_at_random_points_then_recover(settings: Settings, tmp_p
     rng = np.random.default_rng(3)
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0", "--loglevel", "info"], s, tmp_path).start()
     try:
-        for round_ in range(4):
+        for _round in range(4):
             produce(s, [stream.next_message() for _ in range(int(rng.integers(40, 90)))])
             time.sleep(float(rng.uniform(1.0, 6.0)))  # somewhere mid-processing / mid-checkpoint
             worker.kill9()
