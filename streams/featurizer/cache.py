@@ -5,16 +5,18 @@ bit-reproducible), so every accepted add's q is cached, keyed by (head, sample),
 index for ``delete_subject``; the entry is erased when the delete is emitted. Section 4: the cache,
 not Kafka, is the source of truth about what was applied.
 
-One file per ``requests`` partition (``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``), so a
-partition's cache moves with the partition when featurizer processes on one host rebalance. Each
-file holds:
+One file per ``requests`` partition (``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). The file
+is the local copy: the ``featurizer-cache`` changelog topic (``changelog.py``) lets a featurizer on
+another host rebuild it. Each file holds:
 
 - ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (int64 LE blob);
   index ``samples_by_subject`` (subject_id, head_id) is the subject index;
 - ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
   frac bits);
-- ``outbox``: encoded messages (deltas, dead letters, receipts) written in the same transaction
-  as the cache mutations, deleted once the broker acknowledged them;
+- ``outbox``: encoded messages (deltas, dead letters, receipts, and the batch's records for the
+  ``featurizer-cache`` changelog, with their partition and delivery phase) written in the same
+  transaction as the cache mutations, deleted once the broker acknowledged them;
+- ``lineage``: this cache's lineage id and changelog generation (``changelog.resume_plan``);
 - ``progress``: the last ``requests`` offset whose outcome is in this file;
 - ``meta``: schema version and identity (topic, partition, client) checked on open.
 
@@ -26,6 +28,7 @@ the ledger already applied).
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +37,14 @@ from urllib.parse import quote
 
 import numpy as np
 
+from unlearn.streams.featurizer.changelog import LocalPosition
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
 
 __all__ = ["CACHE_SCHEMA_VERSION", "CacheError", "FeatureCache", "OutboxRow", "cache_path"]
 
-CACHE_SCHEMA_VERSION = 1
+CACHE_SCHEMA_VERSION = 2
+"""2: outbox rows carry a partition and a delivery phase; the ``lineage`` table (version 1 files
+are upgraded in place on open)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -71,11 +77,19 @@ CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     topic TEXT NOT NULL,
     key BLOB,
-    value BLOB NOT NULL
+    value BLOB,
+    partition INTEGER,
+    phase INTEGER NOT NULL DEFAULT 1,
+    CHECK (value IS NOT NULL OR partition IS NOT NULL)  -- only a changelog tombstone has no value
 );
 CREATE TABLE IF NOT EXISTS progress (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     applied_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lineage (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    lineage TEXT NOT NULL,
+    generation INTEGER NOT NULL
 );
 """
 
@@ -91,7 +105,9 @@ class OutboxRow:
     seq: int
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a changelog tombstone
+    partition: int | None = None
+    phase: int = 1
 
 
 def cache_path(data_dir: str | Path, stream_dir: str, partition: int) -> Path:
@@ -123,6 +139,7 @@ class FeatureCache:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=30000")
+            self._upgrade()
             self._db.executescript(_SCHEMA)
             self._check_meta({"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity or {})})
         except Exception:
@@ -135,6 +152,24 @@ class FeatureCache:
         """The cache file of one requests partition (created empty if absent)."""
         ident = {"stream_dir": stream_dir, "partition": str(int(partition)), **dict(identity or {})}
         return cls(cache_path(data_dir, stream_dir, partition), ident)
+
+    def _upgrade(self) -> None:
+        """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
+        (changelog tombstones); its pending rows are kept."""
+        with self._tx():
+            has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
+            if not has_meta:
+                return
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None and row[0] == "1":
+                self._db.execute("ALTER TABLE outbox RENAME TO outbox_v1")
+                self._db.execute("CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
+                                 "key BLOB, value BLOB, partition INTEGER, phase INTEGER NOT NULL DEFAULT 1, "
+                                 "CHECK (value IS NOT NULL OR partition IS NOT NULL))")
+                self._db.execute("INSERT INTO outbox (seq, topic, key, value) "
+                                 "SELECT seq, topic, key, value FROM outbox_v1")
+                self._db.execute("DROP TABLE outbox_v1")
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
 
     def _check_meta(self, wanted: Mapping[str, str]) -> None:
         with self._tx():
@@ -225,14 +260,46 @@ class FeatureCache:
 
     def pending_outbox(self) -> list[OutboxRow]:
         """Messages written but not yet acknowledged, in write order."""
-        rows = self._db.execute("SELECT seq, topic, key, value FROM outbox ORDER BY seq").fetchall()
-        return [OutboxRow(int(s), str(t), None if k is None else bytes(k), bytes(v)) for s, t, k, v in rows]
+        rows = self._db.execute("SELECT seq, topic, key, value, partition, phase FROM outbox ORDER BY seq").fetchall()
+        return [OutboxRow(int(s), str(t), None if k is None else bytes(k), None if v is None else bytes(v),
+                          None if p is None else int(p),
+                          int(ph)) for s, t, k, v, p, ph in rows]
+
+    def all_samples(self) -> list[CachedSample]:
+        """Every cached sample, by (head, sample) (a seed of the changelog)."""
+        rows = self._db.execute(
+            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
+            "FROM samples ORDER BY head_id, sample_id").fetchall()
+        return [self._sample(r) for r in rows]
+
+    @property
+    def lineage(self) -> str:
+        """This cache's lineage id: the changelog batches it wrote carry it (created on first use)."""
+        return self.local_position().lineage
+
+    @property
+    def generation(self) -> int:
+        """Changelog generation of the last batch written into the outbox (0: none)."""
+        return self.local_position().generation
+
+    def local_position(self) -> LocalPosition:
+        """(applied offset, lineage, generation), for ``changelog.resume_plan``."""
+        row = self._db.execute("SELECT lineage, generation FROM lineage WHERE id = 0").fetchone()
+        if row is None:
+            with self._tx():
+                self._db.execute("INSERT OR IGNORE INTO lineage (id, lineage, generation) VALUES (0, ?, 0)",
+                                 (uuid.uuid4().hex,))
+            row = self._db.execute("SELECT lineage, generation FROM lineage WHERE id = 0").fetchone()
+        return LocalPosition(self.applied_offset, str(row[0]), int(row[1]))
 
     # ------------------------------------------------------------------ writes
-    def commit_batch(self, mutations: CacheMutations, messages: Iterable[OutMessage], last_offset: int) -> list[int]:
+    def commit_batch(self, mutations: CacheMutations, messages: Iterable[OutMessage], last_offset: int,
+                     generation: int | None = None) -> list[int]:
         """ONE transaction: apply the cache mutations, append ``messages`` to the outbox, record
-        ``last_offset``. Returns the outbox sequence numbers (for :meth:`ack_outbox`)."""
+        ``last_offset`` (and the changelog ``generation`` the messages carry, if any). Returns the
+        outbox sequence numbers (for :meth:`ack_outbox`)."""
         last_offset = int(last_offset)
+        self.local_position()  # the lineage row exists
         with self._tx():
             current = self.applied_offset
             if last_offset <= current:
@@ -252,15 +319,59 @@ class FeatureCache:
                   s.label if isinstance(s.label, int) else None,
                   None if isinstance(s.label, int) else _i64(s.label), _i64(s.q))
                  for s in mutations.put_samples])
-            seqs = []
-            for m in messages:
-                cur = self._db.execute("INSERT INTO outbox (topic, key, value) VALUES (?, ?, ?)",
-                                       (m.topic, m.key, m.value))
-                seqs.append(int(cur.lastrowid))  # type: ignore[arg-type]
+            seqs = self._append_outbox(messages)
             self._db.execute(
                 "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
                 "ON CONFLICT (id) DO UPDATE SET applied_offset = excluded.applied_offset", (last_offset,))
+            if generation is not None:
+                self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
+
+    def _append_outbox(self, messages: Iterable[OutMessage]) -> list[int]:
+        seqs = []
+        for m in messages:
+            cur = self._db.execute("INSERT INTO outbox (topic, key, value, partition, phase) VALUES (?, ?, ?, ?, ?)",
+                                   (m.topic, m.key, m.value, m.partition, int(m.phase)))
+            seqs.append(int(cur.lastrowid))  # type: ignore[arg-type]
+        return seqs
+
+    def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:
+        """ONE transaction: the outbox becomes ``messages`` (a changelog seed that includes what was
+        pending) and the changelog generation ``generation``."""
+        self.local_position()
+        with self._tx():
+            self._db.execute("DELETE FROM outbox")
+            seqs = self._append_outbox(messages)
+            self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
+        return seqs
+
+    def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], applied_offset: int,
+                    topic_id: str, generation: int) -> None:
+        """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents, offset,
+        topic id, generation) with a NEW lineage and an empty outbox: whatever this file held is
+        superseded (its unsent batch, if any, never reached Kafka)."""
+        with self._tx():
+            for table in ("samples", "heads", "outbox", "progress", "lineage"):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("DELETE FROM meta WHERE key = 'topic_id'")
+            if topic_id:
+                self._db.execute("INSERT INTO meta (key, value) VALUES ('topic_id', ?)", (topic_id,))
+            for head in heads:
+                self._db.execute(
+                    "INSERT INTO heads (head_id, backbone, input_kind, dim, label_kind, label_width, "
+                    "frac_bits, label_frac_bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (head.head_id, head.backbone, head.input_kind, head.dim, head.label_kind, head.label_width,
+                     head.frac_bits, head.label_frac_bits))
+            self._db.executemany(
+                "INSERT INTO samples (head_id, sample_id, subject_id, client_id, event_id, label_class, "
+                "label_vec, q) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
+                  s.label if isinstance(s.label, int) else None,
+                  None if isinstance(s.label, int) else _i64(s.label), _i64(s.q)) for s in samples])
+            if applied_offset >= 0:
+                self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?)", (int(applied_offset),))
+            self._db.execute("INSERT INTO lineage (id, lineage, generation) VALUES (0, ?, ?)",
+                             (uuid.uuid4().hex, int(generation)))
 
     def ack_outbox(self, seqs: Iterable[int]) -> None:
         """Forget outbox rows the broker acknowledged."""

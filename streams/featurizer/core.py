@@ -219,7 +219,9 @@ class OutMessage:
 
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None only for a changelog tombstone
+    partition: int | None = None  # None: the producer's partitioner (by key); set for changelog records
+    phase: int = 1  # delivery phase: every message of phase 0 is acknowledged before phase 1 is sent
 
 
 Encoder = Callable[[str, Sequence[Any]], EncodeResult]

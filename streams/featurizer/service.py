@@ -6,13 +6,18 @@ and per requests partition (docs/featurizer.md):
 
 1. decide the outcome (``featurize_batch``) against the partition's cache;
 2. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
-   rejected receipts into the outbox, record the batch's last input offset;
-3. produce the outbox rows, flush, wait for every delivery acknowledgement, delete them;
+   rejected receipts and the batch's changelog records (``changelog.batch_records``) into the
+   outbox, record the batch's last input offset;
+3. produce the outbox rows in two phases, each flushed and fully acknowledged: (0) the batch's
+   txn and position records on ``featurizer-cache``, (1) the downstream messages and the
+   sample/head records; then delete them;
 4. commit the input offsets to Kafka (informational: the cache is authoritative).
 
-On partition assignment: re-produce any outbox rows a crash left behind, then seek the partition
-to (cache's recorded offset + 1). Re-produced deltas carry the same ``source_id`` as the first
-copy, so the ledger skips a duplicate.
+On partition assignment (``changelog.resume_plan``): keep the local cache if the changelog's last
+batch is its own (re-produce its leftover outbox), else rebuild it from the changelog (and finish
+delivering the changelog's last batch), or upload a local cache the changelog lacks; then seek
+the partition to (cache's recorded offset + 1). Re-produced deltas carry the same ``source_id``
+as the first copy, so the ledger skips a duplicate.
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
+from unlearn.streams.featurizer.changelog import (
+    PHASE_OUTPUT,
+    FoldedChangelog,
+    Position,
+    batch_records,
+    delivered_record,
+    resume_plan,
+    snapshot_mutations,
+)
+from unlearn.streams.featurizer.changelog_store import ChangelogReader
 from unlearn.streams.featurizer.core import (
     CoreConfig,
     Encoder,
@@ -46,8 +61,9 @@ __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheEr
 log = logging.getLogger("unlearn.featurizer")
 
 FaultHook = Callable[[str], None]
-"""Test hook, called at "after_cache_commit", "after_produce", "after_outbox_ack" and
-"after_offset_commit"; raising there simulates a crash at that point."""
+"""Test hook, called at "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else
+sent), "after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a
+crash at that point."""
 
 ReadyHook = Callable[[], object]
 """Called once, after the first partition assignment is in place (caches opened, seeks done)."""
@@ -62,7 +78,8 @@ class DeliveryError(FeaturizerError):
 
 
 class LostCacheError(FeaturizerError):
-    """A partition's cache is empty but the group already committed offsets for it."""
+    """A partition's cache (local and changelog) is empty but the group already committed offsets
+    for it."""
 
 
 class FeaturizerService:
@@ -111,6 +128,11 @@ class FeaturizerService:
         # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
         self.stream_dir = self.topic + (f"[{client_id}]" if federated else "")
         self.caches: dict[int, FeatureCache] = {}
+        # The changelog backs the shared requests topic only: a federated site's per-sample q must
+        # stay on its site, and another requests topic need not be co-partitioned with it.
+        shared = not federated and self.topic == settings.topic("requests")
+        self.changelog_topic: str | None = settings.topic("featurizer-cache") if shared else None
+        self._reader = ChangelogReader(settings, self.changelog_topic) if self.changelog_topic else None
         self._pending: list[Any] = []
         self._fatal: BaseException | None = None
         self._consumer: Any = None
@@ -130,6 +152,7 @@ class FeaturizerService:
         clean = False
         try:
             self.topic_id = topic_id(self.settings, self.topic)
+            self._check_changelog_topic()
             self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
             log.info("featurizer group=%s topic=%s stream=%s federated=%s batch<=%d/%dms",
@@ -167,9 +190,19 @@ class FeaturizerService:
             self.fault(point)
 
     # ------------------------------------------------------------------ rebalance
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        from confluent_kafka import TopicPartition
+    def _check_changelog_topic(self) -> None:
+        """The changelog must exist (never auto-created) with a partition per requests partition."""
+        if self.changelog_topic is None:
+            return
+        md = self._consumer.list_topics(timeout=self.settings.admin_timeout)  # all topics: never creates one
+        cl, req = md.topics.get(self.changelog_topic), md.topics.get(self.topic)
+        if cl is None or cl.error is not None:
+            raise FeaturizerError(f"changelog topic {self.changelog_topic!r} is missing: run `unlearn topics create`")
+        if req is not None and len(cl.partitions) < len(req.partitions):
+            raise FeaturizerError(f"changelog topic {self.changelog_topic!r} has {len(cl.partitions)} partitions, "
+                                  f"{self.topic!r} has {len(req.partitions)}: they must be co-partitioned")
 
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         try:
             for tp in partitions:
                 p = tp.partition
@@ -179,23 +212,10 @@ class FeaturizerService:
                         self.settings.data_dir, self.stream_dir, p,
                         {"topic": self.topic, "client_id": self.config.client_id or ""})
                     self.caches[p] = cache
-                rows = cache.pending_outbox()
-                if rows:
-                    log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(rows))
-                    self._deliver(rows)
-                    cache.ack_outbox(r.seq for r in rows)
-                    self.stats["replayed"] += len(rows)
-                off = cache.applied_offset
-                if off < 0:
-                    committed = consumer.committed([TopicPartition(self.topic, p)], timeout=self.settings.admin_timeout)
-                    if committed and committed[0].offset > 0:
-                        raise LostCacheError(
-                            f"partition {p}: the feature cache {cache.path} is empty but group {self.group!r} "
-                            f"committed offset {committed[0].offset}: deletes need the cached q of earlier adds. "
-                            "Restore the cache file (or move the partition back to the host that has it), or "
-                            "start over with a fresh ledger and a new consumer group.")
-                tp.offset = self._resume_offset(consumer, p, cache)
-                log.info("partition %d assigned: cache at offset %d, %d samples", p, off, cache.count())
+                if self._reader is None:
+                    self._assign_local(consumer, tp, cache)
+                else:
+                    self._assign_with_changelog(consumer, tp, cache, self._reader)
             consumer.assign(partitions)
         except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
             self._fatal = exc
@@ -206,6 +226,114 @@ class FeaturizerService:
             self.ready.set()
             if self.on_ready is not None:
                 self.on_ready()
+
+    def _assign_local(self, consumer: Any, tp: Any, cache: FeatureCache) -> None:
+        """No changelog (federated site, own requests topic): the local file is the only copy."""
+        p = tp.partition
+        self._reproduce(p, cache)
+        off = cache.applied_offset
+        if off < 0:
+            self._check_not_lost(consumer, p, f"the feature cache {cache.path} is empty",
+                                 "Restore the cache file (or move the partition back to the host that has it)")
+        tp.offset = self._resume_offset(consumer, p, cache)
+        log.info("partition %d assigned: cache at offset %d, %d samples", p, off, cache.count())
+
+    def _assign_with_changelog(self, consumer: Any, tp: Any, cache: FeatureCache, reader: ChangelogReader) -> None:
+        """Local cache vs changelog (``resume_plan``): continue, rebuild, seed or start fresh."""
+        p = tp.partition
+        latest, delivered = reader.latest_position(p)
+        plan = resume_plan(cache.local_position(), latest)
+        folded: FoldedChangelog | None = None
+        if plan == "rebuild":
+            t0 = time.monotonic()
+            folded = reader.restore(p)
+            pos = folded.position
+            if pos is None:
+                raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
+            if pos.requests_topic != self.topic:
+                raise StaleStateError(f"changelog {self.changelog_topic}/{p} belongs to {pos.requests_topic!r}, "
+                                      f"not {self.topic!r}")
+            cache.replace_all(folded.samples.values(), folded.heads.values(), pos.applied_offset, pos.topic_id,
+                              pos.generation)
+            log.warning("partition %d: feature cache rebuilt from %s (%d samples, offset %d) in %.2fs", p,
+                        self.changelog_topic, len(folded.samples), pos.applied_offset, time.monotonic() - t0)
+        off = cache.applied_offset
+        if off < 0:
+            self._check_not_lost(
+                consumer, p, f"both the feature cache {cache.path} and the changelog {self.changelog_topic}/{p} "
+                             "are empty", "Restore the cache file or the changelog topic")
+        tp.offset = self._resume_offset(consumer, p, cache)
+        if plan == "continue" and delivered >= cache.generation:
+            # another owner already finished this cache's last batch from the changelog
+            cache.ack_outbox(r.seq for r in cache.pending_outbox())
+        elif plan == "continue":
+            self._reproduce(p, cache)
+        elif plan == "seed":
+            self._seed(p, cache)
+        elif folded is not None and folded.position is not None and folded.pending:
+            # the changelog's last batch may not have been delivered: finish it (same source ids)
+            pos = folded.position
+            assert self.changelog_topic is not None
+            msgs = [*folded.pending, *self._state_messages(p, folded)]
+            log.warning("partition %d: re-producing %d message(s) of the changelog's last batch", p, len(msgs))
+            self._deliver(msgs)
+            self._mark_delivered(p, pos.generation)
+            self.stats["replayed"] += len(msgs)
+        log.info("partition %d assigned (%s): cache at offset %d, %d samples", p, plan, cache.applied_offset,
+                 cache.count())
+
+    def _state_messages(self, p: int, folded: FoldedChangelog) -> list[OutMessage]:
+        """The last batch's sample/head records, written again (a crash may have cut them short)."""
+        assert self.changelog_topic is not None
+        return [OutMessage(self.changelog_topic, k, v, p, PHASE_OUTPUT) for k, v in folded.pending_records]
+
+    def _seed(self, p: int, cache: FeatureCache) -> None:
+        """Upload a local cache the changelog lacks, as one batch that also carries whatever the
+        local outbox still had to deliver."""
+        assert self.changelog_topic is not None
+        downstream = [OutMessage(r.topic, r.key, r.value) for r in cache.pending_outbox()
+                      if r.topic != self.changelog_topic]
+        gen = cache.generation + 1
+        pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "")
+        msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads()),
+                             downstream, pos, self.settings.changelog_max_bytes) + downstream
+        seqs = cache.replace_outbox(msgs, gen)
+        log.warning("partition %d: uploading the local feature cache (%d samples) to %s", p, cache.count(),
+                    self.changelog_topic)
+        self._deliver(msgs)
+        cache.ack_outbox(seqs)
+        self._mark_delivered(p, gen)
+        self.stats["replayed"] += len(downstream)
+
+    def _reproduce(self, p: int, cache: FeatureCache) -> None:
+        """Re-produce the outbox rows a crash left (in their phases), then forget them."""
+        rows = cache.pending_outbox()
+        if rows:
+            log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(rows))
+            self._deliver(rows)
+            cache.ack_outbox(r.seq for r in rows)
+            self.stats["replayed"] += len(rows)
+            if self.changelog_topic is not None:
+                self._mark_delivered(p, cache.generation)
+
+    def _check_not_lost(self, consumer: Any, p: int, what: str, fix: str) -> None:
+        from confluent_kafka import TopicPartition
+
+        committed = consumer.committed([TopicPartition(self.topic, p)], timeout=self.settings.admin_timeout)
+        if committed and committed[0].offset > 0:
+            raise LostCacheError(
+                f"partition {p}: {what}, but group {self.group!r} committed offset {committed[0].offset}: deletes "
+                f"need the cached q of earlier adds. {fix}, or start over with a fresh ledger and a new consumer "
+                "group.")
+
+    def _mark_delivered(self, p: int, generation: int) -> None:
+        """Tell a future owner generation ``generation`` needs no re-send (best effort, not awaited:
+        it rides with the next flush; losing it only costs a duplicate re-send)."""
+        if self.changelog_topic is None or generation <= 0:
+            return
+        m = delivered_record(self.changelog_topic, p, generation)
+        with contextlib.suppress(BufferError):
+            self._producer.produce(m.topic, value=m.value, key=m.key, partition=m.partition)
 
     def _resume_offset(self, consumer: Any, partition: int, cache: FeatureCache) -> int:
         """Where the partition resumes: after the cache's last offset, if the cache belongs to
@@ -287,7 +415,14 @@ class FeaturizerService:
             cache = self.caches[p]
             outcome = featurize_batch(msgs, cache, self.config, self.encoder, now=now)
             messages = outcome.messages(self.config)
-            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset)
+            generation: int | None = None
+            if self.changelog_topic is not None:
+                # the changelog records ride in the same sqlite transaction, ahead of the outputs
+                generation = cache.generation + 1
+                pos = Position(p, outcome.last_offset, self.topic, self.topic_id, cache.lineage, generation, 0, "")
+                messages = batch_records(p, self.changelog_topic, outcome.mutations, messages, pos,
+                                         self.settings.changelog_max_bytes) + messages
+            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation)
             done.append((p, cache, seqs, messages, outcome.last_offset))
             self.stats["events"] += len(msgs)
             self.stats["accepted"] += outcome.accepted
@@ -299,10 +434,11 @@ class FeaturizerService:
                 log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
                          outcome.reasons())
         self._hook("after_cache_commit")
-        self._deliver([m for _, _, _, msgs, _ in done for m in msgs])
+        self._deliver([m for _, _, _, msgs, _ in done for m in msgs], after_phase=self._after_phase)
         self._hook("after_produce")
-        for _, cache, seqs, _, _ in done:
+        for p, cache, seqs, _, _ in done:
             cache.ack_outbox(seqs)
+            self._mark_delivered(p, cache.generation)
         self._hook("after_outbox_ack")
         offsets = [TopicPartition(self.topic, p, last + 1) for p, _, _, _, last in done]
         try:
@@ -312,10 +448,21 @@ class FeaturizerService:
         self.stats["batches"] += 1
         self._hook("after_offset_commit")
 
-    def _deliver(self, messages: Sequence[OutMessage | OutboxRow]) -> None:
-        """Produce in order, flush, and raise unless every message was acknowledged."""
-        if not messages:
-            return
+    def _after_phase(self, phase: int) -> None:
+        if phase == 0:
+            self._hook("after_changelog")
+
+    def _deliver(self, messages: Sequence[OutMessage | OutboxRow],
+                 after_phase: Callable[[int], None] | None = None) -> None:
+        """Produce in order, phase by phase (phase 0, the changelog's txn and position records,
+        is flushed and fully acknowledged before phase 1 is sent); raise unless every message
+        was acknowledged."""
+        for phase in sorted({m.phase for m in messages}):
+            self._deliver_phase([m for m in messages if m.phase == phase])
+            if after_phase is not None:
+                after_phase(phase)
+
+    def _deliver_phase(self, messages: Sequence[OutMessage | OutboxRow]) -> None:
         failures: list[str] = []
 
         def on_delivery(err: Any, msg: Any) -> None:
@@ -323,9 +470,10 @@ class FeaturizerService:
                 failures.append(f"{msg.topic()}: {err.str()}")
 
         for m in messages:
+            extra = {} if m.partition is None else {"partition": m.partition}
             while True:
                 try:
-                    self._producer.produce(m.topic, value=m.value, key=m.key, on_delivery=on_delivery)
+                    self._producer.produce(m.topic, value=m.value, key=m.key, on_delivery=on_delivery, **extra)
                     break
                 except BufferError:
                     self._producer.poll(0.1)
@@ -394,7 +542,8 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
 
         # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
         c = service.config
-        wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic])
+        wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic,
+                                   *([service.changelog_topic] if service.changelog_topic else [])])
     except Exception as exc:  # bad arguments, missing topics, no CUDA: exit 2, a restart will not help
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -75,7 +75,7 @@ def test_offsets_only_move_forward_and_failed_batches_roll_back(tmp_path: Path) 
         cache.commit_batch(CacheMutations(put_heads=(HEAD,)), [], 10)
         with pytest.raises(CacheError):
             cache.commit_batch(CacheMutations(put_samples=(sample("a", "s", [1, 2, 3]),)), [], 10)
-        # a failure inside the transaction (NOT NULL value) leaves nothing behind
+        # a failure inside the transaction (no value, not a changelog tombstone) leaves nothing behind
         with pytest.raises(sqlite3.IntegrityError):
             cache.commit_batch(CacheMutations(put_samples=(sample("a", "s", [1, 2, 3]),)),
                                [OutMessage("t", b"k", None)], 11)  # type: ignore[arg-type]

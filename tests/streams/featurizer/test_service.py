@@ -192,6 +192,28 @@ def committed_offsets(settings: Settings, group: str, topic: str) -> dict[int, i
         c.close()
 
 
+def again_counts(data_dir: Path) -> list[int]:
+    """Samples per cache file under a data dir."""
+    from unlearn.streams.featurizer.cache import FeatureCache
+
+    out = []
+    for f in sorted(data_dir.glob("featurizer/*/p*.sqlite")):
+        with FeatureCache(f) as cache:
+            out.append(cache.count())
+    return out
+
+
+def q_rows(delta_msgs: list) -> dict[tuple[int, str], list[tuple[int, ...]]]:
+    """(sign, sample id) -> the q rows (and label) the deltas carried for it."""
+    out: dict[tuple[int, str], list[tuple[int, ...]]] = {}
+    for m in delta_msgs:
+        for e in decode_delta(m.value()).entries:
+            assert isinstance(e, RowsEntry)
+            for i, sid in enumerate(e.sample_ids):
+                out.setdefault((e.sign, sid), []).append((*map(int, e.q[i]), int(e.labels[i])))
+    return out
+
+
 # --------------------------------------------------------------------------- tests
 def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, tmp_path: Path) -> None:
     s = settings.with_(data_dir=str(tmp_path / "data"))
@@ -223,11 +245,20 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     committed = committed_offsets(s, "fz-e2e", s.topic("requests"))
     assert sum(o for o in committed.values() if o > 0) == len(reqs)
 
-    # The cache is authoritative: losing it while the group has committed offsets is refused.
+    # The cache lives on in the featurizer-cache changelog: an empty data dir is rebuilt from it...
     shutil.rmtree(tmp_path / "data")
+    again = Running(s, group="fz-e2e")
+    assert again.service.ready.wait(30)
+    assert again.stop() == 0
+    assert sum(again_counts(tmp_path / "data")) == len(retained)  # every retained sample is back
+    # ...and losing both copies while the group has committed offsets is refused.
+    shutil.rmtree(tmp_path / "data")
+    delete_topics(s, [s.topic("featurizer-cache")])
+    time.sleep(1.0)
+    create_topics(s)
     lost = Running(s, group="fz-e2e")
     err = lost.wait_dead(30)
-    assert isinstance(err, LostCacheError)
+    assert isinstance(err, LostCacheError) and "changelog" in str(err), err
 
 
 @pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_produce"])
@@ -416,3 +447,101 @@ def test_a_cache_from_another_log_is_refused_not_skipped(settings: Settings, tmp
     assert isinstance(err, StaleStateError), err
     assert ("recreated" in str(err)) or ("log ends at" in str(err)), err
     assert "feature cache" in str(err)
+
+
+def test_a_partition_moves_to_a_host_with_an_empty_data_dir(settings: Settings, tmp_path: Path) -> None:
+    """Host A featurizes the adds; host B (a NEW, empty data dir) takes every partition, rebuilds
+    the caches from the changelog, and its deletes carry exactly the q (and label) of the adds."""
+    s_a = settings.with_(data_dir=str(tmp_path / "host-a"))
+    s_b = settings.with_(data_dir=str(tmp_path / "host-b"))
+    rng = np.random.default_rng(7)
+    adds = [add(f"a{i}", "h1", f"s{i % 4}", f"x{i}", list(rng.normal(size=5)), i % 3) for i in range(16)]
+    deletes = [delete(f"d{i}", "h1", f"s{i % 4}", f"x{i}") for i in range(0, 16, 4)]  # subject s0
+    deletes += [delete_subject("forget-s1", "h1", "s1")]  # x1, x5, x9, x13
+    produce(settings, adds)
+    reader = Reader(settings)
+    a = Running(s_a, group="fz-move")
+    try:
+        reader.until(lambda g: {f"a{i}" for i in range(16)} <= set(ledgers_from(g["deltas"])[1]))
+        assert a.stop() == 0
+        b = Running(s_b, group="fz-move")
+        assert b.service.ready.wait(30)
+        produce(settings, deletes)
+        got = reader.until(lambda g: {"d0", "d4", "d8", "d12", "forget-s1"} <= set(ledgers_from(g["deltas"])[1]))
+        time.sleep(0.5)
+        got = reader.until(lambda g: True)
+        assert b.stop() == 0
+    finally:
+        reader.close()
+        a.stop_event.set()
+    assert b.service.stats["replayed"] == 0  # A's last batch was marked delivered: nothing re-sent
+    assert b.service.stats["events"] == len(deletes) and not got["deadletter"]
+    rows = q_rows(got["deltas"])
+    gone = [f"x{i}" for i in range(16) if i % 4 in (0, 1)]
+    for sid in gone:
+        assert rows[(-1, sid)] == rows[(1, sid)], sid  # the delete reused the add's exact q and label
+    assert all(len(v) == 1 for v in rows.values())  # nothing twice
+    ledgers, _ = ledgers_from(got["deltas"], dedup=False)
+    retained = {("h1", f"x{i}"): (None, i % 3) for i in range(16) if f"x{i}" not in gone}
+    assert ledgers["h1"].count == len(retained)
+
+
+@pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog"])
+def test_crash_then_restart_on_another_host(settings: Settings, tmp_path: Path, crash_at: str) -> None:
+    """kill -9 style: host A crashes in its second batch after the sqlite commit (nothing sent)
+    or after the changelog phase (txn and position durable, no output sent); B, with an empty data
+    dir, rebuilds from the changelog (finishing A's half-sent batch from its txn) and nothing is
+    lost or doubled. Then A comes back with its stale local cache: it must rebuild, not resume it."""
+    s_a = settings.with_(data_dir=str(tmp_path / "host-a"))
+    s_b = settings.with_(data_dir=str(tmp_path / "host-b"))
+    reqs, retained, accepted, reasons = workload()
+    produce(settings, reqs)
+
+    class Crash(Exception):
+        pass
+
+    hits: list[str] = []
+
+    def fault(point: str) -> None:
+        if point == crash_at:
+            hits.append(point)
+            if len(hits) == 2:
+                raise Crash(point)
+
+    first = Running(s_a, group="fz-move-crash", fault=fault, max_batch=16)
+    assert isinstance(first.wait_dead(40), Crash)
+    assert any(has_outbox(f) for f in (tmp_path / "host-a").glob("featurizer/*/p*.sqlite"))
+
+    reader = Reader(settings)
+    second = Running(s_b, group="fz-move-crash", max_batch=16)
+    try:
+        got = reader.until(lambda g: len(g["deadletter"]) >= 5 and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
+        assert second.stop() == 0
+        if crash_at == "after_changelog":
+            assert second.service.stats["replayed"] > 0  # A's batch was finished from the changelog
+        # A returns with its stale cache (its unsent batch was re-judged by B): rebuild, send nothing old
+        extra = [delete("late", "h1", "s0", "x8")]
+        del retained[("h1", "x8")]
+        produce(settings, extra)
+        third = Running(s_a, group="fz-move-crash", max_batch=16)
+        got = reader.until(lambda g: "late" in set(ledgers_from(g["deltas"])[1]))
+        time.sleep(0.5)
+        got = reader.until(lambda g: True)
+        assert third.stop() == 0
+    finally:
+        reader.close()
+        second.stop_event.set()
+    assert third.service.stats["replayed"] == 0
+    ledgers, events = ledgers_from(got["deltas"], dedup=False)  # no copies at all
+    assert sorted(events) == sorted([*accepted, "forget-s5", "forget-s5", "forget-s6", "late"])
+    for head in ("h1", "h2"):
+        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
+    assert sorted(decode_deadletter(m.value()).reason for m in got["deadletter"]) == reasons
+
+
+def has_outbox(path: Path) -> bool:
+    """Does the cache file hold unsent outbox rows?"""
+    from unlearn.streams.featurizer.cache import FeatureCache
+
+    with FeatureCache(path) as cache:
+        return bool(cache.pending_outbox())

@@ -1,0 +1,378 @@
+"""The feature cache's changelog (the ``featurizer-cache`` topic), without I/O.
+
+Partition p of ``featurizer-cache`` holds the cache of ``requests`` partition p, so any featurizer
+on any host rebuilds a partition's cache from Kafka (docs/featurizer.md, "The cache changelog").
+Keys (compaction keeps the last value of each):
+
+- ``sample/<head>/<sample>`` -> :func:`encode_sample` (subject, client, add event id, label, q as
+  int64 LE); a tombstone (value None) when a delete removes the sample;
+- ``head/<head>`` -> the head's first-add facts (JSON);
+- ``txn/<p>/<slot>/<i>`` -> piece i of the latest batch's *transaction*: its cache mutations and
+  its outbox messages (deltas, dead letters, receipts), so a new owner can finish delivering it;
+- ``position/<p>`` -> :class:`Position` (JSON): applied offset, requests topic (name and id),
+  lineage, generation and the txn pieces' count and SHA-256. It is the batch's commit point;
+- ``delivered/<p>`` -> the last generation whose outbox was acknowledged (saves a re-send).
+
+Per batch the featurizer produces, in two acknowledged phases: (0) the txn pieces, then the
+position record; (1) the downstream messages plus the sample/head records. State records are
+written only after their batch's position is durable, so the log never holds a sample record of
+an uncommitted batch (which could shadow a committed value under compaction); txn pieces of an
+unfinished batch are harmless: they sit in the other slot and only a position record names them.
+
+Everything here is pure: encoding, :func:`batch_records`, :func:`fold_changelog` (records ->
+cache contents) and :func:`resume_plan` (local cache vs changelog: continue, rebuild or seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import orjson
+
+from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+
+__all__ = [
+    "PHASE_CHANGELOG",
+    "PHASE_OUTPUT",
+    "ChangelogError",
+    "FoldedChangelog",
+    "LocalPosition",
+    "Position",
+    "batch_records",
+    "decode_sample",
+    "delivered_key",
+    "delivered_record",
+    "encode_sample",
+    "fold_changelog",
+    "head_key",
+    "position_key",
+    "resume_plan",
+    "sample_key",
+    "snapshot_mutations",
+    "state_records",
+]
+
+PHASE_CHANGELOG = 0
+"""Outbox phase of the txn pieces and the position record: acknowledged before anything else."""
+PHASE_OUTPUT = 1
+"""Outbox phase of the downstream messages and the sample/head records."""
+
+_POSITION_FORMAT = "unlearn.featurizer-position/v1"
+_SAMPLE_MAGIC = b"ULFS\x01"
+_TXN_MAGIC = b"ULFT\x01"
+_NONE = 0xFFFFFFFF
+
+Record = tuple[bytes, bytes | None]  # (key, value); value None is a tombstone
+
+
+class ChangelogError(RuntimeError):
+    """A changelog record cannot be decoded, or a txn does not verify."""
+
+
+# --------------------------------------------------------------------------- keys
+def sample_key(head_id: str, sample_id: str) -> bytes:
+    """Key of a cached sample (ids may contain '/': the head id is length-prefixed)."""
+    return f"sample/{len(head_id)}:{head_id}/{sample_id}".encode()
+
+
+def head_key(head_id: str) -> bytes:
+    return f"head/{head_id}".encode()
+
+
+def position_key(partition: int) -> bytes:
+    return f"position/{int(partition)}".encode()
+
+
+def txn_key(partition: int, slot: int, index: int) -> bytes:
+    return f"txn/{int(partition)}/{int(slot)}/{int(index)}".encode()
+
+
+def delivered_key(partition: int) -> bytes:
+    return f"delivered/{int(partition)}".encode()
+
+
+def _parse_sample_key(key: bytes) -> tuple[str, str]:
+    rest = key.decode()[len("sample/"):]
+    n, _, tail = rest.partition(":")
+    return tail[: int(n)], tail[int(n) + 1:]
+
+
+# --------------------------------------------------------------------------- values
+def encode_sample(s: CachedSample) -> bytes:
+    """``ULFS\\x01`` + u32 header length + JSON header + q (int64 LE) [+ label vector (int64 LE)]."""
+    vec = not isinstance(s.label, int)
+    q = np.ascontiguousarray(s.q, dtype="<i8")
+    header = orjson.dumps({"subject": s.subject_id, "client": s.client_id, "event": s.event_id,
+                           "label": None if vec else int(s.label), "d": int(q.shape[0]),
+                           "label_width": int(np.asarray(s.label).shape[0]) if vec else 0})
+    out = _SAMPLE_MAGIC + struct.pack("<I", len(header)) + header + q.tobytes()
+    if vec:
+        out += np.ascontiguousarray(s.label, dtype="<i8").tobytes()
+    return out
+
+
+def decode_sample(head_id: str, sample_id: str, raw: bytes) -> CachedSample:
+    """Inverse of :func:`encode_sample`."""
+    try:
+        if not raw.startswith(_SAMPLE_MAGIC):
+            raise ValueError("not a cached-sample record")
+        (n,) = struct.unpack_from("<I", raw, len(_SAMPLE_MAGIC))
+        at = len(_SAMPLE_MAGIC) + 4
+        h = orjson.loads(raw[at: at + n])
+        at += n
+        d, c = int(h["d"]), int(h["label_width"])
+        if len(raw) != at + 8 * (d + c):
+            raise ValueError("truncated cached-sample record")
+        q = np.frombuffer(raw, dtype="<i8", count=d, offset=at).astype(np.int64)
+        label: int | np.ndarray = (int(h["label"]) if h["label"] is not None else
+                                   np.frombuffer(raw, dtype="<i8", count=c, offset=at + 8 * d).astype(np.int64))
+        return CachedSample(head_id, sample_id, str(h["subject"]), str(h["client"]), str(h["event"]), label, q)
+    except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
+        raise ChangelogError(f"bad sample record for ({head_id!r}, {sample_id!r}): {exc}") from None
+
+
+def _encode_head(h: HeadInfo) -> bytes:
+    return orjson.dumps({"backbone": h.backbone, "input_kind": h.input_kind, "dim": h.dim,
+                         "label_kind": h.label_kind, "label_width": h.label_width, "frac_bits": h.frac_bits,
+                         "label_frac_bits": h.label_frac_bits})
+
+
+def _decode_head(head_id: str, raw: bytes) -> HeadInfo:
+    try:
+        h = orjson.loads(raw)
+        return HeadInfo(head_id, str(h["backbone"]), str(h["input_kind"]), int(h["dim"]), h["label_kind"],
+                        int(h["label_width"]), int(h["frac_bits"]), int(h["label_frac_bits"]))
+    except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+        raise ChangelogError(f"bad head record for {head_id!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Position:
+    """The commit record of one batch (``position/<p>``): where the cache stands, which log it
+    belongs to, which lineage wrote it, and the txn pieces that hold the batch itself."""
+
+    partition: int
+    applied_offset: int
+    requests_topic: str
+    topic_id: str
+    lineage: str
+    generation: int
+    pieces: int
+    sha256: str
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"format": _POSITION_FORMAT, "partition": self.partition,
+                             "applied_offset": self.applied_offset, "requests_topic": self.requests_topic,
+                             "topic_id": self.topic_id, "lineage": self.lineage, "generation": self.generation,
+                             "pieces": self.pieces, "sha256": self.sha256})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Position:
+        try:
+            d = orjson.loads(raw)
+            if d.get("format") != _POSITION_FORMAT:
+                raise ValueError(f"unknown position format {d.get('format')!r}")
+            return cls(int(d["partition"]), int(d["applied_offset"]), str(d["requests_topic"]), str(d["topic_id"]),
+                       str(d["lineage"]), int(d["generation"]), int(d["pieces"]), str(d["sha256"]))
+        except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
+            raise ChangelogError(f"unreadable position record: {exc}") from None
+
+
+# --------------------------------------------------------------------------- records of a batch
+def state_records(mutations: CacheMutations) -> list[Record]:
+    """The sample/head records of a batch's cache mutations (drops are tombstones)."""
+    out: list[Record] = [(head_key(h.head_id), _encode_head(h)) for h in mutations.put_heads]
+    out += [(sample_key(h, s), None) for h, s in mutations.drop_samples]
+    out += [(sample_key(s.head_id, s.sample_id), encode_sample(s)) for s in mutations.put_samples]
+    return out
+
+
+def _frame(b: bytes | None) -> bytes:
+    return struct.pack("<I", _NONE) if b is None else struct.pack("<I", len(b)) + b
+
+
+def encode_txn(records: Sequence[Record], messages: Sequence[OutMessage]) -> bytes:
+    """A batch: its state records and its downstream messages, length-prefixed."""
+    parts = [_TXN_MAGIC, struct.pack("<II", len(records), len(messages))]
+    for k, v in records:
+        parts += [_frame(k), _frame(v)]
+    for m in messages:
+        parts += [_frame(m.topic.encode()), _frame(m.key), _frame(m.value)]
+    return b"".join(parts)
+
+
+def decode_txn(raw: bytes) -> tuple[list[Record], list[OutMessage]]:
+    """Inverse of :func:`encode_txn`."""
+    at = 0
+
+    def take() -> bytes | None:
+        nonlocal at
+        (n,) = struct.unpack_from("<I", raw, at)
+        at += 4
+        if n == _NONE:
+            return None
+        if at + n > len(raw):
+            raise ValueError("truncated")
+        b = raw[at: at + n]
+        at += n
+        return b
+
+    try:
+        if not raw.startswith(_TXN_MAGIC):
+            raise ValueError("not a txn")
+        at = len(_TXN_MAGIC)
+        n_rec, n_msg = struct.unpack_from("<II", raw, at)
+        at += 8
+        records: list[Record] = []
+        for _ in range(n_rec):
+            k = take()
+            if k is None:
+                raise ValueError("null key")
+            records.append((k, take()))
+        messages = []
+        for _ in range(n_msg):
+            topic, key, value = take(), take(), take()
+            if topic is None or value is None:
+                raise ValueError("null topic or value")
+            messages.append(OutMessage(topic.decode(), key, value))
+        if at != len(raw):
+            raise ValueError("trailing bytes")
+        return records, messages
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise ChangelogError(f"bad txn: {exc}") from None
+
+
+def batch_records(partition: int, topic: str, mutations: CacheMutations, messages: Sequence[OutMessage],
+                  position: Position, piece_bytes: int) -> list[OutMessage]:
+    """The changelog messages of one committed batch, in outbox order: phase 0 (txn pieces, then
+    the position record), then phase 1 (the sample/head records). ``position.pieces`` and
+    ``sha256`` are filled in here; ``piece_bytes`` bounds a piece."""
+    records = state_records(mutations)
+    txn = encode_txn(records, messages)
+    step = max(1, int(piece_bytes))
+    pieces = [txn[i: i + step] for i in range(0, len(txn), step)] or [b""]
+    pos = Position(partition, position.applied_offset, position.requests_topic, position.topic_id,
+                   position.lineage, position.generation, len(pieces), hashlib.sha256(txn).hexdigest())
+    slot = pos.generation % 2
+    out = [OutMessage(topic, txn_key(partition, slot, i), piece, partition, PHASE_CHANGELOG)
+           for i, piece in enumerate(pieces)]
+    out.append(OutMessage(topic, position_key(partition), pos.encode(), partition, PHASE_CHANGELOG))
+    out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in records]
+    return out
+
+
+def delivered_record(topic: str, partition: int, generation: int) -> OutMessage:
+    """"Generation g's outbox was acknowledged": a new owner need not re-send it."""
+    return OutMessage(topic, delivered_key(partition), str(int(generation)).encode(), partition, PHASE_OUTPUT)
+
+
+# --------------------------------------------------------------------------- folding
+@dataclass
+class FoldedChangelog:
+    """What a changelog partition says: the cache contents, the latest position and the latest
+    batch's outbox messages and state records still to deliver (empty if a ``delivered`` record
+    covers it)."""
+
+    samples: dict[tuple[str, str], CachedSample] = field(default_factory=dict)
+    heads: dict[str, HeadInfo] = field(default_factory=dict)
+    position: Position | None = None
+    pending: list[OutMessage] = field(default_factory=list)
+    pending_records: list[Record] = field(default_factory=list)  # the latest batch's sample/head records
+
+    @property
+    def empty(self) -> bool:
+        return self.position is None
+
+
+def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None) -> None:
+    if key.startswith(b"sample/"):
+        head_id, sample_id = _parse_sample_key(key)
+        if value is None:
+            folded.samples.pop((head_id, sample_id), None)
+        else:
+            folded.samples[(head_id, sample_id)] = decode_sample(head_id, sample_id, value)
+    elif key.startswith(b"head/") and value is not None:
+        head_id = key.decode()[len("head/"):]
+        folded.heads[head_id] = _decode_head(head_id, value)
+
+
+def fold_changelog(records: Iterable[Record], partition: int) -> FoldedChangelog:
+    """Records of one changelog partition, in log order -> the cache they describe.
+
+    Last value per key wins and tombstones delete. Sample/head records are only ever written after
+    their batch's position record, so everything before the last position is committed; the last
+    position's txn is applied again on top (its sample/head records may be partly missing after
+    a crash) and its outbox is returned as ``pending`` unless a ``delivered`` record covers it.
+    Records with no position record at all describe nothing (an upload that never committed).
+    """
+    folded = FoldedChangelog()
+    latest: dict[bytes, bytes | None] = {}
+    pos_key, done_key = position_key(partition), delivered_key(partition)
+    for key, value in records:
+        if key.startswith((b"sample/", b"head/")):
+            _apply(folded, key, value)
+        else:
+            latest[key] = value
+    raw_pos = latest.get(pos_key)
+    if raw_pos is None:
+        return FoldedChangelog()
+    pos = Position.decode(raw_pos)
+    slot = pos.generation % 2
+    pieces = [latest.get(txn_key(partition, slot, i)) for i in range(pos.pieces)]
+    if any(p is None for p in pieces):
+        raise ChangelogError(f"position of partition {partition} names {pos.pieces} txn pieces, some are missing")
+    txn = b"".join(p for p in pieces if p is not None)
+    if hashlib.sha256(txn).hexdigest() != pos.sha256:
+        raise ChangelogError(f"txn of partition {partition} (generation {pos.generation}) does not verify")
+    recs, messages = decode_txn(txn)
+    for key, value in recs:
+        _apply(folded, key, value)
+    folded.position = pos
+    done = latest.get(done_key)
+    if done is None or int(done) < pos.generation:
+        folded.pending, folded.pending_records = messages, recs
+    return folded
+
+
+# --------------------------------------------------------------------------- resuming
+@dataclass(frozen=True)
+class LocalPosition:
+    """What the local sqlite cache says about itself."""
+
+    applied_offset: int  # -1: empty
+    lineage: str
+    generation: int
+
+
+ResumePlan = Literal["continue", "rebuild", "seed", "fresh"]
+
+
+def resume_plan(local: LocalPosition, changelog: Position | None) -> ResumePlan:
+    """How a newly assigned partition starts.
+
+    - ``continue``: the changelog's latest batch was written by this cache's lineage and is not
+      ahead of it: the local cache is that history (possibly ahead: its outbox re-send brings
+      the changelog up to date);
+    - ``rebuild``: the changelog was written by another lineage (another host took the
+      partition meanwhile), or the local cache is empty: load the cache from the changelog and
+      drop the local one (an unsent local batch was never delivered: phase 0 comes first);
+    - ``seed``: no position in the changelog but a local cache (an upgrade, a recreated
+      ``featurizer-cache`` topic, or a crash before the first batch reached it): upload it;
+    - ``fresh``: both empty.
+    """
+    if changelog is None:
+        return "fresh" if local.applied_offset < 0 else "seed"
+    if (local.applied_offset >= 0 and local.lineage == changelog.lineage
+            and changelog.generation <= local.generation and changelog.applied_offset <= local.applied_offset):
+        return "continue"
+    return "rebuild"
+
+
+def snapshot_mutations(samples: Iterable[CachedSample], heads: Iterable[HeadInfo]) -> CacheMutations:
+    """A whole cache as one batch of puts (the txn of a ``seed``)."""
+    return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads))

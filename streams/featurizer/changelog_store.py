@@ -1,0 +1,105 @@
+"""Reading the ``featurizer-cache`` changelog partitions (the I/O around ``changelog.py``).
+
+Writing needs nothing special: changelog records are outbox rows with a partition and a phase,
+delivered by the service like every other outbox row.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from unlearn.infra.profiles import consumer_config
+from unlearn.infra.settings import Settings
+from unlearn.streams.featurizer.changelog import (
+    FoldedChangelog,
+    Position,
+    delivered_key,
+    fold_changelog,
+    position_key,
+)
+
+__all__ = ["ChangelogReadError", "ChangelogReader"]
+
+_SCAN_WINDOW = 512  # records of the first backward window when looking for the last position
+
+
+class ChangelogReadError(RuntimeError):
+    """A changelog partition could not be read in time."""
+
+
+class ChangelogReader:
+    """Reads one changelog topic with a group-less consumer (never joins a group)."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        group = f"{self.settings.topic_prefix}featurizer-restore-{uuid.uuid4().hex}"
+        return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
+
+    def latest_position(self, partition: int) -> tuple[Position | None, int]:
+        """The last ``position/<p>`` record and the highest generation a ``delivered`` record after
+        it names (0: none), scanning back from the end in growing windows (cheap: both are within
+        the last batch's records)."""
+        from confluent_kafka import TopicPartition
+
+        want, done_key = position_key(partition), delivered_key(partition)
+        delivered = 0
+        c = self._consumer()
+        try:
+            low, high = c.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                timeout=self.settings.admin_timeout)
+            low, high = max(0, int(low)), max(0, int(high))
+            stop: int | None = None  # None: to the partition's true end (EOF), whatever ListOffsets said
+            window = _SCAN_WINDOW
+            start = max(low, high - window)
+            while True:
+                for _, k, v in reversed(self._read(c, partition, start, stop)):
+                    if k == done_key and v is not None:
+                        delivered = max(delivered, int(v))
+                    elif k == want and v is not None:
+                        return Position.decode(v), delivered
+                if start <= low:
+                    return None, 0
+                stop, window = start, window * 4
+                start = max(low, start - window)
+        finally:
+            c.close()
+
+    def restore(self, partition: int) -> FoldedChangelog:
+        """Read the whole partition and fold it (last value per key, tombstones delete)."""
+        c = self._consumer()
+        try:
+            records = self._read(c, partition, 0, None)
+        finally:
+            c.close()
+        return fold_changelog(((k, v) for _, k, v in records if k is not None), partition)
+
+    def _read(self, c: Any, partition: int, start: int, stop: int | None) -> list[tuple[int, bytes | None,
+                                                                                         bytes | None]]:
+        """(offset, key, value) of offsets [start, stop) (``stop`` None: to the partition's end)."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        c.assign([TopicPartition(self.topic, partition, start)])
+        out: list[tuple[int, bytes | None, bytes | None]] = []
+        idle = max(30.0, self.settings.admin_timeout)  # a large cache takes long: time out on no progress
+        deadline = time.monotonic() + idle
+        while time.monotonic() < deadline:
+            got = c.consume(num_messages=1000, timeout=0.2)
+            if got:
+                deadline = time.monotonic() + idle
+            for m in got:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise ChangelogReadError(f"reading {self.topic}/{partition}: {err}")
+                if stop is not None and m.offset() >= stop:
+                    return out
+                out.append((m.offset(), m.key(), m.value()))
+        raise ChangelogReadError(f"reading {self.topic}/{partition} from {start} stalled")
