@@ -44,7 +44,8 @@ class Settings:
     reset_every_events: int = 1000  # UNLEARN_RESET_EVERY_EVENTS: Cholesky reset period
     reset_every_seconds: float = 5.0  # UNLEARN_RESET_EVERY_SECONDS
     drift_threshold: float = 1e-9  # UNLEARN_DRIFT_THRESHOLD: reset when estimate passes it
-    changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per table message
+    changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per snapshot piece message
+    state_rotate_bytes: int = 64_000_000  # UNLEARN_STATE_ROTATE_BYTES: ledger-state generation size bound
     ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
     checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
     checkpoint_every_seconds: float = 5.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
@@ -146,6 +147,8 @@ class Settings:
             raise ValueError("UNLEARN_CHECKPOINT_EVERY_MESSAGES must be >= 1 and _SECONDS > 0")
         if self.changelog_max_bytes < 64_000:
             raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
+        if self.state_rotate_bytes < self.changelog_max_bytes:
+            raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
             name, sep, value = item.partition("=")
             if not (sep and name.strip() and value.strip()):

@@ -31,10 +31,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter", "ledger-state")
+TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter", "featurizer-cache")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name)."""
 
-COMPACTED: frozenset[str] = frozenset({"heads", "ledger-state"})
+COMPACTED: frozenset[str] = frozenset({"heads", "featurizer-cache"})
 """Logical topics created with cleanup.policy=compact."""
 
 
@@ -184,3 +184,12 @@ def _existing(settings: Settings) -> dict[str, int]:
     md = AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout)
     names = set(topic_names(settings).values())
     return {n: len(t.partitions) for n, t in md.topics.items() if n in names and t.error is None}
+
+
+def prefixed_topics(settings: Settings) -> list[str]:
+    """Every topic under the settings' prefix: the project's topics and those workers create
+    (ledger-state generations). Asks for the whole metadata (naming topics auto-creates them)."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout)
+    return sorted(t for t in md.topics if t.startswith(settings.topic_prefix))

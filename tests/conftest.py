@@ -102,7 +102,7 @@ def _prefix_for(request: pytest.FixtureRequest) -> str:
 def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: the session broker, its profile, a unique topic prefix (tests never
     see each other's messages) and the project's topics already created. Topics are deleted after."""
-    from unlearn.infra.topics import create_topics, delete_topics, topic_names
+    from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics
 
     s = Settings.from_env(
         bootstrap=broker_target.bootstrap,
@@ -112,4 +112,4 @@ def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Ite
     create_topics(s)
     yield s
     with contextlib.suppress(Exception):  # cleanup only; a dead broker is reported by the test itself
-        delete_topics(s, topic_names(s).values())
+        delete_topics(s, prefixed_topics(s))

@@ -1,11 +1,12 @@
-"""The ledger's durable state in Kafka: the ``ledger-state`` changelog topic.
+"""The ledger's durable state in Kafka: ledger-state topics, one per deltas partition and generation.
 
-Partition p of ``ledger-state`` holds the state of the heads whose deltas are on ``deltas``
-partition p: snapshot pieces (see snapshot.py) and checkpoint records (checkpoint.py). Any worker
+``<prefix>ledger-state.p<P>.g<G>`` holds the state of the heads whose deltas are on ``deltas``
+partition P: snapshot pieces (see snapshot.py) and checkpoint records (checkpoint.py). Any worker
 on any host rebuilds a partition from here, so a worker has no local state to lose or to get
-wrong. Recovery reads only what the latest checkpoint names: it scans the partition backwards
-from its end for the last checkpoint record, then seeks to each head's pieces, so it costs the
-size of the state, not the age of the log.
+wrong. Recovery reads only what the latest checkpoint names: it scans the topic backwards from
+its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
+the state, not the age of the log. Generations bound what is stored on a broker that never
+compacts (checkpoint.state_topic says how).
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.ledger import ExactLedger
 
-from .checkpoint import Checkpoint, HeadPointer, StaleStateError, checkpoint_key, latest_checkpoint, piece_key
+from .checkpoint import (
+    Checkpoint,
+    HeadPointer,
+    StaleStateError,
+    checkpoint_key,
+    latest_checkpoint,
+    parse_state_topic,
+    piece_key,
+    plan_generations,
+    state_topic,
+)
 from .snapshot import HeadMeta, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
 
 log = logging.getLogger("unlearn.ledger")
@@ -43,14 +54,82 @@ class ChangelogStore:
         from confluent_kafka import Producer
 
         self.settings = settings
-        self.topic = settings.topic("ledger-state")
+        self.generation: dict[int, int] = {}  # deltas partition -> generation being written
+        self.written: dict[int, int] = {}  # deltas partition -> bytes written to that generation
+        self._created: set[str] = set()
+        self._pieces_read = 0
+        self._piece_bytes_read = 0
         # One record per batch: the embedded broker's ListOffsets(latest) is only right then, and
         # the backward scan starts from it (infra.profiles.BrokerQuirks.list_offsets_latest_exact).
         self.producer = Producer(producer_config(settings, **{"batch.num.messages": 1, "linger.ms": 0}))
-        self._generations: dict[str, int] = {}
 
     def close(self) -> None:
         self.producer.flush(self.settings.admin_timeout)
+
+    def topic(self, partition: int) -> str:
+        return state_topic(self.settings.topic_prefix, partition, self.generation.get(partition, 0))
+
+    # ---------------------------------------------------------------- generations
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        from unlearn.infra.profiles import admin_config
+
+        return AdminClient(admin_config(self.settings))
+
+    def _ensure_topic(self, name: str) -> None:
+        if name in self._created:
+            return
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        from unlearn.infra.profiles import topic_config
+        from unlearn.infra.topics import wait_for_topics
+
+        admin = self._admin()
+        rf = 1 if self.settings.profile == "tansu" else -1
+        fut = admin.create_topics([NewTopic(name, 1, rf, config=topic_config(self.settings, compacted=True))],
+                                  request_timeout=self.settings.admin_timeout)[name]
+        try:
+            fut.result(timeout=self.settings.admin_timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise StateStoreError(f"cannot create {name}: {exc}") from None
+        wait_for_topics(self.settings, [name], admin=admin)
+        self._created.add(name)
+
+    def _delete_topics(self, names: list[str]) -> None:
+        if not names:
+            return
+        admin = self._admin()
+        for name, fut in admin.delete_topics(names, request_timeout=self.settings.admin_timeout).items():
+            try:
+                fut.result(timeout=self.settings.admin_timeout)
+            except Exception as exc:  # already gone: fine; else it is only space, say so
+                log.warning("could not delete superseded ledger state %s: %s", name, exc)
+            self._created.discard(name)
+
+    def generations(self, partition: int) -> list[int]:
+        """Generations of ``partition``'s ledger-state that exist on the broker (whole-cluster
+        metadata: naming a topic would auto-create it on the embedded broker)."""
+        md = self._admin().list_topics(timeout=self.settings.admin_timeout)
+        found = (parse_state_topic(self.settings.topic_prefix, t) for t in md.topics)
+        return sorted(g for pg in found if pg is not None and pg[0] == partition for g in [pg[1]])
+
+    def needs_rotation(self, partition: int) -> bool:
+        return self.written.get(partition, 0) >= self.settings.state_rotate_bytes
+
+    def begin_generation(self, partition: int) -> int:
+        """Switch writes of ``partition`` to a new, empty generation; returns the old one. The
+        caller then writes a full snapshot and a checkpoint, then calls ``end_generation``."""
+        old = self.generation.get(partition, 0)
+        self.generation[partition] = old + 1
+        self.written[partition] = 0
+        return old
+
+    def end_generation(self, partition: int, old: int) -> None:
+        """The new generation holds a checkpoint: the old one is superseded."""
+        self._delete_topics([state_topic(self.settings.topic_prefix, partition, old)])
 
     # ---------------------------------------------------------------- writing
     def _produce_all(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
@@ -66,18 +145,20 @@ class ChangelogStore:
                     offsets[i] = msg.offset()
             return cb
 
+        topic = self.topic(partition)
+        self._ensure_topic(topic)
         for i, (key, value) in enumerate(records):
-            self._produce(partition, key, value, on_delivery(i))
+            self._produce(topic, key, value, on_delivery(i))
+            self.written[partition] = self.written.get(partition, 0) + len(key) + len(value)
         remaining = self.producer.flush(self.settings.admin_timeout)
         if remaining or errors or any(o is None for o in offsets):
-            raise StateStoreError(f"writing {self.topic}/{partition} failed: "
-                                  f"{errors[:3] or f'{remaining} records not delivered'}")
+            raise StateStoreError(f"writing {topic} failed: {errors[:3] or f'{remaining} records not delivered'}")
         return [int(o) for o in offsets if o is not None]
 
-    def _produce(self, partition: int, key: bytes, value: bytes, cb: Callable[[Any, Any], None]) -> None:
+    def _produce(self, topic: str, key: bytes, value: bytes, cb: Callable[[Any, Any], None]) -> None:
         while True:
             try:
-                self.producer.produce(self.topic, key=key, value=value, partition=partition, on_delivery=cb)
+                self.producer.produce(topic, key=key, value=value, partition=0, on_delivery=cb)
                 return
             except BufferError:  # local queue full: let deliveries drain
                 self.producer.poll(0.1)
@@ -103,39 +184,55 @@ class ChangelogStore:
         return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
 
     def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, tuple[HeadMeta, ExactLedger]]]:
-        """The latest checkpoint of ``partition`` and the heads it names (verified snapshots)."""
+        """The latest checkpoint of ``partition`` and the heads it names (verified snapshots).
+        Superseded generations, and a newer one a crashed rotation left without a checkpoint,
+        are deleted; writes continue in the generation recovered from."""
         c = self._consumer()
         try:
-            cp = self._find_checkpoint(c, partition)
+            found: dict[int, Checkpoint | None] = {}
+            for gen in reversed(self.generations(partition)):
+                found[gen] = self._find_checkpoint(c, state_topic(self.settings.topic_prefix, partition, gen),
+                                                   partition)
+                if found[gen] is not None:
+                    break  # older generations are superseded; no need to read them
+            older = [g for g in self.generations(partition) if g not in found]
+            use, delete, next_gen = plan_generations({**{g: cp is not None for g, cp in found.items()},
+                                                      **dict.fromkeys(older, False)})
+            self._delete_topics([state_topic(self.settings.topic_prefix, partition, g) for g in delete])
+            self.generation[partition] = next_gen
+            self.written[partition] = 0
+            cp = found.get(use) if use is not None else None
             heads: dict[str, tuple[HeadMeta, ExactLedger]] = {}
-            if cp is not None:
+            if cp is not None and use is not None:
+                topic = state_topic(self.settings.topic_prefix, partition, use)
+                self._created.add(topic)
                 for head_id, ptr in cp.heads.items():
-                    heads[head_id] = self._read_head(c, partition, head_id, ptr)
+                    heads[head_id] = self._read_head(c, topic, head_id, ptr)
+                self.written[partition] = self._estimate_size(c, topic, cp)
             return cp, heads
         finally:
             c.close()
 
-    def _find_checkpoint(self, c: Any, partition: int) -> Checkpoint | None:
+    def _find_checkpoint(self, c: Any, topic: str, partition: int) -> Checkpoint | None:
         from confluent_kafka import TopicPartition
 
-        tp = TopicPartition(self.topic, partition)
-        low, high = c.get_watermark_offsets(tp, timeout=self.settings.admin_timeout)
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.settings.admin_timeout)
         low, high = max(0, int(low)), max(0, int(high))
-        stop: int | None = None  # None: to the partition's end
+        stop: int | None = None  # None: to the topic's end
         window = _SCAN_WINDOW
         start = max(low, high - window)
         while True:
-            cp = latest_checkpoint(self._read_range(c, partition, start, stop), partition)
+            cp = latest_checkpoint(self._read_range(c, topic, start, stop), partition)
             if cp is not None or start <= low:
                 return cp
             stop, window = start, window * 4
             start = max(low, start - window)
 
-    def _read_range(self, c: Any, partition: int, start: int, stop: int | None) -> list[Record]:
-        """Records at offsets [start, stop) of our partition (``stop`` None: to its end)."""
+    def _read_range(self, c: Any, topic: str, start: int, stop: int | None) -> list[Record]:
+        """Records at offsets [start, stop) of a ledger-state topic (``stop`` None: to its end)."""
         from confluent_kafka import KafkaError, TopicPartition
 
-        c.assign([TopicPartition(self.topic, partition, start)])
+        c.assign([TopicPartition(topic, 0, start)])
         out: list[Record] = []
         deadline = time.monotonic() + self.settings.admin_timeout
         while time.monotonic() < deadline:
@@ -144,26 +241,36 @@ class ChangelogStore:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         return out
-                    raise StateStoreError(f"reading {self.topic}/{partition}: {err}")
+                    raise StateStoreError(f"reading {topic}: {err}")
                 if stop is not None and m.offset() >= stop:
                     return out
                 out.append((m.offset(), m.key(), m.value()))
-        raise StateStoreError(f"reading {self.topic}/{partition} from {start} did not finish in "
-                              f"{self.settings.admin_timeout:g}s")
+        raise StateStoreError(f"reading {topic} from {start} did not finish in {self.settings.admin_timeout:g}s")
 
-    def _read_head(self, c: Any, partition: int, head_id: str, ptr: HeadPointer) -> tuple[HeadMeta, ExactLedger]:
+    def _estimate_size(self, c: Any, topic: str, cp: Checkpoint) -> int:
+        """Bytes a recovered generation holds, from its record count and the size of the pieces
+        the checkpoint names, so a worker that restarts often still rotates."""
+        from confluent_kafka import TopicPartition
+
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.settings.admin_timeout)
+        pieces = sum(len(p.piece_offsets) for p in cp.heads.values())
+        per_record = self._piece_bytes_read / max(1, self._pieces_read) if pieces else 0
+        return int(max(0, int(high) - max(0, int(low))) * per_record)
+
+    def _read_head(self, c: Any, topic: str, head_id: str, ptr: HeadPointer) -> tuple[HeadMeta, ExactLedger]:
         want = set(ptr.piece_offsets)
         found: dict[int, bytes | None] = {}
         for lo, hi in _runs(sorted(want)):
-            for offset, _key, value in self._read_range(c, partition, lo, hi + 1):
+            for offset, _key, value in self._read_range(c, topic, lo, hi + 1):
                 if offset in want:
                     found[offset] = value
+                    self._pieces_read += 1
+                    self._piece_bytes_read += len(value or b"")
         try:
             meta, ledger = decode_state(join_pieces(ptr.generation, ptr.applied_offset, ptr.sha256,
                                                     [found.get(o) for o in ptr.piece_offsets]))
         except (SnapshotError, ValueError) as exc:
-            raise StaleStateError(f"snapshot of head {head_id!r} in {self.topic}/{partition} does not verify: {exc}"
-                                  ) from None
+            raise StaleStateError(f"snapshot of head {head_id!r} in {topic} does not verify: {exc}") from None
         if meta.head_id != head_id:
             raise StaleStateError(f"snapshot named for head {head_id!r} holds head {meta.head_id!r}")
         return meta, ledger

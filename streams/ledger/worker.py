@@ -194,6 +194,11 @@ class LedgerWorker:
             head = HeadRuntime.from_snapshot(meta, ledger, self._head_config(head_id))
             ps.heads[head_id] = head
             self.head_partition[head_id] = partition
+            # The last update a reader saw may be a fast one that its writer never got to reset:
+            # republish the restored version as canonical (same version, same digest).
+            if head.mode == "fast":
+                head.reset("restored")
+            self._produce(self.heads_topic, head_id.encode(), encode_head(self.head_update(head, "exact")))
         if cp is not None:
             ps.pointers = dict(cp.heads)
         log.info("deltas partition %d: %d heads restored, resuming at offset %d", partition, len(ps.heads), floor)
@@ -329,16 +334,21 @@ class LedgerWorker:
         if self.producer.flush(self.settings.admin_timeout):
             raise LedgerWorkerError("outputs not delivered within the admin timeout; not checkpointing")
         self._raise_if_delivery_failed()
-        for head_id, last in sorted(ps.last_touched.items()):
-            head = ps.heads.get(head_id)
+        rotating = self.store.needs_rotation(part)
+        old_generation = self.store.begin_generation(part) if rotating else None
+        for head_id, head in sorted(ps.heads.items()):
             ptr = ps.pointers.get(head_id)
-            if head is None or (ptr is not None and ptr.applied_offset >= last and head.dirty_since_snapshot == 0):
-                continue
-            ps.pointers[head_id] = self.store.write_snapshot(part, head.meta(), head.ledger, ptr)
-            head.dirty_since_snapshot = 0
+            last = ps.last_touched.get(head_id)
+            stale = ptr is None or head.dirty_since_snapshot > 0 or (last is not None and ptr.applied_offset < last)
+            if rotating or stale:  # a new generation gets every head: the old one is deleted
+                ps.pointers[head_id] = self.store.write_snapshot(part, head.meta(), head.ledger, ptr)
+                head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})
         self.store.write_checkpoint(Checkpoint(part, floor, self.topic_id, dict(ps.pointers)))
+        if old_generation is not None:
+            self.store.end_generation(part, old_generation)
+            log.info("deltas partition %d: ledger state moved to generation %d", part, old_generation + 1)
         self._commit_floor(part, floor)
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0

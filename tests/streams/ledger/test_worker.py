@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import create_topics, delete_topics, wait_for_topics
+from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.client.head_reader import read_heads, wait_for_head
@@ -163,8 +163,7 @@ def test_kill_minus_nine_with_many_heads_per_partition_recovers_fast(settings: S
         assert_final_heads_exact(s, stream, timeout=120)
     finally:
         worker.stop()
-        delete_topics(s, [s.topic(t) for t in ("requests", "deltas", "heads", "receipts", "deadletter",
-                                              "ledger-state")])
+        delete_topics(s, prefixed_topics(s))
     assert max(recoveries) < 15, recoveries  # loose bound for a loaded CI box; bench.chaos measures
 
 
@@ -202,7 +201,7 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
         before = {h: (u.version, u.digest) for h, u in read_heads(s).items()}
     finally:
         assert worker.stop() == 0
-    delete_topics(s, [s.topic("ledger-state")])
+    delete_topics(s, [t for t in prefixed_topics(s) if ".ledger-state." in t])
     time.sleep(1.0)
     create_topics(s)
     worker.start()
@@ -222,3 +221,29 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
     assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests"
     for h, (version, digest) in before.items():
         assert digests[(h, version)] == {digest}
+
+
+def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Path) -> None:
+    """With a small rotation bound the state moves to new generations (old ones deleted) while
+    kills happen; at most one generation per partition remains, and every head ends exact."""
+    s = worker_settings(settings, tmp_path).with_(changelog_max_bytes=64_000, state_rotate_bytes=64_000)
+    stream = Stream([f"g{i}" for i in range(4)], d=40, seed=9)  # ~40 KB of state per head
+    rng = np.random.default_rng(10)
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    try:
+        for _ in range(3):
+            produce(s, [stream.next_message() for _ in range(60)])
+            time.sleep(float(rng.uniform(1.0, 3.0)))
+            worker.kill9()
+            worker.start()
+        produce(s, [stream.next_message() for _ in range(20)])
+        assert_final_heads_exact(s, stream, timeout=120)
+    finally:
+        assert worker.stop() == 0
+    state = [t for t in prefixed_topics(s) if ".ledger-state." in t]
+    per_partition: dict[str, list[str]] = {}
+    for t in state:
+        per_partition.setdefault(t.split(".ledger-state.")[1].split(".")[0], []).append(t)
+    assert all(len(v) == 1 for v in per_partition.values()), state
+    assert any(not t.endswith(".g0") for t in state), f"no rotation happened: {state}"
+    assert "moved to generation" in worker.log_path.read_text()
