@@ -56,7 +56,7 @@ class Settings:
     batch_max_events: int = 256  # UNLEARN_BATCH_MAX_EVENTS
     batch_max_ms: int = 10  # UNLEARN_BATCH_MAX_MS: window after the first event (latency vs batch size)
     device: str = "auto"  # UNLEARN_DEVICE: auto | cpu | cuda
-    data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: feature cache, worker state
+    data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: the featurizer's local cache (rebuilt from Kafka if lost)
     head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"
     normalize_features: bool = True  # UNLEARN_NORMALIZE_FEATURES: L2-normalize rows before quantizing
     max_feature_dim: int = 2048  # UNLEARN_MAX_FEATURE_DIM: a new head's d (ledger is O(d^2)); larger -> deadletter

@@ -31,7 +31,7 @@ def _ledger_main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
     add_worker_args(ap)
-    ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and the consumer group")
+    ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and as its Kafka client.id")
     args = ap.parse_args(argv)
     setup_logging(args.loglevel)
     try:
