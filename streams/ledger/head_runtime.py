@@ -9,7 +9,7 @@ testable without a broker.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
@@ -237,9 +237,15 @@ def _reject(i: int, entry: RowsEntry | PackedEntry, reason: str, detail: str) ->
     return Rejection(i, entry.sign, reason, detail, entry.event_ids, entry.sample_ids, entry.subject_ids)
 
 
-def _group_deletes(entry: RowsEntry | PackedEntry) -> list[AppliedDelete]:
-    """Rows of one delete event (delete_subject expands to many) become one receipt."""
+def group_by_event(event_ids: Iterable[str], sample_ids: Iterable[str],
+                   subject_ids: Iterable[str]) -> list[AppliedDelete]:
+    """Rows of one delete event (delete_subject expands to many) make one receipt, applied or
+    rejected: the one grouping the ledger uses for both."""
     groups: dict[str, tuple[str, list[str]]] = {}
-    for ev, sample, subject in zip(entry.event_ids, entry.sample_ids, entry.subject_ids):
+    for ev, sample, subject in zip(event_ids, sample_ids, subject_ids):
         groups.setdefault(ev, (subject, []))[1].append(sample)
     return [AppliedDelete(ev, subj, tuple(samples)) for ev, (subj, samples) in groups.items()]
+
+
+def _group_deletes(entry: RowsEntry | PackedEntry) -> list[AppliedDelete]:
+    return group_by_event(entry.event_ids, entry.sample_ids, entry.subject_ids)

@@ -42,7 +42,7 @@ from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
 
 from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
-from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head
+from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head, group_by_event
 from .state_store import ChangelogStore
 
 log = logging.getLogger("unlearn.ledger")
@@ -304,12 +304,9 @@ class LedgerWorker:
         self._deadletter(DeadLetter(raw, rej.reason, detail, STAGE, self.deltas_topic, part, offset, key, first_event,
                                     time.time()))
         if rej.sign < 0:
-            groups: dict[str, tuple[str, list[str]]] = {}
-            for ev, sample, subject in zip(rej.event_ids, rej.sample_ids, rej.subject_ids, strict=False):
-                groups.setdefault(ev, (subject, []))[1].append(sample)
-            for ev, (subject, samples) in groups.items():
-                r = Receipt.rejected(ev, subject, head_id, samples, rej.reason, time.time())
-                self._produce(self.receipts_topic, subject.encode(), encode_receipt(r))
+            for d in group_by_event(rej.event_ids, rej.sample_ids, rej.subject_ids):
+                r = Receipt.rejected(d.event_id, d.subject_id, head_id, d.sample_ids, rej.reason, time.time())
+                self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
 
     def _deadletter(self, rec: DeadLetter) -> None:
         log.warning("deadletter %s: %r", rec.reason, rec.detail)
