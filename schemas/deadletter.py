@@ -27,6 +27,7 @@ __all__ = [
     "deadletter_for",
     "decode_deadletter",
     "encode_deadletter",
+    "encode_deadletter_bounded",
 ]
 
 DEADLETTER_SCHEMA_V1 = "unlearn.deadletter/v1"
@@ -157,3 +158,16 @@ def decode_deadletter(raw: bytes | bytearray | memoryview) -> DeadLetter:
         raise CodecError(f"deadletter: bad base64 in original/key: {exc}") from None
     _validate(rec, CodecError)
     return rec
+
+
+def encode_deadletter_bounded(d: DeadLetter, max_bytes: int) -> bytes:
+    """The record's JSON, at most about ``max_bytes``: a huge original (base64 grows it by 4/3) is
+    truncated, and the detail says so, rather than failing delivery forever (a poison pill)."""
+    value = encode_deadletter(d)
+    if len(value) <= max_bytes:
+        return value
+    keep = max(0, max_bytes // 2 - len(d.detail) - 4096)
+    short = DeadLetter(d.original[:keep], d.reason,
+                       f"{d.detail} [original truncated from {len(d.original)} to {keep} bytes]",
+                       d.stage, d.topic, d.partition, d.offset, d.key, d.event_id, d.ts)
+    return encode_deadletter(short)

@@ -46,7 +46,7 @@ from unlearn.features.contract import (
     resolve_backbone,
 )
 from unlearn.ledger import ExactLedger
-from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
+from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, encode_delta
 from unlearn.schemas.envelope import (
     ID_MAX_CHARS,
@@ -325,7 +325,7 @@ class BatchOutcome:
         out = [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d)) for d in self.deltas]
         out += [
             OutMessage(config.deadletter_topic, d.key if d.key is not None else STAGE.encode(),
-                       _encode_deadletter_bounded(d, config.max_message_bytes))
+                       encode_deadletter_bounded(d, config.max_message_bytes))
             for d in self.deadletters
         ]
         out += [OutMessage(config.receipts_topic, r.subject_id.encode(), encode_receipt(r)) for r in self.receipts]
@@ -380,19 +380,6 @@ def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
         "op": d["op"], "event_id": d["event_id"], "subject_id": d["subject_id"], "head_id": d["head_id"],
         "sample_ids": [sample] if ok(sample) else [],
     }
-
-
-def _encode_deadletter_bounded(d: DeadLetter, max_bytes: int) -> bytes:
-    """The record's JSON; a huge original (base64 grows it by 4/3) is truncated, and the detail
-    says so, rather than failing delivery forever."""
-    value = encode_deadletter(d)
-    if len(value) <= max_bytes:
-        return value
-    keep = max(0, max_bytes // 2 - len(d.detail) - 4096)
-    short = DeadLetter(d.original[:keep], d.reason,
-                       f"{d.detail} [original truncated from {len(d.original)} to {keep} bytes]",
-                       d.stage, d.topic, d.partition, d.offset, d.key, d.event_id, d.ts)
-    return encode_deadletter(short)
 
 
 # --------------------------------------------------------------------------- overlay

@@ -28,7 +28,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unlearn.infra.cli_args import log_ready
@@ -36,7 +36,7 @@ from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.ledger.tracked import HeadMode
-from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
+from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
@@ -198,7 +198,7 @@ class LedgerWorker:
             # republish the restored version as canonical (same version, same digest).
             if head.mode == "fast":
                 head.reset("restored")
-            self._produce(self.heads_topic, head_id.encode(), encode_head(self.head_update(head, "exact")))
+            self.publish_head(head, "exact")
         if cp is not None:
             ps.pointers = dict(cp.heads)
         log.info("deltas partition %d: %d heads restored, resuming at offset %d", partition, len(ps.heads), floor)
@@ -281,9 +281,29 @@ class LedgerWorker:
             offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
             gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior)
 
+    def publish_head(self, head: HeadRuntime, mode: HeadMode | None = None) -> bool:
+        """Produce the head's update; False if it cannot fit in a message even without the
+        posterior. Then the state stays exact and a dead letter says why: a head too large to
+        publish must not stop the worker (and every head on its partition) in a crash loop."""
+        update = self.head_update(head, mode)
+        value = encode_head(update)
+        limit = self.settings.max_message_bytes
+        if len(value) > limit and update.posterior is not None:
+            value = encode_head(replace(update, posterior=None))
+            log.warning("head %r version %d: published without its posterior (%d bytes over the limit)",
+                        head.head_id, head.version, len(value) - limit)
+        if len(value) > limit:
+            detail = (f"head {head.head_id!r} version {head.version} (d={head.ledger.dim}, c={head.ledger.n_outputs}) "
+                      f"encodes to {len(value)} bytes, over UNLEARN_MAX_MESSAGE_BYTES={limit}: not published")
+            self._deadletter(DeadLetter(b"", "head_too_large", detail, STAGE, self.heads_topic, None, None,
+                                        head.head_id.encode(), None, time.time()))
+            return False
+        self._produce(self.heads_topic, head.head_id.encode(), value)
+        return True
+
     def _publish(self, head: HeadRuntime, outcome: ApplyOutcome, raw: bytes, part: int, offset: int,
                  key: bytes | None) -> None:
-        self._produce(self.heads_topic, head.head_id.encode(), encode_head(self.head_update(head)))
+        self.publish_head(head)
         now = time.time()
         for d in outcome.deletes:
             r = Receipt.applied(d.event_id, d.subject_id, head.head_id, d.sample_ids, head.version, head.digest(), now)
@@ -310,7 +330,8 @@ class LedgerWorker:
 
     def _deadletter(self, rec: DeadLetter) -> None:
         log.warning("deadletter %s: %r", rec.reason, rec.detail)
-        self._produce(self.deadletter_topic, rec.key or b"", encode_deadletter(rec))
+        value = encode_deadletter_bounded(rec, self.settings.max_message_bytes)
+        self._produce(self.deadletter_topic, rec.key or b"", value)
 
     # ---------------------------------------------------------------- checkpoints
     def _checkpoint_due(self) -> None:
@@ -367,7 +388,7 @@ class LedgerWorker:
             for head in ps.heads.values():
                 if head.timed_reset_due(self.settings.reset_every_seconds):
                     head.reset("timer")
-                    self._produce(self.heads_topic, head.head_id.encode(), encode_head(self.head_update(head)))
+                    self.publish_head(head)
 
 
 def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info") -> int:
