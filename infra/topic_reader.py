@@ -249,3 +249,31 @@ def keys_in(keys: Iterable[str]) -> Callable[[bytes | None], bool]:
     """A ``keep`` filter: records whose key is one of ``keys`` (UTF-8)."""
     wanted = {k.encode("utf-8") for k in keys}
     return lambda key: key is not None and key in wanted
+
+
+def read_range(consumer: Any, topic: str, partition: int, start: int, stop: int | None,
+               idle_timeout: float) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of the records at offsets [start, stop) of one partition (``stop``
+    None: to the partition's end), with an assign-only ``consumer`` that has
+    ``enable.partition.eof``. Raises ``TopicReadError`` if no record arrives for ``idle_timeout``
+    seconds (a large range may take long: only a stall is an error). What the ledger's and the
+    feature cache's changelog recoveries read with."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer.assign([TopicPartition(topic, partition, start)])
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    deadline = time.monotonic() + idle_timeout
+    while time.monotonic() < deadline:
+        got = consumer.consume(num_messages=1000, timeout=0.2)
+        if got:
+            deadline = time.monotonic() + idle_timeout
+        for m in got:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise TopicReadError(f"reading {topic}/{partition}: {err}")
+            if stop is not None and m.offset() >= stop:
+                return out
+            out.append((m.offset(), m.key(), m.value()))
+    raise TopicReadError(f"reading {topic}/{partition} from offset {start} stalled for {idle_timeout:g}s")

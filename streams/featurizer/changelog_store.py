@@ -6,12 +6,12 @@ delivered by the service like every other outbox row.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.changelog import (
     FoldedChangelog,
     Position,
@@ -81,25 +81,9 @@ class ChangelogReader:
         return fold_changelog(((k, v) for _, k, v in records if k is not None), partition)
 
     def _read(self, c: Any, partition: int, start: int, stop: int | None) -> list[tuple[int, bytes | None,
-                                                                                         bytes | None]]:
+                                                                                    bytes | None]]:
         """(offset, key, value) of offsets [start, stop) (``stop`` None: to the partition's end)."""
-        from confluent_kafka import KafkaError, TopicPartition
-
-        c.assign([TopicPartition(self.topic, partition, start)])
-        out: list[tuple[int, bytes | None, bytes | None]] = []
-        idle = max(30.0, self.settings.admin_timeout)  # a large cache takes long: time out on no progress
-        deadline = time.monotonic() + idle
-        while time.monotonic() < deadline:
-            got = c.consume(num_messages=1000, timeout=0.2)
-            if got:
-                deadline = time.monotonic() + idle
-            for m in got:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return out
-                    raise ChangelogReadError(f"reading {self.topic}/{partition}: {err}")
-                if stop is not None and m.offset() >= stop:
-                    return out
-                out.append((m.offset(), m.key(), m.value()))
-        raise ChangelogReadError(f"reading {self.topic}/{partition} from {start} stalled")
+        try:  # a large cache takes long: time out on no progress only
+            return read_range(c, self.topic, partition, start, stop, max(30.0, self.settings.admin_timeout))
+        except TopicReadError as exc:
+            raise ChangelogReadError(str(exc)) from None

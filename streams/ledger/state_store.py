@@ -12,13 +12,13 @@ compacts (checkpoint.state_topic says how).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.ledger import ExactLedger
 
 from .checkpoint import (
@@ -230,22 +230,10 @@ class ChangelogStore:
 
     def _read_range(self, c: Any, topic: str, start: int, stop: int | None) -> list[Record]:
         """Records at offsets [start, stop) of a ledger-state topic (``stop`` None: to its end)."""
-        from confluent_kafka import KafkaError, TopicPartition
-
-        c.assign([TopicPartition(topic, 0, start)])
-        out: list[Record] = []
-        deadline = time.monotonic() + self.settings.admin_timeout
-        while time.monotonic() < deadline:
-            for m in c.consume(num_messages=500, timeout=0.2):
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return out
-                    raise StateStoreError(f"reading {topic}: {err}")
-                if stop is not None and m.offset() >= stop:
-                    return out
-                out.append((m.offset(), m.key(), m.value()))
-        raise StateStoreError(f"reading {topic} from {start} did not finish in {self.settings.admin_timeout:g}s")
+        try:
+            return read_range(c, topic, 0, start, stop, self.settings.admin_timeout)
+        except TopicReadError as exc:
+            raise StateStoreError(str(exc)) from None
 
     def _estimate_size(self, c: Any, topic: str, cp: Checkpoint) -> int:
         """Bytes a recovered generation holds, from its record count and the size of the pieces
