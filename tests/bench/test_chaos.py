@@ -16,7 +16,7 @@ pytestmark = pytest.mark.broker
 
 def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    code = chaos.main(["--quick", "--no-broker-restart", "--workdir", str(tmp_path / "work"), "--json", str(out)])
+    code = chaos.main(["--quick", "--workdir", str(tmp_path / "work"), "--json", str(out)])
     report = orjson.loads(out.read_bytes())
     assert report["events_produced"] == 5000 and len(report["kills"]) == 6
     for key in ("lost_events", "doubled_events", "digest_mismatched_heads", "versions_with_two_digests",
