@@ -21,10 +21,7 @@ Client settings that tansu needs live in :mod:`infra.profiles`, not here.
 from __future__ import annotations
 
 import atexit
-import errno
-import fcntl
 import os
-import re
 import shutil
 import signal
 import socket
@@ -39,6 +36,15 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.cli_args import log_ready
+from unlearn.infra.local_s3 import (
+    S3_BUCKET,
+    S3_LISTENING,
+    S3RVER_KEY,
+    DataDirInUse,
+    DataDirLock,
+    S3rverMissing,
+    find_s3rver,
+)
 from unlearn.infra.settings import Settings
 
 __all__ = [
@@ -55,11 +61,7 @@ __all__ = [
 ]
 
 MEMORY_STORAGE = "memory://tansu/"
-S3_BUCKET = "tansu"
 S3_STORAGE = f"s3://{S3_BUCKET}/"
-S3_PACKAGE_DIR = Path(__file__).resolve().parent / "s3"  # package.json + lock; `make s3` installs
-# s3rver's built-in credentials (it checks signatures); nothing secret, it only listens on loopback.
-S3RVER_KEY = "S3RVER"
 
 
 class BrokerError(RuntimeError):
@@ -72,34 +74,6 @@ class BrokerBinaryNotFound(BrokerError):
 
 class LocalS3Unavailable(BrokerError):
     """A persistent broker was asked for but node or the s3rver package is missing."""
-
-
-def find_s3rver() -> list[str]:
-    """The command (argv prefix) that runs s3rver, the local S3 behind a persistent broker.
-
-    Order: the copy ``make s3`` installs into infra/s3/node_modules (pinned by its lock file), then
-    ``s3rver`` on PATH. Raises LocalS3Unavailable naming what to install.
-    """
-    node = shutil.which("node")
-    script = S3_PACKAGE_DIR / "node_modules" / "s3rver" / "bin" / "s3rver.js"
-    if script.is_file() and node:
-        return [node, str(script)]
-    on_path = shutil.which("s3rver")
-    if on_path and node:
-        return [on_path]
-    if not node:
-        raise LocalS3Unavailable(
-            "a persistent broker (--data) needs Node.js (>= 14) and npm to run the local S3 "
-            "'s3rver', and 'node' is not on PATH: install them (Debian/Ubuntu: "
-            "`apt-get install nodejs npm`), then run `make s3`; or run without --data "
-            "(memory storage)"
-        )
-    raise LocalS3Unavailable(
-        f"a persistent broker (--data) needs the npm package s3rver, which is not installed in "
-        f"{S3_PACKAGE_DIR / 'node_modules'} nor on PATH: run `make s3` "
-        f"(= `npm ci --prefix {S3_PACKAGE_DIR} --no-audit --no-fund`); or run without --data "
-        "(memory storage)"
-    )
 
 
 def find_tansu_binary(settings: Settings | None = None) -> str:
@@ -245,39 +219,6 @@ def _with_pdeathsig(cmd: list[str], enabled: bool) -> list[str]:
     return cmd
 
 
-_S3_LISTENING = re.compile(rb"S3rver listening on ([^\s:]+):(\d+)")
-
-
-class _DataDirLock:
-    """An exclusive flock on DATA_DIR/broker.lock: two brokers on one directory would corrupt it.
-    The kernel drops it when our process dies, however it dies."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "broker.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise BrokerError(
-                    f"data dir {self.path.parent} is in use by another broker (pid {holder})"
-                ) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
-
-
 class LocalBroker:
     """A tansu broker child process on 127.0.0.1.
 
@@ -321,7 +262,7 @@ class LocalBroker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._s3_proc: subprocess.Popen[bytes] | None = None
         self.s3_endpoint: str | None = None
-        self._dir_lock: _DataDirLock | None = None
+        self._dir_lock: DataDirLock | None = None
         self._finalizer: weakref.finalize | None = None
         self._lock = threading.Lock()
 
@@ -390,12 +331,18 @@ class LocalBroker:
         """Lock the data dir, start s3rver on a free loopback port (it picks: ``-p 0``) with the
         bucket created if missing, and wait for its "listening" line."""
         assert self.data_dir is not None
-        command = find_s3rver()
+        try:
+            command = find_s3rver()
+        except S3rverMissing as exc:
+            raise LocalS3Unavailable(str(exc)) from None
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "s3").mkdir(exist_ok=True)
-        self._dir_lock = _DataDirLock(self.data_dir)
+        self._dir_lock = DataDirLock(self.data_dir)
         try:
             self._dir_lock.acquire()
+        except DataDirInUse as exc:
+            self._dir_lock = None
+            raise BrokerError(str(exc)) from None
         except BaseException:
             self._dir_lock = None
             raise
@@ -418,7 +365,7 @@ class LocalBroker:
         while True:
             with open(log_path, "rb") as f:
                 f.seek(start_offset)
-                found = _S3_LISTENING.search(f.read())
+                found = S3_LISTENING.search(f.read())
             if found:
                 self.s3_endpoint = f"http://{found.group(1).decode()}:{int(found.group(2))}"
                 return

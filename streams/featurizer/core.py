@@ -28,29 +28,27 @@ input goes through and what dimension it fixes is the feature contract
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
 
-from unlearn.features.backbones import BackboneError, EncodeResult
+from unlearn.features.backbones import BackboneError
 from unlearn.features.contract import (
     DEFAULT_BACKBONES,
     FeatureRejected,
     fixed_dim,
     quantize_feature_row,
     quantize_label,
-    quantizer,
     resolve_backbone,
 )
 from unlearn.ledger import ExactLedger
-from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
-from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, encode_delta
+from unlearn.schemas.deadletter import DeadLetter
+from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.envelope import (
     ID_MAX_CHARS,
-    REQUEST_REASONS,
     FeaturesInput,
     ImageInput,
     InvalidRequest,
@@ -58,8 +56,24 @@ from unlearn.schemas.envelope import (
     TextInput,
     parse_request,
 )
-from unlearn.schemas.receipts import Receipt, encode_receipt
+from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
+
+from .model import (
+    _DELETE_OPS,
+    FEATURIZER_REASONS,
+    STAGE,
+    BatchOutcome,
+    CachedSample,
+    CacheMutations,
+    CacheView,
+    CoreConfig,
+    Encoder,
+    HeadInfo,
+    InMessage,
+    OutMessage,
+    RegistryEncoder,
+)
 
 __all__ = [
     "DEFAULT_BACKBONES",
@@ -100,237 +114,6 @@ __all__ = [
     "source_stream",
     "use_packed",
 ]
-
-STAGE = "featurizer"
-"""``stage`` of every dead letter this service writes."""
-
-FEATURIZER_REASONS: dict[str, str] = {
-    **{k: f"request envelope: {v}" for k, v in REQUEST_REASONS.items()},
-    "duplicate_add": "an add for a (head, sample) already in the feature cache (never a double count)",
-    "unknown_sample": "a delete for a (head, sample) not in the feature cache",
-    "unknown_subject": "a delete_subject for a subject with no cached sample in that head",
-    "subject_mismatch": "a delete whose subject_id differs from the subject that added the sample",
-    "wrong_client": "federated mode: the request's client_id is not this site's client",
-    "dimension_mismatch": "the feature dimension differs from the head's (fixed by its first add)",
-    "dimension_too_large": "a new head's dimension exceeds UNLEARN_MAX_FEATURE_DIM",
-    "backbone_mismatch": "the input kind/backbone differs from the head's, or the head's configured "
-                         "backbone does not take this input kind",
-    "backbone_unavailable": "the backbone cannot be loaded (unknown name, package or weights missing)",
-    "undecodable_input": "the backbone refused the input (corrupt image, empty text, ...)",
-    "encode_failed": "the backbone raised on this input while the rest of its batch encoded",
-    "non_finite_feature": "a feature (or its L2 norm) is NaN or infinite",
-    "feature_out_of_bound": "a feature component exceeds UNLEARN_FEATURE_BOUND (never clipped)",
-    "label_out_of_range": "a class index > 2^20-1, a label vector too wide, or a quantized target "
-                          "beyond 2^30",
-    "label_mismatch": "class-index vs vector label, or another vector width, than the head's first add",
-    "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
-}
-"""Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
-
-_DELETE_OPS = ("delete", "delete_subject")
-
-
-# --------------------------------------------------------------------------- data types
-@dataclass(frozen=True, slots=True)
-class InMessage:
-    """One consumed ``requests`` message."""
-
-    partition: int
-    offset: int
-    value: bytes | None
-    key: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HeadInfo:
-    """What the featurizer fixes per head at its first accepted add."""
-
-    head_id: str
-    backbone: str  # backbone cache key, e.g. "features", "minilm", "efficientnet-lite0@112px"
-    input_kind: str  # features | text | image
-    dim: int
-    label_kind: Literal["class", "vector"]
-    label_width: int  # c of vector labels; 0 for class indices
-    frac_bits: int
-    label_frac_bits: int
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class CachedSample:
-    """A cached added sample: the exact q (and label) its delete must reuse."""
-
-    head_id: str
-    sample_id: str
-    subject_id: str
-    client_id: str
-    event_id: str  # the add's event id
-    label: int | np.ndarray  # class index, or int64 quantized target vector (c,)
-    q: np.ndarray  # int64 (d,)
-
-    @property
-    def label_kind(self) -> str:
-        return "class" if isinstance(self.label, int) else "vector"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CachedSample):
-            return NotImplemented
-        same_label = (
-            self.label == other.label
-            if isinstance(self.label, int) and isinstance(other.label, int)
-            else (not isinstance(self.label, int) and not isinstance(other.label, int)
-                  and np.array_equal(self.label, other.label))
-        )
-        return (
-            (self.head_id, self.sample_id, self.subject_id, self.client_id, self.event_id)
-            == (other.head_id, other.sample_id, other.subject_id, other.client_id, other.event_id)
-            and same_label
-            and np.array_equal(self.q, other.q)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class CacheView(Protocol):
-    """Read side of the feature cache (``FeatureCache`` implements it)."""
-
-    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None: ...
-
-    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]: ...
-
-    def get_head(self, head_id: str) -> HeadInfo | None: ...
-
-
-@dataclass(frozen=True)
-class CacheMutations:
-    """Net effect of a batch on the cache (apply all in one transaction)."""
-
-    put_samples: tuple[CachedSample, ...] = ()
-    drop_samples: tuple[tuple[str, str], ...] = ()  # (head_id, sample_id)
-    put_heads: tuple[HeadInfo, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.put_samples or self.drop_samples or self.put_heads)
-
-
-@dataclass(frozen=True, slots=True)
-class OutMessage:
-    """A message to produce (an outbox row before it has a sequence number)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None  # None only for a changelog tombstone
-    partition: int | None = None  # None: the producer's partitioner (by key); set for changelog records
-    phase: int = 1  # delivery phase: every message of phase 0 is acknowledged before phase 1 is sent
-
-
-Encoder = Callable[[str, Sequence[Any]], EncodeResult]
-"""``encoder(backbone_name, items) -> EncodeResult`` (per-item errors, like
-``Backbone.encode_checked``); raises ``BackboneError`` with ``index=None`` when the backbone
-cannot be loaded. Only text and image inputs reach it: feature vectors are passed through here
-in float64."""
-
-
-class RegistryEncoder:
-    """The production encoder: ``features.backbones.get_backbone(name, device)``, cached."""
-
-    def __init__(self, device: str = "auto") -> None:
-        self.device = device
-
-    def __call__(self, name: str, items: Sequence[Any]) -> EncodeResult:
-        from unlearn.features.backbones import get_backbone
-
-        try:
-            backbone = get_backbone(name, self.device)
-        except BackboneError:
-            raise
-        except (ImportError, OSError, RuntimeError) as exc:  # package/weights missing, bad device
-            raise BackboneError(f"cannot load backbone {name!r}: {type(exc).__name__}: {exc}") from exc
-        return backbone.encode_checked(items)
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    """Everything ``featurize_batch`` needs besides the data (built from Settings by the shell)."""
-
-    requests_topic: str
-    deltas_topic: str
-    deadletter_topic: str
-    receipts_topic: str
-    stream: str = "requests"
-    frac_bits: int = 30
-    label_frac_bits: int = 0
-    feature_bound: float = 1.0
-    normalize: bool = True
-    max_dim: int = 2048
-    head_backbones: Mapping[str, str] = field(default_factory=dict)
-    federated: bool = False
-    client_id: str | None = None
-    max_message_bytes: int = 100_000_000
-
-    def __post_init__(self) -> None:
-        if self.federated and not self.client_id:
-            raise ValueError("federated mode needs a client_id (the data owner this site serves)")
-        quantizer(self.frac_bits, self.feature_bound)  # raises on an impossible grid
-
-    @classmethod
-    def from_settings(cls, settings: Any, *, requests_topic: str | None = None, federated: bool = False,
-                      client_id: str | None = None) -> CoreConfig:
-        """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``)."""
-        topic = requests_topic or settings.topic("requests")
-        overrides = {}
-        for item in filter(None, (p.strip() for p in settings.head_backbones.split(","))):
-            name, _, value = item.partition("=")
-            overrides[name.strip()] = value.strip()
-        return cls(
-            requests_topic=topic,
-            deltas_topic=settings.topic("deltas"),
-            deadletter_topic=settings.topic("deadletter"),
-            receipts_topic=settings.topic("receipts"),
-            stream=source_stream(topic, settings.topic_prefix, client_id if federated else None),
-            frac_bits=settings.frac_bits,
-            label_frac_bits=settings.label_frac_bits,
-            feature_bound=settings.feature_bound,
-            normalize=settings.normalize_features,
-            max_dim=settings.max_feature_dim,
-            head_backbones=overrides,
-            federated=federated,
-            client_id=client_id if federated else None,
-            max_message_bytes=settings.max_message_bytes,
-        )
-
-
-@dataclass
-class BatchOutcome:
-    """What one micro-batch of one partition decided."""
-
-    partition: int
-    last_offset: int
-    deltas: list[Delta]
-    deadletters: list[DeadLetter]
-    receipts: list[Receipt]
-    mutations: CacheMutations
-    accepted: int = 0  # events that became rows
-    rows: int = 0  # rows over all deltas (a delete_subject may give many)
-
-    def reasons(self) -> dict[str, int]:
-        """Dead-letter reason -> count (for logs and tests)."""
-        out: dict[str, int] = {}
-        for d in self.deadletters:
-            out[d.reason] = out.get(d.reason, 0) + 1
-        return out
-
-    def messages(self, config: CoreConfig) -> list[OutMessage]:
-        """Encoded messages, in produce order: deltas, dead letters, receipts."""
-        out = [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d)) for d in self.deltas]
-        out += [
-            OutMessage(config.deadletter_topic, d.key if d.key is not None else STAGE.encode(),
-                       encode_deadletter_bounded(d, config.max_message_bytes))
-            for d in self.deadletters
-        ]
-        out += [OutMessage(config.receipts_topic, r.subject_id.encode(), encode_receipt(r)) for r in self.receipts]
-        return out
-
 
 # --------------------------------------------------------------------------- refusals
 # The featurizer's refusals share the feature contract's error type (one reason-code carrier).

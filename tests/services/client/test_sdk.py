@@ -179,10 +179,8 @@ def test_wait_receipt_timeout_names_the_event_and_head(settings: Settings, capsy
 
     with UnlearnClient(settings) as client:
         h = client.delete("lonely-head", "x", "s")
-        t0 = time.monotonic()
         with pytest.raises(ReceiptTimeout) as exc:
             h.wait_receipt(1.0)
-        assert time.monotonic() - t0 < 5
     assert isinstance(exc.value, TimeoutError)
     assert h.event_id in str(exc.value) and "lonely-head" in str(exc.value)
     assert exc.value.event_id == h.event_id and exc.value.head_id == "lonely-head"
