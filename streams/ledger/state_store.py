@@ -57,6 +57,7 @@ class ChangelogStore:
         self.generation: dict[int, int] = {}  # deltas partition -> generation being written
         self.written: dict[int, int] = {}  # deltas partition -> bytes written to that generation
         self._created: set[str] = set()
+        self._admin_client: Any = None
         self._pieces_read = 0
         self._piece_bytes_read = 0
         # One record per batch: the embedded broker's ListOffsets(latest) is only right then, and
@@ -71,11 +72,14 @@ class ChangelogStore:
 
     # ---------------------------------------------------------------- generations
     def _admin(self) -> Any:
-        from confluent_kafka.admin import AdminClient
+        """One admin client for the store's life (creating one per call reconnects every time)."""
+        if self._admin_client is None:
+            from confluent_kafka.admin import AdminClient
 
-        from unlearn.infra.profiles import admin_config
+            from unlearn.infra.profiles import admin_config
 
-        return AdminClient(admin_config(self.settings))
+            self._admin_client = AdminClient(admin_config(self.settings))
+        return self._admin_client
 
     def _ensure_topic(self, name: str) -> None:
         if name in self._created:
@@ -190,12 +194,13 @@ class ChangelogStore:
         c = self._consumer()
         try:
             found: dict[int, Checkpoint | None] = {}
-            for gen in reversed(self.generations(partition)):
+            existing = self.generations(partition)
+            for gen in reversed(existing):
                 found[gen] = self._find_checkpoint(c, state_topic(self.settings.topic_prefix, partition, gen),
                                                    partition)
                 if found[gen] is not None:
                     break  # older generations are superseded; no need to read them
-            older = [g for g in self.generations(partition) if g not in found]
+            older = [g for g in existing if g not in found]
             use, delete, next_gen = plan_generations({**{g: cp is not None for g, cp in found.items()},
                                                       **dict.fromkeys(older, False)})
             self._delete_topics([state_topic(self.settings.topic_prefix, partition, g) for g in delete])

@@ -164,7 +164,8 @@ class LedgerWorker:
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:
-            if tp.partition in self.partitions and self.fatal is None:
+            ps = self.partitions.get(tp.partition)
+            if ps is not None and ps.pending and self.fatal is None:  # nothing new: already durable
                 try:
                     self.checkpoint(tp.partition)
                 except Exception as exc:
