@@ -31,6 +31,14 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 
+
+def _sigterm_exit_code(child: subprocess.Popen[str], timeout: float = 20.0) -> int:
+    """SIGTERM a child and wait for it, draining its pipes: a child blocked writing to a full
+    stdout/stderr pipe would never exit."""
+    child.send_signal(signal.SIGTERM)
+    child.communicate(timeout=timeout)
+    return child.returncode
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -134,8 +142,7 @@ def test_run_broker_forever_prints_bootstrap_and_stops_on_sigterm() -> None:
         assert line.startswith("bootstrap=127.0.0.1:"), line
         bootstrap = line.split("=", 1)[1]
         assert AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=20) == 0
+        assert _sigterm_exit_code(child) == 0
     finally:
         if child.poll() is None:
             child.kill()
@@ -159,8 +166,7 @@ def test_unlearn_broker_logs_its_readiness_line() -> None:
             if "ready" in seen[-1]:
                 break
         assert f"unlearn broker ready bootstrap={bootstrap!r}" in seen[-1], seen
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=20) == 0
+        assert _sigterm_exit_code(child) == 0
     finally:
         if child.poll() is None:
             child.kill()
@@ -192,8 +198,7 @@ def _start_cli_broker(port: int | None, data: Path) -> tuple[subprocess.Popen[st
 
 
 def _sigterm(child: subprocess.Popen[str]) -> None:
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=20) == 0
+    assert _sigterm_exit_code(child) == 0
 
 
 @pytest.mark.broker
