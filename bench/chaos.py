@@ -51,7 +51,8 @@ from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_reader import read_topic
+from unlearn.infra.topic_family import heads_family
+from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import ExactLedger
 from unlearn.schemas.delta_codec import CodecError, decode_delta
@@ -72,6 +73,7 @@ class Config:
     broker_restart: bool = False
     seed: int = 0
     settle_timeout: float = 300.0
+    rotate_bytes: int = 2_000_000  # UNLEARN_STATE_ROTATE_BYTES: small, so that heads and state rotate under kills
 
 
 @dataclass
@@ -85,6 +87,8 @@ class Report:
     doubled_events: int = 0
     digest_mismatched_heads: int = 0
     versions_with_two_digests: int = 0
+    head_updates_seen: int = 0  # by a follower of the heads family during the whole run
+    heads_generations: int = 0  # the most heads generations seen in use, over all partitions
     receipts_missing: int = 0
     receipts_duplicated: int = 0
     receipts_conflicting: int = 0
@@ -154,13 +158,29 @@ class Pipeline:
             bootstrap=self.broker.bootstrap, profile="tansu", topic_prefix="chaos.", partitions=cfg.partitions,
             data_dir=str(root / "data"), checkpoint_every_messages=20, checkpoint_every_seconds=1.0,
             # s3:// storage answers short fetches with nothing once a partition holds many batches
-            fetch_max_wait_ms=300 if cfg.broker_restart else None)
+            fetch_max_wait_ms=300 if cfg.broker_restart else None, state_rotate_bytes=cfg.rotate_bytes)
         create_topics(self.settings)
+        # Every head update, as published (rotation deletes superseded generations afterwards).
+        self.digests: dict[tuple[str, int], set[str]] = {}
+        self.heads_topics: set[str] = set()
+        self.head_updates = 0
+        self.heads_follower = TopicFollower(self.settings, heads_family(self.settings.topic_prefix),
+                                            self._on_head, role="chaos-heads")
         self.featurizer = ServiceProcess("featurizer", ["featurizer", "--loglevel", "info"], self.settings, root)
         self.ledger = ServiceProcess("ledger", ["ledger", "--loglevel", "info"], self.settings, root)
         self.recovery: dict[str, list[float]] = {"featurizer": [], "ledger": [], "broker": []}
 
+    def _on_head(self, r: LogRecord) -> None:
+        try:
+            u = decode_head(r.value or b"")
+        except CodecError:
+            return
+        self.head_updates += 1
+        self.heads_topics.add(r.topic)
+        self.digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+
     def start_workers(self) -> None:
+        self.heads_follower.start(wait_assigned=30)
         for p in (self.featurizer, self.ledger):
             p.start()
         for p in (self.featurizer, self.ledger):
@@ -185,6 +205,7 @@ class Pipeline:
         self.recovery["broker"].append(time.monotonic() - t0)
 
     def stop(self) -> None:
+        self.heads_follower.stop()
         for p in (self.featurizer, self.ledger):
             p.stop()
         self.broker.stop()
@@ -259,7 +280,7 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
     deadline = time.monotonic() + pipe.cfg.settle_timeout
     latest: dict[str, HeadUpdate] = {}
     while True:  # settle: every head's latest exact update equals its reference
-        latest, digests = _latest_heads(read_topic(s, s.topic("heads")))
+        latest, digests = _latest_heads(read_topic(s, heads_family(s.topic_prefix)))
         pending = [h for h in work.heads
                    if h not in latest or latest[h].digest != work.reference_digest(h, latest[h].c, s)]
         if not pending or time.monotonic() > deadline:
@@ -267,7 +288,11 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
         time.sleep(1.0)
     report.digest_mismatched_heads = len(pending)
     report.examples += [f"head {h}: final digest differs from a from-scratch ledger" for h in pending[:3]]
+    for key, seen in pipe.digests.items():
+        digests.setdefault(key, set()).update(seen)
     report.versions_with_two_digests = sum(1 for d in digests.values() if len(d) > 1)
+    report.head_updates_seen = pipe.head_updates
+    report.heads_generations = len(pipe.heads_topics)
 
     applied = _applied_events(read_topic(s, s.topic("deltas")), pipe.cfg.dim)
     expected = {(ev, sample) for ev, (_, sample) in work.add_events.items()}
@@ -350,7 +375,8 @@ def render(r: Report) -> str:
         f"| lost events | {r.lost_events} |",
         f"| doubled events | {r.doubled_events} |",
         f"| heads whose final digest differs from a from-scratch ledger | {r.digest_mismatched_heads} |",
-        f"| (head, version) pairs with two digests | {r.versions_with_two_digests} |",
+        f"| (head, version) pairs with two digests (over {r.head_updates_seen} updates followed live, "
+        f"{r.heads_generations} heads topics) | {r.versions_with_two_digests} |",
         f"| deletes without an applied receipt | {r.receipts_missing} |",
         f"| deletes with conflicting receipts | {r.receipts_conflicting} |",
         f"| deletes with identical duplicate receipts (allowed: at-least-once) | {r.receipts_duplicated} |",

@@ -33,6 +33,8 @@ from unlearn.infra.broker import LocalBroker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
+from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head_codec import decode_head
@@ -53,34 +55,39 @@ class Watcher(threading.Thread):
         self.ready = threading.Event()
         self.halt = threading.Event()
 
+    def _on_head(self, r: LogRecord) -> None:
+        now = time.time()
+        h = decode_head(r.value or b"")
+        if h.head_id == self.head:
+            self.version_at.setdefault(h.version, now)
+            self.head_ts.setdefault(h.version, r.timestamp_ms / 1000.0)
+            self.n_at.append((now, h.n_retained))
+
     def run(self) -> None:
         c = Consumer(consumer_config(self.s, f"{self.s.topic_prefix}bench-watch"))
         tps = []
-        for t in ("heads", "receipts", "deltas"):
+        md = c.list_topics(timeout=30)  # the whole cluster's: naming a topic would auto-create it
+        for t in ("receipts", "deltas"):
             name = self.s.topic(t)
-            tps += [TopicPartition(name, p, 0) for p in c.list_topics(name, timeout=30).topics[name].partitions]
+            tps += [TopicPartition(name, p, 0) for p in md.topics[name].partitions]
         c.assign(tps)
+        heads = TopicFollower(self.s, heads_family(self.s.topic_prefix), self._on_head, role="bench-heads",
+                              poll_interval=0.01).start(wait_assigned=30)
         self.ready.set()
-        heads_topic, deltas_topic = self.s.topic("heads"), self.s.topic("deltas")
+        deltas_topic = self.s.topic("deltas")
         while not self.halt.is_set():
             m = c.poll(0.01)
             if m is None or m.error():
                 continue
-            now = time.time()
             if m.topic() == deltas_topic:
                 ts = m.timestamp()[1] / 1000.0
                 for e in decode_delta(m.value()).event_ids:
                     self.delta_ts.setdefault(e, ts)
-            elif m.topic() == heads_topic:
-                h = decode_head(m.value())
-                if h.head_id == self.head:
-                    self.version_at.setdefault(h.version, now)
-                    self.head_ts.setdefault(h.version, m.timestamp()[1] / 1000.0)
-                    self.n_at.append((now, h.n_retained))
             else:
                 r = decode_receipt(m.value())
                 if r.status == "applied" and r.head_version is not None:
                     self.receipt[r.event_id] = r.head_version
+        heads.stop()
         c.close()
 
     def wait(self, pred: Any, timeout: float) -> None:

@@ -45,7 +45,8 @@ class Settings:
     reset_every_seconds: float = 5.0  # UNLEARN_RESET_EVERY_SECONDS
     drift_threshold: float = 1e-9  # UNLEARN_DRIFT_THRESHOLD: reset when estimate passes it
     changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per snapshot piece message
-    state_rotate_bytes: int = 64_000_000  # UNLEARN_STATE_ROTATE_BYTES: ledger-state generation size bound
+    state_rotate_bytes: int = 64_000_000  # UNLEARN_STATE_ROTATE_BYTES: ledger-state / heads generation size bound
+    heads_retire_seconds: float = 10.0  # UNLEARN_HEADS_RETIRE_SECONDS: a superseded heads topic lives this long
     ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
     checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
     checkpoint_every_seconds: float = 5.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
@@ -147,6 +148,9 @@ class Settings:
             raise ValueError("UNLEARN_CHECKPOINT_EVERY_MESSAGES must be >= 1 and _SECONDS > 0")
         if self.changelog_max_bytes < 64_000:
             raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
+        if self.heads_retire_seconds < 3.0:
+            raise ValueError("UNLEARN_HEADS_RETIRE_SECONDS must be at least 3 (readers move to a new heads "
+                             "generation within about a second and must be off the old one before it is deleted)")
         if self.state_rotate_bytes < self.changelog_max_bytes:
             raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):

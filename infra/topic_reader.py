@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import TopicFamily
 
 log = logging.getLogger("unlearn.topic_reader")
 
@@ -42,6 +43,16 @@ class LogRecord:
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
+    topic: str = ""
+
+
+#: What a reader reads: one topic, or a topic family (infra.topic_family) as its generations rotate.
+Source = str | TopicFamily
+
+#: Seconds between metadata listings while reading a family (to see new generations).
+FAMILY_RELIST_S = 1.0
+
+TP = tuple[str, int]  # (topic, partition)
 
 
 def _consumer(settings: Settings, role: str, **overrides: Any) -> Any:
@@ -54,76 +65,171 @@ def _consumer(settings: Settings, role: str, **overrides: Any) -> Any:
                                     **{"enable.partition.eof": True, "enable.auto.commit": False, **overrides}))
 
 
-def topic_partitions(consumer: Any, settings: Settings, topic: str, timeout: float) -> list[int] | None:
-    """The partitions of ``topic``, or None if it does not exist. Asks for the whole cluster's
-    metadata: naming the topic would auto-create it on the embedded broker."""
+def _metadata(consumer: Any, settings: Settings, timeout: float) -> Any:
     from confluent_kafka import KafkaException
 
     try:
-        md = consumer.list_topics(timeout=timeout)
+        return consumer.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise TopicReadError(f"cannot reach the broker at {settings.bootstrap}: {exc}") from None
-    t = md.topics.get(topic)
+
+
+def topic_partitions(consumer: Any, settings: Settings, topic: str, timeout: float) -> list[int] | None:
+    """The partitions of ``topic``, or None if it does not exist. Asks for the whole cluster's
+    metadata: naming the topic would auto-create it on the embedded broker."""
+    t = _metadata(consumer, settings, timeout).topics.get(topic)
     if t is None or t.error is not None or not t.partitions:
         return None
     return sorted(t.partitions)
 
 
-def read_topic(settings: Settings, topic: str, keep: Callable[[bytes | None], bool] | None = None,
+def source_partitions(consumer: Any, settings: Settings, source: Source, timeout: float) -> set[TP] | None:
+    """The (topic, partition) pairs to read ``source`` from now; None if it is a topic that does
+    not exist (a family with no topic yet is empty, not missing).
+
+    For a family, only the newest generation of each writer partition: its writer republished
+    into it what a reader needs before it deleted (after a grace period) the older ones. Reading
+    only the newest also keeps readers off topics about to be deleted: librdkafka 2.16 crashes
+    (SIGSEGV in its metadata cache) when a topic that one of its consumers fetched from is
+    deleted on the embedded broker, so a reader must have *closed* the consumer that read a
+    superseded generation before the writer's grace period ends (``_Fetcher`` does)."""
+    if isinstance(source, str):
+        parts = topic_partitions(consumer, settings, source, timeout)
+        return None if parts is None else {(source, p) for p in parts}
+    md = _metadata(consumer, settings, timeout)
+    newest: dict[int, tuple[int, str]] = {}
+    for t in source.select(md.topics):
+        part, gen = source.parse(t) or (0, 0)
+        if md.topics[t].error is None and gen >= newest.get(part, (-1, ""))[0]:
+            newest[part] = (gen, t)
+    return {(t, p) for _, t in newest.values() for p in md.topics[t].partitions}
+
+
+def _order(source: Source) -> Callable[[LogRecord], tuple[int, ...]]:
+    """Reading order of records: (partition, offset) for a topic; for a family, by the writer's
+    partition, then generation, then offset (names do not sort numerically)."""
+    if isinstance(source, str):
+        return lambda r: (r.partition, r.offset)
+    fam = source
+    return lambda r: (*(fam.parse(r.topic) or (-1, -1)), r.partition, r.offset)
+
+
+def _record(m: Any) -> LogRecord:
+    _, ts = m.timestamp()
+    value = m.value()
+    return LogRecord(m.partition(), m.offset(), int(ts), m.key(), None if value is None else bytes(value), m.topic())
+
+
+class _Fetcher:
+    """An assign-only consumer over a changing set of (topic, partition) pairs.
+
+    Pairs that leave the set are forgotten by closing the consumer and opening a new one at the
+    kept positions (unassigning is not enough: the client still refreshes metadata for every
+    topic it has fetched from, and crashes once such a topic is deleted -- see
+    ``source_partitions``)."""
+
+    def __init__(self, settings: Settings, role: str) -> None:
+        self.settings = settings
+        self.role = role
+        self.consumer: Any = _consumer(settings, role)
+        self.positions: dict[TP, int] = {}  # next offset per assigned pair (-2: the beginning)
+
+    def assign(self, tps: dict[TP, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.positions = dict(tps)
+        self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(tps.items())])
+
+    def sync(self, now: set[TP]) -> tuple[set[TP], set[TP]]:
+        """Follow ``now``: new pairs from their beginning, dropped pairs forgotten. Returns
+        (added, dropped)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        added, dropped = now - set(self.positions), set(self.positions) - now
+        if dropped:
+            keep = {tp: o for tp, o in self.positions.items() if tp not in dropped}
+            keep.update(dict.fromkeys(added, OFFSET_BEGINNING))
+            self.consumer.close()
+            self.consumer = _consumer(self.settings, self.role)
+            self.assign(keep)
+        elif added:
+            self.consumer.incremental_assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in sorted(added)])
+            self.positions.update(dict.fromkeys(added, OFFSET_BEGINNING))
+        return added, dropped
+
+    def delivered(self, m: Any) -> None:
+        self.positions[(m.topic(), m.partition())] = m.offset() + 1
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None], bool] | None = None,
                timeout: float = 60.0, role: str = "reader") -> list[LogRecord]:
     """Every message of ``topic`` (all partitions, from the beginning) up to each partition's end
     when the reader got there, in (partition, offset) order. ``keep(key)`` filters before the
     value is copied. Raises ``TopicReadError`` if the topic is missing or the end is not reached
-    within ``timeout`` seconds."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+    within ``timeout`` seconds.
 
-    c = _consumer(settings, role)
+    A family is read from the newest generation of each writer partition (``source_partitions``);
+    one that a rotation supersedes during the read is read from its beginning too."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError
+
+    family = not isinstance(topic, str)
+    f = _Fetcher(settings, role)
     out: list[LogRecord] = []
     try:
-        parts = topic_partitions(c, settings, topic, min(timeout, settings.admin_timeout))
-        if parts is None:
+        pending = source_partitions(f.consumer, settings, topic, min(timeout, settings.admin_timeout))
+        if pending is None:
             raise TopicReadError(f"topic {topic} does not exist on {settings.bootstrap} "
                                  "(run `unlearn topics create` with the same --prefix)")
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        done: set[int] = set()
+        f.assign(dict.fromkeys(pending, OFFSET_BEGINNING))
+        done: set[TP] = set()
         deadline = time.monotonic() + timeout
-        while len(done) < len(parts):
+        relisted = time.monotonic()
+        while not pending <= done:
             if time.monotonic() > deadline:
                 raise TopicReadError(f"reading {topic} did not reach the end of partitions "
-                                     f"{sorted(set(parts) - done)} within {timeout:g}s")
-            for m in c.consume(num_messages=1000, timeout=0.2):
+                                     f"{sorted(pending - done)} within {timeout:g}s")
+            for m in f.consumer.consume(num_messages=1000, timeout=0.2):
                 err = m.error()
+                tp = (m.topic(), m.partition())
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        done.add(m.partition())
+                        done.add(tp)
                         continue
                     raise TopicReadError(f"reading {topic}: {err}")
-                if m.partition() in done:
+                f.delivered(m)
+                if tp in done or tp not in pending:
                     continue  # produced after we reached that partition's end: not ours
-                key = m.key()
-                if keep is not None and not keep(key):
+                if keep is not None and not keep(m.key()):
                     continue
-                _, ts = m.timestamp()
-                value = m.value()
-                out.append(LogRecord(m.partition(), m.offset(), int(ts), key,
-                                     None if value is None else bytes(value)))
+                out.append(_record(m))
+            if family and time.monotonic() - relisted >= FAMILY_RELIST_S:
+                relisted = time.monotonic()
+                added, dropped = f.sync(source_partitions(f.consumer, settings, topic, settings.admin_timeout) or set())
+                pending = (pending - dropped) | added
+                done -= dropped
     finally:
-        c.close()
-    out.sort(key=lambda r: (r.partition, r.offset))
+        f.close()
+    out.sort(key=_order(topic))
     return out
 
 
 class TopicFollower:
-    """A daemon thread that hands every record of a topic to ``on_record``, from the beginning
-    or from the end at ``start()``, until ``stop()``.
+    """A daemon thread that hands every record of a topic (or of a topic family) to
+    ``on_record``, from the beginning or from the end at ``start()``, until ``stop()``.
 
     Waits for the topic to exist (a service may start before ``unlearn topics create``) and for
-    the broker to come back (it keeps retrying; ``error`` says why it is waiting). ``caught_up``
-    is set once every partition has reached its end at least once. ``lag()`` is the last known
-    per-partition lag (from fetch responses' high watermarks).
+    the broker to come back (it keeps retrying; ``error`` says why it is waiting). A family is
+    followed on the newest generation of each writer partition, switching (from the new one's
+    beginning) within ``FAMILY_RELIST_S`` of a rotation. ``caught_up`` is set once every
+    partition has reached its end at least once. ``lag()`` is the last known lag per partition
+    (from fetch responses' high watermarks), keyed by partition for a topic and by
+    ``topic/partition`` for a family.
     """
 
-    def __init__(self, settings: Settings, topic: str, on_record: Callable[[LogRecord], None], *,
+    def __init__(self, settings: Settings, topic: Source, on_record: Callable[[LogRecord], None], *,
                  start_at: StartAt = "beginning", role: str = "follower", poll_interval: float = 0.1,
                  keep: Callable[[bytes | None], bool] | None = None) -> None:
         self.settings = settings
@@ -136,8 +242,8 @@ class TopicFollower:
         self.caught_up = threading.Event()
         self.assigned = threading.Event()
         self.error: str | None = None
-        self.partitions: list[int] = []
-        self._lag: dict[int, int] = {}
+        self.partitions: set[TP] = set()
+        self._lag: dict[int | str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -160,16 +266,16 @@ class TopicFollower:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def lag(self) -> dict[int, int]:
+    def lag(self) -> dict[int | str, int]:
         return dict(self._lag)
 
     # ---------------------------------------------------------------- thread
-    def _assign(self, c: Any) -> bool:
+    def _assign(self, f: _Fetcher) -> bool:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         while not self._stop.is_set():
             try:
-                parts = topic_partitions(c, self.settings, self.topic, 5.0)
+                parts = source_partitions(f.consumer, self.settings, self.topic, 5.0)
                 if parts is not None:
                     break
                 self.error = f"topic {self.topic} does not exist yet"
@@ -179,67 +285,82 @@ class TopicFollower:
         else:
             return False
         self.partitions = parts
-        if self.start_at == "beginning":
-            tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts]
-        else:
-            tps = []
-            for p in parts:
+        start: dict[TP, int] = {}
+        for t, p in sorted(parts):
+            if self.start_at == "beginning":
+                start[(t, p)] = OFFSET_BEGINNING
+            else:
                 # The end from ListOffsets: on the embedded broker it can be slightly early
                 # after multi-record batches -- harmless, a few old records are handed over.
-                _, high = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.settings.admin_timeout)
-                tps.append(TopicPartition(self.topic, p, max(0, int(high))))
-        c.assign(tps)
+                _, high = f.consumer.get_watermark_offsets(TopicPartition(t, p), timeout=self.settings.admin_timeout)
+                start[(t, p)] = max(0, int(high))
+        f.assign(start)
+        if not parts:
+            self.caught_up.set()
         self.error = None
         self.assigned.set()
         return True
 
+    def _relist(self, f: _Fetcher, at_end: set[TP]) -> None:
+        try:
+            now = source_partitions(f.consumer, self.settings, self.topic, 5.0) or set()
+        except TopicReadError as exc:  # broker away: keep what we have, say why
+            self.error = str(exc)
+            return
+        self.error = None
+        _, dropped = f.sync(now)
+        at_end -= dropped
+        self.partitions = now
+
     def _run(self) -> None:
         from confluent_kafka import KafkaError
 
-        c = _consumer(self.settings, self.role)
+        family = not isinstance(self.topic, str)
+        f = _Fetcher(self.settings, self.role)
         try:
-            if not self._assign(c):
+            if not self._assign(f):
                 return
-            at_end: set[int] = set()
-            last_lag = 0.0
+            at_end: set[TP] = set()
+            last_lag = last_list = time.monotonic()
             while not self._stop.is_set():
-                for m in c.consume(num_messages=500, timeout=self.poll_interval):
+                for m in f.consumer.consume(num_messages=500, timeout=self.poll_interval):
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            at_end.add(m.partition())
-                            if len(at_end) == len(self.partitions):
+                            at_end.add((m.topic(), m.partition()))
+                            if self.partitions <= at_end:
                                 self.caught_up.set()
                         else:
                             log.warning("%s consumer: %s", self.topic, err)
                         continue
-                    key = m.key()
-                    if self.keep is not None and not self.keep(key):
+                    f.delivered(m)
+                    if self.keep is not None and not self.keep(m.key()):
                         continue
-                    _, ts = m.timestamp()
-                    value = m.value()
-                    self.on_record(LogRecord(m.partition(), m.offset(), int(ts), key,
-                                             None if value is None else bytes(value)))
+                    self.on_record(_record(m))
                 now = time.monotonic()
+                if family and now - last_list >= FAMILY_RELIST_S:
+                    last_list = now
+                    self._relist(f, at_end)
                 if now - last_lag >= 0.5:
                     last_lag = now
-                    self._update_lag(c)
+                    self._update_lag(f.consumer)
         except Exception as exc:  # reported through ``error`` (serving's /healthz shows it)
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("%s follower stopped", self.topic)
         finally:
-            c.close()
+            f.close()
 
     def _update_lag(self, c: Any) -> None:
         from confluent_kafka import TopicPartition
 
-        lag: dict[int, int] = {}
+        lag: dict[int | str, int] = {}
+        family = not isinstance(self.topic, str)
         try:
-            for tp in c.position([TopicPartition(self.topic, p) for p in self.partitions]):
+            for tp in c.position([TopicPartition(t, p) for t, p in sorted(self.partitions)]):
                 # cached=True: the high watermark of the last fetch response.
-                _, hi = c.get_watermark_offsets(TopicPartition(self.topic, tp.partition), cached=True)
+                _, hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)
                 if hi is not None and hi >= 0 and tp.offset >= 0:
-                    lag[tp.partition] = max(0, int(hi) - int(tp.offset))
+                    lag[f"{tp.topic}/{tp.partition}" if family else tp.partition] = max(0, int(hi) - int(tp.offset))
         except Exception:  # metrics only
             return
         self._lag = lag

@@ -2,8 +2,9 @@
 
 Topics are always created explicitly: tansu auto-creates an unknown topic with 4 partitions on
 first use, which would silently give a deployment the wrong partition count (and keying by
-subject/head only orders events within a partition). ``heads`` is compacted: a reader wants the
-latest head per head id.
+subject/head only orders events within a partition). ``featurizer-cache`` is compacted: it is a
+table. Head updates and the ledger's state are not here: they are topic families
+(``infra.topic_family``) that the ledger creates and rotates per ``deltas`` partition.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
 from unlearn.infra.profiles import admin_config, topic_config
@@ -24,6 +26,7 @@ __all__ = [
     "TopicError",
     "create_topics",
     "delete_topics",
+    "ensure_topic",
     "topic_names",
     "topics_main",
     "wait_for_topics",
@@ -31,10 +34,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOPICS: tuple[str, ...] = ("requests", "deltas", "heads", "receipts", "deadletter", "featurizer-cache")
+TOPICS: tuple[str, ...] = ("requests", "deltas", "receipts", "deadletter", "featurizer-cache")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name)."""
 
-COMPACTED: frozenset[str] = frozenset({"heads", "featurizer-cache"})
+COMPACTED: frozenset[str] = frozenset({"featurizer-cache"})
 """Logical topics created with cleanup.policy=compact."""
 
 
@@ -88,6 +91,25 @@ def create_topics(
     return counts
 
 
+def ensure_topic(settings: Settings, name: str, *, partitions: int = 1, compacted: bool = False,
+                 admin: Any = None) -> None:
+    """Create one topic by its full name if it is missing, and wait until it is visible: what
+    workers use for the topics they own (the ledger's state and heads generations)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    client = admin if admin is not None else AdminClient(admin_config(settings))
+    rf = 1 if settings.profile == "tansu" else -1
+    fut = client.create_topics([NewTopic(name, partitions, rf, config=topic_config(settings, compacted=compacted))],
+                               request_timeout=settings.admin_timeout)[name]
+    try:
+        fut.result(timeout=settings.admin_timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TopicError(f"cannot create topic {name!r}: {exc.args[0].str()}") from None
+    wait_for_topics(settings, [name], admin=client)
+
+
 def wait_for_topics(
     settings: Settings,
     names: Iterable[str],
@@ -133,16 +155,16 @@ def wait_for_topics(
         time.sleep(0.05)
 
 
-def delete_topics(settings: Settings, names: Iterable[str]) -> None:
-    """Delete full topic names (missing ones are fine): test cleanup and `topics delete`."""
+def delete_topics(settings: Settings, names: Iterable[str], *, admin: Any = None) -> None:
+    """Delete full topic names (missing ones are fine): superseded generations, test cleanup."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
     wanted = list(names)
     if not wanted:
         return
-    admin = AdminClient(admin_config(settings))
-    for full, fut in admin.delete_topics(wanted, request_timeout=settings.admin_timeout).items():
+    client = admin if admin is not None else AdminClient(admin_config(settings))
+    for full, fut in client.delete_topics(wanted, request_timeout=settings.admin_timeout).items():
         try:
             fut.result(timeout=settings.admin_timeout)
         except KafkaException as exc:

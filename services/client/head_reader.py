@@ -19,7 +19,9 @@ import orjson
 
 from unlearn.infra.cli_args import add_broker_args, settings_from_args
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
+from unlearn.infra.topics import prefixed_topics
 from unlearn.schemas.head_codec import CodecError, HeadUpdate, decode_head, head_to_json
 
 __all__ = ["HeadFollower", "head_main", "latest_heads", "read_heads", "wait_for_head"]
@@ -50,10 +52,14 @@ def latest_heads(records: Iterable[LogRecord]) -> dict[str, HeadUpdate]:
 
 def read_heads(settings: Settings, head_ids: Iterable[str] | None = None,
                timeout: float = 30.0) -> dict[str, HeadUpdate]:
-    """Latest update per head (all heads, or only ``head_ids``), reading ``heads`` to its end.
-    Raises ``TopicReadError`` if the topic is missing or its end is not reached in ``timeout``."""
+    """Latest update per head (all heads, or only ``head_ids``), reading every topic of the heads
+    family to its end. Raises ``TopicReadError`` if the end is not reached in ``timeout``."""
     keep = keys_in(head_ids) if head_ids is not None else None
-    records = read_topic(settings, settings.topic("heads"), keep=keep, timeout=timeout, role="head-reader")
+    records = read_topic(settings, heads_family(settings.topic_prefix), keep=keep, timeout=timeout, role="head-reader")
+    if not records and settings.topic("deltas") not in prefixed_topics(settings):
+        # No head topic is normal before the first publication; no deltas topic is a wrong prefix or broker.
+        raise TopicReadError(f"topic {settings.topic('deltas')} does not exist on {settings.bootstrap}: no "
+                             f"pipeline under prefix {settings.topic_prefix!r} (run `unlearn topics create`)")
     return latest_heads(records)
 
 
@@ -76,8 +82,8 @@ def _describe(h: HeadUpdate | None) -> str:
 
 
 class HeadFollower:
-    """The latest update per head, kept current by a ``TopicFollower`` on ``heads`` (from the
-    beginning): one consumer for a caller that asks many times, instead of a scan per question.
+    """The latest update per head, kept current by a ``TopicFollower`` on the heads family (from
+    the beginning): one consumer for a caller that asks many times, instead of a scan per question.
     Use as a context manager, or ``start()`` / ``stop()``."""
 
     def __init__(self, settings: Settings, head_ids: Iterable[str] | None = None, *,
@@ -86,8 +92,9 @@ class HeadFollower:
         self._latest: dict[str, HeadUpdate] = {}
         self._changed = threading.Condition()
         keep = keys_in(head_ids) if head_ids is not None else None
-        self._follower = TopicFollower(settings, settings.topic("heads"), self._on_record, start_at="beginning",
-                                       role="head-follower", poll_interval=poll_interval, keep=keep)
+        self._follower = TopicFollower(settings, heads_family(settings.topic_prefix), self._on_record,
+                                       start_at="beginning", role="head-follower", poll_interval=poll_interval,
+                                       keep=keep)
 
     def start(self, timeout: float | None = None) -> HeadFollower:
         """Start following; returns once partitions are assigned (``TopicReadError`` if not in
@@ -174,7 +181,7 @@ def head_main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if h is None:
-        print(f"error: no head {args.head!r} published on {settings.topic('heads')}", file=sys.stderr)
+        print(f"error: no head {args.head!r} published on {heads_family(settings.topic_prefix)}", file=sys.stderr)
         return 1
     _print_head(h, args.json)
     return 0

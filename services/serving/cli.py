@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.services.serving.http import build_app, listen
 
 __all__ = ["serve_main"]
@@ -46,7 +47,8 @@ async def _serve(settings: Settings) -> None:
     try:
         runner, port = await listen(build_app(settings), settings.serve_host, settings.serve_port)
         try:
-            log_ready("serve", url=f"http://{settings.serve_host}:{port}", heads_topic=settings.topic("heads"))
+            log_ready("serve", url=f"http://{settings.serve_host}:{port}",
+                      heads_topics=heads_family(settings.topic_prefix).pattern)
             await stop.wait()
             log.info("stopping (%s)", got[0])
         finally:

@@ -1,7 +1,10 @@
-"""The heads follower: every record of ``<prefix>heads`` from the beginning, offered to the store.
+"""The heads follower: every head update, from the beginning, offered to the store.
 
-The topic is compacted on Kafka; tansu never compacts, so the whole history is replayed and the
-store keeps the newest update per head (``HeadUpdate.supersedes``). Reading is the shared
+Head updates live in the ``heads`` topic family (``<prefix>heads.p<P>.g<G>``, one generation
+topic per ``deltas`` partition at a time, rotated by the ledger so that what a broker without
+compaction keeps stays bounded). The follower reads every generation it finds, from the
+beginning, and the store keeps the newest update per head (``HeadUpdate.supersedes``), so the
+order in which topics are read does not matter. Reading is the shared
 :class:`~unlearn.infra.topic_reader.TopicFollower` (explicit assignment, no consumer group,
 waits for the topic and the broker, EOF-based ``caught_up``, lag from fetch responses), so the
 broker rules live in one place; this module only decodes, offers and counts.
@@ -13,6 +16,7 @@ import logging
 import threading
 
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.schemas.head_codec import CodecError, decode_head
 from unlearn.services.serving.metrics import Metrics
@@ -24,7 +28,7 @@ log = logging.getLogger("unlearn.serving")
 
 
 class HeadsFollower:
-    """Follows ``<prefix>heads`` on a daemon thread and offers every update to ``store``.
+    """Follows the heads family on a daemon thread and offers every update to ``store``.
 
     ``caught_up`` is set once every partition reached its end at least once (``/healthz``
     ``ready``); ``error`` says why it is waiting or why it stopped.
@@ -35,7 +39,7 @@ class HeadsFollower:
         self.settings = settings
         self.store = store
         self.metrics = metrics or Metrics()
-        self.topic = settings.topic("heads")
+        self.topic = heads_family(settings.topic_prefix)
         self.reader = TopicFollower(settings, self.topic, self.on_record, start_at="beginning", role="serving",
                                     poll_interval=poll_interval)
 
@@ -52,11 +56,12 @@ class HeadsFollower:
         return self.reader.error
 
     @property
-    def partitions(self) -> list[int]:
-        return self.reader.partitions
+    def partitions(self) -> list[str]:
+        """The ``topic/partition`` pairs being followed."""
+        return [f"{t}/{p}" for t, p in sorted(self.reader.partitions)]
 
-    def lag(self) -> dict[int, int]:
-        """Per-partition messages not yet read (refreshed by the reader every 0.5 s)."""
+    def lag(self) -> dict[int | str, int]:
+        """Messages not yet read per ``topic/partition`` (refreshed by the reader every 0.5 s)."""
         return self.reader.lag()
 
     def start(self) -> HeadsFollower:
@@ -76,7 +81,7 @@ class HeadsFollower:
             u = decode_head(record.value)
         except CodecError as exc:
             self.metrics.head_update("invalid")
-            log.warning("undecodable head update at %s/%d@%d: %s", self.topic, record.partition, record.offset, exc)
+            log.warning("undecodable head update at %s/%d@%d: %s", record.topic, record.partition, record.offset, exc)
             return
         result = self.store.offer(u)
         self.metrics.head_update(result)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.head_codec import HeadUpdate
 
@@ -54,9 +55,10 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
 
 def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None, partitionings: int | None = None,
                   seed: int | None = None, tolerance: float | None = None, timeout: float = 60.0) -> Certificate:
-    """Read the head's deltas and head updates from the broker and verify them. ``heads`` is read
-    first, so the deltas read always cover the live head. VerifyError when a topic cannot be read."""
-    heads = read_head_records(settings, settings.topic("heads"), head_id, timeout)
+    """Read the head's deltas and head updates from the broker and verify them. The heads family
+    is read first, so the deltas read always cover the live head. VerifyError when a topic cannot be read."""
+    heads_topics = heads_family(settings.topic_prefix)
+    heads = read_head_records(settings, heads_topics, head_id, timeout)
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
     cert = verify(deltas, updates, head_id,
@@ -64,10 +66,10 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
                   partitionings=settings.verify_partitionings if partitionings is None else partitionings,
                   seed=seed, tolerance=settings.verify_tolerance if tolerance is None else tolerance,
                   source={"kind": "broker", "bootstrap": settings.bootstrap,
-                          "deltas_topic": settings.topic("deltas"), "heads_topic": settings.topic("heads")},
+                          "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern},
                   require_live=True)
     if bad:
-        cert.warnings.append(f"{bad} undecodable messages keyed {head_id!r} on {settings.topic('heads')}")
+        cert.warnings.append(f"{bad} undecodable messages keyed {head_id!r} on {heads_topics}")
     return cert
 
 

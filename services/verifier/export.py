@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 
 from .errors import VerifyError
@@ -93,9 +94,9 @@ def read_export(path: str | Path) -> tuple[list[LogRecord], list[LogRecord]]:
 def export_deltas(settings: Settings, head_id: str, path: str | Path, *, include_heads: bool = True,
                   timeout: float = 60.0) -> dict[str, Any]:
     """Write every ``deltas`` message of ``head_id`` (key = head id, or unkeyed) and, unless
-    ``include_heads`` is False, its ``heads`` updates to ``path``. Returns a summary."""
+    ``include_heads`` is False, its head updates to ``path``. Returns a summary."""
     deltas = [r for r in read_head_records(settings, settings.topic("deltas"), head_id, timeout)
               if delta_head(r) == head_id]
-    heads = read_head_records(settings, settings.topic("heads"), head_id, timeout) if include_heads else []
+    heads = read_head_records(settings, heads_family(settings.topic_prefix), head_id, timeout) if include_heads else []
     size = write_export(path, deltas, heads)
     return {"path": str(path), "head_id": head_id, "deltas": len(deltas), "heads": len(heads), "bytes": size}

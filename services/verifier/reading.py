@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_reader import LogRecord, TopicReadError, read_topic
+from unlearn.infra.topic_reader import LogRecord, Source, TopicReadError, read_topic
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, decode_head
 
@@ -30,7 +30,7 @@ def record_value(r: LogRecord) -> bytes:
     return r.value if r.value is not None else b""
 
 
-def read_head_records(settings: Settings, topic: str, head_id: str, timeout: float = 60.0) -> list[LogRecord]:
+def read_head_records(settings: Settings, topic: Source, head_id: str, timeout: float = 60.0) -> list[LogRecord]:
     """Every message of ``topic`` keyed by ``head_id`` or unkeyed, up to each partition's end.
     Raises VerifyError (not TopicReadError) so a missing topic is "could not verify"."""
     try:

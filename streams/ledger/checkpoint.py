@@ -36,11 +36,9 @@ __all__ = [
     "StaleStateError",
     "check_recovery",
     "latest_checkpoint",
-    "parse_state_topic",
     "piece_key",
     "plan_generations",
     "safe_floor",
-    "state_topic",
 ]
 
 CHECKPOINT_KEY_PREFIX = b"checkpoint/"
@@ -88,28 +86,6 @@ class Checkpoint:
             return cls(int(doc["partition"]), int(doc["floor"]), str(doc["topic_id"]), heads)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StaleStateError(f"unreadable checkpoint record: {exc}") from None
-
-
-def state_topic(prefix: str, partition: int, generation: int) -> str:
-    """The ledger-state topic of one deltas partition and generation (one partition each).
-
-    Why generations: a broker without compaction or record deletion (the embedded one) keeps
-    every snapshot ever written. A worker therefore moves a partition's state to a new topic
-    once the current one passes ``UNLEARN_STATE_ROTATE_BYTES`` -- a full snapshot of every head,
-    then a checkpoint -- and deletes the old topic: stored state stays within about twice the
-    bound plus one full snapshot, on any broker."""
-    return f"{prefix}ledger-state.p{partition}.g{generation}"
-
-
-def parse_state_topic(prefix: str, name: str) -> tuple[int, int] | None:
-    """(partition, generation) of a ledger-state topic name, else None."""
-    head = f"{prefix}ledger-state.p"
-    if not name.startswith(head):
-        return None
-    part, sep, gen = name[len(head):].partition(".g")
-    if not (sep and part.isdigit() and gen.isdigit()):
-        return None
-    return int(part), int(gen)
 
 
 def plan_generations(found: Mapping[int, bool]) -> tuple[int | None, list[int], int]:

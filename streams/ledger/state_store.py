@@ -5,20 +5,30 @@ partition P: snapshot pieces (see snapshot.py) and checkpoint records (checkpoin
 on any host rebuilds a partition from here, so a worker has no local state to lose or to get
 wrong. Recovery reads only what the latest checkpoint names: it scans the topic backwards from
 its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
-the state, not the age of the log. Generations bound what is stored on a broker that never
-compacts (checkpoint.state_topic says how).
+the state, not the age of the log.
+
+Generations (``infra.topic_family``) bound what is stored on a broker that never compacts: once
+a partition's ledger-state topic passes ``UNLEARN_STATE_ROTATE_BYTES``, the worker writes a full
+snapshot and a checkpoint into generation G+1, then deletes G. Its head updates
+(``<prefix>heads.p<P>.g<H>``) rotate the same way on their own counter: every head of the
+partition is republished into H+1 (same versions, same digests), then H is deleted; recovery,
+which republishes every restored head anyway, always starts a new heads generation. Stored state
+and head history therefore stay within about twice the bound per partition, plus one snapshot.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family, state_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.ledger import ExactLedger
 
 from .checkpoint import (
@@ -27,10 +37,8 @@ from .checkpoint import (
     StaleStateError,
     checkpoint_key,
     latest_checkpoint,
-    parse_state_topic,
     piece_key,
     plan_generations,
-    state_topic,
 )
 from .snapshot import HeadMeta, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
 
@@ -54,8 +62,13 @@ class ChangelogStore:
         from confluent_kafka import Producer
 
         self.settings = settings
+        self.state = state_family(settings.topic_prefix)
+        self.heads = heads_family(settings.topic_prefix)
         self.generation: dict[int, int] = {}  # deltas partition -> generation being written
-        self.written: dict[int, int] = {}  # deltas partition -> bytes written to that generation
+        self.written: dict[int, int] = {}  # deltas partition -> state bytes written to that generation
+        self.heads_generation: dict[int, int] = {}  # deltas partition -> heads generation being written
+        self.heads_written: dict[int, int] = {}  # deltas partition -> bytes written to that heads generation
+        self.retiring: list[tuple[float, list[str]]] = []  # (monotonic time due, superseded heads topics)
         self._created: set[str] = set()
         self._admin_client: Any = None
         self._pieces_read = 0
@@ -68,7 +81,16 @@ class ChangelogStore:
         self.producer.flush(self.settings.admin_timeout)
 
     def topic(self, partition: int) -> str:
-        return state_topic(self.settings.topic_prefix, partition, self.generation.get(partition, 0))
+        return self.state.topic(partition, self.generation.get(partition, 0))
+
+    def heads_topic(self, partition: int) -> str:
+        """Where the partition's head updates go now (created on first use)."""
+        topic = self.heads.topic(partition, self.heads_generation.get(partition, 0))
+        self._ensure_topic(topic)
+        return topic
+
+    def count_head_bytes(self, partition: int, size: int) -> None:
+        self.heads_written[partition] = self.heads_written.get(partition, 0) + size
 
     # ---------------------------------------------------------------- generations
     def _admin(self) -> Any:
@@ -84,44 +106,33 @@ class ChangelogStore:
     def _ensure_topic(self, name: str) -> None:
         if name in self._created:
             return
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka.admin import NewTopic
-
-        from unlearn.infra.profiles import topic_config
-        from unlearn.infra.topics import wait_for_topics
-
-        admin = self._admin()
-        rf = 1 if self.settings.profile == "tansu" else -1
-        fut = admin.create_topics([NewTopic(name, 1, rf, config=topic_config(self.settings, compacted=True))],
-                                  request_timeout=self.settings.admin_timeout)[name]
         try:
-            fut.result(timeout=self.settings.admin_timeout)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise StateStoreError(f"cannot create {name}: {exc}") from None
-        wait_for_topics(self.settings, [name], admin=admin)
+            ensure_topic(self.settings, name, compacted=True, admin=self._admin())
+        except TopicError as exc:
+            raise StateStoreError(str(exc)) from None
         self._created.add(name)
 
     def _delete_topics(self, names: list[str]) -> None:
-        if not names:
-            return
-        admin = self._admin()
-        for name, fut in admin.delete_topics(names, request_timeout=self.settings.admin_timeout).items():
-            try:
-                fut.result(timeout=self.settings.admin_timeout)
-            except Exception as exc:  # already gone: fine; else it is only space, say so
-                log.warning("could not delete superseded ledger state %s: %s", name, exc)
-            self._created.discard(name)
+        try:
+            delete_topics(self.settings, names, admin=self._admin())
+        except TopicError as exc:  # only space: say so, go on (the next rotation retries nothing)
+            log.warning("could not delete superseded topics %s: %s", names, exc)
+        self._created.difference_update(names)
+
+    def _topics(self) -> list[str]:
+        """Every topic on the broker (whole-cluster metadata: naming a topic would auto-create
+        it on the embedded broker)."""
+        return list(self._admin().list_topics(timeout=self.settings.admin_timeout).topics)
 
     def generations(self, partition: int) -> list[int]:
-        """Generations of ``partition``'s ledger-state that exist on the broker (whole-cluster
-        metadata: naming a topic would auto-create it on the embedded broker)."""
-        md = self._admin().list_topics(timeout=self.settings.admin_timeout)
-        found = (parse_state_topic(self.settings.topic_prefix, t) for t in md.topics)
-        return sorted(g for pg in found if pg is not None and pg[0] == partition for g in [pg[1]])
+        """Generations of ``partition``'s ledger-state that exist on the broker."""
+        return self.state.generations(self._topics(), partition)
 
     def needs_rotation(self, partition: int) -> bool:
         return self.written.get(partition, 0) >= self.settings.state_rotate_bytes
+
+    def needs_heads_rotation(self, partition: int) -> bool:
+        return self.heads_written.get(partition, 0) >= self.settings.state_rotate_bytes
 
     def begin_generation(self, partition: int) -> int:
         """Switch writes of ``partition`` to a new, empty generation; returns the old one. The
@@ -133,7 +144,33 @@ class ChangelogStore:
 
     def end_generation(self, partition: int, old: int) -> None:
         """The new generation holds a checkpoint: the old one is superseded."""
-        self._delete_topics([state_topic(self.settings.topic_prefix, partition, old)])
+        self._delete_topics([self.state.topic(partition, old)])
+
+    def begin_heads_generation(self, partition: int, fresh: bool = False) -> list[str]:
+        """Switch the partition's head updates to a new heads topic; returns the topics it
+        supersedes, to delete (``end_heads_generation``) once every head has been republished
+        into the new one. ``fresh`` (recovery): supersede whatever generations exist."""
+        current = self.heads_generation.get(partition, 0)
+        old = self.heads.generations(self._topics(), partition) if fresh else [current]
+        self.heads_generation[partition] = max([current, *old]) + 1
+        self.heads_written[partition] = 0
+        return [self.heads.topic(partition, g) for g in old]
+
+    def end_heads_generation(self, superseded: list[str]) -> None:
+        """Every head is in the new generation: delete the superseded topics once readers have had
+        ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them (infra.topic_reader.source_partitions
+        says why a reader must not be on a topic when it is deleted)."""
+        if superseded:
+            self.retiring.append((time.monotonic() + self.settings.heads_retire_seconds, superseded))
+
+    def retire_due(self) -> None:
+        """Delete the superseded heads topics whose grace period is over (cheap when none is)."""
+        if not self.retiring or self.retiring[0][0] > time.monotonic():
+            return
+        now = time.monotonic()
+        due = [t for at, names in self.retiring if at <= now for t in names]
+        self.retiring = [(at, names) for at, names in self.retiring if at > now]
+        self._delete_topics(due)
 
     # ---------------------------------------------------------------- writing
     def _produce_all(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
@@ -196,20 +233,19 @@ class ChangelogStore:
             found: dict[int, Checkpoint | None] = {}
             existing = self.generations(partition)
             for gen in reversed(existing):
-                found[gen] = self._find_checkpoint(c, state_topic(self.settings.topic_prefix, partition, gen),
-                                                   partition)
+                found[gen] = self._find_checkpoint(c, self.state.topic(partition, gen), partition)
                 if found[gen] is not None:
                     break  # older generations are superseded; no need to read them
             older = [g for g in existing if g not in found]
             use, delete, next_gen = plan_generations({**{g: cp is not None for g, cp in found.items()},
                                                       **dict.fromkeys(older, False)})
-            self._delete_topics([state_topic(self.settings.topic_prefix, partition, g) for g in delete])
+            self._delete_topics([self.state.topic(partition, g) for g in delete])
             self.generation[partition] = next_gen
             self.written[partition] = 0
             cp = found.get(use) if use is not None else None
             heads: dict[str, tuple[HeadMeta, ExactLedger]] = {}
             if cp is not None and use is not None:
-                topic = state_topic(self.settings.topic_prefix, partition, use)
+                topic = self.state.topic(partition, use)
                 self._created.add(topic)
                 for head_id, ptr in cp.heads.items():
                     heads[head_id] = self._read_head(c, topic, head_id, ptr)

@@ -76,7 +76,6 @@ class LedgerWorker:
         self.settings = settings
         self.worker_id = worker_id
         self.deltas_topic = settings.topic("deltas")
-        self.heads_topic = settings.topic("heads")
         self.receipts_topic = settings.topic("receipts")
         self.deadletter_topic = settings.topic("deadletter")
         self.group = f"{settings.topic_prefix}ledger"
@@ -113,6 +112,7 @@ class LedgerWorker:
                 self._raise_if_delivery_failed()
                 self._timed_resets()
                 self._checkpoint_due()
+                self.store.retire_due()
             self._checkpoint_all()
         finally:
             self._close()
@@ -191,6 +191,7 @@ class LedgerWorker:
                                         cp.floor if cp is not None else 0)
         floor = check_recovery(cp, self.topic_id, log_start, log_end)
         ps = PartitionState(partition, floor)
+        superseded = self.store.begin_heads_generation(partition, fresh=True)
         for head_id, (meta, ledger) in heads.items():
             head = HeadRuntime.from_snapshot(meta, ledger, self._head_config(head_id))
             ps.heads[head_id] = head
@@ -200,6 +201,10 @@ class LedgerWorker:
             if head.mode == "fast":
                 head.reset("restored")
             self.publish_head(head, "exact")
+        # The republished heads went to a new heads generation: the older ones hold nothing a
+        # reader still needs once those are durable (infra.topic_family).
+        self._flush_outputs("recovery")
+        self.store.end_heads_generation(superseded)
         if cp is not None:
             ps.pointers = dict(cp.heads)
         log.info("deltas partition %d: %d heads restored, resuming at offset %d", partition, len(ps.heads), floor)
@@ -286,6 +291,7 @@ class LedgerWorker:
         """Produce the head's update; False if it cannot fit in a message even without the
         posterior. Then the state stays exact and a dead letter says why: a head too large to
         publish must not stop the worker (and every head on its partition) in a crash loop."""
+        part = self.head_partition[head.head_id]
         update = self.head_update(head, mode)
         value = encode_head(update)
         limit = self.settings.max_message_bytes
@@ -296,10 +302,12 @@ class LedgerWorker:
         if len(value) > limit:
             detail = (f"head {head.head_id!r} version {head.version} (d={head.ledger.dim}, c={head.ledger.n_outputs}) "
                       f"encodes to {len(value)} bytes, over UNLEARN_MAX_MESSAGE_BYTES={limit}: not published")
-            self._deadletter(DeadLetter(b"", "head_too_large", detail, STAGE, self.heads_topic, None, None,
-                                        head.head_id.encode(), None, time.time()))
+            self._deadletter(DeadLetter(b"", "head_too_large", detail, STAGE, self.store.heads_topic(part), None,
+                                        None, head.head_id.encode(), None, time.time()))
             return False
-        self._produce(self.heads_topic, head.head_id.encode(), value)
+        key = head.head_id.encode()
+        self._produce(self.store.heads_topic(part), key, value)
+        self.store.count_head_bytes(part, len(key) + len(value))
         return True
 
     def _publish(self, head: HeadRuntime, outcome: ApplyOutcome, raw: bytes, part: int, offset: int,
@@ -350,9 +358,9 @@ class LedgerWorker:
     def checkpoint(self, part: int) -> None:
         """Make ``part``'s processed messages durable: outputs, snapshots, then the checkpoint."""
         ps = self.partitions[part]
-        if self.producer.flush(self.settings.admin_timeout):
-            raise LedgerWorkerError("outputs not delivered within the admin timeout; not checkpointing")
-        self._raise_if_delivery_failed()
+        self._flush_outputs("checkpoint")
+        if self.store.needs_heads_rotation(part):
+            self._rotate_heads(ps)
         rotating = self.store.needs_rotation(part)
         old_generation = self.store.begin_generation(part) if rotating else None
         for head_id, head in sorted(ps.heads.items()):
@@ -372,6 +380,21 @@ class LedgerWorker:
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
+
+    def _flush_outputs(self, why: str) -> None:
+        if self.producer.flush(self.settings.admin_timeout):
+            raise LedgerWorkerError(f"outputs not delivered within the admin timeout; stopping before the {why}")
+        self._raise_if_delivery_failed()
+
+    def _rotate_heads(self, ps: PartitionState) -> None:
+        """Move the partition's head updates to a new heads topic: every head's current update
+        (same version, same digest as last published) first, then the old topic goes."""
+        superseded = self.store.begin_heads_generation(ps.partition)
+        for _, head in sorted(ps.heads.items()):
+            self.publish_head(head)
+        self._flush_outputs("heads rotation")
+        self.store.end_heads_generation(superseded)
+        log.info("deltas partition %d: head updates moved to %s", ps.partition, self.store.heads_topic(ps.partition))
 
     def _commit_floor(self, part: int, floor: int) -> None:
         from confluent_kafka import KafkaException, TopicPartition

@@ -386,7 +386,7 @@ def test_topics_main_creates_and_lists(settings: Settings, capsys: pytest.Captur
         argv = ["--bootstrap", settings.bootstrap, "--prefix", prefix, "--profile", settings.profile]
         assert topics_main(["create", *argv, "--partitions", "2"]) == 0
         out = capsys.readouterr().out
-        assert f"{prefix}heads\tpartitions=2 compact" in out and f"{prefix}requests\tpartitions=2" in out
+        assert f"{prefix}featurizer-cache\tpartitions=2 compact" in out and f"{prefix}requests\tpartitions=2" in out
         assert topics_main(["list", *argv]) == 0
         assert capsys.readouterr().out.count("partitions=2") == len(TOPICS)
     finally:

@@ -12,6 +12,8 @@ from confluent_kafka import Producer
 
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
+from unlearn.infra.topics import ensure_topic
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 
 
@@ -21,10 +23,17 @@ def update(head: str, version: int, mode: str, n: int = 3) -> HeadUpdate:
                       1700000000.0, np.full((2, 3), float(version)))
 
 
+def heads_topic(settings: Settings) -> str:
+    """A topic of the heads family, as the ledger of deltas partition 0 writes."""
+    topic = heads_family(settings.topic_prefix).topic(0, 0)
+    ensure_topic(settings, topic)
+    return topic
+
+
 def publish(settings: Settings, *updates: HeadUpdate) -> None:
     p = Producer(producer_config(settings))
     for u in updates:
-        p.produce(settings.topic("heads"), key=u.head_id.encode(), value=encode_head(u))
+        p.produce(heads_topic(settings), key=u.head_id.encode(), value=encode_head(u))
     assert p.flush(10) == 0
 
 
@@ -36,8 +45,8 @@ def test_read_heads_keeps_the_newest_update_per_head(settings: Settings) -> None
     publish(settings, update("a", 2, "fast"), update("a", 1, "exact"), update("a", 2, "exact"),
             update("a", 2, "fast"), update("b", 1, "fast"))
     p = Producer(producer_config(settings))
-    p.produce(settings.topic("heads"), key=b"a", value=b"not a head")  # skipped, not fatal
-    p.produce(settings.topic("heads"), key=b"a", value=None)  # a tombstone: skipped
+    p.produce(heads_topic(settings), key=b"a", value=b"not a head")  # skipped, not fatal
+    p.produce(heads_topic(settings), key=b"a", value=None)  # a tombstone: skipped
     assert p.flush(10) == 0
     latest = read_heads(settings)
     assert sorted(latest) == ["a", "b"]

@@ -49,11 +49,12 @@ def features(seed: int, n: int = 1) -> np.ndarray:
 
 
 def head_digest_at(settings: Settings, head: str, version: int) -> str:
-    """The digest the head published at ``version`` (read straight off ``heads``)."""
+    """The digest the head published at ``version`` (read straight off the heads family)."""
+    from unlearn.infra.topic_family import heads_family
     from unlearn.infra.topic_reader import keys_in, read_topic
     from unlearn.schemas.head_codec import decode_head
 
-    for r in read_topic(settings, settings.topic("heads"), keep=keys_in([head]), timeout=30):
+    for r in read_topic(settings, heads_family(settings.topic_prefix), keep=keys_in([head]), timeout=30):
         assert r.value is not None
         h = decode_head(r.value)
         if h.version == version:

@@ -69,18 +69,22 @@ class Publisher:
         from confluent_kafka import Producer
 
         from unlearn.infra.profiles import producer_config
+        from unlearn.infra.topic_family import heads_family
+        from unlearn.infra.topics import ensure_topic
 
         self.settings = settings
         self.producer = Producer(producer_config(settings, **{"linger.ms": 0}))
+        self.topic = heads_family(settings.topic_prefix).topic(0, 0)  # as the ledger of deltas partition 0
+        ensure_topic(settings, self.topic)
 
     def __call__(self, *updates: HeadUpdate) -> None:
         for u in updates:
-            self.producer.produce(self.settings.topic("heads"), key=u.head_id.encode(), value=encode_head(u))
+            self.producer.produce(self.topic, key=u.head_id.encode(), value=encode_head(u))
         assert self.producer.flush(30) == 0
 
     def raw(self, key: bytes, value: bytes | None) -> None:
         """A record that is not a head update (garbage, a tombstone)."""
-        self.producer.produce(self.settings.topic("heads"), key=key, value=value)
+        self.producer.produce(self.topic, key=key, value=value)
         assert self.producer.flush(30) == 0
 
 

@@ -8,7 +8,9 @@ import uuid
 
 from tests.services.serving.support import Publisher, make_head, metric_samples, sample
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import TopicFollower
+from unlearn.infra.topics import delete_topics, prefixed_topics
 from unlearn.services.serving.follower import HeadsFollower
 from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.store import HeadStore
@@ -23,7 +25,7 @@ def test_follower_replays_offers_and_counts(settings: Settings, publish: Publish
     metrics = Metrics()
     metrics.watch(store, None)
     f = HeadsFollower(settings, store, metrics)
-    assert isinstance(f.reader, TopicFollower) and f.topic == settings.topic("heads")
+    assert isinstance(f.reader, TopicFollower) and f.topic == heads_family(settings.topic_prefix)
     try:
         f.start()
         assert f.caught_up.wait(20), f.error
@@ -45,16 +47,22 @@ def test_follower_replays_offers_and_counts(settings: Settings, publish: Publish
     assert not f.running
 
 
-def test_follower_waits_for_a_missing_topic(settings: Settings) -> None:
-    missing = settings.with_(topic_prefix=f"t.missing.{uuid.uuid4().hex[:8]}.")
-    f = HeadsFollower(missing, HeadStore(), poll_interval=0.05)
+def test_follower_starts_before_any_head_exists_and_finds_the_first_one(settings: Settings) -> None:
+    """Serving may start before the ledger published anything: nothing to catch up with (ready,
+    no error), and the first heads topic is found by relisting, read from its beginning."""
+    empty = settings.with_(topic_prefix=f"t.empty.{uuid.uuid4().hex[:8]}.")
+    store = HeadStore()
+    f = HeadsFollower(empty, store, poll_interval=0.05)
     try:
         f.start()
+        assert f.caught_up.wait(15) and f.error is None and f.partitions == []
+        Publisher(empty)(make_head(1, "exact", 1))
         deadline = time.monotonic() + 15
-        while f.error is None:
-            assert time.monotonic() < deadline, "no error while waiting for the topic"
+        while store.get("h") is None:
+            assert time.monotonic() < deadline, f"the first head was never found: {f.error}"
             time.sleep(0.05)
-        assert f.running and not f.caught_up.is_set() and "does not exist" in f.error
+        assert f.running and f.partitions == [f"{heads_family(empty.topic_prefix).topic(0, 0)}/0"]
     finally:
         f.stop()
+        delete_topics(empty, heads_family(empty.topic_prefix).select(prefixed_topics(empty)))
     assert not f.running

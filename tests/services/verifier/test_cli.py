@@ -13,7 +13,9 @@ import pytest
 
 from tests.services.verifier.support import anomalous_stream, records_of, simulate
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
+from unlearn.infra.topics import ensure_topic
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.services.cli import COMMANDS
 from unlearn.services.verifier import export_deltas_main, verify_head, verify_main, write_export
@@ -110,8 +112,10 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     W = np.array(live.weights) * 1.0001
     forged = HeadUpdate("h", live.version + 1, "exact", live.digest, live.n_retained, live.events_covered,
                         live.offsets, 0.0, live.gamma, time.time(), W, None)
+    forged_topic = heads_family(s.topic_prefix).topic(7, 0)  # any topic of the family is read
+    ensure_topic(s, forged_topic)
     p = Producer(producer_config(s))
-    p.produce(s.topic("heads"), key=b"h", value=encode_head(forged))
+    p.produce(forged_topic, key=b"h", value=encode_head(forged))
     assert p.flush(30) == 0
     assert verify_main([*common, "--head", "h", "--seed", "3"]) == 1
     text = capsys.readouterr().out

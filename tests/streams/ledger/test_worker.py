@@ -14,9 +14,12 @@ from confluent_kafka import Producer
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family
+from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.schemas.head_codec import decode_head
 from unlearn.services.client.head_reader import read_heads, wait_for_head
 
 pytestmark = pytest.mark.broker
@@ -211,11 +214,9 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
         assert_final_heads_exact(s, stream)
     finally:
         worker.stop()
-    from unlearn.infra.topic_reader import read_topic
-    from unlearn.schemas.head_codec import decode_head
 
     digests: dict[tuple[str, int], set[str]] = {}
-    for r in read_topic(s, s.topic("heads")):
+    for r in read_topic(s, heads_family(s.topic_prefix)):
         u = decode_head(r.value or b"")
         digests.setdefault((u.head_id, u.version), set()).add(u.digest)
     assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests"
@@ -226,7 +227,8 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
 def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Path) -> None:
     """With a small rotation bound the state moves to new generations (old ones deleted) while
     kills happen; at most one generation per partition remains, and every head ends exact."""
-    s = worker_settings(settings, tmp_path).with_(changelog_max_bytes=64_000, state_rotate_bytes=64_000)
+    s = worker_settings(settings, tmp_path).with_(changelog_max_bytes=64_000, state_rotate_bytes=64_000,
+                                                  heads_retire_seconds=3.0)
     stream = Stream([f"g{i}" for i in range(4)], d=40, seed=9)  # ~40 KB of state per head
     rng = np.random.default_rng(10)
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
@@ -238,6 +240,7 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
             worker.start()
         produce(s, [stream.next_message() for _ in range(20)])
         assert_final_heads_exact(s, stream, timeout=120)
+        time.sleep(s.heads_retire_seconds + 1.5)  # superseded heads topics go after their grace period
     finally:
         assert worker.stop() == 0
     state = [t for t in prefixed_topics(s) if ".ledger-state." in t]
@@ -246,14 +249,26 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
         per_partition.setdefault(t.split(".ledger-state.")[1].split(".")[0], []).append(t)
     assert all(len(v) == 1 for v in per_partition.values()), state
     assert any(not t.endswith(".g0") for t in state), f"no rotation happened: {state}"
-    assert "moved to generation" in worker.log_path.read_text()
+    log = worker.log_path.read_text()
+    assert "moved to generation" in log
+    # Head updates rotate too (here far more often: every update carries a 40x40 posterior).
+    assert "head updates moved to" in log
+    family = heads_family(s.topic_prefix)
+    heads_topics = family.select(prefixed_topics(s))
+    assert len({family.parse(t)[0] for t in heads_topics}) == len(heads_topics), f"one per partition: {heads_topics}"
+    digests: dict[tuple[str, int], set[str]] = {}
+    for r in read_topic(s, family):
+        u = decode_head(r.value or b"")
+        digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+    assert all(len(d) == 1 for d in digests.values()), "a republished update named another digest"
+    for h in stream.heads:  # what is left still holds every head, at its final version
+        assert max(v for (head, v) in digests if head == h) == stream.n_msgs[h]
 
 
 def test_a_head_too_large_to_publish_is_dead_lettered_not_a_crash_loop(settings: Settings, tmp_path: Path) -> None:
     """One add that makes a head too large for a message (d=400, class 399: W alone is 1.28 MB)
     must not stop the worker: the head stays exact in the ledger, a dead letter says why, and
     other heads on the same partitions keep being published."""
-    from unlearn.infra.topic_reader import read_topic
     from unlearn.schemas.deadletter import decode_deadletter
 
     s = worker_settings(settings, tmp_path).with_(max_message_bytes=1_000_000)
