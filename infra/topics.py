@@ -34,8 +34,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOPICS: tuple[str, ...] = ("requests", "deltas", "receipts", "deadletter", "featurizer-cache")
-"""Logical topic names; the full name is ``settings.topic(name)`` (prefix + name)."""
+TOPICS: tuple[str, ...] = ("requests", "requests.by-head", "deltas", "receipts", "deadletter", "featurizer-cache")
+"""Logical topic names; the full name is ``settings.topic(name)`` (prefix + name). ``requests.by-head``
+is the featurizer's internal repartition topic (``streams/featurizer/router.py``)."""
 
 COMPACTED: frozenset[str] = frozenset({"featurizer-cache"})
 """Logical topics created with cleanup.policy=compact."""

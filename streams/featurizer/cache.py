@@ -5,7 +5,8 @@ bit-reproducible), so every accepted add's q is cached, keyed by (head, sample),
 index for ``delete_subject``; the entry is erased when the delete is emitted. Section 4: the cache,
 not Kafka, is the source of truth about what was applied.
 
-One file per ``requests`` partition (``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). The file
+One file per partition of the featurizer's input, the by-head topic
+(``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). The file
 is the local copy: the ``featurizer-cache`` changelog topic (``changelog.py``) lets a featurizer on
 another host rebuild it. Each file holds:
 
@@ -17,8 +18,11 @@ another host rebuild it. Each file holds:
   ``featurizer-cache`` changelog, with their partition and delivery phase) written in the same
   transaction as the cache mutations, deleted once the broker acknowledged them;
 - ``lineage``: this cache's lineage id and changelog generation (``changelog.resume_plan``);
-- ``progress``: the last ``requests`` offset whose outcome is in this file;
-- ``meta``: schema version and identity (topic, partition, client) checked on open.
+- ``progress``: the last input offset whose outcome is in this file;
+- ``origins``: per requests partition, the last origin offset judged (drops the router's
+  re-forwarded copies: ``core.admit_routed``);
+- ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
+  and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 
 WAL journal, ``synchronous=FULL``: a committed batch survives a process kill and a power loss
 (re-judging a batch after losing it could re-quantize a GPU feature to other bits than the ones
@@ -37,14 +41,14 @@ from urllib.parse import quote
 
 import numpy as np
 
-from unlearn.streams.featurizer.changelog import LocalPosition
+from unlearn.streams.featurizer.changelog import LocalPosition, Position
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
 
 __all__ = ["CACHE_SCHEMA_VERSION", "CacheError", "FeatureCache", "OutboxRow", "cache_path"]
 
-CACHE_SCHEMA_VERSION = 2
-"""2: outbox rows carry a partition and a delivery phase; the ``lineage`` table (version 1 files
-are upgraded in place on open)."""
+CACHE_SCHEMA_VERSION = 3
+"""2: outbox rows carry a partition and a delivery phase; the ``lineage`` table. 3: the ``origins``
+table. Older files are upgraded in place on open."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -90,6 +94,10 @@ CREATE TABLE IF NOT EXISTS lineage (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     lineage TEXT NOT NULL,
     generation INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS origins (
+    partition INTEGER PRIMARY KEY,
+    offset INTEGER NOT NULL
 );
 """
 
@@ -155,12 +163,15 @@ class FeatureCache:
 
     def _upgrade(self) -> None:
         """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
-        (changelog tombstones); its pending rows are kept."""
+        (changelog tombstones); its pending rows are kept. 2 -> 3: the ``origins`` table (created
+        empty by the schema script)."""
         with self._tx():
             has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
             if not has_meta:
                 return
             row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None and row[0] == "2":
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
             if row is not None and row[0] == "1":
                 self._db.execute("ALTER TABLE outbox RENAME TO outbox_v1")
                 self._db.execute("CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
@@ -228,16 +239,41 @@ class FeatureCache:
         row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
         return -1 if row is None else int(row[0])
 
+    def _meta(self, key: str) -> str:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return "" if row is None else str(row[0])
+
     @property
     def topic_id(self) -> str:
-        """Id of the requests topic this cache was built from ("" if never recorded)."""
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'topic_id'").fetchone()
-        return "" if row is None else str(row[0])
+        """Id of the input (by-head) topic this cache was built from ("" if never recorded)."""
+        return self._meta("topic_id")
 
     def bind_topic_id(self, topic_id: str) -> None:
         """Record the topic incarnation this cache follows (once; a different id is an error)."""
         if topic_id and self.topic_id != topic_id:
             self._check_meta({"topic_id": topic_id})
+
+    @property
+    def origin_topic_id(self) -> str:
+        """Id of the requests topic the origin offsets belong to ("" if never recorded)."""
+        return self._meta("origin_topic_id")
+
+    @property
+    def route_partitions(self) -> int:
+        """The by-head partition count this cache's heads were routed by (0: unknown)."""
+        return int(self._meta("route_partitions") or 0)
+
+    def bind_routing(self, origin_topic_id: str, route_partitions: int) -> None:
+        """Record the requests topic incarnation and the by-head partition count the routing
+        state belongs to (once; a different value is an error: check before binding)."""
+        wanted = {"route_partitions": str(int(route_partitions))}
+        if origin_topic_id:
+            wanted["origin_topic_id"] = origin_topic_id
+        self._check_meta(wanted)
+
+    def origin_offsets(self) -> dict[int, int]:
+        """Requests partition -> the last origin offset judged from it."""
+        return {int(p): int(o) for p, o in self._db.execute("SELECT partition, offset FROM origins").fetchall()}
 
     def heads(self) -> list[HeadInfo]:
         rows = self._db.execute(
@@ -294,10 +330,11 @@ class FeatureCache:
 
     # ------------------------------------------------------------------ writes
     def commit_batch(self, mutations: CacheMutations, messages: Iterable[OutMessage], last_offset: int,
-                     generation: int | None = None) -> list[int]:
+                     generation: int | None = None, origins: Mapping[int, int] | None = None) -> list[int]:
         """ONE transaction: apply the cache mutations, append ``messages`` to the outbox, record
-        ``last_offset`` (and the changelog ``generation`` the messages carry, if any). Returns the
-        outbox sequence numbers (for :meth:`ack_outbox`)."""
+        ``last_offset``, the new last ``origins`` offsets (requests partition -> offset) and the
+        changelog ``generation`` the messages carry, if any. Returns the outbox sequence numbers
+        (for :meth:`ack_outbox`)."""
         last_offset = int(last_offset)
         self.local_position()  # the lineage row exists
         with self._tx():
@@ -323,6 +360,7 @@ class FeatureCache:
             self._db.execute(
                 "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
                 "ON CONFLICT (id) DO UPDATE SET applied_offset = excluded.applied_offset", (last_offset,))
+            self._put_origins(origins or {})
             if generation is not None:
                 self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
@@ -345,17 +383,27 @@ class FeatureCache:
             self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
 
-    def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], applied_offset: int,
-                    topic_id: str, generation: int) -> None:
-        """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents, offset,
-        topic id, generation) with a NEW lineage and an empty outbox: whatever this file held is
-        superseded (its unsent batch, if any, never reached Kafka)."""
+    def _put_origins(self, origins: Mapping[int, int]) -> None:
+        self._db.executemany(
+            "INSERT INTO origins (partition, offset) VALUES (?, ?) "
+            "ON CONFLICT (partition) DO UPDATE SET offset = excluded.offset",
+            [(int(p), int(o)) for p, o in origins.items()])
+
+    def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], position: Position) -> None:
+        """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents, and the
+        ``position``'s offset, topic id, generation and routing state) with a NEW lineage and an
+        empty outbox: whatever this file held is superseded (its unsent batch, if any, never
+        reached Kafka)."""
+        applied_offset, generation = position.applied_offset, position.generation
         with self._tx():
-            for table in ("samples", "heads", "outbox", "progress", "lineage"):
+            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins"):
                 self._db.execute(f"DELETE FROM {table}")
-            self._db.execute("DELETE FROM meta WHERE key = 'topic_id'")
-            if topic_id:
-                self._db.execute("INSERT INTO meta (key, value) VALUES ('topic_id', ?)", (topic_id,))
+            self._db.execute("DELETE FROM meta WHERE key IN ('topic_id', 'origin_topic_id', 'route_partitions')")
+            for key, value in (("topic_id", position.topic_id), ("origin_topic_id", position.origin_topic_id),
+                               ("route_partitions", str(position.route_partitions or ""))):
+                if value:
+                    self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+            self._put_origins(position.origins)
             for head in heads:
                 self._db.execute(
                     "INSERT INTO heads (head_id, backbone, input_kind, dim, label_kind, label_width, "

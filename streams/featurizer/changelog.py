@@ -1,7 +1,8 @@
 """The feature cache's changelog (the ``featurizer-cache`` topic), without I/O.
 
-Partition p of ``featurizer-cache`` holds the cache of ``requests`` partition p, so any featurizer
-on any host rebuilds a partition's cache from Kafka (docs/featurizer.md, "The cache changelog").
+Partition p of ``featurizer-cache`` holds the cache of partition p of the by-head topic (the
+featurizer's input, ``router.py``), so any featurizer on any host rebuilds a partition's cache from
+Kafka (docs/featurizer.md, "The cache changelog").
 Keys (compaction keeps the last value of each):
 
 - ``sample/<head>/<sample>`` -> :func:`encode_sample` (subject, client, add event id, label, q as
@@ -9,8 +10,10 @@ Keys (compaction keeps the last value of each):
 - ``head/<head>`` -> the head's first-add facts (JSON);
 - ``txn/<p>/<slot>/<i>`` -> piece i of the latest batch's *transaction*: its cache mutations and
   its outbox messages (deltas, dead letters, receipts), so a new owner can finish delivering it;
-- ``position/<p>`` -> :class:`Position` (JSON): applied offset, requests topic (name and id),
-  lineage, generation and the txn pieces' count and SHA-256. It is the batch's commit point;
+- ``position/<p>`` -> :class:`Position` (JSON): applied offset, input topic (name and id),
+  lineage, generation, the txn pieces' count and SHA-256, and the routing state (last origin
+  offset per requests partition, the requests topic id, the by-head partition count). It is
+  the batch's commit point;
 - ``delivered/<p>`` -> the last generation whose outbox was acknowledged (saves a re-send).
 
 Per batch the featurizer produces, in two acknowledged phases: (0) the txn pieces, then the
@@ -27,8 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -62,7 +65,8 @@ PHASE_CHANGELOG = 0
 PHASE_OUTPUT = 1
 """Outbox phase of the downstream messages and the sample/head records."""
 
-_POSITION_FORMAT = "unlearn.featurizer-position/v1"
+_POSITION_FORMAT = "unlearn.featurizer-position/v2"
+_POSITION_FORMAT_V1 = "unlearn.featurizer-position/v1"  # before routing: read, so it can be refused by name
 _SAMPLE_MAGIC = b"ULFS\x01"
 _TXN_MAGIC = b"ULFT\x01"
 _NONE = 0xFFFFFFFF
@@ -154,31 +158,48 @@ def _decode_head(head_id: str, raw: bytes) -> HeadInfo:
 @dataclass(frozen=True)
 class Position:
     """The commit record of one batch (``position/<p>``): where the cache stands, which log it
-    belongs to, which lineage wrote it, and the txn pieces that hold the batch itself."""
+    belongs to (``topic``: the by-head topic it reads, and its id), which lineage wrote it,
+    the txn pieces that hold the batch itself, and the routing state that must move with the
+    cache: the last origin offset judged per requests partition (``origins``, for
+    ``core.admit_routed``), the id of the requests topic they are offsets of, and the by-head
+    partition count the heads were routed by (0: unknown)."""
 
     partition: int
     applied_offset: int
-    requests_topic: str
+    topic: str
     topic_id: str
     lineage: str
     generation: int
     pieces: int
     sha256: str
+    origins: Mapping[int, int] = field(default_factory=dict)
+    origin_topic_id: str = ""
+    route_partitions: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps({"format": _POSITION_FORMAT, "partition": self.partition,
-                             "applied_offset": self.applied_offset, "requests_topic": self.requests_topic,
+                             "applied_offset": self.applied_offset, "topic": self.topic,
                              "topic_id": self.topic_id, "lineage": self.lineage, "generation": self.generation,
-                             "pieces": self.pieces, "sha256": self.sha256})
+                             "pieces": self.pieces, "sha256": self.sha256,
+                             "origins": {str(p): int(o) for p, o in sorted(self.origins.items())},
+                             "origin_topic_id": self.origin_topic_id, "route_partitions": self.route_partitions})
 
     @classmethod
     def decode(cls, raw: bytes) -> Position:
+        """v2, or a v1 record (written before routing: its ``topic`` is the requests topic, which
+        the featurizer then refuses by name)."""
         try:
             d = orjson.loads(raw)
+            if d.get("format") == _POSITION_FORMAT_V1:
+                return cls(int(d["partition"]), int(d["applied_offset"]), str(d["requests_topic"]),
+                           str(d["topic_id"]), str(d["lineage"]), int(d["generation"]), int(d["pieces"]),
+                           str(d["sha256"]))
             if d.get("format") != _POSITION_FORMAT:
                 raise ValueError(f"unknown position format {d.get('format')!r}")
-            return cls(int(d["partition"]), int(d["applied_offset"]), str(d["requests_topic"]), str(d["topic_id"]),
-                       str(d["lineage"]), int(d["generation"]), int(d["pieces"]), str(d["sha256"]))
+            return cls(int(d["partition"]), int(d["applied_offset"]), str(d["topic"]), str(d["topic_id"]),
+                       str(d["lineage"]), int(d["generation"]), int(d["pieces"]), str(d["sha256"]),
+                       {int(p): int(o) for p, o in d["origins"].items()}, str(d["origin_topic_id"]),
+                       int(d["route_partitions"]))
         except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ChangelogError(f"unreadable position record: {exc}") from None
 
@@ -256,8 +277,7 @@ def batch_records(partition: int, topic: str, mutations: CacheMutations, message
     txn = encode_txn(records, messages)
     step = max(1, int(piece_bytes))
     pieces = [txn[i: i + step] for i in range(0, len(txn), step)] or [b""]
-    pos = Position(partition, position.applied_offset, position.requests_topic, position.topic_id,
-                   position.lineage, position.generation, len(pieces), hashlib.sha256(txn).hexdigest())
+    pos = replace(position, partition=partition, pieces=len(pieces), sha256=hashlib.sha256(txn).hexdigest())
     slot = pos.generation % 2
     out = [OutMessage(topic, txn_key(partition, slot, i), piece, partition, PHASE_CHANGELOG)
            for i, piece in enumerate(pieces)]

@@ -1,15 +1,18 @@
 """The featurizer's decisions, without I/O: one micro-batch of requests in, deltas out.
 
-``featurize_batch`` takes the raw ``requests`` messages of ONE partition (ascending offsets), a
-read-only view of that partition's feature cache and an encoder (the frozen backbones), and
-returns a :class:`BatchOutcome`:
+``featurize_batch`` takes the records of ONE partition of the by-head topic (ascending
+offsets; each carries a request and the place in ``requests`` it was routed from), a read-only view
+of that partition's feature cache, the last origin offset judged per requests partition, and an
+encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
 
 - one exact :class:`~schemas.delta_codec.Delta` per head touched (entries: adds with class
   labels, adds with vector labels, deletes with class labels, deletes with vector labels;
   ROWS, or PACKED ledgers in federated mode),
 - dead letters (with reason codes, see :data:`FEATURIZER_REASONS`) and rejected receipts for
   deletes the featurizer refuses,
-- the cache mutations (net effect of the batch) and the last input offset covered.
+- the cache mutations (net effect of the batch), the last input offset covered and the new last
+  origin offsets (re-forwarded copies of records already judged are dropped first:
+  :func:`admit_routed`).
 
 Nothing here touches Kafka or sqlite; ``streams/featurizer/service.py`` applies the outcome
 through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
@@ -17,7 +20,7 @@ are judged sequentially against an in-memory overlay of the cache, so "add x, de
 batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
 the rows by (sign, label kind) gives the same ledger as the event order.
 
-The steps, each a function of its own: :func:`check_batch`, :func:`parse_batch`,
+The steps, each a function of its own: :func:`check_batch`, :func:`admit_routed`, :func:`parse_batch`,
 :func:`encode_adds` (:func:`route_adds`, :func:`encode_group`), :func:`judge_batch`
 (:func:`judge_add`, :func:`judge_delete`, :func:`judge_delete_subject`, :func:`refusal`) and
 :func:`assemble_deltas`. How a feature vector or label becomes integers, which backbone an
@@ -71,6 +74,7 @@ from .model import (
     Encoder,
     HeadInfo,
     InMessage,
+    Origin,
     OutMessage,
     RegistryEncoder,
 )
@@ -79,6 +83,7 @@ __all__ = [
     "DEFAULT_BACKBONES",
     "FEATURIZER_REASONS",
     "STAGE",
+    "Admitted",
     "BatchOutcome",
     "CacheMutations",
     "CacheView",
@@ -90,10 +95,12 @@ __all__ = [
     "HeadRows",
     "InMessage",
     "Judgement",
+    "Origin",
     "OutMessage",
     "Overlay",
     "RegistryEncoder",
     "Rejected",
+    "admit_routed",
     "assemble_deltas",
     "check_batch",
     "encode_adds",
@@ -124,11 +131,16 @@ def refusal(m: InMessage, r: Request | None, reason: str, detail: str, config: C
             raw_ids: Mapping[str, Any] | None = None) -> tuple[DeadLetter, Receipt | None]:
     """The dead letter of a refused message, plus a rejected receipt when it names a delete: the
     client that asked waits for one. ``raw_ids`` are the ids :func:`salvage_delete_ids` found in
-    an invalid request (``r`` is None then)."""
+    an invalid request (``r`` is None then). The dead letter names the request's place in
+    ``requests`` (where its producer put it), not the by-head copy the featurizer read."""
+    if m.origin is not None:
+        topic, partition, offset = config.requests_topic, m.origin.partition, m.origin.offset
+    else:
+        topic, partition, offset = config.input_topic, m.partition, m.offset
     dl = DeadLetter(
         original=bytes(m.value) if m.value is not None else b"",
-        reason=reason, detail=detail, stage=STAGE, topic=config.requests_topic,
-        partition=m.partition, offset=m.offset, key=m.key,
+        reason=reason, detail=detail, stage=STAGE, topic=topic,
+        partition=partition, offset=offset, key=m.key,
         event_id=r.event_id if r is not None else (raw_ids or {}).get("event_id"), ts=ts,
     )
     ids: Mapping[str, Any] | None = raw_ids if r is None else {
@@ -234,6 +246,46 @@ def check_batch(messages: Sequence[InMessage]) -> int:
             raise ValueError(f"offsets must ascend: {m.offset} after {prev}")
         prev = m.offset
     return partition
+
+
+@dataclass
+class Admitted:
+    """What :func:`admit_routed` lets through: the records to judge, the new last origin offset
+    of each requests partition they came from, and how many were dropped as re-forwarded copies
+    (``reforwarded``) or as arriving after a predecessor that never did (``gaps``)."""
+
+    messages: list[InMessage]
+    origin_offsets: dict[int, int] = field(default_factory=dict)
+    reforwarded: int = 0
+    gaps: int = 0
+
+
+def admit_routed(messages: Sequence[InMessage], origins: Mapping[int, int]) -> Admitted:
+    """Drop the router's re-forwarded copies, exactly. ``origins`` is the last origin offset
+    judged per requests partition (durable with the cache).
+
+    The router forwards each requests partition in offset order and commits after delivery, so
+    a copy always carries an origin offset at or below the last one judged from its partition:
+    it is dropped (``reforwarded``). A record whose ``previous`` (the record its router session
+    forwarded before it to this partition) is beyond the last one judged arrives after a
+    delivery that failed: its session died before committing, so the next session forwards it
+    again after the missing one; it is dropped now (``gaps``). A record with no origin (nobody
+    routed it) is its own origin and always judged."""
+    last = dict(origins)
+    out = Admitted([])
+    for m in messages:
+        o: Origin | None = m.origin
+        if o is not None:
+            seen = last.get(o.partition, -1)
+            if o.offset <= seen:
+                out.reforwarded += 1
+                continue
+            if o.previous is not None and o.previous > seen:
+                out.gaps += 1
+                continue
+            last[o.partition] = out.origin_offsets[o.partition] = o.offset
+        out.messages.append(m)
+    return out
 
 
 def parse_batch(messages: Sequence[InMessage]) -> list[Request | InvalidRequest]:
@@ -501,21 +553,31 @@ def featurize_batch(
     encoder: Encoder | None = None,
     *,
     now: float | None = None,
+    origins: Mapping[int, int] | None = None,
 ) -> BatchOutcome:
-    """Judge one micro-batch of ONE requests partition against ``cache`` (read only).
+    """Judge one micro-batch of ONE by-head partition against ``cache`` (read only);
+    ``origins``: the last origin offset judged per requests partition (the cache's).
 
-    Returns the deltas, dead letters, rejected receipts and cache mutations; raises only for
-    programming errors (messages of several partitions, offsets not ascending) or a backbone
-    failure that hits every input of its group (a systemic failure: the worker should stop and
-    be restarted rather than dead-letter everything). Steps: :func:`check_batch`,
-    :func:`parse_batch`, :func:`encode_adds`, :func:`judge_batch`, :func:`assemble_deltas`."""
+    Returns the deltas, dead letters, rejected receipts, cache mutations and new origin offsets;
+    raises only for programming errors (messages of several partitions, offsets not ascending)
+    or a backbone failure that hits every input of its group (a systemic failure: the worker
+    should stop and be restarted rather than dead-letter everything). Steps:
+    :func:`check_batch`, :func:`admit_routed`, :func:`parse_batch`, :func:`encode_adds`,
+    :func:`judge_batch`, :func:`assemble_deltas`. A batch of copies only decides nothing but its
+    last offset."""
     partition = check_batch(messages)
-    ts = time.time() if now is None else float(now)
-    reqs = parse_batch(messages)
-    encoded = encode_adds(reqs, config, encoder or RegistryEncoder("auto"))
-    judged = judge_batch(messages, reqs, encoded, cache, config, ts)
     last = messages[-1].offset
+    admitted = admit_routed(messages, origins or {})
+    fresh = admitted.messages
+    if not fresh:
+        return BatchOutcome(partition, last, [], [], [], CacheMutations(), reforwarded=admitted.reforwarded,
+                            gaps=admitted.gaps)
+    ts = time.time() if now is None else float(now)
+    reqs = parse_batch(fresh)
+    encoded = encode_adds(reqs, config, encoder or RegistryEncoder("auto"))
+    judged = judge_batch(fresh, reqs, encoded, cache, config, ts)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),
-                        accepted=judged.accepted, rows=n_rows)
+                        accepted=judged.accepted, rows=n_rows, origin_offsets=admitted.origin_offsets,
+                        reforwarded=admitted.reforwarded, gaps=admitted.gaps)

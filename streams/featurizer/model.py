@@ -52,13 +52,28 @@ _DELETE_OPS = ("delete", "delete_subject")
 
 # --------------------------------------------------------------------------- data types
 @dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a routed record was produced: its ``requests`` partition and offset, and ``previous``,
+    the origin offset of the record the router forwarded before it from the same requests
+    partition to the same by-head partition in the same router session (None: the first of
+    the session). The featurizer uses it to drop re-forwarded copies (``admit_routed``)."""
+
+    partition: int
+    offset: int
+    previous: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class InMessage:
-    """One consumed ``requests`` message."""
+    """One consumed record of the by-head topic (``partition``/``offset`` are its place there)
+    with the request it carries and the place in ``requests`` it was routed from (``origin``;
+    None for a record nobody routed: then the record is its own origin)."""
 
     partition: int
     offset: int
     value: bytes | None
     key: bytes | None = None
+    origin: Origin | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +193,7 @@ class CoreConfig:
     deadletter_topic: str
     receipts_topic: str
     stream: str = "requests"
+    routed_topic: str = ""  # the by-head topic read; "" = requests_topic itself (no routing)
     frac_bits: int = 30
     label_frac_bits: int = 0
     feature_bound: float = 1.0
@@ -193,11 +209,20 @@ class CoreConfig:
             raise ValueError("federated mode needs a client_id (the data owner this site serves)")
         quantizer(self.frac_bits, self.feature_bound)  # raises on an impossible grid
 
+    @property
+    def input_topic(self) -> str:
+        """The topic this featurizer consumes: the by-head topic, or ``requests_topic``."""
+        return self.routed_topic or self.requests_topic
+
     @classmethod
     def from_settings(cls, settings: Any, *, requests_topic: str | None = None, federated: bool = False,
                       client_id: str | None = None) -> CoreConfig:
-        """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``)."""
+        """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``); the
+        featurizer reads ``routed_topic_name(requests_topic)`` and names its source ids after it."""
+        from unlearn.streams.featurizer.router import routed_topic_name  # here: router imports this module
+
         topic = requests_topic or settings.topic("requests")
+        routed = routed_topic_name(topic)
         overrides = {}
         for item in filter(None, (p.strip() for p in settings.head_backbones.split(","))):
             name, _, value = item.partition("=")
@@ -207,7 +232,8 @@ class CoreConfig:
             deltas_topic=settings.topic("deltas"),
             deadletter_topic=settings.topic("deadletter"),
             receipts_topic=settings.topic("receipts"),
-            stream=source_stream(topic, settings.topic_prefix, client_id if federated else None),
+            stream=source_stream(routed, settings.topic_prefix, client_id if federated else None),
+            routed_topic=routed,
             frac_bits=settings.frac_bits,
             label_frac_bits=settings.label_frac_bits,
             feature_bound=settings.feature_bound,
@@ -232,6 +258,9 @@ class BatchOutcome:
     mutations: CacheMutations
     accepted: int = 0  # events that became rows
     rows: int = 0  # rows over all deltas (a delete_subject may give many)
+    origin_offsets: dict[int, int] = field(default_factory=dict)  # requests partition -> last origin offset judged
+    reforwarded: int = 0  # records dropped as copies the router forwarded again (core.admit_routed)
+    gaps: int = 0  # records dropped because a predecessor's delivery failed (forwarded again later)
 
     def reasons(self) -> dict[str, int]:
         """Dead-letter reason -> count (for logs and tests)."""

@@ -1,8 +1,15 @@
 """``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
 
-All decisions are in :mod:`streams.featurizer.core` (pure) and all durable state in
-:mod:`streams.featurizer.cache`; this module moves bytes. Per micro-batch (size- and time-bounded)
-and per requests partition (docs/featurizer.md):
+All decisions are in :mod:`streams.featurizer.core` and :mod:`streams.featurizer.router` (pure)
+and all durable state in :mod:`streams.featurizer.cache`; this module moves bytes. One consumer
+(one group, one join) reads two topics (docs/featurizer.md):
+
+- **routing**: each ``requests`` record is forwarded unchanged to ``<requests>.by-head`` at its
+  head's partition (``router.RouterSession``), with headers naming its origin; the requests
+  offsets are committed after every forward is acknowledged (at-least-once: the featurizer drops
+  re-forwarded copies exactly, ``core.admit_routed``);
+- **featurizing** the by-head records, per micro-batch (size- and time-bounded) and per
+  by-head partition:
 
 1. decide the outcome (``featurize_batch``) against the partition's cache;
 2. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
@@ -11,7 +18,8 @@ and per requests partition (docs/featurizer.md):
 3. produce the outbox rows in two phases, each flushed and fully acknowledged: (0) the batch's
    txn and position records on ``featurizer-cache``, (1) the downstream messages and the
    sample/head records; then delete them;
-4. commit the input offsets to Kafka (informational: the cache is authoritative).
+4. commit the input offsets to Kafka (informational for by-head partitions: the cache is
+   authoritative; the router's resume point for requests partitions).
 
 On partition assignment (``changelog.resume_plan``): keep the local cache if the changelog's last
 batch is its own (re-produce its leftover outbox), else rebuild it from the changelog (and finish
@@ -36,6 +44,8 @@ from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, se
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
+from unlearn.infra.topics import ensure_topic
+from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
 from unlearn.streams.featurizer.changelog import (
     PHASE_OUTPUT,
@@ -48,6 +58,7 @@ from unlearn.streams.featurizer.changelog import (
 )
 from unlearn.streams.featurizer.changelog_store import ChangelogReader
 from unlearn.streams.featurizer.core import (
+    BatchOutcome,
     CoreConfig,
     Encoder,
     InMessage,
@@ -55,15 +66,20 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
+from unlearn.streams.featurizer.router import RouterSession, read_origin
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError", "featurizer_main"]
 
 log = logging.getLogger("unlearn.featurizer")
 
+_STALE_FIX = ("move the data dir away to start over with an empty cache (and a fresh ledger), or point the featurizer "
+              "at the broker and topics its cache came from")
+
 FaultHook = Callable[[str], None]
-"""Test hook, called at "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else
-sent), "after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a
-crash at that point."""
+"""Test hook, called at "after_route" (forwarded records acknowledged, requests offsets not
+committed), "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else sent),
+"after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a crash at
+that point."""
 
 ReadyHook = Callable[[], object]
 """Called once, after the first partition assignment is in place (caches opened, seeks done)."""
@@ -83,7 +99,8 @@ class LostCacheError(FeaturizerError):
 
 
 class FeaturizerService:
-    """One featurizer process: a consumer group member on the requests topic.
+    """One featurizer process: a consumer group member on the requests topic (routing) and its
+    by-head topic (featurizing).
 
     ``run(stop)`` blocks until ``stop`` is set (then finishes the current batch, flushes, commits
     and returns 0). ``encoder`` replaces the backbone registry (tests); ``fault`` is a crash hook;
@@ -113,7 +130,10 @@ class FeaturizerService:
         self.settings = settings
         self.config = CoreConfig.from_settings(settings, requests_topic=requests_topic, federated=federated,
                                                client_id=client_id)
-        self.topic = self.config.requests_topic
+        self.requests_topic = self.config.requests_topic
+        self.topic = self.config.input_topic  # the by-head topic: what the caches follow
+        # the stream in origin headers: the requests topic without the prefix ("requests")
+        self.origin_stream = source_stream(self.requests_topic, settings.topic_prefix)
         default_group = f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
         self.group = group or default_group
         self.max_batch = int(max_batch or settings.batch_max_events)
@@ -129,17 +149,21 @@ class FeaturizerService:
         self.stream_dir = self.topic + (f"[{client_id}]" if federated else "")
         self.caches: dict[int, FeatureCache] = {}
         # The changelog backs the shared requests topic only: a federated site's per-sample q must
-        # stay on its site, and another requests topic need not be co-partitioned with it.
-        shared = not federated and self.topic == settings.topic("requests")
+        # stay on its site, and another requests topic's by-head topic need not be
+        # co-partitioned with it.
+        shared = not federated and self.requests_topic == settings.topic("requests")
         self.changelog_topic: str | None = settings.topic("featurizer-cache") if shared else None
         self._reader = ChangelogReader(settings, self.changelog_topic) if self.changelog_topic else None
         self._pending: list[Any] = []
         self._fatal: BaseException | None = None
         self._consumer: Any = None
-        self.topic_id = ""  # the requests topic's id, read at start
+        self.topic_id = ""  # the by-head topic's id, read at start
+        self.requests_topic_id = ""  # the requests topic's id, read at start
+        self.route_partitions = 0  # the by-head topic's partition count, read at start
+        self._router: RouterSession | None = None
         self._producer: Any = None
-        self.stats = {"batches": 0, "events": 0, "accepted": 0, "rows": 0, "deadletters": 0, "receipts": 0,
-                      "deltas": 0, "replayed": 0}
+        self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
+                      "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, stop: threading.Event | None = None) -> int:
@@ -151,12 +175,15 @@ class FeaturizerService:
         self._consumer = Consumer(consumer_config(self.settings, self.group))
         clean = False
         try:
+            self._check_topics()
             self.topic_id = topic_id(self.settings, self.topic)
-            self._check_changelog_topic()
-            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
-            log.info("featurizer group=%s topic=%s stream=%s federated=%s batch<=%d/%dms",
-                     self.group, self.topic, self.config.stream, self.config.federated, self.max_batch, self.max_ms)
+            self.requests_topic_id = topic_id(self.settings, self.requests_topic)
+            self._router = RouterSession(self.origin_stream, self.route_partitions)
+            self._consumer.subscribe([self.requests_topic, self.topic], on_assign=self._on_assign,
+                                     on_revoke=self._on_revoke, on_lost=self._on_revoke)
+            log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s "
+                     "batch<=%d/%dms", self.group, self.requests_topic, self.topic, self.route_partitions,
+                     self.config.stream, self.config.federated, self.max_batch, self.max_ms)
             last_report = time.monotonic()
             while not stop.is_set():
                 batch = self._poll_batch(stop)
@@ -190,21 +217,39 @@ class FeaturizerService:
             self.fault(point)
 
     # ------------------------------------------------------------------ rebalance
-    def _check_changelog_topic(self) -> None:
-        """The changelog must exist (never auto-created) with a partition per requests partition."""
+    def _check_topics(self) -> None:
+        """The requests topic must exist; its by-head topic is created if missing (with the
+        requests topic's partition count), and its partition count is what heads are routed by;
+        the changelog must exist (never auto-created) with a partition per by-head partition."""
+        md = self._consumer.list_topics(timeout=self.settings.admin_timeout)  # all topics: never creates one
+        req = md.topics.get(self.requests_topic)
+        if req is None or req.error is not None or not req.partitions:
+            raise FeaturizerError(f"requests topic {self.requests_topic!r} is missing: run `unlearn topics create`")
+        routed = md.topics.get(self.topic)
+        if routed is None or routed.error is not None or not routed.partitions:
+            ensure_topic(self.settings, self.topic, partitions=len(req.partitions))
+            md = self._consumer.list_topics(timeout=self.settings.admin_timeout)
+            routed = md.topics[self.topic]
+        self.route_partitions = len(routed.partitions)
         if self.changelog_topic is None:
             return
-        md = self._consumer.list_topics(timeout=self.settings.admin_timeout)  # all topics: never creates one
-        cl, req = md.topics.get(self.changelog_topic), md.topics.get(self.topic)
+        cl = md.topics.get(self.changelog_topic)
         if cl is None or cl.error is not None:
             raise FeaturizerError(f"changelog topic {self.changelog_topic!r} is missing: run `unlearn topics create`")
-        if req is not None and len(cl.partitions) < len(req.partitions):
+        if len(cl.partitions) < self.route_partitions:
             raise FeaturizerError(f"changelog topic {self.changelog_topic!r} has {len(cl.partitions)} partitions, "
-                                  f"{self.topic!r} has {len(req.partitions)}: they must be co-partitioned")
+                                  f"{self.topic!r} has {self.route_partitions}: they must be co-partitioned")
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Requests partitions start a router session at the group's committed offset; by-head
+        partitions bring their cache up and seek past its last offset."""
+        origin_ends: dict[int, int] = {}  # requests partition -> log end, shared by the routing checks
         try:
             for tp in partitions:
+                if tp.topic == self.requests_topic:
+                    assert self._router is not None
+                    self._router.reset(tp.partition)
+                    continue
                 p = tp.partition
                 cache = self.caches.get(p)
                 if cache is None:
@@ -213,9 +258,9 @@ class FeaturizerService:
                         {"topic": self.topic, "client_id": self.config.client_id or ""})
                     self.caches[p] = cache
                 if self._reader is None:
-                    self._assign_local(consumer, tp, cache)
+                    self._assign_local(consumer, tp, cache, origin_ends)
                 else:
-                    self._assign_with_changelog(consumer, tp, cache, self._reader)
+                    self._assign_with_changelog(consumer, tp, cache, self._reader, origin_ends)
             consumer.assign(partitions)
         except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
             self._fatal = exc
@@ -227,7 +272,7 @@ class FeaturizerService:
             if self.on_ready is not None:
                 self.on_ready()
 
-    def _assign_local(self, consumer: Any, tp: Any, cache: FeatureCache) -> None:
+    def _assign_local(self, consumer: Any, tp: Any, cache: FeatureCache, origin_ends: dict[int, int]) -> None:
         """No changelog (federated site, own requests topic): the local file is the only copy."""
         p = tp.partition
         self._reproduce(p, cache)
@@ -235,10 +280,11 @@ class FeaturizerService:
         if off < 0:
             self._check_not_lost(consumer, p, f"the feature cache {cache.path} is empty",
                                  "Restore the cache file (or move the partition back to the host that has it)")
-        tp.offset = self._resume_offset(consumer, p, cache)
+        tp.offset = self._resume_offset(consumer, p, cache, origin_ends)
         log.info("partition %d assigned: cache at offset %d, %d samples", p, off, cache.count())
 
-    def _assign_with_changelog(self, consumer: Any, tp: Any, cache: FeatureCache, reader: ChangelogReader) -> None:
+    def _assign_with_changelog(self, consumer: Any, tp: Any, cache: FeatureCache, reader: ChangelogReader,
+                               origin_ends: dict[int, int]) -> None:
         """Local cache vs changelog (``resume_plan``): continue, rebuild, seed or start fresh."""
         p = tp.partition
         latest, delivered = reader.latest_position(p)
@@ -250,11 +296,12 @@ class FeaturizerService:
             pos = folded.position
             if pos is None:
                 raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
-            if pos.requests_topic != self.topic:
-                raise StaleStateError(f"changelog {self.changelog_topic}/{p} belongs to {pos.requests_topic!r}, "
-                                      f"not {self.topic!r}")
-            cache.replace_all(folded.samples.values(), folded.heads.values(), pos.applied_offset, pos.topic_id,
-                              pos.generation)
+            if pos.topic != self.topic:
+                raise StaleStateError(
+                    f"changelog {self.changelog_topic}/{p} belongs to {pos.topic!r}, not {self.topic!r} (a changelog "
+                    "written before requests were routed by head holds caches per requests partition, which "
+                    "cannot be used): start over with a fresh ledger, featurizer-cache topic and consumer group")
+            cache.replace_all(folded.samples.values(), folded.heads.values(), pos)
             log.warning("partition %d: feature cache rebuilt from %s (%d samples, offset %d) in %.2fs", p,
                         self.changelog_topic, len(folded.samples), pos.applied_offset, time.monotonic() - t0)
         off = cache.applied_offset
@@ -262,7 +309,7 @@ class FeaturizerService:
             self._check_not_lost(
                 consumer, p, f"both the feature cache {cache.path} and the changelog {self.changelog_topic}/{p} "
                              "are empty", "Restore the cache file or the changelog topic")
-        tp.offset = self._resume_offset(consumer, p, cache)
+        tp.offset = self._resume_offset(consumer, p, cache, origin_ends)
         if plan == "continue" and delivered >= cache.generation:
             # another owner already finished this cache's last batch from the changelog
             cache.ack_outbox(r.seq for r in cache.pending_outbox())
@@ -294,7 +341,8 @@ class FeaturizerService:
         downstream = [OutMessage(r.topic, r.key, r.value) for r in cache.pending_outbox()
                       if r.topic != self.changelog_topic]
         gen = cache.generation + 1
-        pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "")
+        pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "",
+                       cache.origin_offsets(), cache.origin_topic_id, cache.route_partitions)
         msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads()),
                              downstream, pos, self.settings.changelog_max_bytes) + downstream
         seqs = cache.replace_outbox(msgs, gen)
@@ -335,26 +383,48 @@ class FeaturizerService:
         with contextlib.suppress(BufferError):
             self._producer.produce(m.topic, value=m.value, key=m.key, partition=m.partition)
 
-    def _resume_offset(self, consumer: Any, partition: int, cache: FeatureCache) -> int:
+    def _resume_offset(self, consumer: Any, partition: int, cache: FeatureCache, origin_ends: dict[int, int]) -> int:
         """Where the partition resumes: after the cache's last offset, if the cache belongs to
-        this log (same topic incarnation, offset within the log); else StaleStateError."""
+        this log (same topic incarnation, offset within the log) and its routing state to these
+        topics (``_check_routing``); else StaleStateError."""
         off = cache.applied_offset
         next_offset = off + 1 if off >= 0 else None
         low, end = log_bounds(self.settings, consumer, self.topic, partition, next_offset or 0)
-        start = check_resume(
-            f"feature cache {cache.path} (partition {partition})", next_offset, cache.topic_id, self.topic_id, low,
-            end, "move the data dir away to start over with an empty cache (and a fresh ledger), or point the "
-                 "featurizer at the broker and topic its cache came from")
+        start = check_resume(f"feature cache {cache.path} (partition {partition})", next_offset, cache.topic_id,
+                             self.topic_id, low, end, _STALE_FIX)
+        self._check_routing(consumer, partition, cache, origin_ends)
         cache.bind_topic_id(self.topic_id)
+        cache.bind_routing(self.requests_topic_id, self.route_partitions)
         return start
 
+    def _check_routing(self, consumer: Any, partition: int, cache: FeatureCache, origin_ends: dict[int, int]) -> None:
+        """The cache's routing state must belong to these topics: heads routed by the same
+        by-head partition count (else they would be looked up in other partitions' caches),
+        origin offsets of the same requests topic incarnation and within its log (else the new
+        log's records would be dropped as copies). ``origin_ends`` caches the requests log ends."""
+        what = f"feature cache {cache.path} (partition {partition})"
+        if cache.route_partitions and cache.route_partitions != self.route_partitions:
+            raise StaleStateError(f"{what} holds heads routed by {cache.route_partitions} partitions of "
+                                  f"{self.topic}, which now has {self.route_partitions}: {_STALE_FIX}")
+        if cache.origin_topic_id and self.requests_topic_id and cache.origin_topic_id != self.requests_topic_id:
+            raise StaleStateError(f"{what} judged requests of topic id {cache.origin_topic_id}, but "
+                                  f"{self.requests_topic} now has id {self.requests_topic_id} (recreated): "
+                                  f"{_STALE_FIX}")
+        for p, last in sorted(cache.origin_offsets().items()):
+            if origin_ends.get(p, -1) < last + 1:
+                origin_ends[p] = log_bounds(self.settings, consumer, self.requests_topic, p, last + 1)[1]
+            if origin_ends[p] < last + 1:
+                raise StaleStateError(f"{what} judged {self.requests_topic}/{p} up to offset {last}, but the log ends "
+                                      f"at {origin_ends[p]} (truncated, recreated or a different broker): refusing to "
+                                      f"drop its records as copies; {_STALE_FIX}")
+
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        gone = {tp.partition for tp in partitions}
-        # Not-yet-processed messages of revoked partitions are dropped: the cache offset says they
-        # are not applied, so whoever owns the partition next reads them again.
-        self._pending = [m for m in self._pending if m.partition() not in gone]
-        for p in gone:
-            cache = self.caches.pop(p, None)
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        # Not-yet-processed messages of revoked partitions are dropped: the cache offset (or the
+        # router's committed offset) says they are not done, so the next owner reads them again.
+        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
+        for topic, p in gone:
+            cache = self.caches.pop(p, None) if topic == self.topic else None
             if cache is not None:
                 cache.close()
         with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
@@ -397,42 +467,82 @@ class FeaturizerService:
         return batch
 
     def _process(self, batch: list[Any]) -> None:
+        """Route the batch's requests records, featurize its by-head records, then commit the
+        offsets of both (the router's only after its forwards were acknowledged)."""
         from confluent_kafka import TopicPartition
 
+        forwarded = self._forward([m for m in batch if m.topic() == self.requests_topic])
+        featurized = self._featurize([m for m in batch if m.topic() == self.topic])
+        offsets = [TopicPartition(self.requests_topic, p, last + 1) for p, last in sorted(forwarded.items())]
+        offsets += [TopicPartition(self.topic, p, last + 1) for p, last in sorted(featurized.items())]
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # e.g. a rebalance in progress: the cache is authoritative, re-forwards are dropped
+            log.warning("offset commit failed (harmless: the cache has its offsets, copies are dropped): %s", exc)
+        self.stats["batches"] += 1
+        self._hook("after_offset_commit")
+
+    def _forward(self, records: list[Any]) -> dict[int, int]:
+        """Forward requests records to their heads' by-head partitions (value, key, headers
+        and timestamp kept, origin headers added); return requests partition -> last offset
+        forwarded once every forward is acknowledged (DeliveryError otherwise: the router then
+        dies before committing, and its next session forwards the same records again)."""
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+        if not records:
+            return {}
+        assert self._router is not None
+        sends: list[dict[str, Any]] = []
+        last: dict[int, int] = {}
+        for m in sorted(records, key=lambda r: (r.partition(), r.offset())):
+            p, off = m.partition(), m.offset()
+            target, headers = self._router.route(m.value(), p, off, m.headers())
+            kind, ts = m.timestamp()
+            send = {"topic": self.topic, "value": m.value(), "key": m.key(), "partition": target, "headers": headers}
+            if kind != TIMESTAMP_NOT_AVAILABLE and ts > 0:
+                send["timestamp"] = ts
+            sends.append(send)
+            last[p] = off
+        self._produce_acked(sends)
+        self.stats["routed"] += len(sends)
+        self._hook("after_route")
+        return last
+
+    def _featurize(self, records: list[Any]) -> dict[int, int]:
+        """Judge by-head records per partition through the outbox (module docstring, steps 1-3);
+        return by-head partition -> last offset done."""
         by_partition: dict[int, list[InMessage]] = {}
-        for m in batch:
+        for m in records:
             p = m.partition()
             cache = self.caches.get(p)
             if cache is None or m.offset() <= cache.applied_offset:
                 continue  # revoked meanwhile, or already in the cache (never judged twice)
-            by_partition.setdefault(p, []).append(InMessage(p, m.offset(), m.value(), m.key()))
+            by_partition.setdefault(p, []).append(
+                InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.origin_stream)))
         if not by_partition:
-            return
+            return {}
         done: list[tuple[int, FeatureCache, list[int], list[OutMessage], int]] = []
         now = time.time()
         for p, msgs in sorted(by_partition.items()):
             msgs.sort(key=lambda x: x.offset)
             cache = self.caches[p]
-            outcome = featurize_batch(msgs, cache, self.config, self.encoder, now=now)
+            origins = cache.origin_offsets()
+            outcome = featurize_batch(msgs, cache, self.config, self.encoder, now=now, origins=origins)
             messages = outcome.messages(self.config)
             generation: int | None = None
             if self.changelog_topic is not None:
                 # the changelog records ride in the same sqlite transaction, ahead of the outputs
                 generation = cache.generation + 1
-                pos = Position(p, outcome.last_offset, self.topic, self.topic_id, cache.lineage, generation, 0, "")
+                pos = Position(p, outcome.last_offset, self.topic, self.topic_id, cache.lineage, generation, 0, "",
+                               {**origins, **outcome.origin_offsets}, self.requests_topic_id, self.route_partitions)
                 messages = batch_records(p, self.changelog_topic, outcome.mutations, messages, pos,
                                          self.settings.changelog_max_bytes) + messages
-            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation)
+            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation,
+                                      outcome.origin_offsets)
             done.append((p, cache, seqs, messages, outcome.last_offset))
-            self.stats["events"] += len(msgs)
-            self.stats["accepted"] += outcome.accepted
-            self.stats["rows"] += outcome.rows
-            self.stats["deltas"] += len(outcome.deltas)
-            self.stats["deadletters"] += len(outcome.deadletters)
-            self.stats["receipts"] += len(outcome.receipts)
-            if outcome.deadletters:
-                log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
-                         outcome.reasons())
+            self._count(p, msgs, outcome)
         self._hook("after_cache_commit")
         self._deliver([m for _, _, _, msgs, _ in done for m in msgs], after_phase=self._after_phase)
         self._hook("after_produce")
@@ -440,13 +550,26 @@ class FeaturizerService:
             cache.ack_outbox(seqs)
             self._mark_delivered(p, cache.generation)
         self._hook("after_outbox_ack")
-        offsets = [TopicPartition(self.topic, p, last + 1) for p, _, _, _, last in done]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except Exception as exc:  # e.g. a rebalance in progress; the cache is authoritative
-            log.warning("offset commit failed (harmless, the cache has the offsets): %s", exc)
-        self.stats["batches"] += 1
-        self._hook("after_offset_commit")
+        return {p: last for p, _, _, _, last in done}
+
+    def _count(self, p: int, msgs: list[InMessage], outcome: BatchOutcome) -> None:
+        """Add a batch's outcome to the stats; log its dead letters and dropped copies."""
+        skipped = outcome.reforwarded + outcome.gaps
+        self.stats["events"] += len(msgs) - skipped
+        self.stats["reforwarded"] += outcome.reforwarded
+        self.stats["gaps"] += outcome.gaps
+        self.stats["accepted"] += outcome.accepted
+        self.stats["rows"] += outcome.rows
+        self.stats["deltas"] += len(outcome.deltas)
+        self.stats["deadletters"] += len(outcome.deadletters)
+        self.stats["receipts"] += len(outcome.receipts)
+        if outcome.deadletters:
+            log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
+                     outcome.reasons())
+        if skipped:
+            log.warning("partition %d offsets %d..%d: dropped %d re-forwarded cop%s and %d record(s) after a failed "
+                        "forward (forwarded again)", p, msgs[0].offset, outcome.last_offset, outcome.reforwarded,
+                        "y" if outcome.reforwarded == 1 else "ies", outcome.gaps)
 
     def _after_phase(self, phase: int) -> None:
         if phase == 0:
@@ -458,22 +581,25 @@ class FeaturizerService:
         is flushed and fully acknowledged before phase 1 is sent); raise unless every message
         was acknowledged."""
         for phase in sorted({m.phase for m in messages}):
-            self._deliver_phase([m for m in messages if m.phase == phase])
+            self._produce_acked([{"topic": m.topic, "value": m.value, "key": m.key,
+                                  **({} if m.partition is None else {"partition": m.partition})}
+                                 for m in messages if m.phase == phase])
             if after_phase is not None:
                 after_phase(phase)
 
-    def _deliver_phase(self, messages: Sequence[OutMessage | OutboxRow]) -> None:
+    def _produce_acked(self, sends: Sequence[dict[str, Any]]) -> None:
+        """Produce each ``Producer.produce`` keyword set in order and flush; raise unless every
+        message was acknowledged."""
         failures: list[str] = []
 
         def on_delivery(err: Any, msg: Any) -> None:
             if err is not None:
                 failures.append(f"{msg.topic()}: {err.str()}")
 
-        for m in messages:
-            extra = {} if m.partition is None else {"partition": m.partition}
+        for send in sends:
             while True:
                 try:
-                    self._producer.produce(m.topic, value=m.value, key=m.key, on_delivery=on_delivery, **extra)
+                    self._producer.produce(**send, on_delivery=on_delivery)
                     break
                 except BufferError:
                     self._producer.poll(0.1)
@@ -549,8 +675,8 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         return 2
     if stop.is_set():
         return 0
-    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.topic,
-                                         data_dir=str(settings.data_dir))
+    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.requests_topic,
+                                         routed_topic=service.topic, data_dir=str(settings.data_dir))
     try:
         return service.run(stop)
     except StaleStateError as exc:  # a restart would not help: the operator must decide

@@ -82,6 +82,36 @@ def test_offsets_only_move_forward_and_failed_batches_roll_back(tmp_path: Path) 
         assert cache.count() == 0 and cache.pending_outbox() == [] and cache.applied_offset == 10
 
 
+def test_origin_offsets_commit_with_the_batch_and_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with FeatureCache(path) as cache:
+        assert cache.origin_offsets() == {} and (cache.origin_topic_id, cache.route_partitions) == ("", 0)
+        cache.commit_batch(CacheMutations(), [], 3, origins={0: 10, 2: 4})
+        cache.commit_batch(CacheMutations(), [], 4, origins={0: 12})
+        with pytest.raises(CacheError):  # a failed batch moves nothing
+            cache.commit_batch(CacheMutations(), [], 4, origins={0: 99})
+        cache.bind_routing("rid", 4)
+        cache.bind_routing("rid", 4)
+        with pytest.raises(CacheError):
+            cache.bind_routing("rid", 8)
+    with FeatureCache(path) as cache:
+        assert cache.origin_offsets() == {0: 12, 2: 4}
+        assert (cache.origin_topic_id, cache.route_partitions) == ("rid", 4)
+
+
+def test_a_version_2_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with FeatureCache(path) as cache:
+        cache.commit_batch(CacheMutations(put_heads=(HEAD,), put_samples=(sample("a", "s", [1, 2, 3]),)),
+                           [OutMessage("t.deltas", b"h", b"d")], 7)
+        cache._db.execute("DROP TABLE origins")
+        cache._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with FeatureCache(path) as cache:
+        assert cache.count() == 1 and cache.applied_offset == 7 and len(cache.pending_outbox()) == 1
+        assert cache.origin_offsets() == {}
+        assert cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+
+
 def test_identity_is_checked_on_open(tmp_path: Path) -> None:
     FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()
     FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()

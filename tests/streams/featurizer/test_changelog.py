@@ -33,7 +33,7 @@ HEADS = {"h": HeadInfo("h", "features", "features", 3, "class", 0, 30, 0),
 
 
 def pos(offset: int, generation: int, lineage: str = "L") -> Position:
-    return Position(2, offset, "t.requests", "tid", lineage, generation, 0, "")
+    return Position(2, offset, "t.requests.by-head", "tid", lineage, generation, 0, "", {0: offset}, "rid", 4)
 
 
 def mk(head: str, sid: str, subj: str, seed: int) -> CachedSample:
@@ -103,6 +103,7 @@ def test_replaying_the_changelog_gives_the_cache(tmp_path_factory: pytest.TempPa
     assert folded.samples.keys() == want.keys() and all(folded.samples[k] == want[k] for k in want)
     assert folded.heads == want_heads
     assert folded.position is not None and folded.position.generation == len(batches)
+    assert folded.position.origins == {0: 10 * len(batches)}
     assert [m.value for m in folded.pending] == [f"delta {len(batches)}".encode()]
 
 
@@ -140,8 +141,26 @@ def test_cache_rebuild_replaces_everything_with_a_new_lineage(tmp_path: Path) ->
     with FeatureCache(tmp_path / "c.sqlite") as cache:
         old = cache.lineage
         cache.commit_batch(CacheMutations(put_samples=(mk("h", "a", "s", 1),), put_heads=(HEADS["h"],)),
-                           [OutMessage("t.d", None, b"x")], 7, 1)
-        cache.replace_all([mk("h", "b", "s", 2)], [HEADS["h"]], 3, "tid", 9)
+                           [OutMessage("t.d", None, b"x")], 7, 1, {0: 70, 5: 9})
+        cache.bind_routing("old-requests-id", 8)
+        rebuilt = Position(2, 3, "t.requests.by-head", "tid", "L", 9, 0, "", {0: 40, 1: 12}, "rid", 4)
+        cache.replace_all([mk("h", "b", "s", 2)], [HEADS["h"]], rebuilt)
         assert cache.lineage != old and cache.generation == 9 and cache.applied_offset == 3
         assert cache.topic_id == "tid" and cache.pending_outbox() == []
         assert [s.sample_id for s in cache.all_samples()] == ["b"]
+        # the routing state moves with the cache, nothing of the old one survives
+        assert cache.origin_offsets() == {0: 40, 1: 12}
+        assert (cache.origin_topic_id, cache.route_partitions) == ("rid", 4)
+
+
+def test_position_records_carry_the_routing_state() -> None:
+    p = Position(2, 41, "t.requests.by-head", "tid", "L", 7, 3, "ab", {3: 100, 0: 5}, "rid", 4)
+    assert Position.decode(p.encode()) == p
+    assert Position.decode(Position(2, 1, "t", "", "L", 1, 0, "").encode()).origins == {}
+    # a record written before routing (v1) still reads, so the featurizer can refuse it by topic name
+    v1 = (b'{"format":"unlearn.featurizer-position/v1","partition":2,"applied_offset":9,"requests_topic":'
+          b'"t.requests","topic_id":"x","lineage":"L","generation":3,"pieces":1,"sha256":"00"}')
+    old = Position.decode(v1)
+    assert (old.topic, old.applied_offset, old.origins, old.route_partitions) == ("t.requests", 9, {}, 0)
+    with pytest.raises(ChangelogError):
+        Position.decode(b'{"format":"unlearn.featurizer-position/v9"}')

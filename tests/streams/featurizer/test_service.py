@@ -233,7 +233,7 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     for head in ("h1", "h2"):
         assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
     for m in got["deltas"]:
-        assert parse_source(decode_delta(m.value()).source_id)[0] == "requests"
+        assert parse_source(decode_delta(m.value()).source_id)[0] == "requests.by-head"
     dls = [decode_deadletter(m.value()) for m in got["deadletter"]]
     assert sorted(d.reason for d in dls) == reasons
     assert all(d.stage == "featurizer" and d.topic == s.topic("requests") and d.offset is not None for d in dls)
@@ -331,7 +331,7 @@ def test_federated_site_sends_only_packed_statistics(settings: Settings, tmp_pat
         for m in got["deltas"]:
             d = decode_delta(m.value())
             assert all(isinstance(e, PackedEntry) for e in d.entries)  # never per-sample rows
-            assert parse_source(d.source_id)[0] == "requests.site-a[site-a]"
+            assert parse_source(d.source_id)[0] == "requests.site-a.by-head[site-a]"
         ledgers, _ = ledgers_from(got["deltas"])
         for head in ("h1", "h2"):
             assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
@@ -403,7 +403,8 @@ def test_two_featurizers_rebalance_and_the_caches_move_with_the_partitions(setti
         a.stop_event.set()
         if b is not None:
             b.stop_event.set()
-    assert b.service.stats["events"] > 0 and a.service.stats["events"] > 0  # both did work
+    # both did work (routing, or featurizing: the two heads may both sit in one member's partitions)
+    assert all(w.service.stats["routed"] + w.service.stats["events"] > 0 for w in (a, b))
     ledgers, events = ledgers_from(got["deltas"], dedup=False)  # no copies at all: clean handovers
     assert sorted(events) == sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"])
     for head in ("h1", "h2"):

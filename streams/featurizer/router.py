@@ -1,0 +1,151 @@
+"""Routing requests by head, without I/O (the ``<requests>.by-head`` repartition topic).
+
+The feature cache is per partition, so every request that must be judged against another one
+has to meet it in one partition: a delete its add (and the subject that added the sample), a
+delete_subject every sample of its subject, an add any earlier add of the same sample id and
+the head's first add (which fixes its backbone, dimension and grids). Producers cannot be trusted
+to put them there: Java's default partitioner (murmur2) and librdkafka's (crc32) disagree, keys
+may differ from the subject or be absent, and partitions may be chosen explicitly. So the
+featurizer process first *routes*: every ``requests`` record is forwarded, value, key, headers and
+timestamp unchanged, to the by-head topic at the partition :func:`head_partition` gives its head
+id, a hash this project owns (docs/featurizer.md, "Routing"). The featurizer stage reads only the
+by-head topic, so everything it decides about a head is decided in one place, whatever partitions
+the producers chose. (By subject would not do: a delete naming another subject than the one that
+added the sample would land where the sample is not, and a sample id added by two subjects would
+be cached twice.)
+
+Each forwarded record carries headers naming its origin (:data:`ORIGIN_HEADER`,
+``"<stream>/<partition>@<offset>"`` of the record in ``requests``) and :data:`PREVIOUS_HEADER`,
+the origin offset of the record this router session forwarded before it from the same requests
+partition to the same by-head partition. The router is at-least-once (it commits its offsets
+after delivery), so after a crash it forwards some records again; the featurizer drops the
+copies exactly with ``core.admit_routed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import orjson
+
+from unlearn.schemas.envelope import ID_MAX_CHARS
+from unlearn.schemas.source_id import format_source_id, parse_source
+from unlearn.streams.featurizer.model import Origin
+
+__all__ = [
+    "ORIGIN_HEADER",
+    "PREVIOUS_HEADER",
+    "ROUTED_SUFFIX",
+    "Headers",
+    "RouterSession",
+    "head_partition",
+    "read_origin",
+    "route_partition",
+    "routed_topic_name",
+    "routing_head",
+]
+
+ROUTED_SUFFIX = ".by-head"
+"""The by-head topic of a requests topic is its name plus this suffix."""
+ORIGIN_HEADER = "unlearn.origin"
+"""Header of a routed record: ``"<stream>/<partition>@<offset>"``, its place in ``requests``."""
+PREVIOUS_HEADER = "unlearn.origin-previous"
+"""Header of a routed record: the origin offset (decimal) of the record forwarded before it from
+the same requests partition to the same by-head partition in this router session; absent for
+the session's first."""
+
+Headers = list[tuple[str, bytes | None]]
+
+
+def routed_topic_name(requests_topic: str) -> str:
+    """The by-head topic a requests topic is routed into (``unlearn.requests`` ->
+    ``unlearn.requests.by-head``)."""
+    return requests_topic + ROUTED_SUFFIX
+
+
+def head_partition(head_id: str, partitions: int) -> int:
+    """The by-head partition of a head: the first 8 bytes of SHA-256(UTF-8 head id) as a
+    big-endian unsigned integer, modulo the partition count. Part of the contract (any language
+    can compute it), and independent of every client library's partitioner."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    digest = hashlib.sha256(head_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+def routing_head(value: bytes | None) -> str | None:
+    """The head id a request names, if it names a usable one (a string of 1..256 characters in a
+    JSON object), else None. Only the head is read: validating the request is the featurizer's
+    job, and it dead-letters what is invalid with the reason."""
+    if value is None:
+        return None
+    try:
+        d = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    head = d.get("head_id") if type(d) is dict else None
+    return head if type(head) is str and 1 <= len(head) <= ID_MAX_CHARS else None
+
+
+def route_partition(value: bytes | None, origin_partition: int, partitions: int) -> int:
+    """Where a request goes: its head's partition; a record with no readable head (bad JSON, no
+    head id) goes to ``origin_partition`` modulo the count, so that it still reaches the
+    featurizer's dead-letter path, in order with its neighbours."""
+    head = routing_head(value)
+    if head is None:
+        return origin_partition % partitions
+    return head_partition(head, partitions)
+
+
+def read_origin(headers: Sequence[tuple[str, bytes | None]] | None, stream: str) -> Origin | None:
+    """The origin a routed record's headers name (the last header of each name wins), or None if
+    they name none, or one of another stream (then the record is its own origin)."""
+    origin = previous = None
+    for name, value in headers or ():
+        if name == ORIGIN_HEADER:
+            origin = value
+        elif name == PREVIOUS_HEADER:
+            previous = value
+    try:
+        parsed = parse_source(origin.decode()) if origin is not None else None
+        prev = int(previous) if previous is not None else None
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if parsed is None or parsed[0] != stream or (prev is not None and not -1 < prev < parsed[2]):
+        return None
+    return Origin(parsed[1], parsed[2], prev)
+
+
+class RouterSession:
+    """What one router session forwarded: per (requests partition, by-head partition), the last
+    origin offset, which becomes the next record's :data:`PREVIOUS_HEADER`.
+
+    A session of a requests partition starts when it is assigned (:meth:`reset`): the router
+    then resumes at the committed offset and knows nothing earlier.
+    """
+
+    def __init__(self, stream: str, partitions: int) -> None:
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        self.stream = stream
+        self.partitions = partitions
+        self._last: dict[tuple[int, int], int] = {}
+
+    def reset(self, origin_partition: int) -> None:
+        """A new session for ``origin_partition`` (assigned, or assigned again)."""
+        self._last = {k: v for k, v in self._last.items() if k[0] != origin_partition}
+
+    def route(self, value: bytes | None, origin_partition: int, origin_offset: int,
+              headers: Sequence[tuple[str, bytes | None]] | None = None) -> tuple[int, Headers]:
+        """(by-head partition, headers) for one requests record, forwarded in offset order. The
+        record's own headers are kept, except any that claim to be ours (an upstream app cannot
+        forge an origin)."""
+        target = route_partition(value, origin_partition, self.partitions)
+        out: Headers = [(k, v) for k, v in headers or () if k not in (ORIGIN_HEADER, PREVIOUS_HEADER)]
+        out.append((ORIGIN_HEADER, format_source_id(origin_partition, origin_offset, self.stream).encode()))
+        previous = self._last.get((origin_partition, target))
+        if previous is not None:
+            out.append((PREVIOUS_HEADER, str(previous).encode()))
+        self._last[(origin_partition, target)] = origin_offset
+        return target, out
