@@ -14,8 +14,11 @@ waits for the heads to settle and audits:
   (``head_runtime.admit`` / ``apply_entries``) to see which request events reached the ledger,
   how many times; every add and delete produced must be applied exactly once;
 - **digest mismatches**: each head's latest exact digest must equal a from-scratch ledger of the
-  retained samples (quantized by the feature contract);
-- **(head, version) pairs with more than one digest** on the heads topic;
+  retained samples (quantized by the feature contract), and its retained-rows hash the
+  from-scratch multiset hash of those rows (docs/design.md section 6);
+- **(head, version) pairs with more than one digest** on the heads topic, and with more than one
+  retained-rows hash over the head updates and the applied receipts (an unknown hash counts as a
+  value of its own);
 - **receipts**: every delete must have an applied receipt; duplicates are counted (identical
   duplicates are allowed by the at-least-once protocol, conflicting ones are not);
 - **recovery**: seconds from a restart to the worker's readiness line (p50 / max).
@@ -54,7 +57,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import create_topics
-from unlearn.ledger import ExactLedger
+from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.head_codec import HeadUpdate, decode_head
@@ -86,7 +89,9 @@ class Report:
     lost_events: int = 0
     doubled_events: int = 0
     digest_mismatched_heads: int = 0
+    retained_hash_mismatched_heads: int = 0
     versions_with_two_digests: int = 0
+    versions_with_two_retained_hashes: int = 0
     head_updates_seen: int = 0  # by a follower of the heads family during the whole run
     heads_generations: int = 0  # the most heads generations seen in use, over all partitions
     receipts_missing: int = 0
@@ -101,7 +106,8 @@ class Report:
     @property
     def exact(self) -> bool:
         return not (self.lost_events or self.doubled_events or self.digest_mismatched_heads
-                    or self.versions_with_two_digests or self.receipts_missing or self.receipts_conflicting)
+                    or self.retained_hash_mismatched_heads or self.versions_with_two_digests
+                    or self.versions_with_two_retained_hashes or self.receipts_missing or self.receipts_conflicting)
 
 
 class Workload:
@@ -136,14 +142,25 @@ class Workload:
         return subject, encode_request(Request(ev, "add", h, "chaos", subject, sample, label,
                                                FeaturesInput(tuple(float(x) for x in f))))
 
-    def reference_digest(self, head: str, n_outputs: int, settings: Settings) -> str:
+    def _retained(self, head: str, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+        """The head's retained rows, quantized by the feature contract, and their labels."""
         rows = list(self.live[head].values())
+        if not rows:
+            return np.zeros((0, self.cfg.dim), np.int64), np.zeros(0, np.int64)
+        Q = np.stack([quantize_feature_row(f, settings.frac_bits, settings.feature_bound) for f, _, _ in rows])
+        return Q, np.array([lab for _, lab, _ in rows], np.int64)
+
+    def reference_digest(self, head: str, n_outputs: int, settings: Settings) -> str:
+        Q, y = self._retained(head, settings)
         led = ExactLedger(self.cfg.dim, n_outputs, settings.frac_bits, settings.label_frac_bits)
-        if rows:
-            Q = np.stack([quantize_feature_row(f, settings.frac_bits, settings.feature_bound) for f, _, _ in rows])
-            led.add(Q, np.array([lab for _, lab, _ in rows]))
+        if len(y):
+            led.add(Q, y)
         led.grow_outputs(n_outputs)
         return led.digest()
+
+    def reference_retained_hash(self, head: str, settings: Settings) -> str:
+        Q, y = self._retained(head, settings)
+        return MultisetHash.of_rows(Q, y, settings.frac_bits, settings.label_frac_bits).fingerprint()
 
 
 class Pipeline:
@@ -162,6 +179,7 @@ class Pipeline:
         create_topics(self.settings)
         # Every head update, as published (rotation deletes superseded generations afterwards).
         self.digests: dict[tuple[str, int], set[str]] = {}
+        self.retained_hashes: dict[tuple[str, int], set[str | None]] = {}
         self.heads_topics: set[str] = set()
         self.head_updates = 0
         self.heads_follower = TopicFollower(self.settings, heads_family(self.settings.topic_prefix),
@@ -178,6 +196,7 @@ class Pipeline:
         self.head_updates += 1
         self.heads_topics.add(r.topic)
         self.digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+        self.retained_hashes.setdefault((u.head_id, u.version), set()).add(u.retained_hash)
 
     def start_workers(self) -> None:
         self.heads_follower.start(wait_assigned=30)
@@ -224,18 +243,22 @@ def _produce(settings: Settings, work: Workload, n: int, producer: Any) -> None:
     producer.poll(0)
 
 
-def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple[str, int], set[str]]]:
+def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple[str, int], set[str]],
+                                               dict[tuple[str, int], set[str | None]]]:
+    """(latest exact update per head, digests and retained-rows hashes per (head, version))."""
     latest: dict[str, HeadUpdate] = {}
     digests: dict[tuple[str, int], set[str]] = {}
+    retained: dict[tuple[str, int], set[str | None]] = {}
     for r in records:
         try:
             u = decode_head(r.value or b"")
         except CodecError:
             continue
         digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+        retained.setdefault((u.head_id, u.version), set()).add(u.retained_hash)
         if u.mode == "exact" and u.supersedes(latest.get(u.head_id)):
             latest[u.head_id] = u
-    return latest, digests
+    return latest, digests, retained
 
 
 def _applied_events(records: list[Any], dim: int) -> Counter[tuple[str, str]]:
@@ -280,7 +303,7 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
     deadline = time.monotonic() + pipe.cfg.settle_timeout
     latest: dict[str, HeadUpdate] = {}
     while True:  # settle: every head's latest exact update equals its reference
-        latest, digests = _latest_heads(read_topic(s, heads_family(s.topic_prefix)))
+        latest, digests, retained = _latest_heads(read_topic(s, heads_family(s.topic_prefix)))
         pending = [h for h in work.heads
                    if h not in latest or latest[h].digest != work.reference_digest(h, latest[h].c, s)]
         if not pending or time.monotonic() > deadline:
@@ -288,8 +311,13 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
         time.sleep(1.0)
     report.digest_mismatched_heads = len(pending)
     report.examples += [f"head {h}: final digest differs from a from-scratch ledger" for h in pending[:3]]
+    off = [h for h in work.heads if h in latest and latest[h].retained_hash != work.reference_retained_hash(h, s)]
+    report.retained_hash_mismatched_heads = len(off)
+    report.examples += [f"head {h}: final retained-rows hash differs from a from-scratch one" for h in off[:3]]
     for key, seen in pipe.digests.items():
         digests.setdefault(key, set()).update(seen)
+    for key, hashes in pipe.retained_hashes.items():
+        retained.setdefault(key, set()).update(hashes)
     report.versions_with_two_digests = sum(1 for d in digests.values() if len(d) > 1)
     report.head_updates_seen = pipe.head_updates
     report.heads_generations = len(pipe.heads_topics)
@@ -309,8 +337,11 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
         except Exception:  # undecodable receipts are not ours to count
             continue
         if rec.status == "applied":
-            content = orjson.dumps([rec.head_id, rec.head_version, rec.digest, sorted(rec.sample_ids)])
+            content = orjson.dumps([rec.head_id, rec.head_version, rec.digest, rec.retained_hash,
+                                    sorted(rec.sample_ids)])
             receipts.setdefault(rec.event_id, []).append(content)
+            retained.setdefault((rec.head_id, int(rec.head_version or 0)), set()).add(rec.retained_hash)
+    report.versions_with_two_retained_hashes = sum(1 for h in retained.values() if len(h) > 1)
     report.receipts_missing = sum(1 for ev in work.delete_events if ev not in receipts)
     report.receipts_duplicated = sum(1 for ev in work.delete_events if len(receipts.get(ev, [])) > 1)
     report.receipts_conflicting = sum(1 for ev in work.delete_events if len(set(receipts.get(ev, []))) > 1)
@@ -375,8 +406,12 @@ def render(r: Report) -> str:
         f"| lost events | {r.lost_events} |",
         f"| doubled events | {r.doubled_events} |",
         f"| heads whose final digest differs from a from-scratch ledger | {r.digest_mismatched_heads} |",
+        f"| heads whose final retained-rows hash differs from a from-scratch one | "
+        f"{r.retained_hash_mismatched_heads} |",
         f"| (head, version) pairs with two digests (over {r.head_updates_seen} updates followed live, "
         f"{r.heads_generations} heads topics) | {r.versions_with_two_digests} |",
+        f"| (head, version) pairs with two retained-rows hashes (head updates and receipts) | "
+        f"{r.versions_with_two_retained_hashes} |",
         f"| deletes without an applied receipt | {r.receipts_missing} |",
         f"| deletes with conflicting receipts | {r.receipts_conflicting} |",
         f"| deletes with identical duplicate receipts (allowed: at-least-once) | {r.receipts_duplicated} |",

@@ -9,6 +9,7 @@ from .bayes import kl_matrix_normal, posterior_covariance, predictive_variance, 
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
 from .exact import ExactLedger, SufficientStatistics
 from .float_ledger import FloatLedger
+from .multiset_hash import MultisetHash
 from .quantize import QMAX, Quantizer, l2_normalize, quantize_targets, with_intercept
 from .retrain import centralized_retrain, one_hot, retrain_deviation
 from .smw import DowndateCheck, SMWTracker, relative_deviation
@@ -18,6 +19,7 @@ from .tracked import TrackedHead, UpdateReport
 __all__ = [
     "QMAX", "Quantizer", "QuantizationError", "l2_normalize", "with_intercept", "quantize_targets",
     "ExactLedger", "SufficientStatistics", "FloatLedger", "LedgerError", "NonMemberDelete", "OverflowBudgetError",
+    "MultisetHash",
     "solve_head", "cholesky_factor", "posterior_inverse", "regularized_gram",
     "SMWTracker", "DowndateCheck", "TrackedHead", "UpdateReport",
     "relative_deviation", "retrain_deviation", "centralized_retrain", "one_hot",

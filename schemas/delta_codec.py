@@ -12,7 +12,12 @@ Two entry kinds:
   class indices (n,) int64, or quantized target vectors (n, c) int64.
 - PACKED: signed event/sample/subject ids plus an opaque ``ledger_blob`` (the serialized exact
   ledger of the batch, produced and read by the ledger module): for batches so large that the
-  Gram matrix is smaller than the rows.
+  Gram matrix is smaller than the rows. Optionally (version 2) the multiset hash of the batch's
+  rows (``ledger.MultisetHash.to_bytes()``, docs/design.md section 6): a packed entry carries no
+  rows, so without it the ledger cannot keep the head's hash of its retained rows.
+
+A message is encoded as version 1 unless a packed entry carries a multiset hash: every message
+an older decoder can read stays byte-identical, and one it cannot read says "unknown version 2".
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
 __all__ = [
     "DELTA_MAGIC",
     "DELTA_VERSION",
+    "MULTISET_HASH_BYTES",
     "CodecError",
     "Delta",
     "PackedEntry",
@@ -37,15 +43,18 @@ __all__ = [
 ]
 
 DELTA_MAGIC = b"ULDT"
-DELTA_VERSION = 1
+DELTA_VERSION = 2  # the newest version this codec writes; it reads 1 and 2
 _KIND_ROWS = 1
 _KIND_PACKED = 2
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
+_ENTRY_MULTISET = 0x0001  # version 2 entry flag: a PACKED entry's rows' multiset hash follows its blob
+#: Size of a multiset hash state (``ledger.multiset_hash.STATE_BYTES``; this module does not import the ledger).
+MULTISET_HASH_BYTES = 4096
 
 _HEADER = struct.Struct("<IBBHI")  # d, frac_bits, label_frac_bits, reserved, n_entries
-_ENTRY = struct.Struct("<BbHI")  # kind, sign, reserved, n
+_ENTRY = struct.Struct("<BbHI")  # kind, sign, flags (version 1: reserved), n
 _ROWS = struct.Struct("<BBHI")  # label_kind, reserved, reserved, c
 _BLOB = struct.Struct("<Q")
 
@@ -95,19 +104,24 @@ class RowsEntry:
 
 @dataclass(frozen=True, slots=True)
 class PackedEntry:
-    """A signed batch whose exact ledger was serialized by the ledger module (opaque here)."""
+    """A signed batch whose exact ledger was serialized by the ledger module (opaque here).
+    ``multiset_hash``: the 4096-byte multiset hash state of the batch's rows, or None when the
+    producer did not compute it (the head's hash of its retained rows then becomes unknown)."""
 
     sign: int
     event_ids: tuple[str, ...]
     sample_ids: tuple[str, ...]
     subject_ids: tuple[str, ...]
     ledger_blob: bytes
+    multiset_hash: bytes | None = None
 
     def __post_init__(self) -> None:
         for name in ("event_ids", "sample_ids", "subject_ids"):
             object.__setattr__(self, name, _ids(getattr(self, name)))
         if not isinstance(self.ledger_blob, bytes):
             object.__setattr__(self, "ledger_blob", bytes(self.ledger_blob))
+        if self.multiset_hash is not None and not isinstance(self.multiset_hash, bytes):
+            object.__setattr__(self, "multiset_hash", bytes(self.multiset_hash))
 
     @property
     def n(self) -> int:
@@ -175,13 +189,24 @@ def encode_delta(delta: Delta) -> bytes:
             w.array(labels)
             w.array(q)
         elif isinstance(e, PackedEntry):
-            w.pack(_ENTRY, _KIND_PACKED, e.sign, 0, n)
+            mset = e.multiset_hash
+            if mset is not None and len(mset) != MULTISET_HASH_BYTES:
+                raise CodecError(f"{where}: multiset_hash must be {MULTISET_HASH_BYTES} bytes, got {len(mset)}")
+            w.pack(_ENTRY, _KIND_PACKED, e.sign, 0 if mset is None else _ENTRY_MULTISET, n)
             _put_ids(w, e, where)
             w.pack(_BLOB, len(e.ledger_blob))
             w.put(e.ledger_blob)
+            if mset is not None:
+                w.put(mset)
         else:
             raise CodecError(f"{where}: expected RowsEntry or PackedEntry, got {type(e).__name__}")
-    return w.finish(DELTA_MAGIC, DELTA_VERSION, 0)
+    return w.finish(DELTA_MAGIC, _version_for(delta), 0)
+
+
+def _version_for(delta: Delta) -> int:
+    """The lowest version that carries ``delta``: 2 only when a packed entry has a multiset hash."""
+    carries = any(isinstance(e, PackedEntry) and e.multiset_hash is not None for e in delta.entries)
+    return 2 if carries else 1
 
 
 def _put_ids(w: Writer, e: Entry, where: str) -> None:
@@ -212,8 +237,8 @@ def _check_params(d: int, k: int, k_y: int, err: Callable[[str], Exception]) -> 
 def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     """Parse and validate one ``deltas`` message; CodecError on anything wrong."""
     body, version, flags = check_frame(buf, DELTA_MAGIC, "delta")
-    if version != DELTA_VERSION:
-        raise CodecError(f"delta: unknown version {version} (this decoder knows {DELTA_VERSION})")
+    if version not in (1, 2):
+        raise CodecError(f"delta: unknown version {version} (this decoder knows 1 and 2)")
     if flags:
         raise CodecError(f"delta: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "delta")
@@ -226,9 +251,10 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     entries: list[Entry] = []
     for i in range(n_entries):
         where = f"entry {i}"
-        kind, sign, reserved, n = r.unpack(_ENTRY, f"{where} header")
-        if reserved:
-            raise r.fail(f"{where}: reserved field is not 0")
+        kind, sign, entry_flags, n = r.unpack(_ENTRY, f"{where} header")
+        if entry_flags and (version == 1 or kind != _KIND_PACKED or entry_flags != _ENTRY_MULTISET):
+            raise r.fail(f"{where}: unknown entry flags {entry_flags:#06x}"
+                         + (" (reserved in version 1)" if version == 1 else ""))
         if sign not in (1, -1):
             raise r.fail(f"{where}: sign must be +1 or -1, got {sign}")
         if n < 1:
@@ -257,8 +283,12 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
         elif kind == _KIND_PACKED:
             (size,) = r.unpack(_BLOB, f"{where} blob length")
             blob = bytes(r.raw(size, f"{where}: ledger_blob"))
-            entries.append(PackedEntry(sign, event_ids, sample_ids, subject_ids, blob))
+            mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags else None
+            entries.append(PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset))
         else:
             raise r.fail(f"{where}: unknown entry kind {kind}")
     r.done()
-    return Delta(head_id, source_id, d, k, k_y, tuple(entries))
+    delta = Delta(head_id, source_id, d, k, k_y, tuple(entries))
+    if version != _version_for(delta):  # one encoding per value
+        raise CodecError("delta: version 2 without a multiset hash in any packed entry (that is version 1)")
+    return delta

@@ -4,8 +4,9 @@ The ``heads`` topic is compacted and keyed by head id, so the latest message per
 current head. Besides W (d x c float64) a message carries the ledger digest (so anyone can check
 the head against a from-scratch ledger), the version (receipts point at the first version that
 excludes a deleted sample), the delta offsets it covers (where to resume), and optionally the
-posterior matrix T = (S + gamma*I)^-1 (d x d) for predictive variance. Same frame and robustness
-rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
+posterior matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, and the fingerprint of the
+multiset hash of the retained rows (docs/design.md section 6) when the head knows it. Same frame
+and robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ HEAD_MAGIC = b"ULHD"
 HEAD_VERSION = 1
 MODES: tuple[str, ...] = ("exact", "fast")
 _FLAG_POSTERIOR = 0x0001
+_FLAG_RETAINED_HASH = 0x0002
+_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH
 
 # version, mode, reserved[7], digest[32], n_retained, events_covered, created_ts, drift, gamma,
 # d, c, n_offsets
@@ -49,7 +52,8 @@ class HeadUpdate:
 
     ``offsets``: (partition, offset) of the last ``deltas`` message applied, per partition,
     sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (docs/design.md section 2).
-    Decoded arrays are read-only views into the message bytes.
+    ``retained_hash``: hex fingerprint of the multiset hash of the retained rows (section 6), None
+    when the head does not know it. Decoded arrays are read-only views into the message bytes.
     """
 
     head_id: str
@@ -64,6 +68,7 @@ class HeadUpdate:
     created_ts: float
     weights: np.ndarray
     posterior: np.ndarray | None = None
+    retained_hash: str | None = None
 
     def __post_init__(self) -> None:
         offsets = tuple(sorted((int(p), int(o)) for p, o in self.offsets))
@@ -97,7 +102,8 @@ class HeadUpdate:
                 b, "<f8"
             ).tobytes()
 
-        scalars = ("head_id", "version", "mode", "digest", "n_retained", "events_covered", "offsets")
+        scalars = ("head_id", "version", "mode", "digest", "n_retained", "events_covered", "offsets",
+                   "retained_hash")
         return (
             all(getattr(self, f) == getattr(other, f) for f in scalars)
             and struct.pack("<ddd", self.drift, self.gamma, self.created_ts)
@@ -109,15 +115,15 @@ class HeadUpdate:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _digest_bytes(digest: str) -> bytes:
+def _digest_bytes(digest: str, what: str = "digest") -> bytes:
     if not isinstance(digest, str) or len(digest) != 64:
-        raise CodecError(f"digest must be 64 hex characters (SHA-256), got {digest!r:.80}")
+        raise CodecError(f"{what} must be 64 hex characters (SHA-256), got {digest!r:.80}")
     try:
         raw = bytes.fromhex(digest)
     except ValueError:
-        raise CodecError(f"digest is not hex: {digest!r:.80}") from None
+        raise CodecError(f"{what} is not hex: {digest!r:.80}") from None
     if digest != raw.hex():
-        raise CodecError("digest must be lowercase hex (canonical form)")
+        raise CodecError(f"{what} must be lowercase hex (canonical form)")
     return raw
 
 
@@ -163,12 +169,17 @@ def encode_head(h: HeadUpdate) -> bytes:
         if post.shape != (d, d) or post.dtype.kind not in "fiu":
             raise CodecError(f"posterior must be a ({d}, {d}) real array, got {post.shape}")
         flags |= _FLAG_POSTERIOR
+    retained = None if h.retained_hash is None else _digest_bytes(h.retained_hash, "retained_hash")
+    if retained is not None:
+        flags |= _FLAG_RETAINED_HASH
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
         _FIXED, h.version, MODES.index(h.mode), _RESERVED, _digest_bytes(h.digest), h.n_retained,
         h.events_covered, h.created_ts, h.drift, h.gamma, d, c, len(h.offsets),
     )
+    if retained is not None:
+        w.put(retained)
     w.array(np.array([p for p, _ in h.offsets], dtype="<i4"), align=False)
     w.array(np.array([o for _, o in h.offsets], dtype="<i8"))
     w.array(np.asarray(w_arr, dtype="<f8"))
@@ -182,7 +193,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     body, version, flags = check_frame(buf, HEAD_MAGIC, "head")
     if version != HEAD_VERSION:
         raise CodecError(f"head: unknown version {version} (this decoder knows {HEAD_VERSION})")
-    if flags & ~_FLAG_POSTERIOR:
+    if flags & ~_FLAGS:
         raise CodecError(f"head: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "head")
     head_id = r.str16("head_id")
@@ -196,6 +207,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     _check_scalars(h_version, n_retained, events, drift, gamma, ts, r.fail)
     if d < 1:
         raise r.fail("d must be >= 1")
+    retained = bytes(r.raw(32, "retained_hash")).hex() if flags & _FLAG_RETAINED_HASH else None
     parts = r.array("<i4", n_off, "offset partitions", align=False)
     offs = r.array("<i8", n_off, "offsets")
     offsets = tuple(zip(parts.tolist(), offs.tolist()))
@@ -205,7 +217,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     r.done()
     return HeadUpdate(
         head_id, h_version, MODES[mode_i], digest.hex(), n_retained, events, offsets,
-        drift, gamma, ts, weights, posterior,
+        drift, gamma, ts, weights, posterior, retained,
     )
 
 
@@ -227,6 +239,7 @@ def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, An
         "c": h.c,
         "weights": np.asarray(h.weights, dtype=np.float64).tolist(),
         "has_posterior": h.posterior is not None,
+        "retained_hash": h.retained_hash,
     }
     if include_posterior and h.posterior is not None:
         out["posterior"] = np.asarray(h.posterior, dtype=np.float64).tolist()

@@ -2,8 +2,10 @@
 
 An applied receipt says which head version first excludes the samples and that version's ledger
 digest; because the ledger is exact, anyone holding the retained set can rebuild the ledger,
-recompute the digest and check the claim. A rejected receipt says why (a deadletter reason
-code) so the client is never left waiting.
+recompute the digest and check the claim. When the head knows it, an applied receipt also carries
+``retained_hash``, the fingerprint of the multiset hash of that version's retained rows
+(docs/design.md section 6): a commitment that costs O(row) to keep, where the digest costs
+O(d^2). A rejected receipt says why (a deadletter reason code) so the client is never left waiting.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = [
 RECEIPT_SCHEMA_V1 = "unlearn.receipt/v1"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED = frozenset(
-    ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts")
+    ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts",
+     "retained_hash")
 )
 
 
@@ -48,6 +51,7 @@ class Receipt:
     head_version: int | None = None
     digest: str | None = None
     reason: str | None = None
+    retained_hash: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sample_ids, tuple):
@@ -55,9 +59,11 @@ class Receipt:
 
     @classmethod
     def applied(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
-                head_version: int, digest: str, ts: float) -> Receipt:
-        """The samples are out of ``head_version`` (digest = that version's ledger digest)."""
-        return cls(event_id, subject_id, head_id, tuple(sample_ids), "applied", ts, head_version, digest)
+                head_version: int, digest: str, ts: float, retained_hash: str | None = None) -> Receipt:
+        """The samples are out of ``head_version`` (digest = that version's ledger digest;
+        ``retained_hash`` = its retained rows' multiset hash fingerprint, None when unknown)."""
+        return cls(event_id, subject_id, head_id, tuple(sample_ids), "applied", ts, head_version, digest,
+                   retained_hash=retained_hash)
 
     @classmethod
     def rejected(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
@@ -93,6 +99,7 @@ def receipt_from_dict(d: object) -> Receipt:
         raise CodecError("receipt: ts must be a finite number >= 0")
     status = d["status"]
     version, digest, reason = d.get("head_version"), d.get("digest"), d.get("reason")
+    retained = d.get("retained_hash")
     if status == "applied":
         if "head_version" not in d or "digest" not in d:
             raise CodecError("receipt: an applied receipt needs head_version and digest")
@@ -102,16 +109,18 @@ def receipt_from_dict(d: object) -> Receipt:
             raise CodecError("receipt: head_version must be an int in 0..2^64-1")
         if type(digest) is not str or not _HEX64.fullmatch(digest):
             raise CodecError("receipt: digest must be 64 lowercase hex characters")
+        if "retained_hash" in d and (type(retained) is not str or not _HEX64.fullmatch(retained)):
+            raise CodecError("receipt: retained_hash must be 64 lowercase hex characters")
         version = int(version)
     elif status == "rejected":
-        if "head_version" in d or "digest" in d:
-            raise CodecError("receipt: a rejected receipt has no head_version or digest")
+        if "head_version" in d or "digest" in d or "retained_hash" in d:
+            raise CodecError("receipt: a rejected receipt has no head_version, digest or retained_hash")
         if type(reason) is not str or not reason:
             raise CodecError("receipt: a rejected receipt needs a non-empty reason")
     else:
         raise CodecError(f"receipt: status must be applied | rejected, got {status!r:.80}")
     return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(samples), status, float(ts),
-                   version, digest, reason)
+                   version, digest, reason, retained)
 
 
 def receipt_to_dict(r: Receipt) -> dict[str, Any]:
@@ -131,6 +140,8 @@ def receipt_to_dict(r: Receipt) -> dict[str, Any]:
         d["digest"] = r.digest
     if r.reason is not None:
         d["reason"] = r.reason
+    if r.retained_hash is not None:
+        d["retained_hash"] = r.retained_hash
     return d
 
 

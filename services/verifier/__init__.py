@@ -3,7 +3,8 @@
 docs/verifier.md has the full story. The package, by concept:
 
 - ``reading``: what is read (the shared ``infra.topic_reader``), which head update is live.
-- ``export``: the ``ULDX`` export file (``unlearn export-deltas``, ``verify --deltas-file``).
+- ``export``: the ``ULDX`` export file (``unlearn export-deltas``, ``verify --deltas-file``): deltas,
+  head updates and receipts.
 - ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/head_runtime.py``).
 - ``orders``: the add-before-delete DAG, shuffled orders, partitionings, the retained rows.
 - ``checks``: one function per check on the replay's ``Evidence``.
@@ -21,7 +22,7 @@ from .certificate import CERTIFICATE_SCHEMA, Certificate, Check
 from .certify import verify, verify_broker, verify_file, verify_head
 from .cli import export_deltas_main, verify_main
 from .errors import VerifyError
-from .export import EXPORT_MAGIC, export_deltas, read_export, write_export
+from .export import EXPORT_MAGIC, Export, export_deltas, read_export, write_export
 from .reading import read_head_updates
 from .replay import replay_log
 
@@ -30,6 +31,7 @@ __all__ = [
     "EXPORT_MAGIC",
     "Certificate",
     "Check",
+    "Export",
     "VerifyError",
     "export_deltas",
     "export_deltas_main",

@@ -14,22 +14,24 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.receipts import Receipt
 
 from .certificate import Certificate, head_json
 from .checks import Evidence, run_checks
 from .errors import VerifyError
 from .export import read_export
-from .reading import delta_head, read_head_records, read_head_updates
+from .reading import decode_receipts, delta_head, read_head_records, read_head_updates, read_receipt_records
 
 
 def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None, head_id: str, *,
            orders: int = 3, partitionings: int = 3, seed: int | None = None, tolerance: float = 1e-8,
            source: dict[str, Any] | None = None, require_live: bool = True,
-           gamma: float | None = None) -> Certificate:
+           gamma: float | None = None, receipts: Sequence[Receipt] = ()) -> Certificate:
     """Run every check on a head's deltas (log order) and its head updates (log order; None when
     there are none to compare with). ``require_live``: a missing live head fails the live check
     (broker mode) instead of skipping it (a file exported without heads). ``gamma`` is used for
-    the retrain reference only when no head update says which gamma the head has.
+    the retrain reference only when no head update says which gamma the head has. ``receipts``:
+    the head's applied receipts are checked for their retained-rows hash (others are ignored).
 
     Runs with one BLAS thread: the replays are many small exact GEMMs, which a multithreaded BLAS
     only slows down on a shared box (~3x here); results are exact integers either way."""
@@ -38,7 +40,7 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
     with threadpool_limits(limits=1, user_api="blas"):
         seed = int(seed) if seed is not None else secrets.randbits(63)  # recorded: the run can be redone
         rng = np.random.default_rng(seed)
-        ev = Evidence.gather(delta_records, head_updates, head_id)
+        ev = Evidence.gather(delta_records, head_updates, head_id, receipts)
         rep = ev.replay
         warnings: list[str] = []
         if len(rep.partitions) > 1:
@@ -55,10 +57,11 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
 
 def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None, partitionings: int | None = None,
                   seed: int | None = None, tolerance: float | None = None, timeout: float = 60.0) -> Certificate:
-    """Read the head's deltas and head updates from the broker and verify them. The heads family
-    is read first, so the deltas read always cover the live head. VerifyError when a topic cannot be read."""
+    """Read the head's updates, receipts and deltas from the broker and verify them. Heads and
+    receipts are read first, so the deltas read always cover them. VerifyError when a topic cannot be read."""
     heads_topics = heads_family(settings.topic_prefix)
     heads = read_head_records(settings, heads_topics, head_id, timeout)
+    receipts = decode_receipts(read_receipt_records(settings, head_id, timeout))
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
     cert = verify(deltas, updates, head_id,
@@ -66,8 +69,9 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
                   partitionings=settings.verify_partitionings if partitionings is None else partitionings,
                   seed=seed, tolerance=settings.verify_tolerance if tolerance is None else tolerance,
                   source={"kind": "broker", "bootstrap": settings.bootstrap,
-                          "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern},
-                  require_live=True)
+                          "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern,
+                          "receipts_topic": settings.topic("receipts")},
+                  require_live=True, receipts=receipts)
     if bad:
         cert.warnings.append(f"{bad} undecodable messages keyed {head_id!r} on {heads_topics}")
     return cert
@@ -90,7 +94,7 @@ def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3
                 seed: int | None = None, tolerance: float = 1e-8, gamma: float | None = None) -> Certificate:
     """Verify an export file (``export_deltas`` / ``unlearn export-deltas``) without a broker.
     ``head_id`` may be left out when the file holds one head's deltas."""
-    deltas, heads = read_export(path)
+    deltas, heads, receipts = read_export(path)
     if head_id is None:
         ids = {h for h in (delta_head(r) for r in deltas) if h is not None}
         if len(ids) != 1:
@@ -99,7 +103,7 @@ def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3
     updates, bad = read_head_updates(heads, head_id)
     cert = verify(deltas, updates if heads else None, head_id, orders=orders, partitionings=partitionings,
                   seed=seed, tolerance=tolerance, source={"kind": "file", "path": str(path)}, require_live=False,
-                  gamma=gamma)
+                  gamma=gamma, receipts=decode_receipts(receipts))
     if bad:
         cert.warnings.append(f"{bad} undecodable head messages in {path}")
     return cert

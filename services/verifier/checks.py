@@ -25,6 +25,7 @@ from unlearn.ledger import (
 )
 from unlearn.ledger.smw import relative_deviation
 from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.receipts import Receipt
 
 from .certificate import Check
 from .orders import (
@@ -33,6 +34,7 @@ from .orders import (
     components,
     dependencies,
     partitioned_digest,
+    retained_multiset,
     retained_rows,
     shuffled_digest,
 )
@@ -43,7 +45,8 @@ from .replay import UNIT_CLASS_ROW, UNIT_VECTOR_ROW, LogReplay, Units, replay_lo
 @dataclass
 class Evidence:
     """What the checks look at: the log-order replay up to the live head's version, its units'
-    dependency DAG and sample groups, and the head updates (the live one and the latest exact)."""
+    dependency DAG and sample groups, the head updates (the live one and the latest exact) and the
+    head's applied receipts."""
 
     head_id: str
     replay: LogReplay
@@ -53,21 +56,24 @@ class Evidence:
     digest: str | None  # the replay ledger's: the baseline every other digest must equal
     deps: Dependencies
     comps: list[list[int]]
+    receipts: list[Receipt] = field(default_factory=list)
     _solved: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def gather(cls, delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None,
-               head_id: str) -> Evidence:
+               head_id: str, receipts: Sequence[Receipt] = ()) -> Evidence:
         """Replay to the live head's version (so every digest describes the events it covers),
-        keeping a ledger copy at the latest exact update's version for the canonical check."""
+        keeping a ledger copy at the latest exact update's version for the canonical check.
+        ``receipts``: any receipts; the head's applied ones are kept."""
         updates = list(head_updates or [])
         latest, latest_exact = live_updates(updates)
         stop = latest.version if latest is not None else None
         capture = {v for v in (stop, latest_exact.version if latest_exact else None) if v}
         rep = replay_log(delta_records, head_id, stop, capture)
         digest = rep.ledger.digest() if rep.ledger is not None else None
+        applied = [r for r in receipts if r.head_id == head_id and r.status == "applied"]
         return cls(head_id, rep, updates, latest, latest_exact, digest, dependencies(rep.units),
-                   components(rep.units))
+                   components(rep.units), applied)
 
     @property
     def units(self) -> Units:
@@ -247,6 +253,64 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
                  {"live_digest": latest.digest, "replay_digest": base})
 
 
+def check_retained_hash(ev: Evidence) -> Check:
+    """The multiset hash of the retained rows (docs/design.md section 6), recomputed by the replay,
+    equals a from-scratch hash of the retained rows and what every head update and applied receipt
+    at a replayed version says. A claim where the replay's hash is unknown (a packed entry without
+    one) fails: it cannot be backed. Updates and receipts that carry none are counted, not failed."""
+    rep = ev.replay
+    if ev.ledger is None:
+        return Check("retained_hash", "skipped", "nothing to replay")
+    base = rep.retained_hash
+    problems: list[str] = []
+    compared: dict[str, int] = {"from_scratch": 0, "head_updates": 0, "receipts": 0}
+    without: dict[str, int] = {"head_updates": 0, "receipts": 0}
+    beyond = 0
+    retained = ev.retained()
+    scratch = None
+    if retained is not None:
+        scratch = retained_multiset(ev.units, retained).fingerprint()
+        compared["from_scratch"] = 1
+        if scratch != base:
+            problems.append(f"a from-scratch hash of the {len(retained)} retained rows is {scratch}, "
+                            f"the log-order replay's {base}")
+    claims: list[tuple[str, str, int, str | None]] = [
+        ("head_updates", f"head update version {u.version} ({u.mode})", u.version, u.retained_hash) for u in ev.updates]
+    claims += [("receipts", f"receipt {r.event_id!r} at version {r.head_version}", int(r.head_version or 0),
+                r.retained_hash) for r in ev.receipts]
+    for kind, who, version, claimed in claims:
+        if version > rep.version:
+            beyond += 1
+        elif claimed is None:
+            without[kind] += 1
+        elif version not in rep.retained_hash_at:
+            problems.append(f"{who}: the log has no such version")
+        elif rep.retained_hash_at[version] is None:
+            problems.append(f"{who} says {claimed}, but the replay cannot know the hash there (a packed entry "
+                            "without the multiset hash of its rows)")
+        elif rep.retained_hash_at[version] != claimed:
+            problems.append(f"{who} says {claimed}, the replay {rep.retained_hash_at[version]}")
+        else:
+            compared[kind] += 1
+    data: dict[str, Any] = {"replay_retained_hash": base, "from_scratch_retained_hash": scratch,
+                            "compared": compared, "without_hash": without, "beyond_replay": beyond}
+    if problems:
+        return Check("retained_hash", "fail", f"{len(problems)} mismatches: " + "; ".join(problems[:5]),
+                     {**data, "problems": problems[:50]})
+    if not any(compared.values()):
+        why = ("the replay's hash is unknown (a packed entry without the multiset hash of its rows)"
+               if base is None else "no head update or receipt carries one, and the retained rows are not derivable")
+        return Check("retained_hash", "skipped", f"nothing to compare: {why}", data)
+    backed = [f"{compared[k]} {what}" for k, what in (("head_updates", "head updates"),
+                                                      ("receipts", "applied receipts")) if compared[k]]
+    matched = ([f"a from-scratch hash of the {len(retained)} retained rows"] if retained is not None else []) + (
+        [" and ".join(backed) + " at their versions"] if backed else [])
+    notes = [f"{n} {k.replace('_', ' ')} carry none" for k, n in without.items() if n]
+    notes += [f"{beyond} beyond the replayed version"] if beyond else []
+    return Check("retained_hash", "pass", f"the replay's retained-rows hash {base} equals " + ", ".join(matched)
+                 + (f" ({'; '.join(notes)})" if notes else ""), data)
+
+
 def check_canonical_head(ev: Evidence) -> Check:
     """``solve_head`` on the replayed ledger equals the latest exact head's W (and posterior T)
     bit for bit; a fast live head is checked through the latest exact update at its own version."""
@@ -322,6 +386,7 @@ def run_checks(ev: Evidence, rng: np.random.Generator, *, orders: int, partition
         check_repartitionings(ev, partitionings, rng),
         check_from_scratch(ev),
         check_live_digest(ev, require_live),
+        check_retained_hash(ev),
         check_canonical_head(ev),
         check_retrain_deviation(ev, tolerance, gamma),
     ]

@@ -72,20 +72,23 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
 
 
 def export_deltas_main(argv: Sequence[str] | None = None) -> int:
-    """``unlearn export-deltas --bootstrap B --head H --out F [--no-heads]``."""
-    ap = argparse.ArgumentParser(prog="unlearn export-deltas",
-                                 description="Write a head's deltas (and head updates) to a file for offline verify.")
+    """``unlearn export-deltas --bootstrap B --head H --out F [--no-heads] [--no-receipts]``."""
+    ap = argparse.ArgumentParser(prog="unlearn export-deltas", description=(
+        "Write a head's deltas (and head updates and receipts) to a file for offline verify."))
     _common(ap)
     ap.add_argument("--head", required=True, help="head id")
     ap.add_argument("--out", required=True, help="output file")
-    ap.add_argument("--no-heads", action="store_true", help="deltas only (verify then skips the live-head checks)")
+    ap.add_argument("--no-heads", action="store_true", help="no head updates (verify then skips the live-head checks)")
+    ap.add_argument("--no-receipts", action="store_true",
+                    help="no receipts (reading them scans the whole receipts topic; verify then checks none)")
     try:
         args = ap.parse_args(argv)
         settings = settings_from_args(args)
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     try:
-        info = export_deltas(settings, args.head, args.out, include_heads=not args.no_heads, timeout=args.timeout)
+        info = export_deltas(settings, args.head, args.out, include_heads=not args.no_heads,
+                             include_receipts=not args.no_receipts, timeout=args.timeout)
     except VerifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,15 +1,16 @@
-"""The deltas export file (``ULDX`` v1): a head's raw ``deltas`` and ``heads`` messages, so anyone
-can re-verify a head offline with their own decoder (``unlearn verify --deltas-file``).
+"""The deltas export file (``ULDX``): a head's raw ``deltas``, ``heads`` and ``receipts`` messages,
+so anyone can re-verify a head offline with their own decoder (``unlearn verify --deltas-file``).
 
 All integers little-endian::
 
-    file   := "ULDX" | u16 version (=1) | u16 reserved (=0) | record*
+    file   := "ULDX" | u16 version (1 or 2) | u16 reserved (=0) | record*
     record := u8 kind | u8 reserved (=0) | u16 key_len | i32 partition | i64 offset
               | i64 timestamp_ms | u64 value_len | key bytes | value bytes
 
-``kind`` 1 = a raw ``deltas`` message (``ULDT``), 2 = a raw ``heads`` message (``ULHD``), in
-log order per kind; partition/offset/timestamp are where the message was on its topic. A
-tombstone is written as an empty value (both are undecodable to the ledger).
+``kind`` 1 = a raw ``deltas`` message (``ULDT``), 2 = a raw ``heads`` message (``ULHD``), 3 (version
+2 only) = a raw ``receipts`` message (JSON), in log order per kind; partition/offset/timestamp are
+where the message was on its topic. A file is written as version 1 unless it holds receipts, so an
+older reader reads every file it can. A tombstone is written as an empty value (undecodable).
 """
 
 from __future__ import annotations
@@ -17,31 +18,41 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 
 from .errors import VerifyError
-from .reading import delta_head, read_head_records, record_value
+from .reading import delta_head, read_head_records, read_receipt_records, record_value
 
 EXPORT_MAGIC = b"ULDX"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # the newest version written; 1 and 2 are read
 KIND_DELTA = 1
 KIND_HEAD = 2
+KIND_RECEIPT = 3
 _FILE_HEADER = struct.Struct("<4sHH")
 _RECORD = struct.Struct("<BBHiqqQ")  # kind, reserved, key_len, partition, offset, timestamp_ms, value_len
 
 
-def write_export(path: str | Path, deltas: Sequence[LogRecord], heads: Sequence[LogRecord] = ()) -> int:
+class Export(NamedTuple):
+    """The records of an export file, per kind, in log order."""
+
+    deltas: list[LogRecord]
+    heads: list[LogRecord]
+    receipts: list[LogRecord]
+
+
+def write_export(path: str | Path, deltas: Sequence[LogRecord], heads: Sequence[LogRecord] = (),
+                 receipts: Sequence[LogRecord] = ()) -> int:
     """Write the export file; returns its size in bytes."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(p, "wb") as f:
-        n += f.write(_FILE_HEADER.pack(EXPORT_MAGIC, EXPORT_VERSION, 0))
-        for kind, recs in ((KIND_DELTA, deltas), (KIND_HEAD, heads)):
+        n += f.write(_FILE_HEADER.pack(EXPORT_MAGIC, EXPORT_VERSION if receipts else 1, 0))
+        for kind, recs in ((KIND_DELTA, deltas), (KIND_HEAD, heads), (KIND_RECEIPT, receipts)):
             for r in recs:
                 key = r.key or b""
                 value = record_value(r)
@@ -51,9 +62,9 @@ def write_export(path: str | Path, deltas: Sequence[LogRecord], heads: Sequence[
     return n
 
 
-def read_export(path: str | Path) -> tuple[list[LogRecord], list[LogRecord]]:
-    """(deltas records, heads records) of an export file; VerifyError if it is not one, so a
-    damaged file is an error rather than a certificate about fewer events."""
+def read_export(path: str | Path) -> Export:
+    """The records of an export file; VerifyError if it is not one, so a damaged file is an error
+    rather than a certificate about fewer events."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -63,11 +74,13 @@ def read_export(path: str | Path) -> tuple[list[LogRecord], list[LogRecord]]:
     magic, version, _ = _FILE_HEADER.unpack_from(data, 0)
     if magic != EXPORT_MAGIC:
         raise VerifyError(f"{path}: not a deltas export (magic {magic!r}, expected {EXPORT_MAGIC!r})")
-    if version != EXPORT_VERSION:
-        raise VerifyError(f"{path}: export version {version} is unknown (this verifier reads {EXPORT_VERSION})")
+    if version not in (1, 2):
+        raise VerifyError(f"{path}: export version {version} is unknown (this verifier reads 1 and 2)")
     pos = _FILE_HEADER.size
-    deltas: list[LogRecord] = []
-    heads: list[LogRecord] = []
+    out = Export([], [], [])
+    by_kind = {KIND_DELTA: out.deltas, KIND_HEAD: out.heads, KIND_RECEIPT: out.receipts}
+    if version == 1:
+        del by_kind[KIND_RECEIPT]
     i = 0
     while pos < len(data):
         if pos + _RECORD.size > len(data):
@@ -80,23 +93,22 @@ def read_export(path: str | Path) -> tuple[list[LogRecord], list[LogRecord]]:
         key = data[pos:pos + klen] or None
         value = data[pos + klen:pos + klen + vlen]
         pos += klen + vlen
-        rec = LogRecord(part, off, ts, key, value)
-        if kind == KIND_DELTA:
-            deltas.append(rec)
-        elif kind == KIND_HEAD:
-            heads.append(rec)
-        else:
-            raise VerifyError(f"{path}: record {i} has unknown kind {kind}")
+        if kind not in by_kind:
+            raise VerifyError(f"{path}: record {i} has unknown kind {kind} (export version {version})")
+        by_kind[kind].append(LogRecord(part, off, ts, key, value))
         i += 1
-    return deltas, heads
+    return out
 
 
 def export_deltas(settings: Settings, head_id: str, path: str | Path, *, include_heads: bool = True,
-                  timeout: float = 60.0) -> dict[str, Any]:
+                  include_receipts: bool = True, timeout: float = 60.0) -> dict[str, Any]:
     """Write every ``deltas`` message of ``head_id`` (key = head id, or unkeyed) and, unless
-    ``include_heads`` is False, its head updates to ``path``. Returns a summary."""
+    ``include_heads`` / ``include_receipts`` is False, its head updates and receipts to ``path``.
+    Heads and receipts are read first, so the deltas cover them. Returns a summary."""
+    heads = read_head_records(settings, heads_family(settings.topic_prefix), head_id, timeout) if include_heads else []
+    receipts = read_receipt_records(settings, head_id, timeout) if include_receipts else []
     deltas = [r for r in read_head_records(settings, settings.topic("deltas"), head_id, timeout)
               if delta_head(r) == head_id]
-    heads = read_head_records(settings, heads_family(settings.topic_prefix), head_id, timeout) if include_heads else []
-    size = write_export(path, deltas, heads)
-    return {"path": str(path), "head_id": head_id, "deltas": len(deltas), "heads": len(heads), "bytes": size}
+    size = write_export(path, deltas, heads, receipts)
+    return {"path": str(path), "head_id": head_id, "deltas": len(deltas), "heads": len(heads),
+            "receipts": len(receipts), "bytes": size}

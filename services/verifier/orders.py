@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from unlearn.ledger import ExactLedger
+from unlearn.ledger import ExactLedger, MultisetHash
 
 from .errors import VerifyError
 from .replay import UNIT_CLASS_ROW, UNIT_PACKED, UNIT_VECTOR_ROW, Units
@@ -196,3 +196,15 @@ def retained_rows(units: Units, deps: Dependencies) -> list[int] | None:
     if units.has_packed or deps.unmatched:
         return None
     return [u for u in range(len(units)) if units.sign[u] > 0 and not deps.children[u]]
+
+
+def retained_multiset(units: Units, rows: Sequence[int]) -> MultisetHash:
+    """The multiset hash of the retained row units ``rows``, from scratch (docs/design.md section 6)."""
+    h = MultisetHash(units.d, units.k, units.k_y)
+    cls = [units.ref[u] for u in rows if units.kind[u] == UNIT_CLASS_ROW]
+    if cls:
+        h.add(units.Q[np.asarray(cls, dtype=np.int64)], np.asarray([units.class_labels[i] for i in cls], np.int64))
+    for u in rows:  # target vectors may differ in width: one row at a time
+        if units.kind[u] == UNIT_VECTOR_ROW:
+            h.add(units.Q[units.ref[u]], units.vector_labels[units.ref[u]][None, :])
+    return h

@@ -1,4 +1,5 @@
-"""What the verifier reads: a head's ``deltas`` and ``heads`` messages, and which head update is live.
+"""What the verifier reads: a head's ``deltas``, ``heads`` and ``receipts`` messages, and which head
+update is live.
 
 Topics are read with the one shared reader (``unlearn.infra.topic_reader``); its
 ``TopicReadError`` becomes a ``VerifyError`` here, so callers see one error type for "could not
@@ -14,6 +15,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, Source, TopicReadError, read_topic
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, decode_head
+from unlearn.schemas.receipts import Receipt, decode_receipt
 
 from .errors import VerifyError
 
@@ -62,6 +64,27 @@ def read_head_updates(records: Iterable[LogRecord], head_id: str) -> tuple[list[
         if u.head_id == head_id:
             ups.append(u)
     return ups, bad
+
+
+def read_receipt_records(settings: Settings, head_id: str, timeout: float = 60.0) -> list[LogRecord]:
+    """The ``receipts`` messages of ``head_id``. Receipts are keyed by subject, so the whole topic is
+    read and each message decoded to see its head; undecodable ones are left out (they name no head)."""
+    try:
+        recs = read_topic(settings, settings.topic("receipts"), None, timeout, role="verifier")
+    except TopicReadError as exc:
+        raise VerifyError(str(exc)) from None
+    return [r for r in recs if [x.head_id for x in decode_receipts([r])] == [head_id]]
+
+
+def decode_receipts(records: Iterable[LogRecord]) -> list[Receipt]:
+    """The decodable receipts among ``records``, in order."""
+    out: list[Receipt] = []
+    for r in records:
+        try:
+            out.append(decode_receipt(record_value(r)))
+        except CodecError:
+            continue
+    return out
 
 
 def live_updates(updates: Iterable[HeadUpdate]) -> tuple[HeadUpdate | None, HeadUpdate | None]:

@@ -7,7 +7,9 @@ rejections come from ``streams/ledger/head_runtime.py`` (``admit``, ``record_app
 key check) is mirrored: an undecodable message or a key/head mismatch is a ``bad_delta``.
 
 Accepted entries are collected as ``Units`` (one per row of a rows entry, one per packed entry),
-the material the shuffled orders and partitionings re-apply (``orders.py``).
+the material the shuffled orders and partitionings re-apply (``orders.py``). The multiset hash of
+the retained rows is folded along with the ledger by the runtime's own ``fold_multiset``, and its
+fingerprint recorded at every version, for the receipts that name one.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from typing import Any
 import numpy as np
 
 from unlearn.infra.topic_reader import LogRecord
-from unlearn.ledger import ExactLedger
+from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.delta_codec import CodecError, Delta, PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.source_id import dedup_key
-from unlearn.streams.ledger.head_runtime import Rejection, admit, apply_entries, creates_head, record_applied
+from unlearn.streams.ledger.head_runtime import (
+    Rejection,
+    admit,
+    apply_entries,
+    creates_head,
+    fold_multiset,
+    record_applied,
+)
 
 from .reading import record_value
 
@@ -137,6 +146,7 @@ class LogReplay:
     final_version: int = 0  # applied messages in the whole log
     pending: int = 0  # messages beyond the stop version that would apply
     ledger: ExactLedger | None = None  # at the stop version
+    retained_hash_at: dict[int, str | None] = field(default_factory=dict)  # version -> fingerprint (None: unknown)
     at_version: dict[int, ExactLedger] = field(default_factory=dict)
     offset_of_version: dict[int, tuple[int, int]] = field(default_factory=dict)
     units: Units = field(default_factory=Units)
@@ -152,6 +162,11 @@ class LogReplay:
             out[s.reason] = out.get(s.reason, 0) + 1
         return out
 
+    @property
+    def retained_hash(self) -> str | None:
+        """The fingerprint of the retained rows' multiset hash at the stop version (None: unknown)."""
+        return self.retained_hash_at.get(self.version)
+
     def to_json(self, digest: str | None) -> dict[str, Any]:
         """The certificate's ``replay`` section (``digest``: the ledger's, computed once by the caller)."""
         led = self.ledger
@@ -161,6 +176,7 @@ class LogReplay:
             "version": self.version,
             "pending": self.pending,
             "digest": digest,
+            "retained_hash": self.retained_hash,
             "n_retained": led.count if led is not None else 0,
             "d": self.units.d,
             "c": led.n_outputs if led is not None else 0,
@@ -224,6 +240,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
     want = set(capture)
     key = head_id.encode("utf-8")
     ledger: ExactLedger | None = None
+    mset: MultisetHash | None = None
     pos = _Position()
     collecting = True
     for r in records:
@@ -241,6 +258,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
                                     for i, e in enumerate(delta.entries))
                 continue
             ledger = ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits)
+            mset = MultisetHash(delta.d, delta.frac_bits, delta.label_frac_bits)
             rep.units.d, rep.units.k, rep.units.k_y = delta.d, delta.frac_bits, delta.label_frac_bits
         applied_before = pos.applied_offset
         skipped = admit(pos, delta, r.offset)
@@ -249,16 +267,19 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
                                        _skip_detail(skipped, delta, r.offset, pos, applied_before)))
             continue
         accepted: list[RowsEntry | tuple[PackedEntry, ExactLedger]] = []
-        for _, _, result in apply_entries(head_id, delta, ledger, partial(_apply_to, ledger)):
+        for _, entry, result in apply_entries(head_id, delta, ledger, partial(_apply_to, ledger)):
             if isinstance(result, Rejection):
                 rep.rejected.append(Skipped.rejected(r, result))
             else:
                 accepted.append(result)
+                if collecting:  # nothing reads the hash beyond the stop version
+                    mset = fold_multiset(mset, entry)
         record_applied(pos, delta, r.offset)
         rep.final_version += 1
         if collecting:
             rep.version = rep.final_version
             rep.offset_of_version[rep.version] = (r.partition, r.offset)
+            rep.retained_hash_at[rep.version] = None if mset is None else mset.fingerprint()
             for a in accepted:
                 if isinstance(a, RowsEntry):
                     rep.units.add_rows(a)

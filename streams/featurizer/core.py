@@ -47,7 +47,7 @@ from unlearn.features.contract import (
     quantize_label,
     resolve_backbone,
 )
-from unlearn.ledger import ExactLedger
+from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.envelope import (
@@ -542,7 +542,9 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
     if not packed:
         return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q)
     blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
-    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob)
+    # The rows' multiset hash, so the ledger's retained-rows hash stays known (docs/design.md s.6).
+    mset = MultisetHash.of_rows(Q, labels, head.frac_bits, head.label_frac_bits).to_bytes()
+    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset)
 
 
 # --------------------------------------------------------------------------- the batch

@@ -15,12 +15,12 @@ from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
-from unlearn.ledger import ExactLedger, LedgerError, NonMemberDelete, TrackedHead, UpdateReport
+from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead, UpdateReport
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.source_id import dedup_key
 
-from .snapshot import HeadMeta
+from .snapshot import HeadMeta, HeadState
 
 #: ("<stream>/<partition>", offset) of a delta's source: skips deltas a featurizer re-produced.
 parse_source_id = dedup_key
@@ -71,13 +71,18 @@ class HeadConfig:
 
 class HeadRuntime:
     """Live state of one head. ``version`` counts applied delta messages, so the same deltas log
-    always yields the same (version, digest) pairs, also after a crash and replay."""
+    always yields the same (version, digest, retained hash) triples, also after a crash and replay.
 
-    def __init__(self, head_id: str, ledger: ExactLedger, config: HeadConfig, *, version: int = 0,
+    ``multiset`` is the multiset hash of the retained rows (docs/design.md section 6), kept next
+    to the ledger; None once it is unknown (a packed entry without one, or a version 1 snapshot)."""
+
+    def __init__(self, head_id: str, ledger: ExactLedger, config: HeadConfig, *,
+                 multiset: MultisetHash | None = None, version: int = 0,
                  events_covered: int = 0, applied_offset: int = -1, input_partition: int = -1,
                  last_reset_drift: float = 0.0, source_offsets: dict[str, int] | None = None) -> None:
         self.head_id = head_id
         self.config = config
+        self.multiset = multiset
         self.tracked = TrackedHead(ledger, config.gamma, reset_every=config.reset_every,
                                    drift_threshold=config.drift_threshold)
         self.tracked.tracker.last_reset_drift = last_reset_drift
@@ -89,23 +94,31 @@ class HeadRuntime:
         self.last_reset_at = time.monotonic()
         self.dirty_since_snapshot = 0
         self._digest: tuple[int, str] | None = None
+        self._retained_hash: tuple[int, str | None] | None = None
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def new(cls, head_id: str, delta: Delta, config: HeadConfig) -> HeadRuntime:
         """A head is created by its first add; its dimension and grids come from that delta."""
-        return cls(head_id, ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits), config)
+        return cls(head_id, ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits), config,
+                   multiset=MultisetHash(delta.d, delta.frac_bits, delta.label_frac_bits))
 
     @classmethod
-    def from_snapshot(cls, meta: HeadMeta, ledger: ExactLedger, config: HeadConfig) -> HeadRuntime:
+    def from_snapshot(cls, state: HeadState, config: HeadConfig) -> HeadRuntime:
+        meta = state.meta
         cfg = HeadConfig(meta.gamma, config.reset_every, config.drift_threshold)
-        return cls(meta.head_id, ledger, cfg, version=meta.version, events_covered=meta.events_covered,
-                   applied_offset=meta.applied_offset, input_partition=meta.input_partition,
-                   last_reset_drift=meta.last_reset_drift, source_offsets=meta.source_offsets)
+        return cls(meta.head_id, state.ledger, cfg, multiset=state.multiset, version=meta.version,
+                   events_covered=meta.events_covered, applied_offset=meta.applied_offset,
+                   input_partition=meta.input_partition, last_reset_drift=meta.last_reset_drift,
+                   source_offsets=meta.source_offsets)
 
     def meta(self) -> HeadMeta:
         return HeadMeta(self.head_id, self.config.gamma, self.version, self.events_covered, self.applied_offset,
                         self.input_partition, self.last_reset_drift, dict(self.source_offsets))
+
+    def state(self) -> HeadState:
+        """What a snapshot keeps (the ledger and the hash are the live objects, not copies)."""
+        return HeadState(self.meta(), self.ledger, self.multiset)
 
     # ---------------------------------------------------------------- views
     @property
@@ -129,6 +142,12 @@ class HeadRuntime:
         if self._digest is None or self._digest[0] != self.version:
             self._digest = (self.version, self.ledger.digest())
         return self._digest[1]
+
+    def retained_hash(self) -> str | None:
+        """Fingerprint of the retained rows' multiset hash (None: unknown), cached per version."""
+        if self._retained_hash is None or self._retained_hash[0] != self.version:
+            self._retained_hash = (self.version, None if self.multiset is None else self.multiset.fingerprint())
+        return self._retained_hash[1]
 
     # ---------------------------------------------------------------- updates
     def apply(self, delta: Delta, offset: int, partition: int) -> ApplyOutcome:
@@ -157,8 +176,11 @@ class HeadRuntime:
 
     def _apply_entry(self, entry: RowsEntry | PackedEntry) -> UpdateReport:
         if isinstance(entry, RowsEntry):
-            return (self.tracked.add if entry.sign > 0 else self.tracked.delete)(entry.q, entry.labels)
-        return self.tracked.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
+            rep = (self.tracked.add if entry.sign > 0 else self.tracked.delete)(entry.q, entry.labels)
+        else:
+            rep = self.tracked.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
+        self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
+        return rep
 
     def timed_reset_due(self, every_seconds: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -231,6 +253,21 @@ def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
         except LedgerError as exc:
             result = _reject(i, entry, "invalid_entry", str(exc))
         yield i, entry, result
+
+
+def fold_multiset(h: MultisetHash | None, entry: RowsEntry | PackedEntry) -> MultisetHash | None:
+    """The retained rows' multiset hash after the ledger applied ``entry`` (``h`` is updated in
+    place): a rows entry's rows join (add) or leave (delete); a packed entry joins with the hash
+    of its rows it carries. One without makes the hash unknown (None) from then on, never wrong."""
+    if h is None:
+        return None
+    if isinstance(entry, RowsEntry):
+        (h.add if entry.sign > 0 else h.delete)(entry.q, entry.labels)
+        return h
+    if entry.multiset_hash is None:
+        return None
+    h.absorb(MultisetHash.from_bytes(entry.multiset_hash, *h.grid), entry.sign)
+    return h
 
 
 def _reject(i: int, entry: RowsEntry | PackedEntry, reason: str, detail: str) -> Rejection:

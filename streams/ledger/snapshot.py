@@ -7,6 +7,12 @@ writing it per delta would swamp the broker. So a head's state is snapshotted at
 piece carries the snapshot generation, the applied input offset, its index, the piece count and
 the SHA-256 of the whole state, so a mixed or partial set can never be mistaken for a snapshot
 (docs/ledger-processor.md has the byte layout).
+
+The state blob is versioned. Version 2 adds the head's multiset hash of its retained rows
+(docs/design.md section 6). A version 1 blob, written before it existed, still loads: its head's
+hash is *unknown* (None) from then on, as after a packed entry without one, and head updates and
+receipts then carry none. Refusing it would stop every upgraded worker with exit code 2, and
+rebuilding from the log needs a ``deltas`` log that retention may have cut.
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from dataclasses import dataclass
 
 import orjson
 
-from unlearn.ledger import ExactLedger
+from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.ledger.multiset_hash import STATE_BYTES
 
 _PIECE = struct.Struct("<4sHQqII32s")  # magic, version, generation, offset, index, count, sha256(state)
 _PIECE_MAGIC = b"ULSP"
 _STATE_MAGIC = b"ULST"
-_VERSION = 1
+_VERSION = 1  # of the pieces
+_STATE_VERSION = 2  # of the state blob: 1 = meta + ledger, 2 = meta + multiset hash + ledger
+_STATE_HEADER = struct.Struct("<HI")  # version, meta length
+_U32 = struct.Struct("<I")
 
 
 class SnapshotError(ValueError):
@@ -50,20 +60,46 @@ class HeadMeta:
         return cls(**orjson.loads(raw))
 
 
-def encode_state(meta: HeadMeta, ledger: ExactLedger) -> bytes:
-    """One blob: magic, version, meta length + JSON meta, ledger blob (itself checksummed)."""
-    m = meta.to_json()
-    return _STATE_MAGIC + struct.pack("<HI", _VERSION, len(m)) + m + ledger.to_bytes()
+@dataclass(frozen=True)
+class HeadState:
+    """What a snapshot holds: the meta, the exact ledger, and the multiset hash of the retained
+    rows (None: unknown)."""
+
+    meta: HeadMeta
+    ledger: ExactLedger
+    multiset: MultisetHash | None
 
 
-def decode_state(blob: bytes) -> tuple[HeadMeta, ExactLedger]:
+def encode_state(state: HeadState) -> bytes:
+    """One blob (version 2): magic, version, meta length + JSON meta, multiset hash length (0 =
+    unknown, or 4096) + state, ledger blob (itself checksummed)."""
+    m = state.meta.to_json()
+    mset = b"" if state.multiset is None else state.multiset.to_bytes()
+    return (_STATE_MAGIC + _STATE_HEADER.pack(_STATE_VERSION, len(m)) + m + _U32.pack(len(mset)) + mset
+            + state.ledger.to_bytes())
+
+
+def decode_state(blob: bytes) -> HeadState:
+    """Version 2, or version 1 (no multiset hash: it loads as unknown). SnapshotError otherwise."""
     if blob[:4] != _STATE_MAGIC:
         raise SnapshotError("not a head state blob")
-    version, mlen = struct.unpack_from("<HI", blob, 4)
-    if version != _VERSION:
+    version, mlen = _STATE_HEADER.unpack_from(blob, 4)
+    if version not in (1, _STATE_VERSION):
         raise SnapshotError(f"unknown head state version {version}")
-    meta = HeadMeta.from_json(blob[10:10 + mlen])
-    return meta, ExactLedger.from_bytes(blob[10 + mlen:])
+    pos = 4 + _STATE_HEADER.size
+    meta = HeadMeta.from_json(blob[pos:pos + mlen])
+    pos += mlen
+    raw_mset = b""
+    if version == _STATE_VERSION:
+        (size,) = _U32.unpack_from(blob, pos)
+        if size not in (0, STATE_BYTES):
+            raise SnapshotError(f"multiset hash of {size} bytes (0 or {STATE_BYTES})")
+        raw_mset = blob[pos + _U32.size:pos + _U32.size + size]
+        pos += _U32.size + size
+    ledger = ExactLedger.from_bytes(blob[pos:])
+    mset = (MultisetHash.from_bytes(raw_mset, ledger.dim, ledger.frac_bits, ledger.label_frac_bits)
+            if raw_mset else None)
+    return HeadState(meta, ledger, mset)
 
 
 def split_pieces(state: bytes, generation: int, offset: int, max_piece_bytes: int) -> list[bytes]:

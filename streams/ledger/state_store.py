@@ -29,7 +29,6 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family, state_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
-from unlearn.ledger import ExactLedger
 
 from .checkpoint import (
     Checkpoint,
@@ -40,7 +39,7 @@ from .checkpoint import (
     piece_key,
     plan_generations,
 )
-from .snapshot import HeadMeta, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
+from .snapshot import HeadState, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
 
 log = logging.getLogger("unlearn.ledger")
 
@@ -204,11 +203,11 @@ class ChangelogStore:
             except BufferError:  # local queue full: let deliveries drain
                 self.producer.poll(0.1)
 
-    def write_snapshot(self, partition: int, meta: HeadMeta, ledger: ExactLedger,
-                       previous: HeadPointer | None) -> HeadPointer:
+    def write_snapshot(self, partition: int, head: HeadState, previous: HeadPointer | None) -> HeadPointer:
         """Write a head's snapshot into the slot the previous checkpoint does not name."""
         generation = (previous.generation if previous is not None else 0) + 1
-        state = encode_state(meta, ledger)
+        meta = head.meta
+        state = encode_state(head)
         pieces = split_pieces(state, generation, meta.applied_offset, self.settings.changelog_max_bytes)
         slot = generation % 2
         offsets = self._produce_all(partition, [(piece_key(meta.head_id, slot, i), p) for i, p in enumerate(pieces)])
@@ -224,7 +223,7 @@ class ChangelogStore:
         group = f"{self.settings.topic_prefix}ledger-recovery-{uuid.uuid4().hex}"  # never joined
         return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
 
-    def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, tuple[HeadMeta, ExactLedger]]]:
+    def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, HeadState]]:
         """The latest checkpoint of ``partition`` and the heads it names (verified snapshots).
         Superseded generations, and a newer one a crashed rotation left without a checkpoint,
         are deleted; writes continue in the generation recovered from."""
@@ -243,7 +242,7 @@ class ChangelogStore:
             self.generation[partition] = next_gen
             self.written[partition] = 0
             cp = found.get(use) if use is not None else None
-            heads: dict[str, tuple[HeadMeta, ExactLedger]] = {}
+            heads: dict[str, HeadState] = {}
             if cp is not None and use is not None:
                 topic = self.state.topic(partition, use)
                 self._created.add(topic)
@@ -286,7 +285,7 @@ class ChangelogStore:
         per_record = self._piece_bytes_read / max(1, self._pieces_read) if pieces else 0
         return int(max(0, int(high) - max(0, int(low))) * per_record)
 
-    def _read_head(self, c: Any, topic: str, head_id: str, ptr: HeadPointer) -> tuple[HeadMeta, ExactLedger]:
+    def _read_head(self, c: Any, topic: str, head_id: str, ptr: HeadPointer) -> HeadState:
         want = set(ptr.piece_offsets)
         found: dict[int, bytes | None] = {}
         for lo, hi in _runs(sorted(want)):
@@ -296,13 +295,13 @@ class ChangelogStore:
                     self._pieces_read += 1
                     self._piece_bytes_read += len(value or b"")
         try:
-            meta, ledger = decode_state(join_pieces(ptr.generation, ptr.applied_offset, ptr.sha256,
-                                                    [found.get(o) for o in ptr.piece_offsets]))
+            state = decode_state(join_pieces(ptr.generation, ptr.applied_offset, ptr.sha256,
+                                             [found.get(o) for o in ptr.piece_offsets]))
         except (SnapshotError, ValueError) as exc:
             raise StaleStateError(f"snapshot of head {head_id!r} in {topic} does not verify: {exc}") from None
-        if meta.head_id != head_id:
-            raise StaleStateError(f"snapshot named for head {head_id!r} holds head {meta.head_id!r}")
-        return meta, ledger
+        if state.meta.head_id != head_id:
+            raise StaleStateError(f"snapshot named for head {head_id!r} holds head {state.meta.head_id!r}")
+        return state
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:

@@ -192,8 +192,12 @@ class LedgerWorker:
         floor = check_recovery(cp, self.topic_id, log_start, log_end)
         ps = PartitionState(partition, floor)
         superseded = self.store.begin_heads_generation(partition, fresh=True)
-        for head_id, (meta, ledger) in heads.items():
-            head = HeadRuntime.from_snapshot(meta, ledger, self._head_config(head_id))
+        for head_id, state in heads.items():
+            head = HeadRuntime.from_snapshot(state, self._head_config(head_id))
+            if head.multiset is None:
+                log.warning("head %r: the multiset hash of its retained rows is unknown (a packed entry without "
+                            "one, or a snapshot written before it existed, which deleting the ledger-state "
+                            "topics rebuilds from the log): head updates and receipts carry none", head_id)
             ps.heads[head_id] = head
             self.head_partition[head_id] = partition
             # The last update a reader saw may be a fast one that its writer never got to reset:
@@ -285,7 +289,8 @@ class LedgerWorker:
             head_id=head.head_id, version=head.version, mode=mode, digest=head.digest(),
             n_retained=head.ledger.count, events_covered=head.events_covered,
             offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
-            gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior)
+            gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior,
+            retained_hash=head.retained_hash())
 
     def publish_head(self, head: HeadRuntime, mode: HeadMode | None = None) -> bool:
         """Produce the head's update; False if it cannot fit in a message even without the
@@ -315,7 +320,8 @@ class LedgerWorker:
         self.publish_head(head)
         now = time.time()
         for d in outcome.deletes:
-            r = Receipt.applied(d.event_id, d.subject_id, head.head_id, d.sample_ids, head.version, head.digest(), now)
+            r = Receipt.applied(d.event_id, d.subject_id, head.head_id, d.sample_ids, head.version, head.digest(), now,
+                                retained_hash=head.retained_hash())
             self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
         for rej in outcome.rejections:
             self._rejected(head.head_id, rej, raw, part, offset, key)
@@ -368,7 +374,7 @@ class LedgerWorker:
             last = ps.last_touched.get(head_id)
             stale = ptr is None or head.dirty_since_snapshot > 0 or (last is not None and ptr.applied_offset < last)
             if rotating or stale:  # a new generation gets every head: the old one is deleted
-                ps.pointers[head_id] = self.store.write_snapshot(part, head.meta(), head.ledger, ptr)
+                ps.pointers[head_id] = self.store.write_snapshot(part, head.state(), ptr)
                 head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})

@@ -27,6 +27,7 @@ from unlearn.schemas import (
     head_to_json,
 )
 from unlearn.schemas._binary import PREFIX, crc32c
+from unlearn.schemas.delta_codec import MULTISET_HASH_BYTES
 
 _ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 _I64 = st.integers(-(2**63), 2**63 - 1)
@@ -44,11 +45,14 @@ def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
     return RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q)
 
 
+_multiset_hash = st.none() | st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s).bytes(4096))
+
+
 @st.composite
 def _packed(draw: st.DrawFn) -> PackedEntry:
     n = draw(st.integers(1, 5))
     ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
-    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)))
+    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)), draw(_multiset_hash))
 
 
 @st.composite
@@ -80,6 +84,7 @@ def heads(draw: st.DrawFn) -> HeadUpdate:
         created_ts=draw(_nonneg),
         weights=draw(hnp.arrays(np.float64, (d, c), elements=_f64)),
         posterior=draw(st.none() | hnp.arrays(np.float64, (d, d), elements=_f64)),
+        retained_hash=draw(st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex)),
     )
 
 
@@ -202,8 +207,8 @@ def test_structurally_wrong_bodies_with_valid_crc_never_decode_wrongly(kind: str
 def test_unknown_version_flags_and_magic(kind: str) -> None:
     _strategy, encode, decode = CODECS[kind]
     raw = encode(SAMPLES[kind])
-    with pytest.raises(CodecError, match="unknown version 2"):
-        decode(_reframe(raw, version=2))
+    with pytest.raises(CodecError, match="unknown version 9"):
+        decode(_reframe(raw, version=9))
     with pytest.raises(CodecError, match="unknown flags"):
         decode(_reframe(raw, flags=0x8000))
     with pytest.raises(CodecError, match="bad magic"):
@@ -248,6 +253,7 @@ def test_encoder_rejects_inconsistent_values() -> None:
         Delta("h", "f", 3, 63, 0, []),  # frac bits
         Delta("h", "f", 0, 30, 0, []),  # d
         Delta("h", "f", 3, 30, 0, [PackedEntry(1, [], [], [], b"x")]),  # no events
+        Delta("h", "f", 3, 30, 0, [PackedEntry(1, ["e"], ["s"], ["u"], b"x", bytes(4095))]),  # hash size
     ]
     for delta in bad_deltas:
         with pytest.raises(CodecError):
@@ -258,7 +264,8 @@ def test_encoder_rejects_inconsistent_values() -> None:
     bad_heads = [
         {"mode": "approx"}, {"digest": "A" * 64}, {"digest": "a" * 63}, {"version": -1},
         {"gamma": 0.0}, {"drift": float("nan")}, {"offsets": [(0, 1), (0, 2)]}, {"offsets": [(-1, 0)]},
-        {"weights": np.zeros(3)}, {"posterior": np.eye(3)},
+        {"weights": np.zeros(3)}, {"posterior": np.eye(3)}, {"retained_hash": "A" * 64},
+        {"retained_hash": "ab"},
     ]
     for change in bad_heads:
         with pytest.raises(CodecError):
@@ -306,3 +313,60 @@ def test_delta_codec_is_fast_for_a_256x768_batch() -> None:
     print(f"256x768 delta ({len(raw) / 1e6:.2f} MB): encode {enc * 1e3:.2f} ms, decode {dec * 1e3:.2f} ms")
     # Target ~1 ms each on a quiet core; the bound leaves room for a loaded 2-core CI box.
     assert enc < 0.02 and dec < 0.02
+
+
+# --------------------------------------------------------------------------- the retained-rows hash fields
+def test_packed_multiset_hash_is_version_2_and_version_1_still_decodes() -> None:
+    """A delta is version 1 unless a packed entry carries the multiset hash of its rows (version 2,
+    entry flag bit 0, the 4096-byte state right after the blob); older messages decode as before."""
+    from unlearn.ledger.multiset_hash import STATE_BYTES
+
+    assert MULTISET_HASH_BYTES == STATE_BYTES
+    mset = bytes(range(256)) * 16
+    old = Delta("h", "f", 2, 30, 0, [PackedEntry(-1, ["e"], ["s"], ["u"], b"blob")])
+    new = Delta("h", "f", 2, 30, 0, [*old.entries, PackedEntry(1, ["e2"], ["s2"], ["u"], b"blob2", mset)])
+    raw_old, raw_new = encode_delta(old), encode_delta(new)
+    assert struct.unpack_from("<H", raw_old, 4) == (1,) and struct.unpack_from("<H", raw_new, 4) == (2,)
+    assert decode_delta(raw_old).entries[0].multiset_hash is None  # type: ignore[union-attr]
+    back = decode_delta(raw_new)
+    assert back == new and back.entries[1].multiset_hash == mset  # type: ignore[union-attr]
+    expect = (
+        b"ULDT" + struct.pack("<HHQ", 2, 0, len(raw_new))
+        + b"\x01\x00h" + b"\x01\x00f" + struct.pack("<IBBHI", 2, 30, 0, 0, 2)
+        + struct.pack("<BbHI", 2, -1, 0, 1) + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
+        + struct.pack("<Q", 4) + b"blob"
+        + struct.pack("<BbHI", 2, 1, 1, 1) + b"\x02\x00e2" + b"\x02\x00s2" + b"\x01\x00u"
+        + struct.pack("<Q", 5) + b"blob2" + mset
+    )
+    assert raw_new == expect + struct.pack("<I", crc32c(expect))
+    # version 2 without any hash has another encoding (version 1): refused
+    with pytest.raises(CodecError, match="that is version 1"):
+        decode_delta(_reframe(raw_old, version=2))
+    # entry flags: reserved in version 1, only the hash bit on packed entries in version 2
+    body = bytearray(raw_new[PREFIX.size:-4])
+    flag_at = body.index(struct.pack("<BbHI", 2, 1, 1, 1)) + 2
+    with pytest.raises(CodecError, match="reserved in version 1"):
+        decode_delta(_reframe(raw_new, version=1))
+    body[flag_at] = 3
+    with pytest.raises(CodecError, match="unknown entry flags"):
+        decode_delta(_reframe(raw_new, bytes(body)))
+    rows = Delta("h", "f", 2, 30, 0, [RowsEntry(1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]))])
+    rbody = bytearray(encode_delta(rows)[PREFIX.size:-4])
+    rbody[rbody.index(struct.pack("<BbHI", 1, 1, 0, 1)) + 2] = 1
+    with pytest.raises(CodecError, match="unknown entry flags"):
+        decode_delta(_reframe(encode_delta(new), bytes(rbody)))
+
+
+def test_head_retained_hash_is_flag_bit_1_after_the_fixed_fields() -> None:
+    """The fingerprint is optional (flag bit 1): 32 raw bytes right after the fixed fields; a head
+    update without it is byte-identical to what older encoders wrote."""
+    base = HeadUpdate("h", 7, "fast", "ab" * 32, 2, 3, [(0, 9)], 1e-12, 0.5, 1.0, np.ones((2, 3)))
+    with_hash = HeadUpdate(**{**{f: getattr(base, f) for f in HeadUpdate.__slots__}, "retained_hash": "cd" * 32})
+    raw, raw_h = encode_head(base), encode_head(with_hash)
+    assert struct.unpack_from("<H", raw, 6) == (0,) and struct.unpack_from("<H", raw_h, 6) == (2,)
+    assert decode_head(raw).retained_hash is None and decode_head(raw_h) == with_hash
+    fixed_end = PREFIX.size + 3 + struct.calcsize("<QB7s32sQQdddIII")
+    assert raw_h[fixed_end:fixed_end + 32] == bytes.fromhex("cd" * 32)
+    assert raw_h[:fixed_end] == raw[:6] + b"\x02\x00" + struct.pack("<Q", len(raw_h)) + raw[16:fixed_end]
+    assert raw_h[fixed_end + 32:-4] == raw[fixed_end:-4]
+    assert head_to_json(with_hash)["retained_hash"] == "cd" * 32 and head_to_json(base)["retained_hash"] is None

@@ -331,6 +331,8 @@ RECEIPTS_VALID = [
     _receipt(),
     _receipt(sample_ids=[]),
     _receipt(head_version=0, ts=0),
+    _receipt(retained_hash="cd" * 32),
+    receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3"], 3, DIGEST, 1.0, retained_hash="01" * 32)),
     receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
 ]
 RECEIPTS_INVALID = [
@@ -348,6 +350,10 @@ RECEIPTS_INVALID = [
     _receipt(extra=True),
     _receipt(status="rejected"),  # has head_version/digest, no reason
     _receipt(status="rejected", head_version=_DROP, digest=_DROP),  # no reason
+    _receipt(retained_hash="CD" * 32),
+    _receipt(retained_hash="cd" * 31),
+    _receipt(retained_hash=None),  # absent when unknown, never null
+    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", retained_hash="cd" * 32),
 ]
 
 

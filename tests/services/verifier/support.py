@@ -11,6 +11,7 @@ from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import CodecError, Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import Certificate
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 
@@ -132,16 +133,25 @@ def head_update(rt: HeadRuntime, mode: str | None = None) -> HeadUpdate:
     return HeadUpdate(rt.head_id, rt.version, mode, rt.digest(), rt.ledger.count, rt.events_covered,
                       ((rt.input_partition, rt.applied_offset),), float(rt.last_reset_drift), rt.config.gamma,
                       time.time(), rt.weights.copy(),
-                      rt.tracked.tracker.T.copy() if mode == "exact" else None)
+                      rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash())
 
 
 def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),
              final_reset: bool = False) -> tuple[list[HeadUpdate], HeadRuntime, list[str]]:
     """The live ledger processor's decisions (HeadRuntime), with a timer reset after the given
     versions (and at the end): the head updates it would publish and the rejection reasons."""
+    ups, rt, reasons, _ = simulate_with_receipts(records, head_id, timer_resets, final_reset)
+    return ups, rt, reasons
+
+
+def simulate_with_receipts(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),
+                           final_reset: bool = False
+                           ) -> tuple[list[HeadUpdate], HeadRuntime, list[str], list[Receipt]]:
+    """``simulate``, and the applied receipts the worker would publish (LedgerWorker._publish)."""
     rt: HeadRuntime | None = None
     ups: list[HeadUpdate] = []
     reasons: list[str] = []
+    receipts: list[Receipt] = []
     for r in records:
         if r.key and r.key != head_id.encode():
             continue
@@ -159,6 +169,8 @@ def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = fr
             continue
         reasons += [x.reason for x in out.rejections]
         ups.append(head_update(rt))
+        receipts += [Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, rt.version, rt.digest(), 1.0,
+                                     retained_hash=rt.retained_hash()) for d in out.deletes]
         if rt.version in timer_resets and rt.mode == "fast":
             rt.reset("timer")
             ups.append(head_update(rt))
@@ -166,7 +178,7 @@ def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = fr
     if final_reset and rt.mode == "fast":
         rt.reset("timer")
         ups.append(head_update(rt))
-    return ups, rt, reasons
+    return ups, rt, reasons, receipts
 
 
 def status(cert: Certificate, name: str) -> str:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from tests.services.verifier.support import StreamBuilder, anomalous_stream, records_of, simulate, status
+from tests.services.verifier.support import (
+    StreamBuilder,
+    anomalous_stream,
+    records_of,
+    simulate,
+    simulate_with_receipts,
+    status,
+)
+from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.schemas.delta_codec import PackedEntry
 from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import verify
 from unlearn.services.verifier.checks import Evidence, check_delete_matching, check_live_digest, run_checks
 
@@ -91,7 +103,7 @@ def test_one_function_per_check_on_the_evidence() -> None:
     names = [c.name for c in run_checks(ev, np.random.default_rng(0), orders=1, partitionings=1, tolerance=1e-8,
                                         require_live=True, gamma=None)]
     assert names == ["log_replay", "shuffled_orders", "repartitionings", "from_scratch", "live_digest",
-                     "canonical_head", "retrain_deviation"]
+                     "retained_hash", "canonical_head", "retrain_deviation"]
     offline = Evidence.gather(recs, None, "h")
     assert check_live_digest(offline, require_live=False).status == "skipped"
     assert check_live_digest(offline, require_live=True).status == "fail"
@@ -99,3 +111,70 @@ def test_one_function_per_check_on_the_evidence() -> None:
     a = verify(recs, ups, "h", orders=2, partitionings=2, seed=7).to_json()
     c = verify(recs, ups, "h", orders=2, partitionings=2, seed=7).to_json()
     assert a["checks"] == c["checks"]
+
+
+def _forge(u: HeadUpdate | Receipt, **changes: object) -> Any:
+    return type(u)(**{**{f: getattr(u, f) for f in type(u).__slots__}, **changes})  # type: ignore[arg-type]
+
+
+def test_retained_hash_is_checked_against_every_update_and_receipt() -> None:
+    """The replay's multiset hash of the retained rows equals a from-scratch one and what each
+    head update and applied receipt says at its version; a forged value fails."""
+    b = anomalous_stream(seed=5, n_msgs=20)
+    recs = records_of(b.msgs)
+    ups, rt, _, receipts = simulate_with_receipts(recs, "h", final_reset=True)
+    assert receipts and all(r.retained_hash for r in receipts)
+    cert = verify(recs, ups, "h", orders=0, partitionings=0, seed=1, receipts=receipts)
+    check = next(c for c in cert.checks if c.name == "retained_hash")
+    assert cert.ok and check.status == "pass", cert.summary()
+    assert check.data["compared"] == {"from_scratch": 1, "head_updates": len(ups), "receipts": len(receipts)}
+    assert cert.replay["retained_hash"] == rt.retained_hash() == check.data["from_scratch_retained_hash"]
+    ref = b.reference()
+    members = list(b.members.values())
+    want = MultisetHash.of_rows(np.stack([q for q, _, _ in members]), np.array([lab for _, lab, _ in members]))
+    assert ref.count == len(members) and want.fingerprint() == rt.retained_hash()
+
+    bad_receipt = _forge(receipts[0], retained_hash="0" * 64)
+    cert = verify(recs, ups, "h", orders=0, partitionings=0, seed=1, receipts=[*receipts[1:], bad_receipt])
+    check = next(c for c in cert.checks if c.name == "retained_hash")
+    assert not cert.ok and check.status == "fail" and repr(receipts[0].event_id) in check.detail
+    assert status(cert, "live_digest") == "pass"  # the digest alone does not see it
+    cert = verify(recs, [*ups[:-1], _forge(ups[-1], retained_hash="1" * 64)], "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "retained_hash") == "fail" and status(cert, "live_digest") == "pass"
+    # receipts and updates without a hash (an older worker) are counted, not failed; beyond the
+    # replayed version (the head read before the receipt) they are not checkable
+    older = [_forge(u, retained_hash=None) for u in ups]
+    late = _forge(receipts[-1], head_version=rt.version + 5)
+    cert = verify(recs, older, "h", orders=0, partitionings=0, seed=1,
+                  receipts=[_forge(r, retained_hash=None) for r in receipts] + [late])
+    check = next(c for c in cert.checks if c.name == "retained_hash")
+    assert check.status == "pass" and check.data["compared"]["from_scratch"] == 1
+    assert check.data["without_hash"] == {"head_updates": len(ups), "receipts": len(receipts)}
+    assert check.data["beyond_replay"] == 1
+
+
+def test_packed_entries_without_a_hash_make_it_unknown_and_claims_fail() -> None:
+    b = StreamBuilder(seed=6, d=6)
+    for _ in range(5):
+        b.random_message()
+    for with_hash in (True, False):
+        extra = b.add(n=4)
+        blob = ExactLedger.from_rows(extra.q, extra.labels).to_bytes()
+        mset = MultisetHash.of_rows(extra.q, extra.labels).to_bytes() if with_hash else None
+        b.emit([PackedEntry(+1, extra.event_ids, extra.sample_ids, extra.subject_ids, blob, mset)])
+        recs = records_of(b.msgs)
+        ups, rt, _ = simulate(recs, "h", final_reset=True)
+        cert = verify(recs, ups, "h", orders=1, partitionings=1, seed=1)
+        check = next(c for c in cert.checks if c.name == "retained_hash")
+        assert cert.ok, cert.summary()
+        if with_hash:  # no from-scratch (packed entries carry no rows), but the updates are backed
+            assert check.status == "pass" and check.data["compared"]["from_scratch"] == 0
+            assert ups[-1].retained_hash == cert.replay["retained_hash"] is not None
+        else:
+            assert rt.retained_hash() is None and ups[-1].retained_hash is None
+            assert check.status == "pass" and cert.replay["retained_hash"] is None  # earlier versions still check
+            assert check.data["without_hash"]["head_updates"] == 1
+    forged = _forge(ups[-1], retained_hash=ups[-3].retained_hash)
+    cert = verify(recs, [*ups[:-1], forged], "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "retained_hash") == "fail" and "cannot know" in next(
+        c.detail for c in cert.checks if c.name == "retained_hash")

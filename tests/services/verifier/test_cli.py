@@ -96,6 +96,9 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     assert cert["ok"] and cert["replay"]["version"] == rt.version and cert["live_head"]["digest"] == live.digest
     assert cert["replay"]["skipped_counts"] == {"duplicate_source": 1, "bad_delta": 1}
     assert {c["name"]: c["status"] for c in cert["checks"]}["canonical_head"] == "pass"
+    retained = next(c for c in cert["checks"] if c["name"] == "retained_hash")
+    assert retained["status"] == "pass" and retained["compared"]["receipts"] > 0, retained  # the worker's receipts
+    assert cert["replay"]["retained_hash"] == live.retained_hash is not None
 
     as_dict = verify_head(s, "h", orders=1, partitions=1, seed=1)  # the demo's entry point
     assert as_dict["ok"] and as_dict["summary"].startswith("PASS") and as_dict["retrain_deviation"] < 1e-10
@@ -105,8 +108,11 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     assert export_deltas_main([*common, "--head", "h", "--out", str(out)]) == 0
     info = orjson.loads(capsys.readouterr().out)
     assert info["deltas"] == sum(1 for k, _ in b.msgs if k == b"h") and info["heads"] >= rt.version
+    assert info["receipts"] >= retained["compared"]["receipts"]  # rejected receipts too
     assert verify_main(["--deltas-file", str(out), "--json", "--seed", "3"]) == 0
-    assert orjson.loads(capsys.readouterr().out)["replay"]["digest"] == live.digest
+    offline = orjson.loads(capsys.readouterr().out)
+    assert offline["replay"]["digest"] == live.digest
+    assert next(c for c in offline["checks"] if c["name"] == "retained_hash")["compared"]["receipts"] > 0
 
     # someone publishes a head that the deltas do not back: the certificate fails
     W = np.array(live.weights) * 1.0001

@@ -7,9 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.verifier.support import CFG, StreamBuilder, anomalous_stream, records_of, simulate, status
+from tests.services.verifier.support import (
+    CFG,
+    StreamBuilder,
+    anomalous_stream,
+    records_of,
+    simulate,
+    simulate_with_receipts,
+    status,
+)
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.head_codec import encode_head
+from unlearn.schemas.receipts import encode_receipt
 from unlearn.services.verifier import VerifyError, read_export, verify_file, write_export
 
 
@@ -20,7 +29,8 @@ def test_export_file_roundtrip_and_offline_verify(tmp_path: Path) -> None:
     heads = [LogRecord(0, i, 0, b"h", encode_head(u)) for i, u in enumerate(ups)]
     path = tmp_path / "h.uldx"
     write_export(path, [r for r in recs if r.key == b"h"], heads)
-    d2, h2 = read_export(path)
+    d2, h2, r2 = read_export(path)
+    assert r2 == [] and path.read_bytes()[4:6] == struct.pack("<H", 1)  # no receipts: version 1
     assert [r.value for r in d2] == [r.value for r in recs if r.key == b"h"] and len(h2) == len(ups)
     assert [(r.partition, r.offset, r.timestamp_ms, r.key) for r in d2] == \
         [(r.partition, r.offset, r.timestamp_ms, r.key) for r in recs if r.key == b"h"]
@@ -64,5 +74,34 @@ def test_damaged_files_are_errors_not_certificates(tmp_path: Path) -> None:
 def test_tombstones_are_written_as_empty_values(tmp_path: Path) -> None:
     path = tmp_path / "t.uldx"
     write_export(path, [LogRecord(0, 5, 7, b"h", None)])
-    (rec,), heads = read_export(path)
-    assert heads == [] and (rec.partition, rec.offset, rec.timestamp_ms, rec.key, rec.value) == (0, 5, 7, b"h", b"")
+    (rec,), heads, receipts = read_export(path)
+    assert heads == receipts == []
+    assert (rec.partition, rec.offset, rec.timestamp_ms, rec.key, rec.value) == (0, 5, 7, b"h", b"")
+
+
+def test_receipts_in_the_export_are_checked_offline(tmp_path: Path) -> None:
+    """A file with receipts is version 2 (record kind 3); verify_file checks their retained-rows
+    hash like the broker mode does, and a forged one fails the certificate."""
+    b = anomalous_stream(seed=8, n_msgs=12)
+    recs = records_of(b.msgs)
+    ups, _rt, _, receipts = simulate_with_receipts(recs, "h", final_reset=True)
+    deltas = [r for r in recs if r.key == b"h"]
+    heads = [LogRecord(0, i, 0, b"h", encode_head(u)) for i, u in enumerate(ups)]
+    rrecs = [LogRecord(1, i, 0, r.subject_id.encode(), encode_receipt(r)) for i, r in enumerate(receipts)]
+    path = tmp_path / "h.uldx"
+    write_export(path, deltas, heads, rrecs)
+    assert path.read_bytes()[4:6] == struct.pack("<H", 2)
+    back = read_export(path)
+    assert [r.value for r in back.receipts] == [r.value for r in rrecs] and len(back.deltas) == len(deltas)
+    cert = verify_file(path, orders=0, partitionings=0, seed=1)
+    check = next(c for c in cert.checks if c.name == "retained_hash")
+    assert cert.ok and check.data["compared"]["receipts"] == len(receipts) > 0
+    forged = encode_receipt(type(receipts[0])(**{**{f: getattr(receipts[0], f) for f in receipts[0].__slots__},
+                                                 "retained_hash": "e" * 64}))
+    write_export(path, deltas, heads, [*rrecs, LogRecord(1, 99, 0, b"x", forged)])
+    assert status(verify_file(path, orders=0, partitionings=0, seed=1), "retained_hash") == "fail"
+    # a receipt record in a version 1 file is an unknown kind
+    data = path.read_bytes()
+    (tmp_path / "v1.uldx").write_bytes(data[:4] + struct.pack("<H", 1) + data[6:])
+    with pytest.raises(VerifyError, match="unknown kind 3"):
+        read_export(tmp_path / "v1.uldx")

@@ -22,7 +22,7 @@ def test_replay_certifies_the_live_head_with_the_live_skip_rules() -> None:
     assert cert.ok, cert.summary()
     assert {c.name: c.status for c in cert.checks} == {
         "log_replay": "pass", "shuffled_orders": "pass", "repartitionings": "pass", "from_scratch": "pass",
-        "live_digest": "pass", "canonical_head": "pass", "retrain_deviation": "pass"}
+        "live_digest": "pass", "retained_hash": "pass", "canonical_head": "pass", "retrain_deviation": "pass"}
     # the same skip decisions as the live rules
     assert cert.replay["version"] == rt.version and cert.replay["digest"] == rt.ledger.digest()
     assert cert.replay["digest"] == b.reference().digest()
@@ -91,6 +91,9 @@ def test_stop_version_captures_and_counts_pending() -> None:
     assert sorted(rep.at_version) == [2, 4] and rep.ledger is not None
     assert rep.at_version[4].digest() == rep.ledger.digest() != full.ledger.digest()  # type: ignore[union-attr]
     assert rep.offset_of_version[4] == (0, 3)
+    # the retained-rows hash at every replayed version, as the full replay has it there
+    assert sorted(rep.retained_hash_at) == [1, 2, 3, 4] and rep.retained_hash == full.retained_hash_at[4]
+    assert full.retained_hash != rep.retained_hash
     # a delete-only delta before the first add creates no head: unknown_head, no version
     ghost = RowsEntry(-1, ("e",), ("s",), ("u",), np.array([0]), np.zeros((1, 8), np.int64))
     first = LogRecord(0, 0, 0, b"h", encode_delta(Delta("h", "requests/0@0", 8, 30, 0, (ghost,))))

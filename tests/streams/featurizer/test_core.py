@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
-from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
+from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.envelope import (
@@ -405,9 +405,10 @@ def _stream_of_requests(client: str = "c1") -> list[list[bytes]]:
 
 
 def test_federated_packed_deltas_give_the_same_digest_as_rows() -> None:
-    digests = {}
+    digests, hashes = {}, {}
     for federated in (False, True):
         cache, ledgers, offset = MemCache(), {}, 0
+        mset = MultisetHash(4)
         c = cfg(federated=federated, client_id="c1" if federated else None,
                 stream="requests[c1]" if federated else "requests")
         for b in _stream_of_requests():
@@ -418,15 +419,24 @@ def test_federated_packed_deltas_give_the_same_digest_as_rows() -> None:
                 kinds = {type(e) for e in d.entries}
                 assert kinds == ({PackedEntry} if federated else {RowsEntry})
                 assert parse_source(d.source_id)[0] == c.stream
-                apply_delta(ledgers, decode_delta(out.messages(c)[0].value))
+                decoded = decode_delta(out.messages(c)[0].value)
+                apply_delta(ledgers, decoded)
+                for e in decoded.entries:  # a packed entry carries its rows' multiset hash
+                    if isinstance(e, PackedEntry):
+                        assert e.multiset_hash is not None
+                        mset.absorb(MultisetHash.from_bytes(e.multiset_hash, 4), e.sign)
+                    else:
+                        (mset.add if e.sign > 0 else mset.delete)(e.q, e.labels)
             cache.apply(out.mutations)
         digests[federated] = ledgers["h"].digest()
+        hashes[federated] = mset
         # from scratch on the retained set (what the cache holds)
         kept = sorted(cache.samples.values(), key=lambda s: s.sample_id)
         ref = ExactLedger.from_rows(np.stack([s.q for s in kept]), np.array([s.label for s in kept]),
                                     n_outputs=ledgers["h"].n_outputs)
         assert ledgers["h"].digest() == ref.digest()
-    assert digests[False] == digests[True]
+        assert mset == MultisetHash.of_rows(np.stack([s.q for s in kept]), np.array([s.label for s in kept]))
+    assert digests[False] == digests[True] and hashes[False] == hashes[True]
 
 
 def test_federated_site_serves_one_client() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
-from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
+from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime, parse_source_id
 from unlearn.streams.ledger.snapshot import (
+    HeadState,
     SnapshotError,
     decode_state,
     encode_state,
@@ -105,14 +108,16 @@ def test_snapshot_pieces_round_trip_and_detect_mixing() -> None:
     Q, y = data(50, d=40)
     head = HeadRuntime.new("h", Delta("h", "x", 40, 30, 0, ()), CFG)
     head.apply(Delta("h", "requests/1@7", 40, 30, 0, (rows(+1, Q, y, "a"),)), 5, 1)
-    state = encode_state(head.meta(), head.ledger)
+    state = encode_state(head.state())
     pieces = split_pieces(state, generation=3, offset=5, max_piece_bytes=4096)
     assert len(pieces) > 3 and all(len(p) <= 4096 for p in pieces)
     sha = state_sha(state).hex()
-    meta, ledger = decode_state(join_pieces(3, 5, sha, pieces))
-    assert meta == head.meta() and ledger.digest() == head.ledger.digest()
-    restored = HeadRuntime.from_snapshot(meta, ledger, CFG)
+    back = decode_state(join_pieces(3, 5, sha, pieces))
+    assert back.meta == head.meta() and back.ledger.digest() == head.ledger.digest()
+    assert back.multiset == head.multiset and back.multiset is not None
+    restored = HeadRuntime.from_snapshot(back, CFG)
     assert restored.version == 1 and restored.source_offsets == {"requests/1": 7}
+    assert restored.retained_hash() == head.retained_hash() == MultisetHash.of_rows(Q, y).fingerprint()
     assert restored.apply(Delta("h", "x", 40, 30, 0, ()), 5, 1).skipped == "redelivered"
     # a piece from another generation (a crash mid-write of the other slot) is never accepted
     other = split_pieces(state + b"", generation=4, offset=5, max_piece_bytes=4096)
@@ -120,3 +125,61 @@ def test_snapshot_pieces_round_trip_and_detect_mixing() -> None:
         join_pieces(3, 5, sha, [other[0], *pieces[1:]])
     with pytest.raises(SnapshotError, match="missing"):
         join_pieces(3, 5, sha, [*pieces[:-1], None])
+
+
+# --------------------------------------------------------------------------- the retained-rows multiset hash
+def test_the_multiset_hash_follows_the_retained_rows() -> None:
+    """Adds join, deletes leave, rejected entries leave no trace: the head's hash is always the
+    from-scratch hash of the retained rows (docs/design.md section 6)."""
+    Q, y = data(20)
+    small = Q // 1000
+    head = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
+    assert head.retained_hash() == MultisetHash(6).fingerprint()
+    head.apply(Delta("h", "x", 6, 30, 0, (rows(+1, small[:10], y[:10], "a"),)), 0, 0)
+    out = head.apply(Delta("h", "x", 6, 30, 0, (
+        rows(-1, Q[10:11], y[10:11], "bad"),  # refused by the ledger: not hashed
+        rows(-1, small[2:5], y[2:5], "a"),
+        rows(+1, small[10:], y[10:], "b"),
+    )), 1, 0)
+    assert [r.reason for r in out.rejections] == ["non_member_delete"]
+    keep = np.r_[0:2, 5:20]
+    assert head.multiset == MultisetHash.of_rows(small[keep], y[keep])
+    assert head.retained_hash() == MultisetHash.of_rows(small[keep], y[keep]).fingerprint()
+
+
+def test_packed_entries_carry_their_rows_hash_or_make_it_unknown() -> None:
+    Q, y = data(30)
+    a = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
+    a.apply(Delta("h", "x", 6, 30, 0, (rows(+1, Q, y, "a"), rows(-1, Q[:7], y[:7], "d"))), 0, 0)
+    b = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
+
+    def packed(sign: int, n0: int, n1: int, with_hash: bool) -> PackedEntry:
+        mset = MultisetHash.of_rows(Q[n0:n1], y[n0:n1]).to_bytes() if with_hash else None
+        return PackedEntry(sign, ["p"] * (n1 - n0), [f"s{i}" for i in range(n0, n1)], ["u"] * (n1 - n0),
+                           ExactLedger.from_rows(Q[n0:n1], y[n0:n1]).to_bytes(), mset)
+
+    b.apply(Delta("h", "site", 6, 30, 0, (packed(+1, 0, 30, True), packed(-1, 0, 7, True))), 0, 0)
+    assert b.retained_hash() == a.retained_hash() and b.multiset == a.multiset
+    # a packed entry without the hash: unknown from then on, never a wrong value
+    b.apply(Delta("h", "site", 6, 30, 0, (packed(-1, 7, 9, False),)), 1, 0)
+    assert b.multiset is None and b.retained_hash() is None
+    b.apply(Delta("h", "x", 6, 30, 0, (rows(-1, Q[9:10], y[9:10], "e"),)), 2, 0)
+    assert b.retained_hash() is None and b.ledger.count == 20
+    # and it stays unknown through a snapshot
+    state = decode_state(encode_state(b.state()))
+    assert state.multiset is None and HeadRuntime.from_snapshot(state, CFG).retained_hash() is None
+
+
+def test_a_version_1_snapshot_loads_with_an_unknown_hash() -> None:
+    """Snapshots written before the multiset hash existed (state version 1: meta + ledger) still
+    load; the head's hash is then unknown, explicitly (docs/ledger-processor.md)."""
+    Q, y = data(10)
+    head = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
+    head.apply(Delta("h", "requests/0@3", 6, 30, 0, (rows(+1, Q, y, "a"),)), 4, 0)
+    meta = head.meta().to_json()
+    v1 = b"ULST" + struct.pack("<HI", 1, len(meta)) + meta + head.ledger.to_bytes()
+    state = decode_state(v1)
+    assert state.meta == head.meta() and state.ledger == head.ledger and state.multiset is None
+    assert encode_state(HeadState(state.meta, state.ledger, head.multiset))[4:6] == struct.pack("<H", 2)
+    with pytest.raises(SnapshotError, match="unknown head state version 3"):
+        decode_state(b"ULST" + struct.pack("<HI", 3, len(meta)) + meta + head.ledger.to_bytes())

@@ -17,7 +17,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
-from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
+from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head_codec import decode_head
 from unlearn.services.client.head_reader import read_heads, wait_for_head
@@ -69,6 +69,11 @@ class Stream:
             led.add(np.stack([q for q, _ in m.values()]), np.array([lab for _, lab in m.values()]))
         return led
 
+    def reference_retained_hash(self, h: str) -> str:
+        m = self.retained[h]
+        Q = np.stack([q for q, _ in m.values()]) if m else np.zeros((0, self.d), np.int64)
+        return MultisetHash.of_rows(Q, np.array([lab for _, lab in m.values()], np.int64)).fingerprint()
+
 
 def produce(settings: Settings, msgs: list[tuple[str, bytes]]) -> None:
     p = Producer(producer_config(settings))
@@ -90,6 +95,7 @@ def assert_final_heads_exact(s: Settings, stream: Stream, timeout: float = 90.0)
         assert got.version == want, f"{h}: every delta applied exactly once"
         assert got.digest == ref.digest(), f"{h}: ledger digest equals the from-scratch ledger"
         assert got.n_retained == ref.count
+        assert got.retained_hash == stream.reference_retained_hash(h), f"{h}: retained-rows hash from scratch"
         ref.grow_outputs(got.weights.shape[1])
         assert np.array_equal(np.asarray(got.weights), solve_head(ref, s.gamma)), f"{h}: canonical head bit for bit"
 
@@ -193,15 +199,15 @@ def test_a_recreated_deltas_topic_is_refused_with_a_clear_error(settings: Settin
 
 def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(settings: Settings,
                                                                          tmp_path: Path) -> None:
-    """Without ledger-state the worker replays deltas from offset 0: the same (version, digest)
-    pairs come out again, so a head version never names two ledgers."""
+    """Without ledger-state the worker replays deltas from offset 0: the same (version, digest,
+    retained hash) triples come out again, so a head version never names two ledgers."""
     s = worker_settings(settings, tmp_path)
     stream = Stream(["q1", "q2"], d=5, seed=8)
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
     try:
         produce(s, [stream.next_message() for _ in range(40)])
         assert_final_heads_exact(s, stream)
-        before = {h: (u.version, u.digest) for h, u in read_heads(s).items()}
+        before = {h: (u.version, (u.digest, u.retained_hash)) for h, u in read_heads(s).items()}
     finally:
         assert worker.stop() == 0
     delete_topics(s, [t for t in prefixed_topics(s) if ".ledger-state." in t])
@@ -215,13 +221,13 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
     finally:
         worker.stop()
 
-    digests: dict[tuple[str, int], set[str]] = {}
+    digests: dict[tuple[str, int], set[tuple[str, str | None]]] = {}
     for r in read_topic(s, heads_family(s.topic_prefix)):
         u = decode_head(r.value or b"")
-        digests.setdefault((u.head_id, u.version), set()).add(u.digest)
-    assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests"
-    for h, (version, digest) in before.items():
-        assert digests[(h, version)] == {digest}
+        digests.setdefault((u.head_id, u.version), set()).add((u.digest, u.retained_hash))
+    assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests or hashes"
+    for h, (version, named) in before.items():
+        assert digests[(h, version)] == {named}
 
 
 def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Path) -> None:
@@ -234,6 +240,7 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
     try:
         for _ in range(3):
+            worker.wait_for_log("unlearn ledger ready", timeout=60)  # a loaded box starts it slowly
             produce(s, [stream.next_message() for _ in range(60)])
             time.sleep(float(rng.uniform(1.0, 3.0)))
             worker.kill9()
