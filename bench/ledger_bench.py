@@ -9,7 +9,11 @@ Prints (never asserts) medians of several repeats, measured side by side in one 
    centralized retrain from scratch (float64 S, G build + solve; scikit-learn Ridge);
 5. the drift study: float64 / float32 ledgers vs the exact ledger over a long add/churn/delete
    stream, against a from-scratch retrain on what is retained, plus digest equality;
-6. Variant B drift on a rank-1 churn stream: TrackedHead without resets vs with periodic resets.
+6. Variant B drift on a rank-1 churn stream: TrackedHead without resets vs with periodic resets
+   (SMW tracker, and the Cholesky-factor tracker without resets);
+7. the exact update kernel: float64 X^T X of a batch vs ExactLedger.add of the same batch (rows/s,
+   ratio), and the per-event exact update at ranks 1/8/32 (add, delete, and the fold a reader pays);
+8. the fast head's two forms side by side: SMWTracker vs CholeskyTracker, ranks 1/8/64, add and delete.
 
 Features are synthetic (class means plus power-law noise, L2-normalized, quantized at k=30), not
 backbone features: the costs depend on d, c, r and n only, and the drift depends on the arithmetic.
@@ -40,6 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from unlearn.ledger import (
+    CholeskyTracker,
     ExactLedger,
     FloatLedger,
     LedgerError,
@@ -85,17 +90,25 @@ class Config:
     smw_checkpoints: int = 10
     smw_gammas: tuple[float, ...] = (1.0, 1e-3)
     blas_probe_d: int = 768
+    kernel_d: int = 768  # section 7
+    kernel_rows: int = 4096
+    kernel_ranks: tuple[int, ...] = (1, 8, 32)
+    kernel_repeats: int = 9
+    head_d: int = 768  # section 8
+    head_ranks: tuple[int, ...] = (1, 8, 64)
+    head_repeats: int = 15
 
 
 FULL = Config("full")
 QUICK = Config("quick", repeats=3, ledger_rows=2048, retrain_n=60_000, retrain_repeats=3,
                drift_d=64, drift_bulk=100_000, drift_churn=2000, smw_d=64, smw_n0=500,
-               smw_events=3000, smw_checkpoints=3)
+               smw_events=3000, smw_checkpoints=3, kernel_repeats=5, head_repeats=7)
 #: For the smoke test: every section, seconds in all.
 TINY = Config("tiny", dims=(24,), ranks=(1, 16), smw_ranks=(1, 4), repeats=2, ledger_rows=64,
               retrain_n=300, retrain_d=16, retrain_repeats=2, drift_d=8, drift_bulk=4000,
               drift_batch=256, drift_delete_chunk=100, drift_retained=40, drift_churn=300,
-              smw_d=8, smw_n0=40, smw_events=300, smw_checkpoints=2, blas_probe_d=32)
+              smw_d=8, smw_n0=40, smw_events=300, smw_checkpoints=2, blas_probe_d=32,
+              kernel_d=24, kernel_rows=300, kernel_repeats=2, head_d=24, head_ranks=(1, 4), head_repeats=2)
 
 
 def _log(msg: str) -> None:
@@ -172,7 +185,7 @@ class Synth:
 
 
 # Keys of the Synth streams (one namespace per use).
-K_UPD, K_BASE, K_EXTRA, K_RETRAIN, K_R, K_BULK, K_CHURN, K_SMW0, K_SMW = range(1, 10)
+K_UPD, K_BASE, K_EXTRA, K_RETRAIN, K_R, K_BULK, K_CHURN, K_SMW0, K_SMW, K_KERNEL = range(1, 11)
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -565,10 +578,13 @@ def drift_study(d: int, c: int, n_bulk: int, batch: int, delete_chunk: int, n_re
 
 
 # ------------------------------------------------------------------------- 6. SMW drift
+_NO_RESETS: dict[str, Any] = {"reset_every": 10**12, "drift_threshold": float("inf"), "drift_check_every": 10**12}
 SMW_POLICIES: dict[str, dict[str, Any]] = {
-    "no resets": {"reset_every": 10**12, "drift_threshold": float("inf"), "drift_check_every": 10**12},
-    "periodic /1000": {"reset_every": 1000, "drift_threshold": float("inf"), "drift_check_every": 10**12},
-    "default policy": {},  # TrackedHead defaults: reset every 1000, drift estimate > 1e-9 checked every 64
+    "no resets": {**_NO_RESETS, "tracker": "smw"},
+    "periodic /1000": {"reset_every": 1000, "drift_threshold": float("inf"), "drift_check_every": 10**12,
+                       "tracker": "smw"},
+    "default policy": {"tracker": "smw"},  # reset every 1000, drift estimate > 1e-9 checked every 64
+    "cholesky, no resets": {**_NO_RESETS, "tracker": "cholesky"},
 }
 
 
@@ -628,9 +644,92 @@ def smw_drift(d: int, c: int, n0: int, n_events: int, n_checkpoints: int, seed: 
             out.append(rec)
             _log(f"smw drift gamma={gamma} @{e}: " + ", ".join(f"{k}: {rec[k]['dev']:.3g}" for k in heads))
     return {"d": d, "c": c, "gamma": gamma, "n0": n0, "n_events": n_events,
-            "policies": {k: (v or "TrackedHead defaults (reset_every=1000, drift_threshold=1e-9, drift_check_every=64)")
+            "policies": {k: (v if set(v) - {"tracker"} else
+                             f"TrackedHead defaults (reset_every=1000, drift_threshold=1e-9, drift_check_every=64), "
+                             f"tracker={v.get('tracker', 'default')}")
                          for k, v in policies.items()},
             "total_s": time.perf_counter() - t0, "checkpoints": out}
+
+
+# ------------------------------------------------------------------------- 7. exact kernel
+def bench_kernel(d: int, c: int, n_rows: int, ranks: Iterable[int], repeats: int, seed: int) -> dict[str, Any]:
+    """ExactLedger.add of a batch vs the float64 X^T X of the same (dequantized) batch, and the
+    per-event exact update at small ranks. ``add`` leaves its products pending in float64; ``fold``
+    is what the next reader (digest, gram, blob) pays once to move them into the int64 limbs, so
+    ``add + fold`` is the cost of an update that is read right away (the ledger processor's case)."""
+    syn = Synth(d, c, seed)
+    Q, y, F = syn.batch((K_KERNEL,), n_rows)
+    ex = ExactLedger(d, c)
+    ex.add(Q, y)
+    ex.fold()
+
+    def add_fold(Qr: NDArray[np.int64], yr: NDArray[np.int64]) -> None:
+        ex.add(Qr, yr)
+        ex.fold()
+
+    res = side_by_side({
+        "gemm": lambda: F.T @ F,
+        "exact_add": lambda: ex.add(Q, y),
+        "exact_add_fold": lambda: add_fold(Q, y),
+    }, repeats)
+    tg, ta, taf = _med(res, "gemm"), _med(res, "exact_add"), _med(res, "exact_add_fold")
+    batch = {"d": d, "c": c, "rows": n_rows, "gemm_ms": tg * 1e3, "exact_add_ms": ta * 1e3,
+             "exact_add_fold_ms": taf * 1e3, "gemm_rows_per_s": n_rows / tg, "exact_rows_per_s": n_rows / ta,
+             "exact_fold_rows_per_s": n_rows / taf, "ratio": ta / tg, "ratio_fold": taf / tg, "repeats": repeats}
+    small = []
+    for r in ranks:
+        Qr, yr, Fr = Q[:r], y[:r], F[:r]
+        ex.fold()
+        res = side_by_side({
+            "gemm": lambda: Fr.T @ Fr,
+            "add": (lambda: ex.add(Qr, yr), lambda: ex.delete(Qr, yr)),
+            "delete": (lambda: ex.delete(Qr, yr), lambda: ex.add(Qr, yr)),
+            "add_fold": (lambda: add_fold(Qr, yr), lambda: ex.delete(Qr, yr)),
+            "fold": (ex.fold, lambda: ex.add(Qr, yr)),
+        }, repeats)
+        small.append({"r": r, **{f"{k}_us": _med(res, k) * 1e6 for k in res}, "repeats": repeats})
+    return {"batch": batch, "ranks": small}
+
+
+# ---------------------------------------------------------------- 8. fast head: SMW vs factor
+def bench_fast_heads(d: int, c: int, ranks: Iterable[int], n_rows: int, repeats: int, seed: int) -> dict[str, Any]:
+    """SMWTracker vs CholeskyTracker on one ledger of n_rows rows: rank-r add (cleanup: delete) and
+    delete (cleanup: add) of rows both trackers already hold, each given the labels as TrackedHead
+    gives them; plus a reset of each and a plain Cholesky of S + gamma I for scale."""
+    import scipy.linalg as sla
+
+    ex, _ = _ledgers(d, c, n_rows, seed)
+    ranks = tuple(ranks)
+    Qx, yx, Fx = Synth(d, c, seed).batch((K_EXTRA,), max(ranks))
+    Yx = one_hot(yx, c)
+    ex.add(Qx, yx)  # the trackers hold these rows too, so a delete removes a member
+    smw = SMWTracker.from_ledger(ex, GAMMA)
+    chol = CholeskyTracker.from_ledger(ex, GAMMA)
+    H = ex.gram()
+    H[np.diag_indices_from(H)] += GAMMA
+    rows = []
+    for r in ranks:
+        U, Y = Fx[:r], Yx[:r]
+        dG = U.T @ Y
+        res = side_by_side({
+            "smw_add": (lambda: smw.add(U, dG, Y), lambda: smw.delete(U, dG, Y)),
+            "chol_add": (lambda: chol.add(U, dG, Y), lambda: chol.delete(U, dG, Y)),
+            "smw_delete": (lambda: smw.delete(U, dG, Y), lambda: smw.add(U, dG, Y)),
+            "chol_delete": (lambda: chol.delete(U, dG, Y), lambda: chol.add(U, dG, Y)),
+        }, repeats)
+        rows.append({"r": r, **{f"{k}_us": _med(res, k) * 1e6 for k in res},
+                     "add_smw_over_chol": _med(res, "smw_add") / _med(res, "chol_add"),
+                     "delete_smw_over_chol": _med(res, "smw_delete") / _med(res, "chol_delete")})
+    W_ref = solve_head(ex, GAMMA)
+    sanity = {"smw_dev": relative_deviation(smw.W, W_ref), "chol_dev": relative_deviation(chol.W, W_ref),
+              "updates_each": smw.updates_since_reset}
+    res = side_by_side({
+        "cholesky": lambda: sla.cholesky(H, lower=True, check_finite=False),
+        "smw_reset": lambda: smw.reset(ex),
+        "chol_reset": lambda: chol.reset(ex),
+    }, max(3, repeats // 3))
+    return {"d": d, "c": c, "n": n_rows + max(ranks), "repeats": repeats, "ranks": rows, "sanity": sanity,
+            **{f"{k}_ms": _med(res, k) * 1e3 for k in res}}
 
 
 # ------------------------------------------------------------------------------- reporting
@@ -680,7 +779,7 @@ def render(results: dict[str, Any]) -> str:
     for p in m["threadpools"]:
         out.append(f"- threadpool: {p['internal_api']} {p['version'] or ''} ({p['prefix']}, {p['user_api']}), "
                    f"default threads {p['num_threads']}, arch {p['architecture']}")
-    out.append(f"- BLAS threads used: {m['bench_blas_threads']} (sections 1-3, 5, 6); section 4 shows 1 and all")
+    out.append(f"- BLAS threads used: {m['bench_blas_threads']} (sections 1-3, 5-8); section 4 shows 1 and all")
     out.append(f"- load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}; "
                f"at end {', '.join(f'{x:.2f}' for x in results['loadavg_end'])} (shared machine)")
     other_gammas = ", ".join(str(g) for g in cfg["smw_gammas"] if g != GAMMA)
@@ -706,7 +805,8 @@ def render(results: dict[str, Any]) -> str:
         out.append(f"## 1. Per-event update cost: ExactLedger.add vs FloatLedger.add (float64), c = {cfg['c']}")
         out.append("")
         out.append(f"Median of {rows[0]['repeats']} repeats. Quantize = Quantizer.quantize of the same r rows "
-                   "(paid once per sample at the featurizer, in neither update).")
+                   "(paid once per sample at the featurizer, in neither update). The exact add leaves its products "
+                   "pending in float64; the fold into int64 that the next read pays is timed in section 7.")
         out.append("")
         out.append(_table(["d", "rank r", "exact µs/call", "float64 µs/call", "exact µs/row", "float64 µs/row",
                            "exact/float64", "quantize µs/call"],
@@ -842,6 +942,52 @@ def render(results: dict[str, Any]) -> str:
             body.append(line)
         out.append(_table(header, body))
         out.append("")
+
+    if "kernel" in results:
+        kb, kr = results["kernel"]["batch"], results["kernel"]["ranks"]
+        out.append(f"## 7. Exact update kernel vs float64 X^T X (d = {kb['d']}, c = {kb['c']}, "
+                   f"BLAS threads {m['bench_blas_threads']})")
+        out.append("")
+        out.append(f"Median of {kb['repeats']} side-by-side rounds. X^T X = numpy `F.T @ F` (a `dsyrk`) of the "
+                   "dequantized batch; exact add = `ExactLedger.add` of the same quantized rows and class labels "
+                   "(validation, S and G limbs); + fold = the same followed by `ExactLedger.fold()`, the "
+                   "float64 -> int64 move that the next digest/gram/blob read would otherwise pay.")
+        out.append("")
+        out.append(_table(["operation", f"{kb['rows']} rows: ms", "rows/s", "/ X^T X"],
+                          [["float64 X^T X", _t(kb["gemm_ms"]), f"{kb['gemm_rows_per_s']:,.0f}", "1x"],
+                           ["ExactLedger.add", _t(kb["exact_add_ms"]), f"{kb['exact_rows_per_s']:,.0f}",
+                            _x(kb["ratio"])],
+                           ["ExactLedger.add + fold", _t(kb["exact_add_fold_ms"]),
+                            f"{kb['exact_fold_rows_per_s']:,.0f}", _x(kb["ratio_fold"])]]))
+        out.append("")
+        out.append("Per-event exact update at small ranks (same ledger; delete = of rows it holds):")
+        out.append("")
+        out.append(_table(["rank r", "add µs", "delete µs", "add + fold µs", "fold alone µs", "float64 X^T X µs"],
+                          [[r["r"], _t(r["add_us"]), _t(r["delete_us"]), _t(r["add_fold_us"]), _t(r["fold_us"]),
+                            _t(r["gemm_us"])] for r in kr]))
+        out.append("")
+
+    if "fast_heads" in results:
+        fh = results["fast_heads"]
+        out.append(f"## 8. Fast head: SMWTracker vs CholeskyTracker (d = {fh['d']}, c = {fh['c']}, n = {fh['n']:,}, "
+                   f"BLAS threads {m['bench_blas_threads']})")
+        out.append("")
+        out.append(f"Median of {fh['repeats']} side-by-side rounds, µs; each update gets the rows' labels, as "
+                   "TrackedHead passes them. SMW: inverse T, Sherman-Morrison-Woodbury. Cholesky: factor L, "
+                   "blocked rank-r update/downdate (ledger/cholesky.py). Ratio > 1: the factor is faster.")
+        out.append("")
+        out.append(_table(["rank r", "SMW add", "Cholesky add", "SMW / Cholesky (add)", "SMW delete",
+                           "Cholesky delete", "SMW / Cholesky (delete)"],
+                          [[r["r"], _t(r["smw_add_us"]), _t(r["chol_add_us"]), _x(r["add_smw_over_chol"]),
+                            _t(r["smw_delete_us"]), _t(r["chol_delete_us"]), _x(r["delete_smw_over_chol"])]
+                           for r in fh["ranks"]]))
+        sa = fh["sanity"]
+        out.append("")
+        out.append(f"Resets (ms): SMW {_t(fh['smw_reset_ms'])} (Cholesky + explicit inverse), Cholesky tracker "
+                   f"{_t(fh['chol_reset_ms'])} (Cholesky + two solves); a plain Cholesky of S + gamma I: "
+                   f"{_t(fh['cholesky_ms'])}. After the timed updates ({sa['updates_each']} per tracker), "
+                   f"deviation from solve_head: SMW {_g(sa['smw_dev'])}, Cholesky {_g(sa['chol_dev'])}.")
+        out.append("")
     return "\n".join(out)
 
 
@@ -871,6 +1017,12 @@ def run(cfg: Config, command: str = "") -> dict[str, Any]:
         _log("6. SMW drift")
         results["smw_drift"] = [smw_drift(cfg.smw_d, cfg.c, cfg.smw_n0, cfg.smw_events, cfg.smw_checkpoints, cfg.seed,
                                           gamma=g) for g in cfg.smw_gammas]
+        _log("7. exact update kernel")
+        results["kernel"] = bench_kernel(cfg.kernel_d, cfg.c, cfg.kernel_rows, cfg.kernel_ranks, cfg.kernel_repeats,
+                                         cfg.seed)
+        _log("8. fast head: SMW vs Cholesky factor")
+        results["fast_heads"] = bench_fast_heads(cfg.head_d, cfg.c, cfg.head_ranks, cfg.ledger_rows,
+                                                 cfg.head_repeats, cfg.seed)
     results["loadavg_end"] = list(os.getloadavg())
     results["wall_s"] = time.perf_counter() - t0
     return results

@@ -2,10 +2,11 @@
 
 Public API (other packages and external checks use these names):
 ``Quantizer``, ``QuantizationError``, ``l2_normalize``, ``with_intercept``, ``ExactLedger``,
-``solve_head``, ``SMWTracker``, ``TrackedHead``, ``retrain_deviation``, Bayesian helpers.
+``solve_head``, ``SMWTracker``, ``CholeskyTracker``, ``TrackedHead``, ``retrain_deviation``, Bayesian helpers.
 """
 
 from .bayes import kl_matrix_normal, posterior_covariance, predictive_variance, predictive_variance_cholesky
+from .cholesky import CholeskyTracker
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
 from .exact import ExactLedger, SufficientStatistics
 from .float_ledger import FloatLedger
@@ -21,7 +22,7 @@ __all__ = [
     "ExactLedger", "SufficientStatistics", "FloatLedger", "LedgerError", "NonMemberDelete", "OverflowBudgetError",
     "MultisetHash",
     "solve_head", "cholesky_factor", "posterior_inverse", "regularized_gram",
-    "SMWTracker", "DowndateCheck", "TrackedHead", "UpdateReport",
+    "SMWTracker", "CholeskyTracker", "DowndateCheck", "TrackedHead", "UpdateReport",
     "relative_deviation", "retrain_deviation", "centralized_retrain", "one_hot",
     "posterior_covariance", "predictive_variance", "predictive_variance_cholesky", "kl_matrix_normal",
 ]

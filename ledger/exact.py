@@ -5,15 +5,15 @@ with the stream. Integers cancel bit for bit, so the ledger after any interleavi
 partitioning of adds and deletes equals the ledger built from scratch on what is retained.
 
 How (docs/design.md section 2): split every quantized value q = a*2^15 + b with b in [-2^14, 2^14).
-Every product of halves is below 2^31 in magnitude, so a float64 GEMM over at most 2^21 rows
-sums exact integers below 2^52 -- exact whatever the summation order or BLAS. The three
-symmetric limb matrices
+The three symmetric limb matrices
 
     AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T
 
-are accumulated in int64 (bounded by n * 2^31 < 2^63 for n < 2^32 samples) and give
+are kept in int64 (bounded by n * 2^30 < 2^62 for n < 2^32 samples) and give
 S_int = AA*2^30 + X*2^15 + BB exactly. G uses the same split of the integer labels. The limbs
-are a deterministic function of the multiset, so equal multisets have equal limbs.
+are a deterministic function of the multiset, so equal multisets have equal limbs. The products
+come from float64 ``dsyrk`` calls that are exact by construction (``ledger/limbs.py``); S's limbs
+are stored as upper triangles (the strict lower part is zero) and mirrored only when S is read.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from . import wide
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError
+from .limbs import ROW_BLOCK, PendingProducts, exact_int, row_diagonals, split_labels, split_rows
 from .quantize import QMAX
 
-#: Rows per GEMM chunk: 2^21 products of magnitude <= 2^30 sum below 2^51 < 2^53 (exact).
-GEMM_CHUNK_ROWS = 1 << 21
 #: Retained-sample budget per ledger; beyond it int64 limbs could overflow.
 MAX_COUNT = (1 << 32) - 1
 #: Largest class index accepted (keeps c, and so W, a sane size).
@@ -54,33 +53,24 @@ class SufficientStatistics(Protocol):
     def moments(self) -> NDArray[np.float64]: ...
 
 
-def split_halves(Q: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """q = a*2^15 + b with b in [-2^14, 2^14), returned as float64 (exact small integers)."""
-    a = (Q + (1 << 14)) >> 15
-    b = Q - (a << 15)
-    return a.astype(np.float64), b.astype(np.float64)
-
-
-def _exact_int(M: NDArray[np.float64]) -> NDArray[np.int64]:
-    # GEMM outputs are exact integers below 2^53: the cast loses nothing.
-    return M.astype(np.int64)
-
-
-@lru_cache(maxsize=8)
-def _triu(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
-    """Upper-triangle indices (row-major), cached: the digest and blobs use them every time."""
-    return np.triu_indices(d)
-
-
 @lru_cache(maxsize=8)
 def _triu_flat(d: int) -> NDArray[np.intp]:
-    """The same triangle as flat indices: ``M.ravel().take(idx)`` is ~3x faster than ``M[iu]``."""
+    """Upper-triangle flat indices (row-major), cached: the digest and blobs use them every time
+    (``M.ravel().take(idx)`` is ~3x faster than ``M[np.triu_indices(d)]``)."""
     iu = np.triu_indices(d)
     return iu[0] * d + iu[1]
 
 
-#: Below this many rows, int64 outer products beat float GEMM + conversion (halves <= 2^15: exact).
-SMALL_RANK = 2
+@lru_cache(maxsize=8)
+def _strict_lower(d: int) -> NDArray[np.bool_]:
+    """Mask of the strict lower triangle: where ``_mirror_upper`` copies S^T into S."""
+    return np.tri(d, d, -1, dtype=bool)
+
+
+def _mirror_upper(M: NDArray[Any]) -> NDArray[Any]:
+    """The symmetric matrix whose upper triangle is M's (in place; bits copied, not recomputed)."""
+    np.copyto(M, M.T, where=_strict_lower(M.shape[0]))
+    return M
 
 
 class ExactLedger:
@@ -113,7 +103,8 @@ class ExactLedger:
         self._count = 0
         self._mutations = 0  # bumped by every change: keys the cache of derived values
         self._cache: dict[str, tuple[int, Any]] = {}
-        self._scratch: tuple[NDArray[np.float64], NDArray[np.int64]] | None = None
+        # Products of rows not yet folded into _AA/_X/_BB (allocated by the first row update).
+        self._pending: PendingProducts | None = None
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -135,10 +126,11 @@ class ExactLedger:
                 f"frac_bits={self.frac_bits}, label_frac_bits={self.label_frac_bits})")
 
     def copy(self) -> ExactLedger:
+        self.fold()
         other = ExactLedger.__new__(ExactLedger)
         other.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
         other._cache = dict(self._cache)
-        other._scratch = None
+        other._pending = None
         return other
 
     def _cached(self, name: str, compute: Any) -> Any:
@@ -162,7 +154,7 @@ class ExactLedger:
         if arr.dtype.kind == "u" and arr.size and arr.max() > QMAX:
             raise LedgerError("Q has values beyond 2^30")
         arr = arr.astype(np.int64, copy=False)
-        if arr.size and np.abs(arr).max() > QMAX:
+        if arr.size and (arr.max() > QMAX or arr.min() < -QMAX):  # min/max: no |arr| temporary
             row = int(np.argmax((np.abs(arr) > QMAX).any(axis=1)))
             raise LedgerError(f"row {row}: |q| exceeds 2^30, not a value the Quantizer produces")
         return arr
@@ -232,25 +224,33 @@ class ExactLedger:
         r = Qc.shape[0]
         if r == 0:
             return
-        a = (Qc + (1 << 14)) >> 15
-        b = Qc - (a << 15)
         # Validate everything before touching state (atomic: a refused update changes nothing).
         c_new = max(self.n_outputs, Y.shape[1])
         batch_counts = np.bincount(idx, minlength=c_new).astype(np.int64) if idx is not None else None
-        diag = ((a * a).sum(axis=0), 2 * (a * b).sum(axis=0), (b * b).sum(axis=0))
-        self._check_update(sign, r, c_new, batch_counts, diag)
+        self._check_update(sign, Qc, c_new, batch_counts)
         if c_new > self.n_outputs:
             self._grow_outputs(c_new)
         Yp = Y if Y.shape[1] == c_new else np.hstack([Y, np.zeros((r, c_new - Y.shape[1]), np.int64)])
-        for s0 in range(0, r, GEMM_CHUNK_ROWS):
-            self._accumulate(a[s0:s0 + GEMM_CHUNK_ROWS], b[s0:s0 + GEMM_CHUNK_ROWS], Yp[s0:s0 + GEMM_CHUNK_ROWS], sign)
+        if self._pending is None:
+            self._pending = PendingProducts(self.dim)
+        pending = self._pending
+        s0 = 0
+        while s0 < r:
+            if not pending.room:
+                pending.fold_into(self._AA, self._X, self._BB)
+            n = min(ROW_BLOCK, pending.room, r - s0)
+            a, b, s = split_rows(Qc[s0:s0 + n])
+            pending.accumulate(a, b, s, sign)
+            self._accumulate_moments(a, b, s, Yp[s0:s0 + n], sign)
+            s0 += n
         if batch_counts is not None:
             self._class_counts += sign * batch_counts
         self._count += sign * r
         self._mutations += 1
 
-    def _check_update(self, sign: int, r: int, c_new: int, batch_counts: NDArray[np.int64] | None,
-                      diag: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]) -> None:
+    def _check_update(self, sign: int, Qc: NDArray[np.int64], c_new: int,
+                      batch_counts: NDArray[np.int64] | None) -> None:
+        r = Qc.shape[0]
         new_count = self._count + sign * r
         if new_count > MAX_COUNT:
             raise OverflowBudgetError(
@@ -268,46 +268,45 @@ class ExactLedger:
                 j = int(np.argmax(left < 0))
                 raise NonMemberDelete(f"delete of {int(batch_counts[j])} samples of class {j}; "
                                       f"the ledger holds {int(self._class_counts[j])}")
-        after = wide.combine([
-            (np.diagonal(self._AA) - diag[0], 30),
-            (np.diagonal(self._X) - diag[1], 15),
-            (np.diagonal(self._BB) - diag[2], 0),
-        ])
+        held = self._diagonals()
+        gone = row_diagonals(Qc)
+        after = wide.combine([(held[0] - gone[0], 30), (held[1] - gone[1], 15), (held[2] - gone[2], 0)])
         if wide.is_negative(after).any():
             i = int(np.argmax(wide.is_negative(after)))
             raise NonMemberDelete(f"delete would make S[{i},{i}] negative: those rows were never added")
 
-    def _accumulate(self, a: NDArray[np.int64], b: NDArray[np.int64], Y: NDArray[np.int64], sign: int) -> None:
-        """Add sign * (limbs of these rows) into the state, in place, exactly."""
-        ya = (Y + (1 << 14)) >> 15
-        yb = Y - (ya << 15)
-        op = np.add if sign > 0 else np.subtract
-        if a.shape[0] <= SMALL_RANK:
-            # int64 products of halves (<= 2^30 each, a row or two): exact without the float detour
-            at, bt = a.T, b.T
-            op(self._AA, at @ a, out=self._AA)
-            op(self._X, at @ b + bt @ a, out=self._X)
-            op(self._BB, bt @ b, out=self._BB)
-            op(self._GAA, at @ ya, out=self._GAA)
-            op(self._GX, at @ yb + bt @ ya, out=self._GX)
-            op(self._GBB, bt @ yb, out=self._GBB)
-            return
-        fbuf, ibuf = self._scratch_buffers()
-        A, B = a.astype(np.float64), b.astype(np.float64)
-        for target, left, right in ((self._AA, A, A), (self._BB, B, B),
-                                    (self._X, np.vstack([A, B]), np.vstack([B, A]))):
-            np.matmul(left.T, right, out=fbuf)  # exact integers < 2^52: see the module docstring
-            np.copyto(ibuf, fbuf, casting="unsafe")
-            op(target, ibuf, out=target)
-        YA, YB = ya.astype(np.float64), yb.astype(np.float64)
-        op(self._GAA, _exact_int(A.T @ YA), out=self._GAA)
-        op(self._GX, _exact_int(np.vstack([A, B]).T @ np.vstack([YB, YA])), out=self._GX)
-        op(self._GBB, _exact_int(B.T @ YB), out=self._GBB)
+    def _diagonals(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Diagonals of the limbs (AA, X, BB), pending products included, without folding them."""
+        held = (np.diagonal(self._AA), np.diagonal(self._X), np.diagonal(self._BB))
+        if self._pending is None:
+            return held
+        pend = self._pending.diagonals()
+        return held[0] + pend[0], held[1] + pend[1], held[2] + pend[2]
 
-    def _scratch_buffers(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-        if self._scratch is None:
-            self._scratch = (np.empty((self.dim, self.dim)), np.empty((self.dim, self.dim), np.int64))
-        return self._scratch
+    def _accumulate_moments(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64],
+                            Y: NDArray[np.int64], sign: int) -> None:
+        """G's limbs += sign * (a^T ya, a^T yb + b^T ya, b^T yb) for one chunk (<= ROW_BLOCK rows).
+        The same Karatsuba split as S: the cross limb is s^T (ya + yb) minus the other two; every
+        product sums at most ROW_BLOCK terms below 2.25*2^30, so the float64 GEMMs are exact."""
+        ya, yb = split_labels(Y)
+        op = np.add if sign > 0 else np.subtract
+        gbb = b.T @ yb
+        if ya.any():
+            gaa = a.T @ ya
+            gx = s.T @ (ya + yb)
+            gx -= gaa
+            gx -= gbb
+            op(self._GAA, exact_int(gaa), out=self._GAA)
+        else:  # labels below 2^14 (class indices on a grid k_y <= 13): GAA gets nothing, GX = a^T yb
+            gx = a.T @ yb
+        op(self._GX, exact_int(gx), out=self._GX)
+        op(self._GBB, exact_int(gbb), out=self._GBB)
+
+    def fold(self) -> None:
+        """Fold the pending float64 products into the int64 limbs. No change of value: every reader
+        (digest, gram, blobs, absorb, copy) does it first; call it to pay that cost up front."""
+        if self._pending is not None:
+            self._pending.fold_into(self._AA, self._X, self._BB)
 
     @classmethod
     def from_rows(cls, Q: ArrayLike, y: ArrayLike, n_outputs: int = 0, frac_bits: int = 30,
@@ -336,6 +335,8 @@ class ExactLedger:
                 f"ledger would hold {new_count} samples; the exactness budget is < 2^32 per ledger "
                 "(split the head into partition ledgers)")
         c_new = max(self.n_outputs, other.n_outputs)
+        self.fold()
+        other.fold()
         if sign < 0:
             if other.n_outputs > self.n_outputs and other._class_counts[self.n_outputs:].any():
                 raise NonMemberDelete("delete names a class index this head has never seen")
@@ -413,6 +414,8 @@ class ExactLedger:
 
     # ------------------------------------------------------------------ exact values
     def _S_wide(self) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+        """S_int's upper triangle as 128-bit (hi, lo) (d, d); the strict lower part is zero."""
+        self.fold()
         return wide.combine([(self._AA, 30), (self._X, 15), (self._BB, 0)])
 
     def _G_wide(self) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
@@ -420,7 +423,7 @@ class ExactLedger:
 
     def gram_int(self) -> NDArray[np.object_]:
         """S_int as Python ints (d, d) -- for audits and tests on small d."""
-        return np.array(wide.to_pyints(self._S_wide()), dtype=object).reshape(self.dim, self.dim)
+        return _mirror_upper(np.array(wide.to_pyints(self._S_wide()), dtype=object).reshape(self.dim, self.dim))
 
     def moments_int(self) -> NDArray[np.object_]:
         """G_int as Python ints (d, c)."""
@@ -429,7 +432,8 @@ class ExactLedger:
     def gram(self) -> NDArray[np.float64]:
         """Float64 S at real scale, S_int * 2^-2k, by a fixed sequence of operations (deterministic).
         Returns a fresh array (cached per state, copied out)."""
-        return self._cached("gram", lambda: wide.to_float64(self._S_wide()) * (2.0 ** (-2 * self.frac_bits))).copy()
+        scale = 2.0 ** (-2 * self.frac_bits)
+        return self._cached("gram", lambda: _mirror_upper(wide.to_float64(self._S_wide()) * scale)).copy()
 
     def moments(self) -> NDArray[np.float64]:
         """Float64 G at real scale, G_int * 2^-(k + k_y)."""
@@ -456,11 +460,16 @@ class ExactLedger:
         h = hashlib.sha256()
         h.update(DIGEST_DOMAIN)
         h.update(struct.pack("<qqqqq", self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count))
-        idx = _triu_flat(self.dim)
-        upper = [M.ravel().take(idx) for M in (self._AA, self._X, self._BB)]
+        upper = self._upper_limbs()
         h.update(wide.to_le_bytes(wide.combine([(upper[0], 30), (upper[1], 15), (upper[2], 0)])))
         h.update(wide.to_le_bytes(self._G_wide()))
         return h.hexdigest()
+
+    def _upper_limbs(self) -> list[NDArray[np.int64]]:
+        """The upper triangles (row-major) of AA, X, BB: what the digest and the blobs encode."""
+        self.fold()
+        idx = _triu_flat(self.dim)
+        return [M.ravel().take(idx) for M in (self._AA, self._X, self._BB)]
 
     # ------------------------------------------------------------------ serialization
     def to_bytes(self) -> bytes:
@@ -470,13 +479,11 @@ class ExactLedger:
         i64 class_counts[c]; i64 upper triangles (row-major) of AA, X, BB (d(d+1)/2 each);
         i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
         """
-        iu = _triu(self.dim)
         parts = [
             _HEADER.pack(_BLOB_MAGIC, _BLOB_VERSION, self.dim, self.n_outputs, self.frac_bits,
                          self.label_frac_bits, self._count),
             self._class_counts.astype("<i8").tobytes(),
-            self._AA[iu].astype("<i8").tobytes(), self._X[iu].astype("<i8").tobytes(),
-            self._BB[iu].astype("<i8").tobytes(),
+            *(M.astype("<i8").tobytes() for M in self._upper_limbs()),
             self._GAA.astype("<i8").tobytes(), self._GX.astype("<i8").tobytes(), self._GBB.astype("<i8").tobytes(),
         ]
         body = b"".join(parts)
@@ -512,11 +519,10 @@ class ExactLedger:
             return a
 
         led._class_counts = take(c)
-        iu = _triu(d)
+        idx = _triu_flat(d)
         for name in ("_AA", "_X", "_BB"):
-            M = np.zeros((d, d), np.int64)
-            M[iu] = take(t)
-            M.T[iu] = M[iu]
+            M = np.zeros((d, d), np.int64)  # stored upper-triangular, as the updates keep it
+            M.ravel()[idx] = take(t)
             setattr(led, name, M)
         for name in ("_GAA", "_GX", "_GBB"):
             setattr(led, name, take(d * c).reshape(d, c))

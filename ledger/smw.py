@@ -10,10 +10,12 @@ resets from the ledger instead of publishing a wrong head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
+from scipy.linalg.lapack import dpotrf
 
 from .exact import SufficientStatistics
 from .solve import cholesky_factor, posterior_inverse, regularized_gram, solve_with_factor
@@ -37,6 +39,66 @@ def relative_deviation(W: NDArray[np.float64], W_ref: NDArray[np.float64]) -> fl
     num = float(np.linalg.norm(W - W_ref))
     den = float(np.linalg.norm(W_ref))
     return num / den if den > 0 else num
+
+
+def lemma1_check(M: NDArray[np.float64], U: NDArray[np.float64], gamma: float, min_pivot: float) -> DowndateCheck:
+    """Lemma 1 on M = I - U H^-1 U^T (r x r): the downdate H - U^T U is PD iff M is, tested by Cholesky.
+
+    Rounding in U H^-1 U^T is about eps * ||U||^2 * ||H^-1||, and ||H^-1|| <= 1/gamma: a squared
+    pivot not clearly above that noise floor (or ``min_pivot``) is not evidence of feasibility.
+    """
+    L, info = dpotrf(M, lower=1, clean=1)
+    if info != 0:
+        return DowndateCheck(False, 0.0, "infeasible: I - U T U^T is not positive definite")
+    piv = float(np.min(np.diagonal(L)) ** 2)
+    noise = 64.0 * np.finfo(np.float64).eps * float(np.sum(U * U)) / gamma
+    tol = max(min_pivot, noise)
+    if piv < tol:
+        return DowndateCheck(False, piv, f"ill-conditioned: pivot {piv:.3g} < {tol:.3g}")
+    return DowndateCheck(True, piv)
+
+
+def residual_drift(stats: SufficientStatistics, gamma: float, W: NDArray[np.float64]) -> float:
+    """Cheap a-posteriori drift: relative residual ||H W - G||_F / ||G||_F with H, G from the exact
+    ledger, O(d^2 c). The head error is bounded by cond(H) times this; a reset is cheaper than worrying."""
+    H = regularized_gram(stats, gamma)
+    G = stats.moments()
+    den = float(np.linalg.norm(G))
+    res = float(np.linalg.norm(H @ W[:, :G.shape[1]] - G))
+    return res / den if den > 0 else res
+
+
+class _Tracker(Protocol):
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def n_outputs(self) -> int: ...
+
+    def grow_outputs(self, n_outputs: int) -> None: ...
+
+
+def prepare_update(tracker: _Tracker, U: NDArray[np.float64], dG: NDArray[np.float64],
+                   Y: NDArray[np.float64] | None
+                   ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64] | None]:
+    """Validate a tracker update: U (r, d), dG (d, c') and optional labels Y (r, c'), widened to the
+    tracker's outputs (growing them first when c' is larger)."""
+    U = np.asarray(U, dtype=np.float64)
+    if U.ndim == 1:
+        U = U[None, :]
+    dG = np.asarray(dG, dtype=np.float64)
+    d = tracker.dim
+    if U.shape[1] != d or dG.shape[0] != d:
+        raise ValueError(f"U must be (r, {d}) and dG ({d}, c); got {U.shape}, {dG.shape}")
+    tracker.grow_outputs(dG.shape[1])
+    c = tracker.n_outputs
+    if dG.shape[1] < c:
+        dG = np.hstack([dG, np.zeros((d, c - dG.shape[1]))])
+    if Y is not None:
+        Y = np.asarray(Y, dtype=np.float64).reshape(U.shape[0], -1)
+        if Y.shape[1] < c:
+            Y = np.hstack([Y, np.zeros((U.shape[0], c - Y.shape[1]))])
+    return U, dG, Y
 
 
 class SMWTracker:
@@ -79,53 +141,33 @@ class SMWTracker:
         if n_outputs > self.n_outputs:
             self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
 
-    def _prepare(self, U: NDArray[np.float64],
-                 dG: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        U = np.asarray(U, dtype=np.float64)
-        if U.ndim == 1:
-            U = U[None, :]
-        dG = np.asarray(dG, dtype=np.float64)
-        if U.shape[1] != self.dim or dG.shape[0] != self.dim:
-            raise ValueError(f"U must be (r, {self.dim}) and dG ({self.dim}, c); got {U.shape}, {dG.shape}")
-        self.grow_outputs(dG.shape[1])
-        if dG.shape[1] < self.n_outputs:
-            dG = np.hstack([dG, np.zeros((self.dim, self.n_outputs - dG.shape[1]))])
-        return U, dG
-
-    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64]) -> None:
+    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
         """H += U^T U, G += dG. Eq. (7): T+ = T - K (I + U K)^-1 K^T with K = T U^T;
-        eq. (8): W+ = W - T+ U^T (U W) + T+ dG."""
-        U, dG = self._prepare(U, dG)
+        eq. (8): W+ = W - T+ U^T (U W) + T+ dG, or W+ = W + T+ U^T (Y - U W) when the rows'
+        labels Y (dG = U^T Y) are given -- the same update without the d x d x c product T+ dG."""
+        U, dG, Y = prepare_update(self, U, dG, Y)
         K = self.T @ U.T
         M = np.eye(U.shape[0]) + U @ K
         L = sla.cholesky(M, lower=True, check_finite=False)  # M is SPD: I + PSD
         Z = sla.solve_triangular(L, K.T, lower=True, check_finite=False)
         self.T -= Z.T @ Z
         TU = self.T @ U.T
-        self.W += TU @ (-(U @ self.W)) + self.T @ dG
+        if Y is not None:
+            self.W += TU @ (Y - U @ self.W)
+        else:
+            self.W += TU @ (-(U @ self.W)) + self.T @ dG
         self.updates_since_reset += 1
 
     def check_downdate(self, U: NDArray[np.float64]) -> DowndateCheck:
         """Lemma 1: H - U^T U is PD iff I - U T U^T is PD; test it by Cholesky."""
         U = np.atleast_2d(np.asarray(U, dtype=np.float64))
-        M = np.eye(U.shape[0]) - U @ (self.T @ U.T)
-        try:
-            L = np.linalg.cholesky(M)
-        except np.linalg.LinAlgError:
-            return DowndateCheck(False, 0.0, "infeasible: I - U T U^T is not positive definite")
-        piv = float(np.min(np.diagonal(L)) ** 2)
-        # Rounding in U T U^T is about eps * ||U||^2 * ||T||, and ||T|| <= 1/gamma: a pivot not
-        # clearly above that noise floor is not evidence of feasibility.
-        noise = 64.0 * np.finfo(np.float64).eps * float(np.sum(U * U)) / self.gamma
-        tol = max(self.min_pivot, noise)
-        if piv < tol:
-            return DowndateCheck(False, piv, f"ill-conditioned: pivot {piv:.3g} < {tol:.3g}")
-        return DowndateCheck(True, piv)
+        return lemma1_check(np.eye(U.shape[0]) - U @ (self.T @ U.T), U, self.gamma, self.min_pivot)
 
-    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64]) -> DowndateCheck:
+    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64],
+               Y: NDArray[np.float64] | None = None) -> DowndateCheck:
         """H -= U^T U, G -= dG (eq. 9-10) if feasible; otherwise the state is left unchanged and
         the returned check says why (the caller must reset from the ledger)."""
-        U, dG = self._prepare(U, dG)
+        U, dG, Y = prepare_update(self, U, dG, Y)
         chk = self.check_downdate(U)
         if not chk.feasible:
             return chk
@@ -135,7 +177,10 @@ class SMWTracker:
         Z = sla.solve_triangular(L, K.T, lower=True, check_finite=False)
         self.T += Z.T @ Z
         TU = self.T @ U.T
-        self.W += TU @ (U @ self.W) - self.T @ dG
+        if Y is not None:
+            self.W -= TU @ (Y - U @ self.W)
+        else:
+            self.W += TU @ (U @ self.W) - self.T @ dG
         self.updates_since_reset += 1
         return chk
 
@@ -153,16 +198,9 @@ class SMWTracker:
         return drift
 
     def drift_estimate(self, stats: SufficientStatistics) -> float:
-        """Cheap a-posteriori drift: relative residual ||H W - G||_F / ||G||_F, O(d^2 c).
-
-        The head error is bounded by cond(H) times this; a reset is cheaper than worrying.
-        """
-        H = regularized_gram(stats, self.gamma)
-        G = stats.moments()
-        W = self.W[:, :G.shape[1]]
-        den = float(np.linalg.norm(G))
-        res = float(np.linalg.norm(H @ W - G))
-        return res / den if den > 0 else res
+        """Cheap a-posteriori drift of the served W against the exact ledger (``residual_drift``)."""
+        return residual_drift(stats, self.gamma, self.W)
 
 
-__all__ = ["DowndateCheck", "SMWTracker", "posterior_inverse", "relative_deviation"]
+__all__ = ["DowndateCheck", "SMWTracker", "lemma1_check", "posterior_inverse", "prepare_update",
+           "relative_deviation", "residual_drift"]

@@ -1,5 +1,7 @@
-"""A live head: the exact ledger (source of truth) plus the SMW fast head and its reset policy.
+"""A live head: the exact ledger (source of truth) plus a fast head and its reset policy.
 
+The fast head is an ``SMWTracker`` (inverse form) or a ``CholeskyTracker`` (factor form), chosen
+by ``tracker``; both take the same updates and share the drift checks and reset policy below.
 This is the pure core the ledger processor wraps. Every update goes to the exact ledger first
 (which rejects invalid deletes atomically), then to the fast tracker; the canonical head is
 restored from the ledger every ``reset_every`` updates, on an infeasible/ill-conditioned downdate,
@@ -14,10 +16,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .cholesky import CholeskyTracker
 from .exact import ExactLedger
 from .smw import SMWTracker
 
 HeadMode = Literal["exact", "fast"]
+TrackerKind = Literal["smw", "cholesky"]
+#: The fast head's default form (docs/design.md section 2 has the side-by-side timings).
+DEFAULT_TRACKER: TrackerKind = "smw"
 
 
 @dataclass(frozen=True)
@@ -30,35 +36,41 @@ class UpdateReport:
 
 
 class TrackedHead:
-    """Exact ledger + SMW tracker with periodic Cholesky resets."""
+    """Exact ledger + fast tracker (SMW or Cholesky factor) with periodic Cholesky resets."""
 
     def __init__(self, ledger: ExactLedger, gamma: float = 1.0, reset_every: int = 1000,
-                 drift_threshold: float = 1e-9, drift_check_every: int = 64, min_pivot: float = 1e-8) -> None:
+                 drift_threshold: float = 1e-9, drift_check_every: int = 64, min_pivot: float = 1e-8,
+                 tracker: TrackerKind = DEFAULT_TRACKER) -> None:
         if reset_every < 1 or drift_check_every < 1:
             raise ValueError("reset_every and drift_check_every must be >= 1")
+        if tracker not in ("smw", "cholesky"):
+            raise ValueError(f"tracker must be 'smw' or 'cholesky', got {tracker!r}")
         self.ledger = ledger
         self.gamma = float(gamma)
         self.reset_every = int(reset_every)
         self.drift_threshold = float(drift_threshold)
         self.drift_check_every = int(drift_check_every)
-        self.tracker = SMWTracker.from_ledger(ledger, gamma, min_pivot)
+        self.tracker: SMWTracker | CholeskyTracker = (
+            CholeskyTracker if tracker == "cholesky" else SMWTracker).from_ledger(ledger, gamma, min_pivot)
         self.mode: HeadMode = "exact"
         self.resets = 0
 
     @property
     def weights(self) -> NDArray[np.float64]:
-        """The served head W (d, c): canonical after a reset, SMW-updated otherwise."""
+        """The served head W (d, c): canonical after a reset, tracker-updated otherwise."""
         return self.tracker.W
 
     @property
     def last_reset_drift(self) -> float:
         return self.tracker.last_reset_drift
 
-    def _factor(self, Q: NDArray[np.int64], Y: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # U = Q * 2^-k is exact in float64 (|q| <= 2^30); U^T U is the real-scale delta S.
+    def _factor(self, Q: NDArray[np.int64], Y: NDArray[np.int64]
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        # U = Q * 2^-k is exact in float64 (|q| <= 2^30); U^T U is the real-scale delta S. The labels
+        # go along so that the trackers can update W by r-column instead of c-column products.
         U = Q.astype(np.float64) * (2.0 ** -self.ledger.frac_bits)
-        dG = U.T @ (Y.astype(np.float64) * (2.0 ** -self.ledger.label_frac_bits))
-        return U, dG
+        Yf = Y.astype(np.float64) * (2.0 ** -self.ledger.label_frac_bits)
+        return U, U.T @ Yf, Yf
 
     def add(self, Q: ArrayLike, y: ArrayLike) -> UpdateReport:
         """Add rows to the ledger (exact) and to the fast head."""
@@ -73,11 +85,11 @@ class TrackedHead:
         self.ledger.apply_prepared(Qc, Y, idx, sign)
         if Qc.shape[0] == 0:
             return UpdateReport(self.mode)
-        U, dG = self._factor(Qc, Y)
+        U, dG, Yf = self._factor(Qc, Y)
         if sign > 0:
-            self.tracker.add(U, dG)
+            self.tracker.add(U, dG, Yf)
         else:
-            chk = self.tracker.delete(U, dG)
+            chk = self.tracker.delete(U, dG, Yf)
             if not chk.feasible:
                 return self.reset(f"downdate {chk.reason}")
         return self._after_update()

@@ -1,0 +1,242 @@
+"""Variant B, factor form: track the Cholesky factor L of H = S + gamma*I under rank-r updates.
+
+Why a factor next to the inverse (``SMWTracker``): a reset is one Cholesky and two solves (as in
+Variant A) instead of also forming H^-1, the factor stays accurate where T = H^-1 loses digits (small
+gamma, ill-conditioned S), and a downdate that would lose positive definiteness shows up as a failed
+Cholesky of an r x r or nb x nb matrix before anything is touched. Its per-update cost against SMW's
+is measured in ``bench/ledger_bench.py`` (section 8); ``TrackedHead`` selects either form.
+
+The update (blocked, level-3 BLAS; docs/design.md section 2): with P = L^-1 V (d x r),
+
+    L L^T + sigma V V^T = L (I + sigma P P^T) L^T = (L M)(L M)^T,   M = chol(I + sigma P P^T).
+
+M is lower triangular and semiseparable: its diagonal blocks are M_JJ = chol(I + P_J S_J P_J^T) and
+its blocks below them are P_K B_J^T, where S_J = (sigma I + P_<J^T P_<J)^-1 is carried forward as an
+r x r matrix (S <- S - B_J^T B_J) and B_J = M_JJ^-1 P_J S_J. So the new column block J of L is
+
+    L~[:, J] = L[:, J] M_JJ + (sum_{K > J} L[:, K] P_K) B_J^T,
+
+one forward sweep over small matrices and one backward sweep with one GEMM and one matrix-vector
+product per block: O(d^2 (nb + r)) flops, no d x d temporary, L updated in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg as sla
+from numpy.typing import NDArray
+from scipy.linalg.blas import dtrsm, dtrsv
+from scipy.linalg.lapack import dpotrf
+
+from .exact import SufficientStatistics
+from .smw import DowndateCheck, lemma1_check, prepare_update, relative_deviation, residual_drift
+from .solve import cholesky_factor, single_threaded_blas, solve_with_factor
+
+#: Columns of L per block of the update: small enough that the M_JJ products stay cheap for rank 1,
+#: large enough that the per-block overhead of the Python loop does not dominate.
+BLOCK = 48
+
+
+def tri_solve(L: NDArray[np.float64], B: NDArray[np.float64], transpose: bool = False) -> NDArray[np.float64]:
+    """L^-1 B (or L^-T B) for a lower-triangular L, in either memory order, without copying L.
+
+    A C-ordered L is handed to BLAS as its Fortran view L^T (upper triangular); one column takes
+    ``dtrsv``. (An f2py call with the wrong order copies L first: ~3 ms at d = 768.)
+    """
+    if L.flags.f_contiguous:
+        A, lower, trans = L, 1, int(transpose)
+    else:
+        A, lower, trans = L.T, 0, int(not transpose)
+    if B.shape[1] == 1:
+        return dtrsv(A, B[:, 0], lower=lower, trans=trans)[:, None]
+    return dtrsm(1.0, A, B, lower=lower, trans_a=trans)
+
+
+@dataclass(frozen=True)
+class Generators:
+    """The factor M of I + sigma P P^T (see the module docstring): M_JJ and B_J per column block."""
+
+    P: NDArray[np.float64]
+    starts: list[int]
+    blocks: list[tuple[NDArray[np.float64], NDArray[np.float64]]]
+
+    def solve(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """M^-1 X by block forward substitution, O(d (nb + r) k) for X (d, k): M's strictly lower
+        blocks are P_K B_J^T, so the history of earlier blocks is one r x k running sum."""
+        Z = np.empty_like(X)
+        R = np.zeros((self.P.shape[1], X.shape[1]))  # sum_{K < J} B_K^T z_K
+        for j0, (M, B) in zip(self.starts, self.blocks):
+            j1 = j0 + M.shape[0]
+            Z[j0:j1] = dtrsm(1.0, M, X[j0:j1] - self.P[j0:j1] @ R, lower=1)
+            R += B.T @ Z[j0:j1]
+        return Z
+
+
+def factor_generators(P: NDArray[np.float64], sigma: int, block: int = BLOCK) -> Generators | None:
+    """Forward sweep: M_JJ = chol(I + P_J S P_J^T), B_J = M_JJ^-1 P_J S, S <- S - B_J^T B_J, starting
+    from S = sigma I. None when a diagonal block is not positive definite (downdate past PD)."""
+    d, r = P.shape
+    S = float(sigma) * np.eye(r)
+    starts = list(range(0, d, block))
+    blocks = []
+    for j0 in starts:
+        PJ = P[j0:j0 + block]
+        PS = PJ @ S
+        C = PS @ PJ.T
+        C.flat[::C.shape[0] + 1] += 1.0
+        M, info = dpotrf(C.T, lower=1, clean=1, overwrite_a=1)  # C is symmetric: C.T is C, Fortran-ordered
+        if info != 0:
+            return None
+        B = dtrsm(1.0, M, PS, lower=1)
+        S -= B.T @ B
+        blocks.append((M, B))
+    return Generators(P, starts, blocks)
+
+
+def apply_generators(L: NDArray[np.float64], gen: Generators) -> None:
+    """Backward sweep, in place: L[:, J] <- [L[:, J], T_J] @ [M_JJ; B_J^T] with the running tail sum
+    T_J = sum_{K > J} L[:, K] P_K (its rows above block K are zero, so only rows j0: are touched).
+    One GEMM per block on a copied [L_J, T_J] panel beats two thin ones plus an add."""
+    d = L.shape[0]
+    P = gen.P
+    r = P.shape[1]
+    T = np.zeros((d, r))
+    panel = np.empty((d, max(M.shape[0] for M, _ in gen.blocks) + r))
+    for j0, (M, B) in zip(reversed(gen.starts), reversed(gen.blocks)):
+        nb = M.shape[0]
+        Lj = L[j0:, j0:j0 + nb]
+        w = panel[:d - j0, :nb + r]
+        w[:, :nb] = Lj
+        w[:, nb:] = T[j0:]
+        T[j0:] += Lj @ P[j0:j0 + nb]
+        np.matmul(w, np.vstack([M, B.T]), out=Lj)
+
+
+def chol_rank_update(L: NDArray[np.float64], V: NDArray[np.float64], sigma: int,
+                     P: NDArray[np.float64] | None = None, block: int = BLOCK) -> Generators | None:
+    """In place: L <- L~ with L~ L~^T = L L^T + sigma V V^T (L lower, either order; V (d, r); sigma = +-1).
+
+    ``P`` = L^-1 V when the caller already has it. Returns the generators of M (L~ = L M, so
+    L~^-1 X = M^-1 L^-1 X), or None with L untouched when the downdate would lose positive
+    definiteness.
+    """
+    if P is None:
+        P = tri_solve(L, V)
+    gen = factor_generators(P, sigma, block)
+    if gen is not None:
+        apply_generators(L, gen)
+    return gen
+
+
+class CholeskyTracker:
+    """Fast head from a maintained Cholesky factor L of H = S + gamma*I (drop-in for SMWTracker).
+
+    W is updated incrementally like SMW's (W += sigma H~^-1 (dG - U^T U W)); given the rows' labels
+    Y (dG = U^T Y) the solve runs on r columns instead of c. ``T`` (the posterior inverse) is formed
+    on demand only; right after a reset it is bit-identical to ``posterior_inverse``.
+    """
+
+    def __init__(self, L: NDArray[np.float64], W: NDArray[np.float64], gamma: float,
+                 min_pivot: float = 1e-8) -> None:
+        L = np.array(L, dtype=np.float64, order="F")  # LAPACK's order: no copies in the solves
+        W = np.array(W, dtype=np.float64)
+        if L.ndim != 2 or L.shape[0] != L.shape[1] or W.ndim != 2 or W.shape[0] != L.shape[0]:
+            raise ValueError(f"need L (d, d) and W (d, c), got {L.shape} and {W.shape}")
+        self.L = L
+        self.W = W
+        self.gamma = float(gamma)
+        self.min_pivot = float(min_pivot)
+        self.updates_since_reset = 0
+        self.last_reset_drift = 0.0
+        self._T: NDArray[np.float64] | None = None
+
+    @classmethod
+    def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8) -> CholeskyTracker:
+        """Start from the canonical factor of a ledger (L and W exactly as Variant A gives them)."""
+        L = cholesky_factor(stats, gamma)
+        return cls(L, solve_with_factor(L, stats.moments()), gamma, min_pivot)
+
+    @property
+    def dim(self) -> int:
+        return self.L.shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.W.shape[1]
+
+    @property
+    def T(self) -> NDArray[np.float64]:
+        """H^-1 from the factor, symmetrized -- computed on first use after each change."""
+        if self._T is None:
+            with single_threaded_blas():
+                T = sla.cho_solve((self.L, True), np.eye(self.dim), check_finite=False)
+            self._T = (T + T.T) * 0.5
+        return self._T
+
+    def grow_outputs(self, n_outputs: int) -> None:
+        """New classes start with zero weight columns (their G column was zero)."""
+        if n_outputs > self.n_outputs:
+            self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
+
+    def _apply(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
+               sign: int, P: NDArray[np.float64]) -> bool:
+        gen = chol_rank_update(self.L, U.T, sign, P)
+        if gen is None:
+            return False
+        if Y is not None and U.shape[0] < self.n_outputs:
+            K = tri_solve(self.L, gen.solve(P), transpose=True)  # H~^-1 U^T = L~^-T M^-1 L^-1 U^T
+            self.W += (sign * K) @ (Y - U @ self.W)
+        else:
+            R = dG - U.T @ (U @ self.W)
+            R = tri_solve(self.L, tri_solve(self.L, R), transpose=True)
+            self.W += R if sign > 0 else -R
+        self._T = None
+        self.updates_since_reset += 1
+        return True
+
+    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
+        """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails."""
+        U, dG, Y = prepare_update(self, U, dG, Y)
+        if not self._apply(U, dG, Y, +1, tri_solve(self.L, U.T)):  # pragma: no cover - non-finite input only
+            raise FloatingPointError("Cholesky update failed: non-finite rows or factor")
+
+    def _downdate_check(self, U: NDArray[np.float64]) -> tuple[DowndateCheck, NDArray[np.float64]]:
+        P = tri_solve(self.L, U.T)  # I - P^T P = I - U H^-1 U^T; P is reused by the downdate itself
+        return lemma1_check(np.eye(U.shape[0]) - P.T @ P, U, self.gamma, self.min_pivot), P
+
+    def check_downdate(self, U: NDArray[np.float64]) -> DowndateCheck:
+        """Lemma 1: H - U^T U is PD iff I - U H^-1 U^T = I - P^T P is, P = L^-1 U^T."""
+        return self._downdate_check(np.atleast_2d(np.asarray(U, dtype=np.float64)))[0]
+
+    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64],
+               Y: NDArray[np.float64] | None = None) -> DowndateCheck:
+        """H -= U^T U, G -= dG if feasible; otherwise the state is left unchanged and the returned
+        check says why (the caller must reset from the ledger)."""
+        U, dG, Y = prepare_update(self, U, dG, Y)
+        chk, P = self._downdate_check(U)
+        if chk.feasible and not self._apply(U, dG, Y, -1, P):
+            # A diagonal block of I - P P^T failed although the r x r test passed (rounding at the
+            # margin): the factor is untouched; refuse like an infeasible downdate.
+            return DowndateCheck(False, chk.min_pivot, "infeasible: factor downdate lost positive definiteness")
+        return chk
+
+    def reset(self, stats: SufficientStatistics) -> float:
+        """Replace L and W by the canonical ones; return the drift of the fast head before it."""
+        L = cholesky_factor(stats, self.gamma)
+        W_canon = solve_with_factor(L, stats.moments())
+        self.grow_outputs(W_canon.shape[1])
+        drift = relative_deviation(self.W, W_canon) if self.W.shape == W_canon.shape else float("inf")
+        self.L, self.W = L, W_canon
+        self._T = None
+        self.updates_since_reset = 0
+        self.last_reset_drift = drift
+        return drift
+
+    def drift_estimate(self, stats: SufficientStatistics) -> float:
+        """Cheap a-posteriori drift of the served W against the exact ledger (``residual_drift``)."""
+        return residual_drift(stats, self.gamma, self.W)
+
+
+__all__ = ["BLOCK", "CholeskyTracker", "Generators", "chol_rank_update", "tri_solve"]

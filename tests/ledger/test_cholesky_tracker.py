@@ -1,0 +1,151 @@
+"""The Cholesky-factor fast head (ledger/cholesky.py): the blocked rank-r update/downdate against a
+fresh factorization, the tracker against solve_head on the exact ledger, and its refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unlearn.ledger import (
+    CholeskyTracker,
+    ExactLedger,
+    Quantizer,
+    TrackedHead,
+    l2_normalize,
+    one_hot,
+    posterior_inverse,
+    relative_deviation,
+    solve_head,
+)
+from unlearn.ledger.cholesky import chol_rank_update, tri_solve
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: Documented tolerance of the fast head (docs/design.md section 2): after a long update stream without
+#: resets the factor-form W stays within this relative Frobenius distance of solve_head on the ledger.
+FAST_HEAD_TOL = 1e-9
+
+
+def spd(rng: np.random.Generator, d: int) -> np.ndarray:
+    A = rng.standard_normal((d + 3, d))
+    return A.T @ A / d + np.eye(d)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 70), r=st.integers(1, 12), block=st.integers(1, 20),
+       fortran=st.booleans())
+def test_rank_update_and_downdate_match_a_fresh_factorization(seed: int, d: int, r: int, block: int,
+                                                              fortran: bool) -> None:
+    """Any d, r, block size (r larger than a block, a ragged last block) and memory order."""
+    rng = np.random.default_rng(seed)
+    H = spd(rng, d)
+    V = rng.standard_normal((d, r)) * 0.5
+    L0 = np.linalg.cholesky(H)
+    L = np.array(L0, order="F" if fortran else "C")  # always a copy
+    gen = chol_rank_update(L, V, +1, block=block)
+    assert gen is not None
+    ref = np.linalg.cholesky(H + V @ V.T)
+    assert np.allclose(L, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert not np.triu(L, 1).any()  # still exactly lower triangular
+    X = rng.standard_normal((d, 2))
+    assert np.allclose(gen.solve(tri_solve(L0, X)), np.linalg.solve(ref, X), atol=1e-10)  # L~^-1 = M^-1 L^-1
+    assert chol_rank_update(L, V, -1, block=block) is not None
+    assert np.allclose(L, L0, rtol=0, atol=1e-12 * np.abs(L0).max())
+
+
+def test_downdate_past_positive_definiteness_leaves_the_factor_untouched() -> None:
+    rng = np.random.default_rng(1)
+    L = np.linalg.cholesky(spd(rng, 30))
+    before = L.copy()
+    assert chol_rank_update(L, rng.standard_normal((30, 3)) * 50, -1, block=7) is None
+    assert np.array_equal(L, before)
+
+
+def clustered(rng: np.random.Generator, n: int, d: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    y = rng.integers(0, c, n)
+    F = rng.normal(size=(c, d))[y] + rng.normal(size=(n, 8)) @ rng.normal(size=(8, d)) * 0.5
+    return l2_normalize(F + rng.normal(size=(n, d)) * 0.3), y
+
+
+@pytest.mark.parametrize("gamma", [1.0, 1e-2])
+def test_random_stream_without_resets_stays_on_solve_head(gamma: float) -> None:
+    """Adds and deletes of ranks 1..40 (both W paths: r < c uses the labels, r >= c the c-column
+    solve), no resets: W stays within FAST_HEAD_TOL of solve_head, and a reset restores its bits."""
+    rng = np.random.default_rng(3)
+    d, c = 40, 6
+    F, y = clustered(rng, 900, d, c)
+    Q = Quantizer().quantize(F)
+    head = TrackedHead(ExactLedger(d, c), gamma=gamma, reset_every=10**9, drift_threshold=np.inf,
+                       tracker="cholesky")
+    assert isinstance(head.tracker, CholeskyTracker)
+    held: list[int] = []
+    free = list(range(len(Q)))
+    for _ in range(400):
+        r = int(rng.choice([1, 1, 1, 3, 8, 40]))
+        if held and (rng.random() < 0.45 or not free):
+            idx = [held.pop(int(rng.integers(len(held)))) for _ in range(min(r, len(held)))]
+            rep = head.delete(Q[idx], y[idx])
+            free.extend(idx)
+        else:
+            idx = [free.pop(int(rng.integers(len(free)))) for _ in range(min(r, len(free)))]
+            rep = head.add(Q[idx], y[idx])
+            held.extend(idx)
+        assert rep.reset_reason == "" or rep.reset_reason.startswith("downdate")
+    canonical = solve_head(head.ledger, gamma)
+    dev = relative_deviation(head.weights, canonical)
+    assert dev < FAST_HEAD_TOL, dev
+    report = head.reset("test")
+    assert report.drift == pytest.approx(dev)
+    assert np.array_equal(head.weights, canonical)
+    assert np.array_equal(head.tracker.T, posterior_inverse(head.ledger, gamma))  # what exact heads publish
+
+
+def test_infeasible_downdate_is_refused_and_state_unchanged() -> None:
+    rng = np.random.default_rng(6)
+    F, y = clustered(rng, 40, 6, 2)
+    led = ExactLedger.from_rows(Quantizer().quantize(F), y, n_outputs=2)
+    tr = CholeskyTracker.from_ledger(led, gamma=0.1)
+    L0, W0 = tr.L.copy(), tr.W.copy()
+    U = np.full((1, 6), 5.0)  # never added, far too large: H - U^T U is indefinite
+    chk = tr.delete(U, U.T @ one_hot([0], 2))
+    assert not chk.feasible and "infeasible" in chk.reason
+    assert np.array_equal(tr.L, L0) and np.array_equal(tr.W, W0)
+    assert not tr.check_downdate(U).feasible
+
+
+def test_tracked_head_falls_back_to_a_reset_on_a_lost_downdate() -> None:
+    """With a tiny gamma, deleting the only sample leaves I - u H^-1 u^T ~ gamma: the tracker refuses
+    (ill-conditioned), the head resets from the exact ledger instead of serving garbage."""
+    d = 6
+    Q = Quantizer().quantize(l2_normalize(np.arange(1, d + 1, dtype=float)))
+    head = TrackedHead(ExactLedger(d, 2), gamma=1e-12, reset_every=10**6, drift_threshold=np.inf,
+                       tracker="cholesky")
+    head.add(Q, [1])
+    r = head.delete(Q, [1])
+    assert r.mode == "exact" and r.reset_reason.startswith("downdate") and "ill-conditioned" in r.reset_reason
+    assert np.array_equal(head.weights, np.zeros((d, 2)))
+    assert np.isfinite(head.tracker.L).all()
+
+
+def test_policies_are_the_trackers_common_ones() -> None:
+    """Periodic resets and the drift check work the same with the factor form."""
+    rng = np.random.default_rng(4)
+    F, y = clustered(rng, 60, 12, 3)
+    Q = Quantizer().quantize(F)
+    head = TrackedHead(ExactLedger(12, 3), gamma=1.0, reset_every=10, drift_threshold=np.inf, tracker="cholesky")
+    reports = [head.add(Q[i], y[i:i + 1]) for i in range(25)]
+    assert [i for i, r in enumerate(reports) if r.reset_reason] == [9, 19]
+    head = TrackedHead(ExactLedger(12, 3), gamma=1.0, reset_every=10**6, drift_threshold=0.0, drift_check_every=1,
+                       tracker="cholesky")
+    head.add(Q[:5], y[:5])
+    head.tracker.W += 1e-3  # corrupt the fast head: the estimate must catch it
+    r = head.add(Q[5:6], y[5:6])
+    assert r.mode == "exact" and r.reset_reason.startswith("drift")
+    assert np.array_equal(head.weights, solve_head(head.ledger, 1.0))
+
+
+def test_unknown_tracker_is_refused() -> None:
+    with pytest.raises(ValueError, match="tracker"):
+        TrackedHead(ExactLedger(3, 1), tracker="qr")  # type: ignore[arg-type]
