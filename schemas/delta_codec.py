@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
+from unlearn.schemas.envelope import ID_CHARS, is_valid_id
 
 __all__ = [
     "DELTA_MAGIC",
@@ -243,6 +244,8 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
         raise CodecError(f"delta: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "delta")
     head_id = r.str16("head_id")
+    if not is_valid_id(head_id):
+        raise r.fail(f"head_id {head_id[:80]!r} is not an id (1..128 characters of [{ID_CHARS}])")
     source_id = r.str16("source_id")
     d, k, k_y, reserved, n_entries = r.unpack(_HEADER, "header")
     if reserved:
@@ -262,6 +265,10 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
         event_ids = r.str_column(n, f"{where}: event_ids")
         sample_ids = r.str_column(n, f"{where}: sample_ids")
         subject_ids = r.str_column(n, f"{where}: subject_ids")
+        for name, ids in (("event_ids", event_ids), ("sample_ids", sample_ids), ("subject_ids", subject_ids)):
+            bad = next((i for i in ids if not is_valid_id(i)), None)
+            if bad is not None:
+                raise r.fail(f"{where}: {name} holds {bad[:80]!r}, not an id (1..128 characters of [{ID_CHARS}])")
         if kind == _KIND_ROWS:
             label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} rows header")
             if res1 or res2:

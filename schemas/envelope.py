@@ -14,6 +14,7 @@ import base64
 import binascii
 import math
 import numbers
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
@@ -21,7 +22,9 @@ from typing import Any, Literal, TypeGuard
 import orjson
 
 __all__ = [
+    "ID_CHARS",
     "ID_MAX_CHARS",
+    "is_valid_id",
     "LABEL_MAX",
     "OPS",
     "REQUEST_REASONS",
@@ -42,7 +45,12 @@ __all__ = [
 REQUEST_SCHEMA_V1 = "unlearn.request/v1"
 Op = Literal["add", "delete", "delete_subject"]
 OPS: tuple[str, ...] = ("add", "delete", "delete_subject")
-ID_MAX_CHARS = 256  # ids are message keys and ledger keys: bounded (schema: $defs/id)
+ID_MAX_CHARS = 128  # ids are message keys and ledger keys: bounded (schema: $defs/id)
+#: The id grammar (schema: $defs/id). Ids become message keys, ledger and cache keys and log
+#: fields: a closed alphabet keeps newlines (forged log lines), path separators, control and
+#: look-alike characters out of all of them. '@' and '+' admit e-mail addresses as subject ids.
+ID_CHARS = "A-Za-z0-9._:@+-"
+_ID_RE = re.compile(f"[{ID_CHARS}]{{1,{ID_MAX_CHARS}}}")
 LABEL_MAX = 2**31 - 1  # a class index fits int32 in any language (schema: label.maximum)
 
 _ID_FIELDS = ("event_id", "head_id", "client_id", "subject_id")
@@ -159,10 +167,16 @@ def _is_number(v: object) -> bool:
     return (type(v) is float) or (type(v) is int)
 
 
+def is_valid_id(v: object) -> bool:
+    """Whether ``v`` is an id: 1..128 characters of ``[A-Za-z0-9._:@+-]`` (ID_CHARS)."""
+    return type(v) is str and _ID_RE.fullmatch(v) is not None
+
+
 def _check_id(d: Mapping[str, Any], name: str) -> str:
     v = d[name]
-    if type(v) is not str or not 1 <= len(v) <= ID_MAX_CHARS:
-        raise _fail(f"bad_field:{name}", f"{name} must be a string of 1..{ID_MAX_CHARS} characters, got {_short(v)}")
+    if not is_valid_id(v):
+        raise _fail(f"bad_field:{name}", f"{name} must be 1..{ID_MAX_CHARS} characters of [{ID_CHARS}], "
+                                         f"got {_short(v)}")
     return v
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
+from unlearn.schemas.envelope import ID_CHARS, is_valid_id
 
 __all__ = [
     "HEAD_MAGIC",
@@ -197,6 +198,8 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
         raise CodecError(f"head: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "head")
     head_id = r.str16("head_id")
+    if not is_valid_id(head_id):
+        raise r.fail(f"head_id {head_id[:80]!r} is not an id (1..128 characters of [{ID_CHARS}])")
     (h_version, mode_i, reserved, digest, n_retained, events, ts, drift, gamma, d, c, n_off) = r.unpack(
         _FIXED, "fixed fields"
     )

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 
 from unlearn.schemas._binary import CodecError
-from unlearn.schemas.envelope import ID_MAX_CHARS
+from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 
 __all__ = [
     "RECEIPT_SCHEMA_V1",
@@ -72,8 +72,7 @@ class Receipt:
         return cls(event_id, subject_id, head_id, tuple(sample_ids), "rejected", ts, reason=reason)
 
 
-def _is_id(v: object) -> bool:
-    return type(v) is str and 1 <= len(v) <= ID_MAX_CHARS
+_is_id = is_valid_id
 
 
 def receipt_from_dict(d: object) -> Receipt:
@@ -90,7 +89,7 @@ def receipt_from_dict(d: object) -> Receipt:
             raise CodecError(f"receipt: missing field {k!r}")
     for k in ("event_id", "subject_id", "head_id"):
         if not _is_id(d[k]):
-            raise CodecError(f"receipt: {k} must be a string of 1..{ID_MAX_CHARS} characters")
+            raise CodecError(f"receipt: {k} must be 1..{ID_MAX_CHARS} characters of [{ID_CHARS}]")
     samples = d["sample_ids"]
     if type(samples) is not list or not all(_is_id(s) for s in samples):
         raise CodecError("receipt: sample_ids must be a list of ids")

@@ -51,12 +51,12 @@ from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.envelope import (
-    ID_MAX_CHARS,
     FeaturesInput,
     ImageInput,
     InvalidRequest,
     Request,
     TextInput,
+    is_valid_id,
     parse_request,
 )
 from unlearn.schemas.receipts import Receipt
@@ -165,15 +165,12 @@ def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
     if type(d) is not dict or d.get("op") not in _DELETE_OPS:
         return None
 
-    def ok(v: object) -> bool:
-        return type(v) is str and 1 <= len(v) <= ID_MAX_CHARS
-
-    if not all(ok(d.get(k)) for k in ("event_id", "subject_id", "head_id")):
+    if not all(is_valid_id(d.get(k)) for k in ("event_id", "subject_id", "head_id")):
         return None
     sample = d.get("sample_id")
     return {
         "op": d["op"], "event_id": d["event_id"], "subject_id": d["subject_id"], "head_id": d["head_id"],
-        "sample_ids": [sample] if ok(sample) else [],
+        "sample_ids": [sample] if is_valid_id(sample) else [],
     }
 
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from unlearn.schemas.envelope import ID_MAX_CHARS
+from unlearn.schemas.envelope import is_valid_id
 from unlearn.schemas.source_id import format_source_id, parse_source
 from unlearn.streams.featurizer.model import Origin
 
@@ -85,7 +85,7 @@ def routing_head(value: bytes | None) -> str | None:
     except orjson.JSONDecodeError:
         return None
     head = d.get("head_id") if type(d) is dict else None
-    return head if type(head) is str and 1 <= len(head) <= ID_MAX_CHARS else None
+    return head if is_valid_id(head) else None
 
 
 def route_partition(value: bytes | None, origin_partition: int, partitions: int) -> int:

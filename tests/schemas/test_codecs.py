@@ -29,7 +29,7 @@ from unlearn.schemas import (
 from unlearn.schemas._binary import PREFIX, crc32c
 from unlearn.schemas.delta_codec import MULTISET_HASH_BYTES
 
-_ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_ids = st.from_regex(r"[A-Za-z0-9._:@+-]{1,12}", fullmatch=True)  # the id grammar (schemas.envelope.ID_CHARS)
 _I64 = st.integers(-(2**63), 2**63 - 1)
 
 
@@ -370,3 +370,26 @@ def test_head_retained_hash_is_flag_bit_1_after_the_fixed_fields() -> None:
     assert raw_h[:fixed_end] == raw[:6] + b"\x02\x00" + struct.pack("<Q", len(raw_h)) + raw[16:fixed_end]
     assert raw_h[fixed_end + 32:-4] == raw[fixed_end:-4]
     assert head_to_json(with_hash)["retained_hash"] == "cd" * 32 and head_to_json(base)["retained_hash"] is None
+
+
+@pytest.mark.parametrize("bad", ["evil\n[2026-01-01 00:00:00] [ERROR] forged line", "../../x", "\U0001f600", "a b", ""])
+def test_forged_ids_do_not_decode(bad: str) -> None:
+    """A forged deltas or heads message cannot smuggle an id outside the id grammar (newlines that
+    forge log lines, path separators, look-alikes) past the codec into logs and keys."""
+    q = np.zeros((1, 3), dtype=np.int64)
+    for d in (Delta(bad, "f", 3, 30, 0, [RowsEntry(1, ["e"], ["s"], ["u"], np.array([0]), q)]),
+              Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["e"], [bad], ["u"], np.array([0]), q)]),
+              Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["e"], ["s"], [bad], np.array([0]), q)])):
+        try:
+            raw = encode_delta(d)
+        except CodecError:
+            continue  # refused already when written
+        with pytest.raises(CodecError, match="not an id"):
+            decode_delta(raw)
+    head = HeadUpdate(bad, 1, "exact", "a" * 64, 1, 1, [], 0.0, 1.0, 1.0, np.zeros((2, 2)))
+    try:
+        raw = encode_head(head)
+    except CodecError:
+        return
+    with pytest.raises(CodecError, match="not an id"):
+        decode_head(raw)
