@@ -99,6 +99,17 @@ def _bootstrap(settings: Settings) -> str:
     return settings.bootstrap
 
 
+def security_config(settings: Settings) -> dict[str, str]:
+    """The broker-security part of every client's config (librdkafka names), from the settings;
+    empty for a plaintext broker such as the embedded one."""
+    names = {"security.protocol": settings.security_protocol, "sasl.mechanism": settings.sasl_mechanism,
+             "sasl.username": settings.sasl_username, "sasl.password": settings.sasl_password,
+             "ssl.ca.location": settings.ssl_ca_location,
+             "ssl.certificate.location": settings.ssl_certificate_location,
+             "ssl.key.location": settings.ssl_key_location, "ssl.key.password": settings.ssl_key_password}
+    return {k: v for k, v in names.items() if v}
+
+
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """confluent-kafka Producer config; overrides win, by librdkafka name:
     ``producer_config(s, **{"linger.ms": 5})``."""
@@ -113,6 +124,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         # no broker-side size limit (topic max.message.bytes is ignored), so the client limit is
         # the only one; on Kafka the topic gets max.message.bytes too (see topic_config).
         "message.max.bytes": settings.max_message_bytes + _FRAMING_SLACK,
+        **security_config(settings),
     }
     if not quirks(settings).idempotent_producer_reliable:
         # Ordered, at-least-once instead: one request in flight per connection keeps a retry
@@ -141,6 +153,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # librdkafka requires receive.message.max.bytes >= fetch.max.bytes + 512.
         "receive.message.max.bytes": fetch + 1024 * 1024,
         "fetch.wait.max.ms": fetch_max_wait_ms(settings),  # see BrokerQuirks.fetch_returns_on_data
+        **security_config(settings),
     }
     if settings.profile == "tansu":
         # tansu completes a group join after about one session timeout, at least ~1 s (measured:
@@ -158,7 +171,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
 
 def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """confluent-kafka AdminClient config."""
-    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings)}
+    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings), **security_config(settings)}
     conf.update(overrides)
     return conf
 

@@ -34,6 +34,16 @@ class Settings:
     broker_start_timeout: float = 20.0  # UNLEARN_BROKER_START_TIMEOUT: seconds until it answers
     broker_stop_timeout: float = 5.0  # UNLEARN_BROKER_STOP_TIMEOUT: SIGTERM grace before SIGKILL
 
+    # Broker security, passed to every Kafka client (producers, consumers, admin); "" = unset
+    security_protocol: str = ""  # UNLEARN_SECURITY_PROTOCOL: PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str = ""  # UNLEARN_SASL_MECHANISM: PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_username: str = ""  # UNLEARN_SASL_USERNAME
+    sasl_password: str = field(default="", repr=False)  # UNLEARN_SASL_PASSWORD (never logged)
+    ssl_ca_location: str = ""  # UNLEARN_SSL_CA_LOCATION: CA bundle that signed the brokers' certificates
+    ssl_certificate_location: str = ""  # UNLEARN_SSL_CERTIFICATE_LOCATION: client certificate (mTLS)
+    ssl_key_location: str = ""  # UNLEARN_SSL_KEY_LOCATION: client private key (mTLS)
+    ssl_key_password: str = field(default="", repr=False)  # UNLEARN_SSL_KEY_PASSWORD (never logged)
+
     # Exact ledger
     frac_bits: int = 30  # UNLEARN_FRAC_BITS: feature quantization (q = rint(f * 2^k))
     label_frac_bits: int = 0  # UNLEARN_LABEL_FRAC_BITS: 0 = class indices / one-hot
@@ -118,6 +128,34 @@ class Settings:
         s.validate()
         return s
 
+    def _validate_security(self) -> None:
+        """A security setting that cannot work fails here, naming the variable, not as a
+        broker-side authentication error after a timeout."""
+        protocols = ("", "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+        if self.security_protocol not in protocols:
+            raise ValueError(f"UNLEARN_SECURITY_PROTOCOL must be one of {protocols[1:]}, "
+                             f"got {self.security_protocol!r}")
+        sasl = self.security_protocol.startswith("SASL_")
+        if self.sasl_mechanism not in ("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ValueError(f"UNLEARN_SASL_MECHANISM must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, "
+                             f"got {self.sasl_mechanism!r}")
+        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(f"UNLEARN_SECURITY_PROTOCOL={self.security_protocol} needs UNLEARN_SASL_MECHANISM, "
+                             "UNLEARN_SASL_USERNAME and UNLEARN_SASL_PASSWORD")
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError("UNLEARN_SASL_* is set but UNLEARN_SECURITY_PROTOCOL is not SASL_PLAINTEXT or SASL_SSL")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        files = {"UNLEARN_SSL_CA_LOCATION": self.ssl_ca_location,
+                 "UNLEARN_SSL_CERTIFICATE_LOCATION": self.ssl_certificate_location,
+                 "UNLEARN_SSL_KEY_LOCATION": self.ssl_key_location}
+        if not tls and (any(files.values()) or self.ssl_key_password):
+            raise ValueError("UNLEARN_SSL_* is set but UNLEARN_SECURITY_PROTOCOL is not SSL or SASL_SSL")
+        if bool(self.ssl_certificate_location) != bool(self.ssl_key_location):
+            raise ValueError("mTLS needs both UNLEARN_SSL_CERTIFICATE_LOCATION and UNLEARN_SSL_KEY_LOCATION")
+        for name, path in files.items():
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{name}={path!r} is not a readable file")
+
     def validate(self) -> None:
         """Reject impossible values with a message naming the variable."""
         if self.profile not in ("tansu", "kafka"):
@@ -134,6 +172,7 @@ class Settings:
             raise ValueError(
                 f"UNLEARN_MAX_MESSAGE_BYTES must be in 1e6..9e8, got {self.max_message_bytes}"
             )
+        self._validate_security()
         if self.admin_timeout <= 0 or self.broker_start_timeout <= 0 or self.broker_stop_timeout <= 0:
             raise ValueError("UNLEARN_ADMIN_TIMEOUT and UNLEARN_BROKER_*_TIMEOUT must be > 0")
         for item in filter(None, (p.strip() for p in self.head_gammas.split(","))):
