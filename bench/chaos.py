@@ -16,11 +16,12 @@ waits for the heads to settle and audits:
 - **digest mismatches**: each head's latest exact digest must equal a from-scratch ledger of the
   retained samples (quantized by the feature contract), and its retained-rows hash the
   from-scratch multiset hash of those rows (docs/design.md section 6);
-- **(head, version) pairs with more than one digest** on the heads topic, and with more than one
-  retained-rows hash over the head updates and the applied receipts (an unknown hash counts as a
-  value of its own);
+- **(head, version) pairs with more than one digest** among the head updates that carry one
+  (exact updates always do, fast ones carry none), and with more than one retained-rows hash over
+  all head updates and the applied receipts (an unknown hash counts as a value of its own);
 - **receipts**: every delete must have an applied receipt; duplicates are counted (identical
-  duplicates are allowed by the at-least-once protocol, conflicting ones are not);
+  duplicates are allowed by the at-least-once protocol, conflicting ones are not: a receipt names
+  the version of the message that applied its delete, whatever the poll boundaries of the run);
 - **recovery**: seconds from a restart to the worker's readiness line (p50 / max).
 
 Prints a table and, with ``--json``, writes the numbers. Exit 0 iff every correctness count is 0.
@@ -178,7 +179,7 @@ class Pipeline:
             fetch_max_wait_ms=300 if cfg.broker_restart else None, state_rotate_bytes=cfg.rotate_bytes)
         create_topics(self.settings)
         # Every head update, as published (rotation deletes superseded generations afterwards).
-        self.digests: dict[tuple[str, int], set[str]] = {}
+        self.digests: dict[tuple[str, int], set[str]] = {}  # of the updates that carry one
         self.retained_hashes: dict[tuple[str, int], set[str | None]] = {}
         self.heads_topics: set[str] = set()
         self.head_updates = 0
@@ -195,7 +196,8 @@ class Pipeline:
             return
         self.head_updates += 1
         self.heads_topics.add(r.topic)
-        self.digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+        if u.digest is not None:
+            self.digests.setdefault((u.head_id, u.version), set()).add(u.digest)
         self.retained_hashes.setdefault((u.head_id, u.version), set()).add(u.retained_hash)
 
     def start_workers(self) -> None:
@@ -245,7 +247,8 @@ def _produce(settings: Settings, work: Workload, n: int, producer: Any) -> None:
 
 def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple[str, int], set[str]],
                                                dict[tuple[str, int], set[str | None]]]:
-    """(latest exact update per head, digests and retained-rows hashes per (head, version))."""
+    """(latest exact update per head, digests (of the updates that carry one) and retained-rows
+    hashes per (head, version))."""
     latest: dict[str, HeadUpdate] = {}
     digests: dict[tuple[str, int], set[str]] = {}
     retained: dict[tuple[str, int], set[str | None]] = {}
@@ -254,7 +257,8 @@ def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple
             u = decode_head(r.value or b"")
         except CodecError:
             continue
-        digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+        if u.digest is not None:
+            digests.setdefault((u.head_id, u.version), set()).add(u.digest)
         retained.setdefault((u.head_id, u.version), set()).add(u.retained_hash)
         if u.mode == "exact" and u.supersedes(latest.get(u.head_id)):
             latest[u.head_id] = u

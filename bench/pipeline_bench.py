@@ -1,13 +1,18 @@
 """End-to-end pipeline benchmark on the local broker: throughput and delete-to-head latency.
 
-    python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--json PATH]
+    python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10]
+                                   [--encodings json,f64,f32 | --binary] [--json PATH]
 
 Starts tansu, one featurizer and one ledger worker as real processes (as `make demo` does), then:
 1. throughput: N add requests (features passthrough, d x c) produced as fast as possible; the
-   time from the first produce to the head covering all N (events/s end to end);
+   time from the first produce to the head covering all N (events/s end to end); once per
+   feature encoding of ``--encodings`` (JSON numbers, or ``features_bin`` float64 / float32),
+   each on a head of its own, one after the other in the same pipeline (``--binary``: JSON and
+   float64 side by side); also when the last delta covering them was produced (the featurizer's
+   share of the time);
 2. delete-to-head latency: deletes produced one by one at a steady rate (--rate per second); for
    each, the time from its produce call to the arrival of the first head update whose version
-   excludes it (the receipt names that version) -- p50/p99;
+   excludes it (the receipt's version, or the first later one published) -- p50/p99;
 3. the same for a burst (all deletes produced at once), where queueing dominates.
 Then the featurizer's backbone throughput (text, image) from bench.featurizer_bench. Prints the
 machine and settings with the numbers; asserts nothing.
@@ -16,6 +21,7 @@ machine and settings with the numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import platform
@@ -39,16 +45,18 @@ from unlearn.infra.topics import create_topics
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head_codec import decode_head
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.services.client.sdk import FEATURES_ENCODINGS
 
 
 class Watcher(threading.Thread):
-    """Arrival times of head versions and of receipts (by event id)."""
+    """Arrival times of head versions (of ``head``) and of receipts (by event id), and the
+    retained count of every head."""
 
     def __init__(self, s: Settings, head: str) -> None:
         super().__init__(daemon=True)
         self.s, self.head = s, head
         self.version_at: dict[int, float] = {}
-        self.n_at: list[tuple[float, int]] = []
+        self.n_retained: dict[str, int] = {}
         self.receipt: dict[str, int] = {}
         self.delta_ts: dict[str, float] = {}  # event id -> produce timestamp of the delta covering it
         self.head_ts: dict[int, float] = {}  # version -> produce timestamp of its first update
@@ -58,10 +66,10 @@ class Watcher(threading.Thread):
     def _on_head(self, r: LogRecord) -> None:
         now = time.time()
         h = decode_head(r.value or b"")
+        self.n_retained[h.head_id] = max(h.n_retained, self.n_retained.get(h.head_id, 0))
         if h.head_id == self.head:
             self.version_at.setdefault(h.version, now)
             self.head_ts.setdefault(h.version, r.timestamp_ms / 1000.0)
-            self.n_at.append((now, h.n_retained))
 
     def run(self) -> None:
         c = Consumer(consumer_config(self.s, f"{self.s.topic_prefix}bench-watch"))
@@ -90,6 +98,12 @@ class Watcher(threading.Thread):
         heads.stop()
         c.close()
 
+    def excluding(self, version: int) -> int | None:
+        """The first head version seen that excludes what ``version`` excludes (the receipt's
+        version itself, or a later one when that one was not published on its own)."""
+        later = [v for v in list(self.version_at) if v >= version]
+        return min(later) if later else None
+
     def wait(self, pred: Any, timeout: float) -> None:
         deadline = time.time() + timeout
         while not pred():
@@ -98,13 +112,21 @@ class Watcher(threading.Thread):
             time.sleep(0.01)
 
 
-def request(i: int, op: str, head: str, f: np.ndarray | None = None, y: int = 0) -> tuple[bytes, bytes]:
+def request(i: int, op: str, head: str, f: np.ndarray | None = None, y: int = 0,
+            dtype: str | None = None) -> tuple[bytes, bytes]:
+    """(key, value) of one request, built as an upstream app in any language would (no SDK);
+    an add's features as JSON numbers, or as ``features_bin`` of ``dtype``."""
     subject = f"user{i % 997}"
-    body: dict[str, Any] = {"schema": "unlearn.request/v1", "event_id": f"{op}{i}", "op": op, "head_id": head,
+    body: dict[str, Any] = {"schema": "unlearn.request/v1", "event_id": f"{head}.{op}{i}", "op": op, "head_id": head,
                             "client_id": f"c{i % 4}", "subject_id": subject, "sample_id": f"s{i}"}
     if op == "add":
+        assert f is not None
         body["label"] = y
-        body["input"] = {"kind": "features", "values": f.tolist()}
+        if dtype is None:
+            body["input"] = {"kind": "features", "values": f.tolist()}
+        else:
+            data = base64.b64encode(f.astype(dtype).tobytes()).decode("ascii")
+            body["input"] = {"kind": "features_bin", "dtype": dtype, "data": data}
     return subject.encode(), orjson.dumps(body)
 
 
@@ -116,7 +138,8 @@ def percentiles(xs: list[float]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    head = "bench"
+    encodings = args.encodings.split(",")
+    head = f"bench-{encodings[0]}"  # the latency runs delete from the first encoding's head
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                        "python": platform.python_version(), "broker": "tansu (memory)"},
                            "config": vars(args).copy()}
@@ -134,43 +157,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w.ready.wait(30)
         p = Producer(producer_config(s, **{"linger.ms": 5}))
         try:
-            # warm-up: the head exists and both workers joined their groups
-            k, v = request(-1, "add", head, rng.normal(size=args.dim), 0)
-            p.produce(s.topic("requests"), key=k, value=v)
-            p.flush()
-            w.wait(lambda: bool(w.n_at), 120)
             X = rng.normal(size=(args.n, args.dim))
             y = rng.integers(0, args.classes, args.n)
-            msgs = [request(i, "add", head, X[i], int(y[i])) for i in range(args.n)]
-            t0 = time.time()
-            for key, val in msgs:
-                p.produce(s.topic("requests"), key=key, value=val)
-                p.poll(0)
-            p.flush()
-            t_produced = time.time()
-            w.wait(lambda: bool(w.n_at) and w.n_at[-1][1] >= args.n + 1, 900)
-            t_done = time.time()
-            out["throughput"] = {"events": args.n, "produce_s": t_produced - t0, "end_to_end_s": t_done - t0,
-                                 "events_per_s": args.n / (t_done - t0)}
-            print(f"throughput: {args.n} adds at d={args.dim}, c={args.classes}: "
-                  f"{args.n / (t_done - t0):,.0f} events/s end to end "
-                  f"({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s)")
+            out["throughput"] = {}
+            for enc in encodings:
+                out["throughput"][enc] = throughput(p, s, w, f"bench-{enc}", FEATURES_ENCODINGS[enc], X, y, args)
 
             def deletes(ids: list[int], gap: float) -> dict[str, float]:
                 sent: dict[str, float] = {}
                 for i in ids:
-                    key, val = request(i, "delete", head)
-                    sent[f"delete{i}"] = time.time()
+                    key, val = request(int(i), "delete", head)
+                    sent[f"{head}.delete{i}"] = time.time()
                     p.produce(s.topic("requests"), key=key, value=val)
                     p.flush() if gap else p.poll(0)
                     if gap:
                         time.sleep(gap)
                 p.flush()
-                w.wait(lambda: all(e in w.receipt and w.receipt[e] in w.version_at for e in sent), 300)
-                out = percentiles([w.version_at[w.receipt[e]] - t for e, t in sent.items()])
+                w.wait(lambda: all(e in w.receipt and w.excluding(w.receipt[e]) is not None for e in sent), 300)
+                first = {e: w.excluding(w.receipt[e]) or 0 for e in sent}  # never 0: waited for above
+                out = percentiles([w.version_at[first[e]] - t for e, t in sent.items()])
                 # where the time goes (broker timestamps = producers' clocks, same host)
-                hops = [(w.delta_ts[e] - t, w.head_ts[w.receipt[e]] - w.delta_ts[e],
-                         w.version_at[w.receipt[e]] - w.head_ts[w.receipt[e]])
+                hops = [(w.delta_ts[e] - t, w.head_ts[first[e]] - w.delta_ts[e],
+                         w.version_at[first[e]] - w.head_ts[first[e]])
                         for e, t in sent.items() if e in w.delta_ts]
                 if hops:
                     med = np.median(np.array(hops), axis=0) * 1000
@@ -203,6 +211,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | None, X: np.ndarray,
+               y: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+    """Adds of every row of ``X`` to a new ``head`` (after one warm-up add that creates it):
+    from the first produce to the head covering them all (end to end), and to the last delta
+    covering them (the featurizer's part). Messages are built before timing."""
+    n = len(X)
+    k, v = request(-1, "add", head, X[0], 0, dtype)
+    p.produce(s.topic("requests"), key=k, value=v)
+    p.flush()
+    w.wait(lambda: head in w.n_retained, 120)
+    msgs = [request(i, "add", head, X[i], int(y[i]), dtype) for i in range(n)]
+    t0 = time.time()
+    for key, val in msgs:
+        while True:
+            try:
+                p.produce(s.topic("requests"), key=key, value=val)
+                break
+            except BufferError:  # local queue full: serve delivery reports, retry
+                p.poll(0.05)
+        p.poll(0)
+    p.flush()
+    t_produced = time.time()
+    w.wait(lambda: w.n_retained.get(head, 0) >= n + 1, 900)
+    t_done = time.time()
+    w.wait(lambda: all(f"{head}.add{i}" in w.delta_ts for i in range(n)), 60)
+    t_featurized = max(w.delta_ts[f"{head}.add{i}"] for i in range(n))  # broker timestamps: same host clock
+    name = "JSON numbers" if dtype is None else f"features_bin {dtype}"
+    size = float(np.mean([len(v) for _, v in msgs]))
+    print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={args.dim}, c={args.classes}: "
+          f"{n / (t_done - t0):,.0f} events/s end to end ({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s, "
+          f"featurized in {t_featurized - t0:.1f} s: {n / (t_featurized - t0):,.0f} events/s)", flush=True)
+    return {"events": n, "dtype": dtype, "bytes_per_request": size, "produce_s": t_produced - t0,
+            "featurized_s": t_featurized - t0, "featurizer_events_per_s": n / (t_featurized - t0),
+            "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -213,8 +257,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=10.0, help="steady delete rate per second")
     ap.add_argument("--posterior", action="store_true", help="publish T with exact heads (4.7 MB at d=768)")
     ap.add_argument("--no-backbones", action="store_true", help="skip the text/image backbone throughput")
+    ap.add_argument("--encodings", default="json",
+                    help="comma list of feature encodings for the throughput run, each on its own head: json "
+                         "(JSON numbers), f64 / f32 (features_bin <f8 / <f4); the deletes use the first")
+    ap.add_argument("--binary", action="store_true", help="shorthand for --encodings json,f64 (side by side)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.binary:
+        args.encodings = "json,f64"
+    unknown = set(args.encodings.split(",")) - set(FEATURES_ENCODINGS)
+    if unknown:
+        ap.error(f"unknown encoding(s) {', '.join(sorted(unknown))}: choose from {', '.join(FEATURES_ENCODINGS)}")
     if args.quick:
         args.n, args.deletes = min(args.n, 1000), min(args.deletes, 40)
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}; "

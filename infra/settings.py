@@ -71,6 +71,9 @@ class Settings:
     head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"
     normalize_features: bool = True  # UNLEARN_NORMALIZE_FEATURES: L2-normalize rows before quantizing
     max_feature_dim: int = 2048  # UNLEARN_MAX_FEATURE_DIM: a new head's d (ledger is O(d^2)); larger -> deadletter
+    auto_create_heads: bool = True  # UNLEARN_AUTO_CREATE_HEADS: an add to an undeclared head creates its contract
+    default_classes: int = 100  # UNLEARN_DEFAULT_CLASSES: class count of an auto-created head's contract
+    max_classes: int = 1024  # UNLEARN_MAX_CLASSES: most classes (or target width) a contract may declare
 
     # Client SDK / CLI, serving, replay verifier
     client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
@@ -200,6 +203,8 @@ class Settings:
             raise ValueError("UNLEARN_BATCH_MAX_EVENTS must be >= 1 and UNLEARN_BATCH_MAX_MS >= 0")
         if self.max_feature_dim < 1:
             raise ValueError(f"UNLEARN_MAX_FEATURE_DIM must be >= 1, got {self.max_feature_dim}")
+        if not 1 <= self.default_classes <= self.max_classes <= 1 << 20:
+            raise ValueError("UNLEARN_DEFAULT_CLASSES and UNLEARN_MAX_CLASSES need 1 <= default <= max <= 2^20")
         if not self.client_id or len(self.client_id) > 256:
             raise ValueError("UNLEARN_CLIENT_ID must be a string of 1..256 characters")
         if self.receipt_timeout <= 0:

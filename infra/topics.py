@@ -34,11 +34,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOPICS: tuple[str, ...] = ("requests", "requests.by-head", "deltas", "receipts", "deadletter", "featurizer-cache")
+TOPICS: tuple[str, ...] = ("requests", "requests.by-head", "deltas", "receipts", "deadletter", "featurizer-cache",
+                           "head-registry")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name). ``requests.by-head``
-is the featurizer's internal repartition topic (``streams/featurizer/router.py``)."""
+is the featurizer's internal repartition topic (``streams/featurizer/router.py``); ``head-registry``
+holds the head contracts (``services/registry``, docs/registry.md)."""
 
-COMPACTED: frozenset[str] = frozenset({"featurizer-cache"})
+COMPACTED: frozenset[str] = frozenset({"featurizer-cache", "head-registry"})
 """Logical topics created with cleanup.policy=compact."""
 
 

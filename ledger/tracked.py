@@ -10,6 +10,7 @@ when the drift estimate passes ``drift_threshold``, or when the caller asks (e.g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,16 +84,31 @@ class TrackedHead:
     def _update(self, Q: ArrayLike, y: ArrayLike, sign: int) -> UpdateReport:
         Qc, Y, idx = self.ledger.prepare_rows(Q, y)
         self.ledger.apply_prepared(Qc, Y, idx, sign)
-        if Qc.shape[0] == 0:
+        return self.track([(Qc, Y, sign)])
+
+    def track(self, batches: Sequence[tuple[NDArray[np.int64], NDArray[np.int64], int]]) -> UpdateReport:
+        """Move the fast head by rows the ledger already holds: ``(Q, Y, sign)`` as ``prepare_rows``
+        gave them. A caller that applies many batches to the ledger (the ledger processor, once
+        per poll) updates the tracker once: all adds as one rank-r update, then all deletes as one
+        (after the adds, so that the Lemma-1 check sees the largest H), then the reset policy."""
+        before = self.tracker.updates_since_reset
+        for sign in (1, -1):
+            parts = [(Q, Y) for Q, Y, s in batches if s == sign and Q.shape[0]]
+            if not parts:
+                continue
+            c = max(Y.shape[1] for _, Y in parts)
+            Qs = np.concatenate([Q for Q, _ in parts])
+            Ys = np.concatenate([np.pad(Y, ((0, 0), (0, c - Y.shape[1]))) for _, Y in parts])
+            U, dG, Yf = self._factor(Qs, Ys)
+            if sign > 0:
+                self.tracker.add(U, dG, Yf)
+            else:
+                chk = self.tracker.delete(U, dG, Yf)
+                if not chk.feasible:
+                    return self.reset(f"downdate {chk.reason}")
+        if self.tracker.updates_since_reset == before:
             return UpdateReport(self.mode)
-        U, dG, Yf = self._factor(Qc, Y)
-        if sign > 0:
-            self.tracker.add(U, dG, Yf)
-        else:
-            chk = self.tracker.delete(U, dG, Yf)
-            if not chk.feasible:
-                return self.reset(f"downdate {chk.reason}")
-        return self._after_update()
+        return self._after_update(before)
 
     def absorb(self, other: ExactLedger, sign: int) -> UpdateReport:
         """Packed statistics (federated mode): exact in the ledger, then a canonical reset (no rows
@@ -100,12 +116,12 @@ class TrackedHead:
         self.ledger.absorb(other, sign)
         return self.reset("packed statistics")
 
-    def _after_update(self) -> UpdateReport:
+    def _after_update(self, before: int) -> UpdateReport:
         self.mode = "fast"
         t = self.tracker.updates_since_reset
         if t >= self.reset_every:
             return self.reset(f"periodic ({t} updates)")
-        if t % self.drift_check_every == 0:
+        if t // self.drift_check_every > before // self.drift_check_every:  # passed a multiple: check
             est = self.tracker.drift_estimate(self.ledger)
             if est > self.drift_threshold:
                 return self.reset(f"drift estimate {est:.3g} > {self.drift_threshold:.3g}")

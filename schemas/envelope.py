@@ -2,8 +2,9 @@
 
 The contract is ``schemas/request.v1.schema.json`` (upstream apps in any language validate
 against it). The featurizer parses every request, so validation here is hand-written, fast
-checks in a fixed order rather than a generic JSON Schema engine; ``tests/test_schemas.py``
-checks on a corpus that they accept exactly what the schema accepts. A rejected request raises
+checks in a fixed order rather than a generic JSON Schema engine; ``tests/schemas/test_schemas.py``
+checks on a corpus and on generated documents that they accept exactly what the schema accepts
+(but for the finiteness of ``features_bin`` values, which no schema can see). A rejected request raises
 :class:`InvalidRequest` with a machine-readable ``reason`` that goes to ``deadletter``; nothing
 here raises anything else on bad input.
 """
@@ -15,13 +16,15 @@ import binascii
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
+import numpy as np
 import orjson
 
 __all__ = [
+    "FEATURE_DTYPES",
     "ID_CHARS",
     "ID_MAX_CHARS",
     "is_valid_id",
@@ -29,6 +32,7 @@ __all__ = [
     "OPS",
     "REQUEST_REASONS",
     "REQUEST_SCHEMA_V1",
+    "FeatureDtype",
     "FeaturesInput",
     "ImageInput",
     "Input",
@@ -57,8 +61,13 @@ _ID_FIELDS = ("event_id", "head_id", "client_id", "subject_id")
 _ALLOWED = frozenset(
     ("schema", "event_id", "op", "head_id", "client_id", "subject_id", "sample_id", "label", "input", "ts")
 )
-_INPUT_KEYS = {"features": ("values",), "text": ("text",), "image": ("format", "data")}
-_B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_INPUT_KEYS = {
+    "features": ("values",), "features_bin": ("dtype", "data"), "text": ("text",), "image": ("format", "data"),
+}
+FeatureDtype = Literal["<f4", "<f8"]
+#: ``features_bin`` dtypes (numpy notation): little-endian IEEE-754 binary32 / binary64.
+FEATURE_DTYPES: tuple[str, ...] = ("<f4", "<f8")
+_NUMBER_TYPES = frozenset((float, int))  # JSON numbers as orjson decodes them (bool is not one)
 
 REQUEST_REASONS: dict[str, str] = {
     "not_json": "the bytes are not UTF-8 JSON (orjson: also non-finite numbers like 1e999)",
@@ -66,18 +75,20 @@ REQUEST_REASONS: dict[str, str] = {
     "missing_field:<name>": "a required field is absent (schema first)",
     "unknown_schema_version": "`schema` is not 'unlearn.request/v1'",
     "unknown_field:<name>": "a field the schema does not define",
-    "bad_field:<name>": "an id field is not a string of 1..256 characters",
+    "bad_field:<name>": "an id field is not 1..128 characters of [A-Za-z0-9._:@+-]",
     "bad_op": "op is not add | delete | delete_subject",
     "unexpected_field:<name>": "a field the op does not take (label/input on delete, ...)",
     "bad_label": "label is not an int in 0..2^31-1 nor a non-empty list of numbers",
     "bad_input": "input is not an object with a string `kind` and exactly that kind's fields",
-    "bad_input_kind": "input.kind is not features | text | image",
-    "bad_features": "input.values is not a non-empty list of numbers",
-    "non_finite_feature": "a feature value is NaN or infinite (encode side; JSON cannot carry it)",
+    "bad_input_kind": "input.kind is not features | features_bin | text | image",
+    "bad_features": "input.values is not a non-empty list of numbers, or features_bin data is empty or "
+                    "not a whole number of values",
+    "bad_features_dtype": "features_bin input.dtype is not '<f4' | '<f8'",
+    "non_finite_feature": "a feature value is NaN or infinite (a features_bin bit pattern, or encode side)",
     "non_finite_label": "a label vector value is NaN or infinite (encode side)",
     "bad_text": "input.text is not a non-empty string",
     "bad_image_format": "input.format is not 'png'",
-    "bad_base64": "input.data is not padded standard base64 of at least 4 characters",
+    "bad_base64": "input.data (image, features_bin) is not padded standard base64 (image: >= 4 characters)",
     "bad_ts": "ts is not a number >= 0",
 }
 """Every reason code ``parse_request`` can give (``<name>`` is the field name)."""
@@ -92,16 +103,32 @@ class InvalidRequest(ValueError):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class FeaturesInput:
-    """A precomputed feature vector (skips the backbone)."""
+    """A precomputed feature vector (skips the backbone), sent as JSON numbers (``dtype`` None,
+    wire kind ``features``) or as little-endian float bytes (``dtype`` '<f4' | '<f8', wire kind
+    ``features_bin``). Either way the input kind is ``features``: a head takes both.
 
-    values: tuple[float, ...]
+    ``values`` is a read-only 1-D numpy array, float32 for '<f4' and float64 otherwise: parsing
+    makes no per-float Python objects, and the featurizer quantizes exactly the values sent
+    (float32 ones widened exactly). Any sequence of numbers is converted (a copy)."""
+
+    values: np.ndarray
+    dtype: FeatureDtype | None = None
     kind: Literal["features"] = field(default="features", init=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.values, tuple):
-            object.__setattr__(self, "values", _float_tuple(self.values))
+    def __init__(self, values: Sequence[float] | np.ndarray, dtype: FeatureDtype | None = None) -> None:
+        object.__setattr__(self, "values", _feature_array(values, dtype))
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "kind", "features")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FeaturesInput):
+            return NotImplemented
+        return self.dtype == other.dtype and bool(np.array_equal(self.values, other.values))
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, (self.values + 0.0).tobytes()))  # + 0.0: -0.0 == 0.0 hash alike
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +184,26 @@ def _float_tuple(values: Iterable[Any]) -> tuple[float, ...]:
     return tuple(map(float, tolist() if tolist is not None else values))
 
 
+def _feature_array(values: Any, dtype: object) -> np.ndarray:
+    """``values`` as FeaturesInput keeps them: read-only 1-D, float32 for '<f4' else float64.
+    The parser's own arrays are kept as they are; anything else is copied (the caller's array
+    may change later). InvalidRequest for an unknown dtype or what is not a vector of numbers."""
+    if dtype is not None and dtype not in FEATURE_DTYPES:
+        raise _fail("bad_features_dtype", f"features dtype must be '<f4' | '<f8' or None (JSON), got {_short(dtype)}")
+    want = np.float32 if dtype == "<f4" else np.float64
+    if type(values) is np.ndarray and values.dtype == want and values.ndim == 1 and not values.flags.writeable:
+        return values
+    try:
+        with np.errstate(over="ignore"):  # float64 beyond float32 range: inf, refused as non-finite
+            arr = np.array(values, dtype=want)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _fail("bad_features", f"features must be a vector of numbers: {exc}") from None
+    if arr.ndim != 1:
+        raise _fail("bad_features", f"features must be a 1-D vector, got shape {arr.shape}")
+    arr.flags.writeable = False
+    return arr
+
+
 # --------------------------------------------------------------------------- validation
 def _fail(reason: str, detail: str) -> InvalidRequest:
     return InvalidRequest(reason, detail)
@@ -197,6 +244,45 @@ def _number_list(v: object, reason: str, what: str, non_finite: str) -> tuple[fl
     return out
 
 
+def _feature_list(v: object) -> np.ndarray:
+    """``input.values``: the float64 array of a non-empty JSON array of finite numbers. One C-level
+    pass checks the element types and one makes the array (no Python loop over the values)."""
+    if type(v) is not list or not v:
+        raise _fail("bad_features", f"input.values must be a non-empty list of numbers, got {_short(v)}")
+    if not _NUMBER_TYPES.issuperset(map(type, v)):
+        bad = next(x for x in v if type(x) not in _NUMBER_TYPES)
+        raise _fail("bad_features", f"input.values must hold only numbers, found {_short(bad)}")
+    try:
+        arr = np.array(v, dtype=np.float64)
+    except OverflowError:  # an int too large for a float64 is not finite as a feature
+        raise _fail("non_finite_feature", "input.values holds a number beyond float64 range") from None
+    _check_finite(arr)
+    arr.flags.writeable = False
+    return arr
+
+
+def _feature_bytes(dtype: object, data: object) -> np.ndarray:
+    """``features_bin``: a read-only view of the decoded bytes as ``dtype`` (no copy, no floats
+    in Python), after the checks the schema cannot make (whole values, finite bit patterns)."""
+    if type(dtype) is not str or dtype not in FEATURE_DTYPES:
+        raise _fail("bad_features_dtype", f"input.dtype must be '<f4' | '<f8', got {_short(dtype)}")
+    if type(data) is not str:
+        raise _fail("bad_base64", f"input.data must be a base64 string, got {_short(data)}")
+    raw = _b64decode(data)
+    size = 4 if dtype == "<f4" else 8
+    if not raw or len(raw) % size:
+        raise _fail("bad_features", f"input.data holds {len(raw)} bytes: not a non-empty whole number of "
+                                    f"{size}-byte {dtype} values")
+    arr = np.frombuffer(raw, dtype=dtype)
+    _check_finite(arr)
+    return arr
+
+
+def _check_finite(arr: np.ndarray) -> None:
+    if not np.isfinite(arr).all():
+        raise _fail("non_finite_feature", "input holds a NaN or infinite feature value")
+
+
 def _check_label(v: object) -> int | tuple[float, ...]:
     if type(v) is int or (type(v) is float and v.is_integer()):
         if not 0 <= v <= LABEL_MAX:
@@ -218,7 +304,7 @@ def _check_input(v: object) -> Input:
     if kind is None:
         raise _fail("bad_input", "input.kind is missing")
     if type(kind) is not str or kind not in _INPUT_KEYS:
-        raise _fail("bad_input_kind", f"input.kind must be features | text | image, got {_short(kind)}")
+        raise _fail("bad_input_kind", f"input.kind must be features | features_bin | text | image, got {_short(kind)}")
     wanted = _INPUT_KEYS[kind]
     for key in v:
         if key != "kind" and key not in wanted:
@@ -227,7 +313,9 @@ def _check_input(v: object) -> Input:
         if key not in v:
             raise _fail("bad_input", f"input of kind {kind!r} needs field {key!r}")
     if kind == "features":
-        return FeaturesInput(_number_list(v["values"], "bad_features", "input.values", "non_finite_feature"))
+        return FeaturesInput(_feature_list(v["values"]))
+    if kind == "features_bin":
+        return FeaturesInput(_feature_bytes(v["dtype"], v["data"]), v["dtype"])
     if kind == "text":
         text = v["text"]
         if type(text) is not str or not text:
@@ -242,20 +330,21 @@ def _check_input(v: object) -> Input:
 
 
 def _b64decode(data: str) -> bytes:
-    """Strict padded standard base64, the schema's pattern: length % 4 == 0, '=' only at the end."""
+    """Strict padded standard base64, the schema's pattern: length % 4 == 0, '=' only at the end
+    (at most two). binascii's strict mode refuses other characters and misplaced padding in C."""
     try:
         raw = data.encode("ascii")
     except UnicodeEncodeError:
         raise _fail("bad_base64", "input.data holds non-ASCII characters") from None
     if len(raw) % 4:
         raise _fail("bad_base64", "input.data length is not a multiple of 4 (padding missing?)")
-    body = raw.rstrip(b"=")
-    if len(raw) - len(body) > 2 or not _B64_ALPHABET.issuperset(body):
-        raise _fail("bad_base64", "input.data is not standard base64 (A-Z a-z 0-9 + / and '=' padding)")
+    if raw.endswith(b"==="):
+        raise _fail("bad_base64", "input.data has more than two '=' of padding")
     try:
-        return base64.b64decode(raw, validate=True)
+        return binascii.a2b_base64(raw, strict_mode=True)
     except binascii.Error as exc:
-        raise _fail("bad_base64", f"input.data: {exc}") from None
+        raise _fail("bad_base64", f"input.data is not standard base64 (A-Z a-z 0-9 + / and '=' padding): {exc}"
+                    ) from None
 
 
 def request_from_dict(d: object) -> Request:
@@ -335,7 +424,11 @@ def request_to_dict(req: Request) -> dict[str, Any]:
         d["label"] = list(req.label) if isinstance(req.label, tuple) else req.label
     inp = req.input
     if isinstance(inp, FeaturesInput):
-        d["input"] = {"kind": "features", "values": list(inp.values)}
+        if inp.dtype is None:
+            d["input"] = {"kind": "features", "values": inp.values.tolist()}
+        else:
+            data = inp.values.astype(inp.dtype, copy=False).tobytes()
+            d["input"] = {"kind": "features_bin", "dtype": inp.dtype, "data": base64.b64encode(data).decode("ascii")}
     elif isinstance(inp, TextInput):
         d["input"] = {"kind": "text", "text": inp.text}
     elif isinstance(inp, ImageInput):

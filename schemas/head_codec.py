@@ -1,12 +1,13 @@
 """Binary ``heads`` messages: a served ridge head and the proof of what it was trained on.
 
 The ``heads`` topic is compacted and keyed by head id, so the latest message per key is the
-current head. Besides W (d x c float64) a message carries the ledger digest (so anyone can check
-the head against a from-scratch ledger), the version (receipts point at the first version that
-excludes a deleted sample), the delta offsets it covers (where to resume), and optionally the
-posterior matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, and the fingerprint of the
-multiset hash of the retained rows (docs/design.md section 6) when the head knows it. Same frame
-and robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
+current head. Besides W (d x c float64) a message carries the version (receipts point at the first
+version that excludes a deleted sample), the delta offsets it covers (where to resume), and
+optionally: the ledger digest (so anyone can check the head against a from-scratch ledger; exact
+updates always carry it, fast ones need not, since it costs O(d^2): flag bit 2), the posterior
+matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, and the fingerprint of the multiset
+hash of the retained rows (docs/design.md section 6) when the head knows it. Same frame and
+robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ HEAD_VERSION = 1
 MODES: tuple[str, ...] = ("exact", "fast")
 _FLAG_POSTERIOR = 0x0001
 _FLAG_RETAINED_HASH = 0x0002
-_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH
+_FLAG_NO_DIGEST = 0x0004  # a negative flag: updates written before it all carry a digest
+_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST
+_NO_DIGEST = bytes(32)
 
 # version, mode, reserved[7], digest[32], n_retained, events_covered, created_ts, drift, gamma,
 # d, c, n_offsets
@@ -52,15 +55,16 @@ class HeadUpdate:
     """One head version. ``weights`` is (d, c) float64; ``posterior`` (d, d) float64 or None.
 
     ``offsets``: (partition, offset) of the last ``deltas`` message applied, per partition,
-    sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (docs/design.md section 2).
-    ``retained_hash``: hex fingerprint of the multiset hash of the retained rows (section 6), None
-    when the head does not know it. Decoded arrays are read-only views into the message bytes.
+    sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (docs/design.md section 2),
+    always on an exact update, None on a fast one that does not carry it. ``retained_hash``: hex
+    fingerprint of the multiset hash of the retained rows (section 6), None when the head does not
+    know it. Decoded arrays are read-only views into the message bytes.
     """
 
     head_id: str
     version: int
     mode: Literal["exact", "fast"]
-    digest: str
+    digest: str | None
     n_retained: int
     events_covered: int
     offsets: tuple[tuple[int, int], ...]
@@ -155,6 +159,8 @@ def encode_head(h: HeadUpdate) -> bytes:
     """Serialize; raises CodecError if the update is inconsistent."""
     if h.mode not in MODES:
         raise CodecError(f"mode must be one of {MODES}, got {h.mode!r}")
+    if h.digest is None and h.mode == "exact":
+        raise CodecError("an exact head update carries its digest")
     _check_scalars(h.version, h.n_retained, h.events_covered, h.drift, h.gamma, h.created_ts, CodecError)
     _check_offsets(h.offsets, CodecError)
     w_arr = np.asarray(h.weights)
@@ -173,10 +179,13 @@ def encode_head(h: HeadUpdate) -> bytes:
     retained = None if h.retained_hash is None else _digest_bytes(h.retained_hash, "retained_hash")
     if retained is not None:
         flags |= _FLAG_RETAINED_HASH
+    if h.digest is None:
+        flags |= _FLAG_NO_DIGEST
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
-        _FIXED, h.version, MODES.index(h.mode), _RESERVED, _digest_bytes(h.digest), h.n_retained,
+        _FIXED, h.version, MODES.index(h.mode), _RESERVED,
+        _NO_DIGEST if h.digest is None else _digest_bytes(h.digest), h.n_retained,
         h.events_covered, h.created_ts, h.drift, h.gamma, d, c, len(h.offsets),
     )
     if retained is not None:
@@ -207,6 +216,8 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
         raise r.fail("reserved bytes after mode are not 0")
     if mode_i >= len(MODES):
         raise r.fail(f"unknown mode {mode_i}")
+    if flags & _FLAG_NO_DIGEST and (MODES[mode_i] == "exact" or digest != _NO_DIGEST):
+        raise r.fail("no digest (flag bit 2) is for fast updates only, and its 32 bytes must be 0")
     _check_scalars(h_version, n_retained, events, drift, gamma, ts, r.fail)
     if d < 1:
         raise r.fail("d must be >= 1")
@@ -219,13 +230,15 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     posterior = r.array("<f8", d * d, "posterior").reshape(d, d) if flags & _FLAG_POSTERIOR else None
     r.done()
     return HeadUpdate(
-        head_id, h_version, MODES[mode_i], digest.hex(), n_retained, events, offsets,
+        head_id, h_version, MODES[mode_i], None if flags & _FLAG_NO_DIGEST else digest.hex(), n_retained, events,
+        offsets,
         drift, gamma, ts, weights, posterior, retained,
     )
 
 
 def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, Any]:
-    """A JSON-ready dict for HTTP serving, logs and non-Python clients (weights as d x c lists)."""
+    """A JSON-ready dict for HTTP serving, logs and non-Python clients (weights as d x c lists;
+    ``digest`` null on a fast update that carries none)."""
     out: dict[str, Any] = {
         "schema": "unlearn.head/v1",
         "head_id": h.head_id,

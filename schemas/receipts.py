@@ -1,11 +1,12 @@
-"""``receipts``: each delete's proof, for the upstream app that asked (``receipt.v1.schema.json``).
+"""``receipts``: each delete's proof, for the upstream app that asked (``receipt.v2.schema.json``).
 
-An applied receipt says which head version first excludes the samples and that version's ledger
-digest; because the ledger is exact, anyone holding the retained set can rebuild the ledger,
-recompute the digest and check the claim. When the head knows it, an applied receipt also carries
-``retained_hash``, the fingerprint of the multiset hash of that version's retained rows
-(docs/design.md section 6): a commitment that costs O(row) to keep, where the digest costs
-O(d^2). A rejected receipt says why (a deadletter reason code) so the client is never left waiting.
+An applied receipt says which head version first excludes the samples and, when the head knows
+it, ``retained_hash``: the fingerprint of the multiset hash of that version's retained rows
+(docs/design.md section 6), a commitment that costs O(row) per event. The ledger digest (O(d^2))
+is the certificate; it is carried by exact head updates, no longer by receipts (v2: ``digest``
+optional; the ledger worker writes none). Anyone holding the retained set can recompute both and
+check the claim. A rejected receipt says why (a deadletter reason code) so the client is never
+left waiting. Decoders read v1 (written before v2, ``digest`` required) and v2; encoders write v2.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 
 __all__ = [
     "RECEIPT_SCHEMA_V1",
+    "RECEIPT_SCHEMA_V2",
     "Receipt",
     "decode_receipt",
     "encode_receipt",
@@ -31,6 +33,8 @@ __all__ = [
 ]
 
 RECEIPT_SCHEMA_V1 = "unlearn.receipt/v1"
+RECEIPT_SCHEMA_V2 = "unlearn.receipt/v2"
+_SCHEMAS = (RECEIPT_SCHEMA_V1, RECEIPT_SCHEMA_V2)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED = frozenset(
     ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts",
@@ -59,9 +63,10 @@ class Receipt:
 
     @classmethod
     def applied(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
-                head_version: int, digest: str, ts: float, retained_hash: str | None = None) -> Receipt:
-        """The samples are out of ``head_version`` (digest = that version's ledger digest;
-        ``retained_hash`` = its retained rows' multiset hash fingerprint, None when unknown)."""
+                head_version: int, digest: str | None, ts: float, retained_hash: str | None = None) -> Receipt:
+        """The samples are out of ``head_version`` (digest = that version's ledger digest, None
+        when not carried; ``retained_hash`` = its retained rows' multiset hash fingerprint, None
+        when unknown)."""
         return cls(event_id, subject_id, head_id, tuple(sample_ids), "applied", ts, head_version, digest,
                    retained_hash=retained_hash)
 
@@ -76,11 +81,12 @@ _is_id = is_valid_id
 
 
 def receipt_from_dict(d: object) -> Receipt:
-    """Validate a decoded JSON value against receipt v1; CodecError if it does not conform."""
+    """Validate a decoded JSON value against receipt v1 or v2; CodecError if it does not conform."""
     if type(d) is not dict:
         raise CodecError("receipt: not a JSON object")
-    if d.get("schema") != RECEIPT_SCHEMA_V1:
-        raise CodecError(f"receipt: unknown schema {d.get('schema')!r:.80}")
+    schema = d.get("schema")
+    if schema not in _SCHEMAS:
+        raise CodecError(f"receipt: unknown schema {schema!r:.80}")
     for k in d:
         if k not in _ALLOWED:
             raise CodecError(f"receipt: unknown field {k!r:.80}")
@@ -100,13 +106,13 @@ def receipt_from_dict(d: object) -> Receipt:
     version, digest, reason = d.get("head_version"), d.get("digest"), d.get("reason")
     retained = d.get("retained_hash")
     if status == "applied":
-        if "head_version" not in d or "digest" not in d:
-            raise CodecError("receipt: an applied receipt needs head_version and digest")
+        if "head_version" not in d or (schema == RECEIPT_SCHEMA_V1 and "digest" not in d):
+            raise CodecError("receipt: an applied receipt needs head_version (and, in v1, digest)")
         if "reason" in d:
             raise CodecError("receipt: an applied receipt has no reason")
         if not (type(version) is int or (type(version) is float and version.is_integer())) or not 0 <= version < 2**64:
             raise CodecError("receipt: head_version must be an int in 0..2^64-1")
-        if type(digest) is not str or not _HEX64.fullmatch(digest):
+        if "digest" in d and (type(digest) is not str or not _HEX64.fullmatch(digest)):
             raise CodecError("receipt: digest must be 64 lowercase hex characters")
         if "retained_hash" in d and (type(retained) is not str or not _HEX64.fullmatch(retained)):
             raise CodecError("receipt: retained_hash must be 64 lowercase hex characters")
@@ -123,9 +129,9 @@ def receipt_from_dict(d: object) -> Receipt:
 
 
 def receipt_to_dict(r: Receipt) -> dict[str, Any]:
-    """The JSON object for ``r`` (fields its status takes only)."""
+    """The v2 JSON object for ``r`` (fields its status takes only)."""
     d: dict[str, Any] = {
-        "schema": RECEIPT_SCHEMA_V1,
+        "schema": RECEIPT_SCHEMA_V2,
         "event_id": r.event_id,
         "subject_id": r.subject_id,
         "head_id": r.head_id,

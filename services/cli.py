@@ -16,6 +16,7 @@ services
   serve           HTTP predictions from the latest heads
 tools
   head            print the latest head of a head id
+  heads           declare heads: create | extend (grow the classes) | show | list (head registry)
   add | delete | delete-subject   produce request events (optionally --wait for the receipt)
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
@@ -82,6 +83,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "ledger": _ledger_main,
     "serve": _lazy("unlearn.services.serving.cli", "serve_main"),
     "head": _lazy("unlearn.services.client.head_reader", "head_main"),
+    "heads": _lazy("unlearn.services.registry.cli", "heads_main"),
     "add": _lazy("unlearn.services.client.cli", "add_main"),
     "delete": _lazy("unlearn.services.client.cli", "delete_main"),
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from unlearn.services.client.sdk import (
+        FEATURES_ENCODINGS,
         ClientError,
         DeliveryFailed,
+        FeaturesEncoding,
         InvalidRequest,
         ReceiptListener,
         ReceiptTimeout,
@@ -25,8 +27,10 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "FEATURES_ENCODINGS",
     "ClientError",
     "DeliveryFailed",
+    "FeaturesEncoding",
     "InvalidRequest",
     "ReceiptListener",
     "ReceiptTimeout",

@@ -161,8 +161,9 @@ def _print_head(h: HeadUpdate, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(orjson.dumps(head_to_json(h)).decode() + "\n")
         return
+    digest = h.digest or "(none: a fast head; exact updates carry it)"
     print(f"head {h.head_id}  version {h.version}  mode {h.mode}  n_retained {h.n_retained}  "
-          f"events {h.events_covered}\ndigest {h.digest}\nweights {h.weights.shape[0]} x {h.weights.shape[1]}  "
+          f"events {h.events_covered}\ndigest {digest}\nweights {h.weights.shape[0]} x {h.weights.shape[1]}  "
           f"gamma {h.gamma}  drift at last reset {h.drift:.3g}")
 
 

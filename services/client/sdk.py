@@ -7,11 +7,17 @@
         client.add("faces", subject_id="u1", sample_id="img-1", label=3, features=[0.1, 0.2, ...])
         handle = client.delete("faces", sample_id="img-1", subject_id="u1")
         receipt = handle.wait_receipt(timeout=30)      # schemas.receipts.Receipt
-        print(receipt.status, receipt.head_version, receipt.digest)
+        print(receipt.status, receipt.head_version, receipt.retained_hash)
 
 Every call builds a v1 envelope (``schemas.envelope``; validated before it is produced) and
 produces it to ``<prefix>requests`` keyed by the subject id (a subject's add always precedes its
 delete in one partition). Each returns a :class:`RequestHandle` naming the event id.
+
+Feature vectors travel as JSON numbers by default, or as binary floats (``features_encoding=
+"f64"`` exact, ``"f32"`` half the bytes, quantized from the float32 values) on the client or per
+call: high-rate producers save bytes and the featurizer's parsing. JSON stays the default because
+a featurizer older than the ``features_bin`` input kind dead-letters it (upgrade featurizers
+first), and JSON requests stay readable on the topic and in dead letters (docs/client.md).
 
 Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one receipt
 (applied, or rejected with a reason) carrying the request's event id. One
@@ -31,8 +37,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from unlearn.infra.profiles import producer_config
@@ -40,6 +47,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError
 from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import (
+    FeatureDtype,
     FeaturesInput,
     ImageInput,
     Input,
@@ -51,8 +59,10 @@ from unlearn.schemas.envelope import (
 from unlearn.schemas.receipts import Receipt, decode_receipt
 
 __all__ = [
+    "FEATURES_ENCODINGS",
     "ClientError",
     "DeliveryFailed",
+    "FeaturesEncoding",
     "InvalidRequest",
     "ReceiptListener",
     "ReceiptTimeout",
@@ -63,6 +73,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("unlearn.client")
+
+FeaturesEncoding = Literal["json", "f64", "f32"]
+FEATURES_ENCODINGS: dict[str, FeatureDtype | None] = {"json": None, "f64": "<f8", "f32": "<f4"}
+"""``features_encoding`` -> the envelope's ``features_bin`` dtype (None: a JSON array of numbers)."""
 
 
 class ClientError(RuntimeError):
@@ -93,15 +107,23 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
-def make_input(*, features: Sequence[float] | None = None, text: str | None = None,
-               image_png: bytes | str | None = None) -> Input:
-    """Exactly one of ``features`` (numbers), ``text`` or ``image_png`` (PNG bytes, or their
-    standard base64) becomes the envelope's ``input``."""
+def _features_dtype(encoding: str) -> FeatureDtype | None:
+    if encoding not in FEATURES_ENCODINGS:
+        raise ValueError(f"features_encoding must be one of {', '.join(FEATURES_ENCODINGS)}, got {encoding!r}")
+    return FEATURES_ENCODINGS[encoding]
+
+
+def make_input(*, features: Sequence[float] | np.ndarray | None = None, text: str | None = None,
+               image_png: bytes | str | None = None, features_encoding: FeaturesEncoding = "json") -> Input:
+    """Exactly one of ``features`` (numbers: a list or a numpy array), ``text`` or ``image_png``
+    (PNG bytes, or their standard base64) becomes the envelope's ``input``; ``features_encoding``
+    says how features travel ("json", or binary "f64" / "f32")."""
     given = [n for n, v in (("features", features), ("text", text), ("image_png", image_png)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of features=, text=, image_png= (got {given or 'none'})")
+    dtype = _features_dtype(features_encoding)
     if features is not None:
-        return FeaturesInput(tuple(float(v) for v in features))
+        return FeaturesInput(features, dtype)
     if text is not None:
         return TextInput(text)
     data = image_png
@@ -293,11 +315,15 @@ class RequestHandle:
 # --------------------------------------------------------------------------- client
 class UnlearnClient:
     """Produces request envelopes; one shared receipt listener per client (started lazily by the
-    first delete, or at construction with ``listen_receipts=True``). Thread-safe for producing."""
+    first delete, or at construction with ``listen_receipts=True``). Thread-safe for producing.
+    ``features_encoding`` is how ``add(features=...)`` sends vectors unless a call says otherwise."""
 
     def __init__(self, settings: Settings, client_id: str | None = None, *, listen_receipts: bool = False,
-                 producer_overrides: dict[str, Any] | None = None) -> None:
+                 producer_overrides: dict[str, Any] | None = None, features_encoding: FeaturesEncoding = "json"
+                 ) -> None:
+        _features_dtype(features_encoding)  # an unknown encoding fails here, not at the first add
         self.settings = settings
+        self.features_encoding: FeaturesEncoding = features_encoding
         self.client_id = client_id or settings.client_id
         self.requests_topic = settings.topic("requests")
         self.receipts_topic = settings.topic("receipts")
@@ -310,15 +336,17 @@ class UnlearnClient:
 
     # ------------------------------------------------------------------ requests
     def add(self, head_id: str, subject_id: str, sample_id: str, label: int | Sequence[float], *,
-            features: Sequence[float] | None = None, text: str | None = None,
+            features: Sequence[float] | np.ndarray | None = None, text: str | None = None,
             image_png: bytes | str | None = None, client_id: str | None = None,
-            event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+            event_id: str | None = None, ts: float | None = None,
+            features_encoding: FeaturesEncoding | None = None) -> RequestHandle:
         """Add one sample (exactly one of features=, text=, image_png=) with a class index or a
-        target vector as ``label``."""
+        target vector as ``label``; ``features_encoding`` overrides the client's for this call."""
         lab: int | tuple[float, ...] = label if isinstance(label, int) else tuple(float(v) for v in label)
+        inp = make_input(features=features, text=text, image_png=image_png,
+                         features_encoding=features_encoding or self.features_encoding)
         req = Request(event_id or new_event_id(), "add", head_id, client_id or self.client_id, subject_id,
-                      sample_id, lab, make_input(features=features, text=text, image_png=image_png),
-                      time.time() if ts is None else ts)
+                      sample_id, lab, inp, time.time() if ts is None else ts)
         return self.send(req)
 
     def delete(self, head_id: str, sample_id: str, subject_id: str, *, client_id: str | None = None,

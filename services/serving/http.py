@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from unlearn.infra.head_registry import ContractSource, RegistryView
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_codec import head_to_json
 from unlearn.services.serving.follower import HeadsFollower
@@ -63,6 +64,7 @@ _STORE = web.AppKey("store", HeadStore)
 _METRICS = web.AppKey("metrics", Metrics)
 _FOLLOWER: web.AppKey[HeadsFollower | None] = web.AppKey("follower")
 _POOL = web.AppKey("pool", concurrent.futures.ThreadPoolExecutor)
+_CONTRACTS: web.AppKey[ContractSource] = web.AppKey("contracts")
 _STARTED = web.AppKey("started", float)
 
 
@@ -96,11 +98,12 @@ async def _predict(request: web.Request) -> web.Response:
         return _error(400, "not_json", f"body is not JSON: {exc}")
     try:
         kind, items, batched = parse_predict_body(body)
+        contract = request.app[_CONTRACTS].get(head_id)
         if kind == "features":
-            X = prepare_inputs(settings, head, kind, items)
+            X = prepare_inputs(settings, head, kind, items, contract)
         else:  # a model forward: off the event loop
             loop = asyncio.get_running_loop()
-            X = await loop.run_in_executor(request.app[_POOL], prepare_inputs, settings, head, kind, items)
+            X = await loop.run_in_executor(request.app[_POOL], prepare_inputs, settings, head, kind, items, contract)
     except PredictError as exc:
         return _error(exc.status, exc.reason, exc.detail)
     out = predict(head, X, settings.serve_sigma2)
@@ -151,20 +154,25 @@ async def _openapi(request: web.Request) -> web.Response:
     return web.Response(body=openapi_document(), content_type="application/json")
 
 
-def build_app(settings: Settings, *, store: HeadStore | None = None, follow: bool = True) -> web.Application:
-    """The aiohttp application, with its own store, metrics registry, follower and model pool.
+def build_app(settings: Settings, *, store: HeadStore | None = None, follow: bool = True,
+              contracts: ContractSource | None = None) -> web.Application:
+    """The aiohttp application, with its own store, metrics registry, followers and model pool.
 
-    ``follow=False`` serves ``store`` without reading the broker (tests, offline use).
+    ``follow=False`` serves ``store`` without reading the broker (tests, offline use); the head
+    contracts then come from ``contracts`` (none: every head falls back to the settings).
+    With ``follow=True`` they come from the head registry, followed like the heads.
     """
     app = web.Application(middlewares=[_observe], client_max_size=MAX_BODY_BYTES)
     st = store if store is not None else HeadStore()
     metrics = Metrics()
     follower = HeadsFollower(settings, st, metrics) if follow else None
+    registry = RegistryView(settings) if follow else None
     metrics.watch(st, follower)
     app[_SETTINGS] = settings
     app[_STORE] = st
     app[_METRICS] = metrics
     app[_FOLLOWER] = follower
+    app[_CONTRACTS] = registry if registry is not None else (contracts or {})
     # One thread: backbones are not re-entrant, and a model forward already uses every core.
     app[_POOL] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlearn-backbone")
     app[_STARTED] = time.monotonic()
@@ -172,10 +180,14 @@ def build_app(settings: Settings, *, store: HeadStore | None = None, follow: boo
     async def on_startup(app: web.Application) -> None:
         if follower is not None:
             follower.start()
+        if registry is not None:
+            registry.start()
 
     async def on_cleanup(app: web.Application) -> None:
         if follower is not None:
             await asyncio.get_running_loop().run_in_executor(None, follower.stop)
+        if registry is not None:
+            await asyncio.get_running_loop().run_in_executor(None, registry.stop)
         app[_POOL].shutdown(wait=False, cancel_futures=True)
 
     app.on_startup.append(on_startup)

@@ -1,10 +1,12 @@
 """Predictions: parse a request body, featurize its inputs exactly like training, score them.
 
 Inputs go through the featurizer's pipeline and nothing else, all of it from the feature contract
-(``unlearn.features.contract``): the head's backbone (``resolve_backbone``: same registry and
-per-head configuration as the featurizer), then ``quantize_feature_row`` (L2 normalization and
-quantization with Settings.frac_bits), then dequantization -- so a served input is the very feature vector a
-training sample with that input would have contributed to the ledger.
+(``unlearn.features.contract``) and the **head's contract** from the head registry
+(``schemas/head_contract.py``, docs/registry.md): its backbone and input kind, then
+``quantize_feature_row`` with its normalization, bound and grid, then dequantization -- so a
+served input is the very feature vector a training sample with that input contributed to the
+ledger, whatever this process's own UNLEARN_FRAC_BITS and friends say. A head with no contract
+in the registry (published before the registry existed) falls back to the settings, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer, resolve_backbone
 from unlearn.infra.settings import Settings
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.serving.store import ServedHead
 
 __all__ = ["MAX_INPUTS", "PredictError", "parse_predict_body", "predict", "prepare_inputs"]
@@ -96,12 +99,23 @@ def parse_predict_body(body: Any) -> tuple[str, list[Any], bool]:
     return kind, items, batched
 
 
-def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Sequence[Any]) -> np.ndarray:
+def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Sequence[Any],
+                   contract: HeadContract | None = None) -> np.ndarray:
     """Raw inputs -> the dequantized feature rows (n, d) the ledger would have seen for them:
-    backbone (text/image; the head's configured one, as in the featurizer), L2 normalization,
-    quantization with Settings.frac_bits, dequantization. Blocking (runs the model)."""
+    backbone (text/image), L2 normalization, quantization, dequantization, all as ``contract``
+    (the head's, from the registry) declares; without one, as the settings say. Blocking (runs
+    the model)."""
     head_id = head.update.head_id
-    name = _backbone_name(settings, head_id, "image" if kind == "image_png" else kind)
+    input_kind = "image" if kind == "image_png" else kind
+    if contract is None:
+        name = _backbone_name(settings, head_id, input_kind)
+        frac_bits, bound, normalize = settings.frac_bits, settings.feature_bound, settings.normalize_features
+    elif contract.input_kind != input_kind:
+        raise PredictError(400, "backbone_mismatch", f"head {head_id!r} takes {contract.input_kind} inputs "
+                                                     f"(contract v{contract.version}), got {input_kind}")
+    else:
+        name = contract.backbone
+        frac_bits, bound, normalize = contract.frac_bits, contract.feature_bound, contract.normalize
     if kind == "features":
         raw = [np.asarray(it, dtype=np.float64) for it in items]
     else:
@@ -125,11 +139,10 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
             raise PredictError(400, "dimension_mismatch",
                                f"input {i}: {f.shape[0]} features, head {head_id!r} has d = {d}")
         try:
-            rows.append(quantize_feature_row(f, settings.frac_bits, settings.feature_bound,
-                                             settings.normalize_features))
+            rows.append(quantize_feature_row(f, frac_bits, bound, normalize))
         except FeatureRejected as exc:
             raise PredictError(400, exc.reason, f"input {i}: {exc.detail}") from None
-    return quantizer(settings.frac_bits, settings.feature_bound).dequantize(np.stack(rows))
+    return quantizer(frac_bits, bound).dequantize(np.stack(rows))
 
 
 def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0) -> dict[str, Any]:

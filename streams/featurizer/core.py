@@ -62,6 +62,7 @@ from unlearn.schemas.envelope import (
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 
+from .heads import auto_contracts, check_contract, judged_contract
 from .model import (
     _DELETE_OPS,
     FEATURIZER_REASONS,
@@ -309,7 +310,8 @@ class EncodedAdds:
 def route_adds(reqs: Sequence[Request | InvalidRequest],
                config: CoreConfig) -> tuple[EncodedAdds, dict[str, list[tuple[int, Any]]]]:
     """Resolve each add's backbone. Feature vectors pass through in float64 as sent (the registry's
-    ``FeaturesBackbone`` casts to float32, so q would differ from what a client computes); text and
+    ``FeaturesBackbone`` casts to float32, so q would differ from what a client computes; a
+    ``features_bin`` '<f4' vector is widened exactly, so q is that of its float32 values); text and
     images are grouped per backbone name for :func:`encode_adds`. Returns (the adds settled so far,
     the groups to encode). In federated mode another client's adds are skipped: never encode
     another owner's data (they are refused when judged)."""
@@ -380,7 +382,9 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
               config: CoreConfig) -> tuple[CachedSample, HeadInfo, bool]:
     """(sample to cache, its head, whether the head is new) for an add; raises :class:`Rejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
-    add, so every later row of the head is on the same grid and in the same space."""
+    add, so every later row of the head is on the same grid and in the same space; the add must
+    also fit the head's contract (declared, else auto: ``streams/featurizer/heads.py``), which
+    bounds its label space and gives a new head its grid."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
     if view.get_sample(r.head_id, r.sample_id) is not None:
         raise Rejected("duplicate_add", f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
@@ -406,13 +410,17 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
         if dim > config.max_dim:
             raise Rejected("dimension_too_large",
                            f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={config.max_dim} for new head {r.head_id!r}")
-        k, k_y = config.frac_bits, config.label_frac_bits
+        declared = config.contracts.get(r.head_id)  # the contract wins: a new head takes its grid
+        k, k_y = (declared.frac_bits, declared.label_frac_bits) if declared else (config.frac_bits,
+                                                                                  config.label_frac_bits)
     kind, width, label = quantize_label(r.label, k_y)
     if head is not None and (kind != head.label_kind or width != head.label_width):
         what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
         got = "a class index" if kind == "class" else f"a label vector of width {width}"
         raise Rejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
-    q = quantize_feature_row(feat, k, config.feature_bound, config.normalize)
+    contract = judged_contract(r, head, dim, kind, width, config)
+    check_contract(r, contract, head, backbone_key, dim, kind, width, label)
+    q = quantize_feature_row(feat, k, contract.feature_bound, contract.normalize)
     new_head = head is None
     if head is None:
         head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)
@@ -579,4 +587,5 @@ def featurize_batch(
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),
                         accepted=judged.accepted, rows=n_rows, origin_offsets=admitted.origin_offsets,
-                        reforwarded=admitted.reforwarded, gaps=admitted.gaps)
+                        reforwarded=admitted.reforwarded, gaps=admitted.gaps,
+                        contracts=auto_contracts(judged.overlay.heads.values(), config))

@@ -18,6 +18,7 @@ from unlearn.schemas.delta_codec import Delta, encode_delta
 from unlearn.schemas.envelope import (
     REQUEST_REASONS,
 )
+from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.source_id import source_stream
 
@@ -31,7 +32,7 @@ FEATURIZER_REASONS: dict[str, str] = {
     "unknown_subject": "a delete_subject for a subject with no cached sample in that head",
     "subject_mismatch": "a delete whose subject_id differs from the subject that added the sample",
     "wrong_client": "federated mode: the request's client_id is not this site's client",
-    "dimension_mismatch": "the feature dimension differs from the head's (fixed by its first add)",
+    "dimension_mismatch": "the feature dimension differs from the head's contract or first add",
     "dimension_too_large": "a new head's dimension exceeds UNLEARN_MAX_FEATURE_DIM",
     "backbone_mismatch": "the input kind/backbone differs from the head's, or the head's configured "
                          "backbone does not take this input kind",
@@ -40,9 +41,13 @@ FEATURIZER_REASONS: dict[str, str] = {
     "encode_failed": "the backbone raised on this input while the rest of its batch encoded",
     "non_finite_feature": "a feature (or its L2 norm) is NaN or infinite",
     "feature_out_of_bound": "a feature component exceeds UNLEARN_FEATURE_BOUND (never clipped)",
-    "label_out_of_range": "a class index > 2^20-1, a label vector too wide, or a quantized target "
-                          "beyond 2^30",
-    "label_mismatch": "class-index vs vector label, or another vector width, than the head's first add",
+    "label_out_of_range": "a class index outside the head's declared label space (its contract's n_classes; "
+                          "UNLEARN_DEFAULT_CLASSES for an auto-created head), a label vector wider than "
+                          "UNLEARN_MAX_CLASSES or 2^20, or a quantized target beyond 2^30",
+    "undeclared_head": "an add to a head with no contract in the head registry while UNLEARN_AUTO_CREATE_HEADS "
+                       "is off",
+    "contract_conflict": "the head's cached grid (fixed by its first add) differs from its declared contract",
+    "label_mismatch": "class-index vs vector label, or another vector width, than the head's contract or first add",
     "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
 }
 """Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
@@ -203,6 +208,13 @@ class CoreConfig:
     federated: bool = False
     client_id: str | None = None
     max_message_bytes: int = 100_000_000
+    contracts: Mapping[str, HeadContract] = field(default_factory=dict)  # declared heads (the registry, per batch)
+    registry_topic: str = ""  # where auto contracts are published; "" = not published
+    auto_create_heads: bool = True
+    default_classes: int = 100
+    max_classes: int = 1024
+    gamma: float = 1.0
+    head_gammas: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
@@ -243,7 +255,18 @@ class CoreConfig:
             federated=federated,
             client_id=client_id if federated else None,
             max_message_bytes=settings.max_message_bytes,
+            registry_topic=settings.topic("head-registry"),
+            auto_create_heads=settings.auto_create_heads,
+            default_classes=settings.default_classes,
+            max_classes=settings.max_classes,
+            gamma=settings.gamma,
+            head_gammas={h: settings.gamma_for(h) for h in _names(settings.head_gammas)},
         )
+
+
+def _names(spec: str) -> list[str]:
+    """The head ids of a ``head=value,...`` setting."""
+    return [p.partition("=")[0].strip() for p in spec.split(",") if p.strip()]
 
 
 @dataclass
@@ -261,6 +284,7 @@ class BatchOutcome:
     origin_offsets: dict[int, int] = field(default_factory=dict)  # requests partition -> last origin offset judged
     reforwarded: int = 0  # records dropped as copies the router forwarded again (core.admit_routed)
     gaps: int = 0  # records dropped because a predecessor's delivery failed (forwarded again later)
+    contracts: list[HeadContract] = field(default_factory=list)  # auto contracts of heads this batch created
 
     def reasons(self) -> dict[str, int]:
         """Dead-letter reason -> count (for logs and tests)."""
@@ -270,8 +294,11 @@ class BatchOutcome:
         return out
 
     def messages(self, config: CoreConfig) -> list[OutMessage]:
-        """Encoded messages, in produce order: deltas, dead letters, receipts."""
-        out = [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d)) for d in self.deltas]
+        """Encoded messages, in produce order: auto contracts (when ``config.registry_topic``),
+        deltas, dead letters, receipts."""
+        out = [OutMessage(config.registry_topic, c.head_id.encode(), encode_contract(c))
+               for c in self.contracts if config.registry_topic]
+        out += [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d)) for d in self.deltas]
         out += [
             OutMessage(config.deadletter_topic, d.key if d.key is not None else STAGE.encode(),
                        encode_deadletter_bounded(d, config.max_message_bytes))

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
+from unlearn.infra.head_registry import RegistryView
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
@@ -66,6 +67,7 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
+from unlearn.streams.featurizer.heads import with_registry
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError", "featurizer_main"]
@@ -162,6 +164,7 @@ class FeaturizerService:
         self.route_partitions = 0  # the by-head topic's partition count, read at start
         self._router: RouterSession | None = None
         self._producer: Any = None
+        self.registry: RegistryView | None = None  # the declared head contracts, followed while running
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
 
@@ -176,6 +179,7 @@ class FeaturizerService:
         clean = False
         try:
             self._check_topics()
+            self.registry = RegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
             self.topic_id = topic_id(self.settings, self.topic)
             self.requests_topic_id = topic_id(self.settings, self.requests_topic)
             self._router = RouterSession(self.origin_stream, self.route_partitions)
@@ -204,6 +208,8 @@ class FeaturizerService:
             for cache in self.caches.values():
                 cache.close()
             self.caches.clear()
+            if self.registry is not None:
+                self.registry.stop()
             self._consumer = self._producer = None  # release the librdkafka handles now
             log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 
@@ -231,6 +237,10 @@ class FeaturizerService:
             md = self._consumer.list_topics(timeout=self.settings.admin_timeout)
             routed = md.topics[self.topic]
         self.route_partitions = len(routed.partitions)
+        reg = md.topics.get(self.config.registry_topic)
+        if reg is None or reg.error is not None:
+            raise FeaturizerError(f"head registry topic {self.config.registry_topic!r} is missing: "
+                                  "run `unlearn topics create`")
         if self.changelog_topic is None:
             return
         cl = md.topics.get(self.changelog_topic)
@@ -525,12 +535,14 @@ class FeaturizerService:
             return {}
         done: list[tuple[int, FeatureCache, list[int], list[OutMessage], int]] = []
         now = time.time()
+        assert self.registry is not None
+        config = with_registry(self.config, self.registry.snapshot())
         for p, msgs in sorted(by_partition.items()):
             msgs.sort(key=lambda x: x.offset)
             cache = self.caches[p]
             origins = cache.origin_offsets()
-            outcome = featurize_batch(msgs, cache, self.config, self.encoder, now=now, origins=origins)
-            messages = outcome.messages(self.config)
+            outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins)
+            messages = outcome.messages(config)
             generation: int | None = None
             if self.changelog_topic is not None:
                 # the changelog records ride in the same sqlite transaction, ahead of the outputs
@@ -669,6 +681,7 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
         c = service.config
         wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic,
+                                   c.registry_topic,
                                    *([service.changelog_topic] if service.changelog_topic else [])])
     except Exception as exc:  # bad arguments, missing topics, no CUDA: exit 2, a restart will not help
         print(f"error: {exc}", file=sys.stderr)

@@ -1,7 +1,10 @@
 """One head inside the ledger processor: exact ledger + fast tracker + bookkeeping, no I/O.
 
-The ledger worker (worker.py) is a thin shell around this: it hands each ``deltas`` message with its offset to
-``HeadRuntime.apply`` and publishes what comes back. Keeping the logic here makes every rule
+The ledger worker (worker.py) is a thin shell around this: it hands each ``deltas`` message with
+its offset to ``HeadRuntime.apply``, which applies it to the exact ledger and the retained rows'
+multiset hash (one version per message), then once per poll calls ``HeadRuntime.sync``, which
+brings the fast head up to the ledger in one tracker update or a reset (coalescing,
+docs/ledger-processor.md), and publishes what came back. Keeping the logic here makes every rule
 (skip redelivered offsets, reject bad entries without touching state, receipts, reset policy)
 testable without a broker.
 """
@@ -14,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
-from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead, UpdateReport
+from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.source_id import dedup_key
@@ -55,11 +59,20 @@ class AppliedDelete:
 
 @dataclass
 class ApplyOutcome:
+    """What one deltas message did. ``version`` is the version it made and ``retained_hash`` that
+    version's fingerprint (computed only when it applied deletes: their receipts carry it), so a
+    receipt names the same pair whatever the poll boundaries of the run that issued it."""
+
     skipped: str = ""  # why nothing was done: "redelivered" | "duplicate_source" ("" = applied)
     rejections: list[Rejection] = field(default_factory=list)
     deletes: list[AppliedDelete] = field(default_factory=list)
-    reset_reason: str = ""
     rows_applied: int = 0
+    version: int = 0
+    retained_hash: str | None = None
+
+
+#: Rows in the ledger that the fast head has not taken yet: (Q, Y, sign) from ``prepare_rows``.
+LaggingRows = list[tuple[NDArray[np.int64], NDArray[np.int64], int]]
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,8 @@ class HeadRuntime:
     always yields the same (version, digest, retained hash) triples, also after a crash and replay.
 
     ``multiset`` is the multiset hash of the retained rows (docs/design.md section 6), kept next
-    to the ledger; None once it is unknown (a packed entry without one, or a version 1 snapshot)."""
+    to the ledger; None once it is unknown (a packed entry without one, or a version 1 snapshot).
+    The ledger and the hash take each message in ``apply``; the fast head lags until ``sync``."""
 
     def __init__(self, head_id: str, ledger: ExactLedger, config: HeadConfig, *,
                  multiset: MultisetHash | None = None, version: int = 0,
@@ -95,6 +109,8 @@ class HeadRuntime:
         self.dirty_since_snapshot = 0
         self._digest: tuple[int, str] | None = None
         self._retained_hash: tuple[int, str | None] | None = None
+        self._lagging: LaggingRows = []
+        self._reset_due = ""  # why the fast head must be rebuilt at the next sync ("" = it need not)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -138,7 +154,7 @@ class HeadRuntime:
         return self.tracked.last_reset_drift
 
     def digest(self) -> str:
-        """Ledger digest, cached per version (it costs O(d^2))."""
+        """Ledger digest, cached per version (it costs O(d^2): exact head updates only carry it)."""
         if self._digest is None or self._digest[0] != self.version:
             self._digest = (self.version, self.ledger.digest())
         return self._digest[1]
@@ -151,8 +167,9 @@ class HeadRuntime:
 
     # ---------------------------------------------------------------- updates
     def apply(self, delta: Delta, offset: int, partition: int) -> ApplyOutcome:
-        """Apply one deltas message at input ``offset``. Entries apply atomically one by one; a bad
-        entry is rejected (state untouched) and the others proceed."""
+        """Apply one deltas message at input ``offset`` to the exact ledger and the multiset hash:
+        one version. Entries apply atomically one by one; a bad entry is rejected (state
+        untouched) and the others proceed. The fast head takes the rows at the next ``sync``."""
         skipped = admit(self, delta, offset)
         if skipped:
             return ApplyOutcome(skipped=skipped)
@@ -161,9 +178,6 @@ class HeadRuntime:
             if isinstance(rep, Rejection):
                 out.rejections.append(rep)
                 continue
-            if rep.reset_reason:
-                out.reset_reason = rep.reset_reason
-                self.last_reset_at = time.monotonic()
             out.rows_applied += entry.n
             self.events_covered += len(set(entry.event_ids))
             if entry.sign < 0:
@@ -172,22 +186,48 @@ class HeadRuntime:
         self.input_partition = partition
         self.version += 1
         self.dirty_since_snapshot += 1
+        out.version = self.version
+        if out.deletes:
+            out.retained_hash = self.retained_hash()
         return out
 
-    def _apply_entry(self, entry: RowsEntry | PackedEntry) -> UpdateReport:
+    def _apply_entry(self, entry: RowsEntry | PackedEntry) -> None:
         if isinstance(entry, RowsEntry):
-            rep = (self.tracked.add if entry.sign > 0 else self.tracked.delete)(entry.q, entry.labels)
+            Q, Y, idx = self.ledger.prepare_rows(entry.q, entry.labels)
+            self.ledger.apply_prepared(Q, Y, idx, entry.sign)
+            self._lagging.append((Q, Y, entry.sign))
         else:
-            rep = self.tracked.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
+            # Statistics, not rows: nothing to factor, and factoring a Gram costs a reset anyway.
+            self.ledger.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
+            self._reset_due = "packed statistics"
         self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
-        return rep
+
+    def sync(self) -> str:
+        """Bring the fast head up to the ledger, once per poll: the rows of every message applied
+        since the last sync in one tracker update, or a reset when one is due (a packed entry) or
+        cheaper (at least ``d / 2`` rows: an SMW update of rank r costs O(r d^2), and at d = 768 a
+        rank-384 update costs about as much as a reset). Returns why a reset ran ("" when none)."""
+        lagging, reason = self._lagging, self._reset_due
+        rows = sum(Q.shape[0] for Q, _, _ in lagging)
+        if not reason and 2 * rows >= self.ledger.dim:
+            reason = f"coalesced {rows} rows"
+        if reason:
+            self.reset(reason)
+            return reason
+        self._lagging = []
+        rep = self.tracked.track(lagging)
+        if rep.reset_reason:
+            self.last_reset_at = time.monotonic()
+        return rep.reset_reason
 
     def timed_reset_due(self, every_seconds: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return self.mode == "fast" and now - self.last_reset_at >= every_seconds
 
     def reset(self, reason: str) -> None:
-        """Canonical head now (timer or operator request). The version is unchanged: same ledger."""
+        """Canonical head now, from the ledger (which also covers any rows the fast head has not
+        taken). The version is unchanged: same ledger."""
+        self._lagging, self._reset_due = [], ""
         self.tracked.reset(reason)
         self.last_reset_at = time.monotonic()
 

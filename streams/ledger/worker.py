@@ -3,8 +3,10 @@
 A thin shell around ``HeadRuntime`` (the rules), ``checkpoint`` (the crash-consistency
 invariants) and ``ChangelogStore`` (durable state in the ``ledger-state`` topic). Per deltas
 message (key = head id, so one head's deltas are totally ordered): decode -> apply to the head's
-exact ledger and fast head -> produce a head update, receipts for applied deletes, dead letters
-for rejected entries. Every ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` per
+exact ledger and multiset hash (one version) -> dead letters for rejected entries. Per poll
+(coalescing): each touched head's fast head catches up once, then one head update per head (its
+last version) and the receipts of every applied delete, each naming the version of the message
+that applied it. Every ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` per
 partition, and before a partition is given up:
 
 1. wait until every output produced so far is durable (so no receipt can be lost behind a floor);
@@ -67,6 +69,19 @@ class PartitionState:
     last_checkpoint: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class PollOutputs:
+    """What one poll's applied messages owe, per head in the order first touched: the head
+    (published once, at its last version) and its messages' outcomes in log order (receipts)."""
+
+    heads: dict[str, HeadRuntime] = field(default_factory=dict)
+    outcomes: dict[str, list[ApplyOutcome]] = field(default_factory=dict)
+
+    def add(self, head: HeadRuntime, outcome: ApplyOutcome) -> None:
+        self.heads[head.head_id] = head
+        self.outcomes.setdefault(head.head_id, []).append(outcome)
+
+
 class LedgerWorker:
     """One ledger worker process (one consumer-group member)."""
 
@@ -104,10 +119,12 @@ class LedgerWorker:
                                 on_lost=self._on_lost)
         try:
             while not self.stopping:
-                msgs = self.consumer.consume(num_messages=500, timeout=0.05)
+                msgs = self._poll()
                 self._raise_if_fatal()
+                poll = PollOutputs()
                 for m in msgs:
-                    self._on_message(m)
+                    self._on_message(m, poll)
+                self._publish_poll(poll)  # before any checkpoint can cover these messages
                 self.producer.poll(0)
                 self._raise_if_delivery_failed()
                 self._timed_resets()
@@ -119,6 +136,15 @@ class LedgerWorker:
 
     def stop(self) -> None:
         self.stopping = True
+
+    def _poll(self) -> list[Any]:
+        """Up to 500 deltas messages: whatever is already fetched, waiting at most 50 ms for the
+        first. A single ``consume(500, 0.05)`` would hold a lone message for the whole 50 ms
+        (librdkafka waits for a full batch or the timeout); coalescing takes what is pending only."""
+        first = self.consumer.consume(num_messages=1, timeout=0.05)
+        if not first:
+            return first
+        return first + self.consumer.consume(num_messages=499, timeout=0)
 
     def _close(self) -> None:
         try:
@@ -219,7 +245,7 @@ class LedgerWorker:
         s = self.settings
         return HeadConfig(s.gamma_for(head_id), s.reset_every_events, s.drift_threshold)
 
-    def _on_message(self, m: Any) -> None:
+    def _on_message(self, m: Any, poll: PollOutputs) -> None:
         from confluent_kafka import KafkaError
 
         err = m.error()
@@ -232,10 +258,11 @@ class LedgerWorker:
             return  # not ours (any more), or already covered by the partition's state
         ps.next_offset = m.offset() + 1
         ps.pending += 1
-        self.handle(ps, m.offset(), m.key(), m.value() or b"")
+        self.handle(ps, m.offset(), m.key(), m.value() or b"", poll)
 
-    def handle(self, ps: PartitionState, offset: int, key: bytes | None, raw: bytes) -> None:
-        """Fold one deltas message (already counted in ``ps``)."""
+    def handle(self, ps: PartitionState, offset: int, key: bytes | None, raw: bytes, poll: PollOutputs) -> None:
+        """Fold one deltas message (already counted in ``ps``) into its head's ledger; its head
+        update and receipts are owed in ``poll``, its dead letters go out now."""
         part = ps.partition
         try:
             delta = decode_delta(raw)
@@ -267,7 +294,9 @@ class LedgerWorker:
         if outcome.skipped:
             log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)
             return
-        self._publish(head, outcome, raw, part, offset, key)
+        for rej in outcome.rejections:
+            self._rejected(head.head_id, rej, raw, part, offset, key)
+        poll.add(head, outcome)
 
     # ---------------------------------------------------------------- outputs
     def _produce(self, topic: str, key: bytes, value: bytes) -> None:
@@ -283,10 +312,13 @@ class LedgerWorker:
                 self.producer.poll(0.1)
 
     def head_update(self, head: HeadRuntime, mode: HeadMode | None = None) -> HeadUpdate:
+        """The head's update at its version. Only an exact update carries the ledger digest (the
+        certificate, O(d^2)); a fast one carries the retained-rows hash alone."""
         mode = mode or head.mode
-        posterior = head.tracked.tracker.T if (mode == "exact" and self.settings.publish_posterior) else None
+        exact = mode == "exact"
+        posterior = head.tracked.tracker.T if (exact and self.settings.publish_posterior) else None
         return HeadUpdate(
-            head_id=head.head_id, version=head.version, mode=mode, digest=head.digest(),
+            head_id=head.head_id, version=head.version, mode=mode, digest=head.digest() if exact else None,
             n_retained=head.ledger.count, events_covered=head.events_covered,
             offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
             gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior,
@@ -315,16 +347,20 @@ class LedgerWorker:
         self.store.count_head_bytes(part, len(key) + len(value))
         return True
 
-    def _publish(self, head: HeadRuntime, outcome: ApplyOutcome, raw: bytes, part: int, offset: int,
-                 key: bytes | None) -> None:
-        self.publish_head(head)
-        now = time.time()
-        for d in outcome.deletes:
-            r = Receipt.applied(d.event_id, d.subject_id, head.head_id, d.sample_ids, head.version, head.digest(), now,
-                                retained_hash=head.retained_hash())
-            self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
-        for rej in outcome.rejections:
-            self._rejected(head.head_id, rej, raw, part, offset, key)
+    def _publish_poll(self, poll: PollOutputs) -> None:
+        """Per head touched in the poll: the fast head catches up once, one head update (the last
+        version), then the receipt of every applied delete. A receipt names the version of the
+        message that applied it and that version's retained-rows hash, never the published
+        version: those depend on poll boundaries, so replays would issue conflicting receipts."""
+        for head_id, head in poll.heads.items():
+            head.sync()
+            self.publish_head(head)
+            now = time.time()
+            for outcome in poll.outcomes[head_id]:
+                for d in outcome.deletes:
+                    r = Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, outcome.version, None, now,
+                                        retained_hash=outcome.retained_hash)
+                    self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
 
     def _reject_all(self, delta: Delta, raw: bytes, part: int, offset: int, key: bytes | None, reason: str,
                     detail: str) -> None:
@@ -393,10 +429,13 @@ class LedgerWorker:
         self._raise_if_delivery_failed()
 
     def _rotate_heads(self, ps: PartitionState) -> None:
-        """Move the partition's head updates to a new heads topic: every head's current update
-        (same version, same digest as last published) first, then the old topic goes."""
+        """Move the partition's head updates to a new heads topic: every head's current version as
+        an exact update first (a fast head is reset: each generation then holds a digest for every
+        head), then the old topic goes."""
         superseded = self.store.begin_heads_generation(ps.partition)
         for _, head in sorted(ps.heads.items()):
+            if head.mode == "fast":
+                head.reset("heads rotation")
             self.publish_head(head)
         self._flush_outputs("heads rotation")
         self.store.end_heads_generation(superseded)

@@ -20,7 +20,8 @@ def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
     report = orjson.loads(out.read_bytes())
     assert report["events_produced"] == 5000 and len(report["kills"]) == 6
     for key in ("lost_events", "doubled_events", "digest_mismatched_heads", "versions_with_two_digests",
-                "receipts_missing", "receipts_conflicting"):
+                "retained_hash_mismatched_heads", "versions_with_two_retained_hashes", "receipts_missing",
+                "receipts_conflicting"):
         assert report[key] == 0, (key, report)
     assert code == 0
     assert report["recovery_s"]["ledger"], "the ledger was killed and came back at least once"

@@ -71,11 +71,13 @@ def heads(draw: st.DrawFn) -> HeadUpdate:
     d = draw(st.integers(1, 6))
     c = draw(st.integers(0, 4))
     parts = draw(st.lists(st.integers(0, 2**31 - 1), unique=True, max_size=4))
+    mode = draw(st.sampled_from(["exact", "fast"]))
+    digest = st.binary(min_size=32, max_size=32).map(bytes.hex)
     return HeadUpdate(
         head_id=draw(_ids),
         version=draw(st.integers(0, 2**64 - 1)),
-        mode=draw(st.sampled_from(["exact", "fast"])),
-        digest=draw(st.binary(min_size=32, max_size=32)).hex(),
+        mode=mode,
+        digest=draw(digest if mode == "exact" else st.none() | digest),  # fast updates may carry none
         n_retained=draw(st.integers(0, 2**64 - 1)),
         events_covered=draw(st.integers(0, 2**64 - 1)),
         offsets=[(p, draw(st.integers(0, 2**63 - 1))) for p in parts],
@@ -265,7 +267,7 @@ def test_encoder_rejects_inconsistent_values() -> None:
         {"mode": "approx"}, {"digest": "A" * 64}, {"digest": "a" * 63}, {"version": -1},
         {"gamma": 0.0}, {"drift": float("nan")}, {"offsets": [(0, 1), (0, 2)]}, {"offsets": [(-1, 0)]},
         {"weights": np.zeros(3)}, {"posterior": np.eye(3)}, {"retained_hash": "A" * 64},
-        {"retained_hash": "ab"},
+        {"retained_hash": "ab"}, {"digest": None},  # an exact update carries its digest
     ]
     for change in bad_heads:
         with pytest.raises(CodecError):
@@ -370,6 +372,28 @@ def test_head_retained_hash_is_flag_bit_1_after_the_fixed_fields() -> None:
     assert raw_h[:fixed_end] == raw[:6] + b"\x02\x00" + struct.pack("<Q", len(raw_h)) + raw[16:fixed_end]
     assert raw_h[fixed_end + 32:-4] == raw[fixed_end:-4]
     assert head_to_json(with_hash)["retained_hash"] == "cd" * 32 and head_to_json(base)["retained_hash"] is None
+
+
+def test_a_fast_head_update_without_a_digest_is_flag_bit_2() -> None:
+    """The digest is optional on fast updates (flag bit 2, "no digest": a negative flag, so every
+    update written before it still decodes with its digest); the 32 bytes stay, zero, so every
+    later field keeps its offset. Exact updates always carry one."""
+    base = HeadUpdate("h", 7, "fast", "ab" * 32, 2, 3, [(0, 9)], 1e-12, 0.5, 1.0, np.ones((2, 3)))
+    fields = {f: getattr(base, f) for f in HeadUpdate.__slots__}
+    bare = HeadUpdate(**{**fields, "digest": None, "retained_hash": "cd" * 32})
+    raw, raw_bare = encode_head(base), encode_head(bare)
+    assert struct.unpack_from("<H", raw, 6) == (0,) and struct.unpack_from("<H", raw_bare, 6) == (6,)
+    assert decode_head(raw).digest == "ab" * 32 and decode_head(raw_bare) == bare
+    digest_at = PREFIX.size + 3 + struct.calcsize("<QB7s")
+    assert raw_bare[digest_at:digest_at + 32] == bytes(32) and len(raw_bare) == len(raw) + 32
+    assert head_to_json(bare)["digest"] is None and head_to_json(bare)["retained_hash"] == "cd" * 32
+    body = bytearray(raw_bare[PREFIX.size:-4])
+    body[digest_at - PREFIX.size] = 1  # flag bit 2 with digest bytes that are not zero
+    with pytest.raises(CodecError, match="must be 0"):
+        decode_head(_reframe(raw_bare, bytes(body)))
+    exact = encode_head(HeadUpdate(**{**fields, "mode": "exact", "digest": "00" * 32}))
+    with pytest.raises(CodecError, match="fast updates only"):  # an exact update claiming no digest
+        decode_head(_reframe(exact, flags=4))
 
 
 @pytest.mark.parametrize("bad", ["evil\n[2026-01-01 00:00:00] [ERROR] forged line", "../../x", "\U0001f600", "a b", ""])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -45,10 +46,20 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
 
 
 REQUEST_V = _validator("request.v1.schema.json")
-RECEIPT_V = _validator("receipt.v1.schema.json")
+RECEIPT_V1 = _validator("receipt.v1.schema.json")
+RECEIPT_V2 = _validator("receipt.v2.schema.json")
 DEADLETTER_V = _validator("deadletter.v1.schema.json")
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
+
+
+def _bin(values: Any, dtype: str = "<f8") -> dict[str, Any]:
+    """A features_bin input of ``values`` (numbers, or raw bytes as they are)."""
+    raw = values if isinstance(values, bytes) else np.asarray(values, dtype=dtype).tobytes()
+    return {"kind": "features_bin", "dtype": dtype, "data": base64.b64encode(raw).decode()}
+
+
+_NAN_F8 = np.array([0.5, np.nan]).tobytes()
 
 
 def _base(**changes: Any) -> dict[str, Any]:
@@ -82,6 +93,14 @@ VALID: dict[str, dict[str, Any]] = {
     "add_image": _base(input={"kind": "image", "format": "png", "data": PNG}),
     "add_image_pad1": _base(input={"kind": "image", "format": "png", "data": "QUI="}),
     "add_image_nopad": _base(input={"kind": "image", "format": "png", "data": "QUJD"}),
+    # features_bin: every tail of the base64 (no padding, '=', '==') for both dtypes
+    "add_bin_f8_1": _base(input=_bin([0.5])),
+    "add_bin_f8_2": _base(input=_bin([0.5, -0.25])),
+    "add_bin_f8_3": _base(input=_bin([0.5, -0.25, 1e-300])),
+    "add_bin_f4_1": _base(input=_bin([0.5], "<f4")),
+    "add_bin_f4_2": _base(input=_bin([0.5, -0.25], "<f4")),
+    "add_bin_f4_3": _base(input=_bin([0.5, -0.25, -0.0], "<f4")),
+    "add_bin_f4_768": _base(input=_bin(np.linspace(-1, 1, 768), "<f4")),
     "add_vector_label": _base(label=[0.1, -2.5, 3]),
     "add_label_zero": _base(label=0),
     "add_label_float_integral": _base(label=4.0),
@@ -154,6 +173,26 @@ INVALID: dict[str, tuple[Any, str]] = {
     "features_bool": (_base(input={"kind": "features", "values": [0.5, True]}), "bad_features"),
     "features_nested": (_base(input={"kind": "features", "values": [[0.5]]}), "bad_features"),
     "features_not_list": (_base(input={"kind": "features", "values": 0.5}), "bad_features"),
+    "bin_no_dtype": (_base(input={"kind": "features_bin", "data": "AAAAAAAAAAA="}), "bad_input"),
+    "bin_no_data": (_base(input={"kind": "features_bin", "dtype": "<f8"}), "bad_input"),
+    "bin_with_values": (_base(input={**_bin([0.5]), "values": [0.5]}), "bad_input"),
+    "bin_dtype_big_endian": (_base(input={**_bin([0.5]), "dtype": ">f8"}), "bad_features_dtype"),
+    "bin_dtype_f2": (_base(input={**_bin([0.5]), "dtype": "<f2"}), "bad_features_dtype"),
+    "bin_dtype_name": (_base(input={**_bin([0.5]), "dtype": "float64"}), "bad_features_dtype"),
+    "bin_dtype_int": (_base(input={**_bin([0.5]), "dtype": 8}), "bad_features_dtype"),
+    "bin_data_empty": (_base(input={**_bin([0.5]), "data": ""}), "bad_features"),
+    "bin_data_int": (_base(input={**_bin([0.5]), "data": 12345678}), "bad_base64"),
+    "bin_data_urlsafe": (_base(input={**_bin([0.5]), "data": "AAAAAAAA4D-_"}), "bad_base64"),
+    "bin_data_no_padding": (_base(input={**_bin([0.5]), "data": "AAAAAAAA4D8"}), "bad_base64"),
+    "bin_data_newline": (_base(input={**_bin([0.5]), "data": "AAAAAAAA4D8=\n"}), "bad_base64"),
+    "bin_data_pad_middle": (_base(input={**_bin([0.5]), "data": "AAAAAAA=AAAAAAAA4D8="}), "bad_base64"),
+    "bin_data_triple_pad": (_base(input={**_bin([0.5]), "data": "AAAAAAAAA==="}), "bad_base64"),
+    "bin_data_7_bytes": (_base(input={**_bin([0.5]), "data": "AAAAAAAAAA=="}), "bad_features"),
+    "bin_f8_of_4_bytes": (_base(input=_bin(b"\0\0\0\x3f")), "bad_features"),
+    "bin_f8_of_12_bytes": (_base(input=_bin(bytes(12))), "bad_features"),
+    "bin_f4_of_3_bytes": (_base(input=_bin(b"abc", "<f4")), "bad_features"),
+    "bin_f4_of_6_bytes": (_base(input=_bin(bytes(6), "<f4")), "bad_features"),
+    "bin_f4_of_10_bytes": (_base(input=_bin(bytes(10), "<f4")), "bad_features"),
     "text_empty": (_base(input={"kind": "text", "text": ""}), "bad_text"),
     "text_int": (_base(input={"kind": "text", "text": 5}), "bad_text"),
     "image_jpeg": (_base(input={"kind": "image", "format": "jpeg", "data": PNG}), "bad_image_format"),
@@ -217,12 +256,31 @@ def test_invalid_requests_get_their_reason(name: str) -> None:
     assert info.value.detail
 
 
+# Schema-valid, refused by the parser: JSON Schema cannot see the floats inside the bytes.
+NON_FINITE_BIN: dict[str, dict[str, Any]] = {
+    "bin_f8_nan": _base(input=_bin(_NAN_F8)),
+    "bin_f8_inf": _base(input=_bin([1.0, -np.inf])),
+    "bin_f4_nan_payload": _base(input=_bin(b"\x01\x00\xc0\x7f", "<f4")),
+    "bin_f4_inf": _base(input=_bin([np.inf], "<f4")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NON_FINITE_BIN))
+def test_non_finite_binary_features_are_refused(name: str) -> None:
+    raw = _raw(NON_FINITE_BIN[name])
+    assert _schema_valid(raw), "corpus error: the schema cannot see the values"
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(raw)
+    assert info.value.reason == "non_finite_feature"
+
+
 def test_parsed_fields_are_typed() -> None:
     req = parse_request(_raw(VALID["add_image"]))
     assert isinstance(req.input, ImageInput) and req.input.data.startswith(b"\x89PNG")
     req = parse_request(_raw(VALID["add_features_ints"]))
-    assert isinstance(req.input, FeaturesInput) and req.input.values == (1.0, 0.0, -1.0, 0.5)
-    assert all(type(v) is float for v in req.input.values)
+    assert isinstance(req.input, FeaturesInput) and req.input.dtype is None and req.input.kind == "features"
+    assert req.input.values.dtype == np.float64 and req.input.values.tolist() == [1.0, 0.0, -1.0, 0.5]
+    assert not req.input.values.flags.writeable
     assert parse_request(_raw(VALID["add_label_float_integral"])).label == 4
     assert parse_request(_raw(VALID["add_vector_label"])).label == (0.1, -2.5, 3.0)
     req = parse_request(_raw(VALID["delete_subject"]))
@@ -237,7 +295,8 @@ _json_scalars = (
     | st.integers(min_value=-(2**63), max_value=2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6)
-    | st.sampled_from(["add", "delete", "delete_subject", "features", "text", "image", "png", "QUJD", "", "x" * 257])
+    | st.sampled_from(["add", "delete", "delete_subject", "features", "features_bin", "text", "image", "png", "QUJD",
+                       "", "x" * 257, "<f4", "<f8", ">f4", "AAAAAA==", "AAAAAAAAAAA=", "AAAAAAAAAAAAAAAAAAAAAAAA"])
 )
 _json_values = st.recursive(
     _json_scalars,
@@ -245,7 +304,7 @@ _json_values = st.recursive(
     max_leaves=6,
 )
 _FIELDS = ["schema", "event_id", "op", "head_id", "client_id", "subject_id", "sample_id", "label", "input", "ts", "zz"]
-_INPUT_FIELDS = ["kind", "values", "text", "format", "data", "zz"]
+_INPUT_FIELDS = ["kind", "values", "text", "format", "data", "dtype", "zz"]
 
 
 @st.composite
@@ -268,7 +327,7 @@ def _mutated_request(draw: st.DrawFn) -> Any:
     return doc
 
 
-_DONORS = list(VALID.values())
+_DONORS = list(VALID.values()) + list(NON_FINITE_BIN.values())
 _INPUT_DONORS = [d["input"] for d in VALID.values() if "input" in d]
 
 
@@ -282,6 +341,9 @@ def test_parser_agrees_with_json_schema_on_generated_documents(doc: Any) -> None
     except InvalidRequest as exc:
         ok = False
         assert _known_reason(exc.reason), exc.reason
+        if exc.reason == "non_finite_feature":  # NaN/inf bytes in features_bin: the schema cannot see them
+            assert _schema_valid(raw), doc
+            return
     assert ok == _schema_valid(raw), (doc, ok)
 
 
@@ -294,6 +356,38 @@ def test_arbitrary_bytes_never_crash_the_parser(raw: bytes) -> None:
         assert _known_reason(exc.reason)
 
 
+def test_binary_features_parse_to_the_values_sent() -> None:
+    x = np.random.default_rng(5).normal(size=768)
+    for dtype, want in (("<f8", x), ("<f4", x.astype(np.float32))):
+        doc = _base(input=_bin(x, dtype))
+        req = parse_request(_raw(doc))
+        assert isinstance(req.input, FeaturesInput) and req.input.dtype == dtype and req.input.kind == "features"
+        assert req.input.values.dtype == want.dtype and np.array_equal(req.input.values, want)
+        assert not req.input.values.flags.writeable  # a view of the decoded bytes, not a copy
+        assert orjson.loads(encode_request(req))["input"] == doc["input"]  # the same bytes back
+    # float64 bytes carry exactly what JSON numbers carry
+    as_json = parse_request(_raw(_base(input={"kind": "features", "values": x.tolist()})))
+    as_bin = parse_request(_raw(_base(input=_bin(x))))
+    assert isinstance(as_json.input, FeaturesInput) and isinstance(as_bin.input, FeaturesInput)
+    assert as_json.input.values.tobytes() == as_bin.input.values.tobytes()
+    assert as_json != as_bin  # same values, different wire encodings
+
+
+def test_features_input_is_an_immutable_value() -> None:
+    src = np.array([0.5, -0.0, 2.0])
+    a = FeaturesInput(src)
+    src[0] = 9.0  # the caller's array is copied
+    assert a.values.tolist() == [0.5, 0.0, 2.0] and not a.values.flags.writeable
+    assert a == FeaturesInput([0.5, 0.0, 2]) and hash(a) == hash(FeaturesInput((0.5, 0.0, 2.0)))
+    assert a != FeaturesInput([0.5, 0.0, 2.0], "<f8") and a != FeaturesInput([0.5, 0.0])
+    f4 = FeaturesInput([0.1, 1e39], "<f4")  # float64 -> float32: rounded; out of range -> inf
+    assert f4.values.dtype == np.float32 and f4.values[0] == np.float32(0.1) and np.isinf(f4.values[1])
+    for bad, reason in ((np.zeros((2, 2)), "bad_features"), (["x"], "bad_features"), ([1.0], "bad_features_dtype")):
+        with pytest.raises(InvalidRequest) as info:
+            FeaturesInput(bad, ">f4" if reason == "bad_features_dtype" else None)  # type: ignore[arg-type]
+        assert info.value.reason == reason
+
+
 def test_encode_rejects_what_json_cannot_carry() -> None:
     add = dict(event_id="e", op="add", head_id="h", client_id="c", subject_id="s", sample_id="x")
     with pytest.raises(InvalidRequest) as info:
@@ -304,6 +398,13 @@ def test_encode_rejects_what_json_cannot_carry() -> None:
     assert info.value.reason == "non_finite_feature"
     # finite values whose sum overflows are fine
     encode_request(Request(**add, label=1, input=FeaturesInput([1e308, 1e308])))
+    for dtype in ("<f4", "<f8"):  # binary could carry it: refused at the source all the same
+        with pytest.raises(InvalidRequest) as info:
+            encode_request(Request(**add, label=1, input=FeaturesInput([0.1, math.nan], dtype)))
+        assert info.value.reason == "non_finite_feature"
+        with pytest.raises(InvalidRequest) as info:
+            encode_request(Request(**add, label=1, input=FeaturesInput([], dtype)))
+        assert info.value.reason == "bad_features"
     with pytest.raises(InvalidRequest) as info:
         encode_request(Request(**add, label=(0.5, math.inf), input=TextInput("t")))
     assert info.value.reason == "non_finite_label"
@@ -335,20 +436,27 @@ def _receipt(**changes: Any) -> dict[str, Any]:
     return d
 
 
+V1 = "unlearn.receipt/v1"
 RECEIPTS_VALID = [
     _receipt(),
     _receipt(sample_ids=[]),
     _receipt(head_version=0, ts=0),
     _receipt(retained_hash="cd" * 32),
-    receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3"], 3, DIGEST, 1.0, retained_hash="01" * 32)),
+    _receipt(digest=_DROP),  # v2: the ledger worker writes no digest
+    _receipt(digest=_DROP, retained_hash="cd" * 32),
+    receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3"], 3, None, 1.0, retained_hash="01" * 32)),
     receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
+    _receipt(schema=V1),  # receipts written before v2 still decode
+    _receipt(schema=V1, retained_hash="cd" * 32),
+    {**receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", [], "r", 5.0)), "schema": V1},
 ]
 RECEIPTS_INVALID = [
-    _receipt(schema="unlearn.receipt/v2"),
+    _receipt(schema="unlearn.receipt/v3"),
     _receipt(status="pending"),
     _receipt(digest="AB" * 32),
     _receipt(digest="ab" * 31),
     _receipt(digest=DIGEST + "\n"),
+    _receipt(digest=None),  # absent when not carried, never null
     _receipt(head_version=-1),
     _receipt(head_version=_DROP),
     _receipt(reason="why"),
@@ -362,20 +470,28 @@ RECEIPTS_INVALID = [
     _receipt(retained_hash="cd" * 31),
     _receipt(retained_hash=None),  # absent when unknown, never null
     _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", retained_hash="cd" * 32),
+    _receipt(status="rejected", head_version=_DROP, reason="r"),  # a digest on a rejected receipt
+    _receipt(schema=V1, digest=_DROP),  # v1 requires the digest
+    _receipt(schema=V1, digest=_DROP, retained_hash="cd" * 32),
 ]
+
+
+def _schema_of(doc: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    """The JSON Schema a receipt claims (v2 for anything else: it refuses other versions)."""
+    return RECEIPT_V1 if doc.get("schema") == V1 else RECEIPT_V2
 
 
 @pytest.mark.parametrize("doc", RECEIPTS_VALID)
 def test_valid_receipts_round_trip_and_match_schema(doc: dict[str, Any]) -> None:
-    assert RECEIPT_V.is_valid(doc)
+    assert _schema_of(doc).is_valid(doc)
     r = decode_receipt(orjson.dumps(doc))
     assert decode_receipt(encode_receipt(r)) == r
-    assert RECEIPT_V.is_valid(orjson.loads(encode_receipt(r)))
+    assert RECEIPT_V2.is_valid(orjson.loads(encode_receipt(r)))  # encoders write v2, readers take both
 
 
 @pytest.mark.parametrize("doc", RECEIPTS_INVALID)
 def test_invalid_receipts_are_rejected_like_the_schema(doc: dict[str, Any]) -> None:
-    assert not RECEIPT_V.is_valid(doc)
+    assert not RECEIPT_V1.is_valid(doc) and not RECEIPT_V2.is_valid(doc)
     with pytest.raises(CodecError):
         decode_receipt(orjson.dumps(doc))
 
@@ -426,4 +542,5 @@ def test_schema_files_are_valid_draft_2020_12() -> None:
         schema = orjson.loads(path.read_bytes())
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         jsonschema.Draft202012Validator.check_schema(schema)
-        assert re.fullmatch(r"unlearn\.[a-z]+/v1", schema["title"])
+        name, version = re.fullmatch(r"([a-z-]+)\.(v[0-9]+)\.schema\.json", path.name).groups()  # type: ignore[union-attr]
+        assert schema["title"] == f"unlearn.{name}/{version}"

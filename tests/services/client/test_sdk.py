@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from unlearn.infra.settings import Settings
 from unlearn.schemas import SCHEMA_DIR
+from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt, encode_receipt
 
 D = 5
@@ -48,18 +49,12 @@ def features(seed: int, n: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, D))
 
 
-def head_digest_at(settings: Settings, head: str, version: int) -> str:
-    """The digest the head published at ``version`` (read straight off the heads family)."""
-    from unlearn.infra.topic_family import heads_family
-    from unlearn.infra.topic_reader import keys_in, read_topic
-    from unlearn.schemas.head_codec import decode_head
+def exact_head_from(settings: Settings, head: str, version: int) -> HeadUpdate:
+    """The head's first exact update at ``version`` or later: a receipt names the version that
+    applied its delete; head updates are coalesced per poll, and only exact ones carry a digest."""
+    from unlearn.services.client.head_reader import wait_for_head
 
-    for r in read_topic(settings, heads_family(settings.topic_prefix), keep=keys_in([head]), timeout=30):
-        assert r.value is not None
-        h = decode_head(r.value)
-        if h.version == version:
-            return h.digest
-    raise AssertionError(f"head {head!r} never published version {version}")
+    return wait_for_head(settings, head, lambda u: u.version >= version and u.mode == "exact", timeout=60)
 
 
 # --------------------------------------------------------------------------- an app from the schema alone
@@ -69,11 +64,11 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
     import jsonschema
 
     from unlearn.features.contract import quantize_feature_row
-    from unlearn.ledger import ExactLedger
+    from unlearn.ledger import ExactLedger, MultisetHash
 
     s = pipeline
     request_schema = json.loads((SCHEMA_DIR / "request.v1.schema.json").read_text())
-    receipt_schema = json.loads((SCHEMA_DIR / "receipt.v1.schema.json").read_text())
+    receipt_schema = json.loads((SCHEMA_DIR / "receipt.v2.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(request_schema)
     F = features(1, 4)
     labels = [0, 1, 2, 1]
@@ -112,12 +107,16 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
     assert receipt is not None, "no receipt within 120 s"
     jsonschema.Draft202012Validator(receipt_schema).validate(receipt)
     assert receipt["status"] == "applied" and receipt["sample_ids"] == ["a1"] and receipt["subject_id"] == "alice"
-    # the receipt's digest is the exact ledger of what is retained: anyone can recompute it
+    # the receipt's retained-rows hash, and the exact head's digest at that version, are those of
+    # what is retained: anyone can recompute them
     Q = np.stack([quantize_feature_row(F[i], s.frac_bits) for i in (0, 2, 3)])
+    y = np.array([labels[i] for i in (0, 2, 3)])
     ref = ExactLedger(D, 3)
-    ref.add(Q, np.array([labels[i] for i in (0, 2, 3)]))
-    assert receipt["digest"] == ref.digest()
-    assert head_digest_at(s, "plain", receipt["head_version"]) == receipt["digest"]
+    ref.add(Q, y)
+    assert "digest" not in receipt and receipt["retained_hash"] == MultisetHash.of_rows(Q, y).fingerprint()
+    head = exact_head_from(s, "plain", receipt["head_version"])
+    assert head.version == receipt["head_version"]  # nothing came after the delete
+    assert head.digest == ref.digest() and head.retained_hash == receipt["retained_hash"]
 
 
 # --------------------------------------------------------------------------- the SDK
@@ -143,8 +142,59 @@ def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
     assert r1.status == "applied" and r1.sample_ids == ("x0",) and r1.head_id == "sdk"
     assert rs.status == "applied" and sorted(rs.sample_ids) == ["x1", "x3", "x5"] and rs.subject_id == "u1"
     assert rg.status == "rejected" and rg.reason == "unknown_sample" and rg.head_version is None
-    for r in (r1, rs):
-        assert head_digest_at(s, "sdk", r.head_version) == r.digest
+    assert r1.digest is None and rs.digest is None  # exact head updates carry the digest
+    last = max(r1, rs, key=lambda r: r.head_version or 0)
+    head = exact_head_from(s, "sdk", last.head_version or 0)
+    assert head.version == last.head_version and head.retained_hash == last.retained_hash is not None
+
+
+def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Settings) -> None:
+    """The same vectors through the real pipeline as JSON numbers, as features_bin '<f8' (the
+    client's default here) and '<f4' (per call): '<f8' gives the featurizer's rows and the
+    ledger's digest of JSON numbers bit for bit; '<f4' those of the float32-rounded vectors."""
+    from unlearn.features.contract import quantize_feature_row
+    from unlearn.infra.topic_reader import keys_in, read_topic
+    from unlearn.ledger import ExactLedger
+    from unlearn.schemas.delta_codec import RowsEntry, decode_delta
+    from unlearn.services.client.head_reader import wait_for_head
+    from unlearn.services.client.sdk import UnlearnClient
+
+    s = pipeline
+    F = np.random.default_rng(9).normal(size=(5, 768))
+    labels = [0, 1, 2, 1, 0]
+    heads = {"enc-json": "json", "enc-f64": None, "enc-f32": "f32"}  # None: the client's encoding
+    with pytest.raises(ValueError, match="features_encoding"):
+        UnlearnClient(s, features_encoding="f16")  # type: ignore[arg-type]
+    with UnlearnClient(s, client_id="enc-test", features_encoding="f64") as client:
+        deletes = {}
+        for head, enc in heads.items():
+            for i in range(5):
+                client.add(head, "u", f"x{i}", labels[i], features=F[i], features_encoding=enc)  # type: ignore[arg-type]
+            deletes[head] = client.delete(head, "x1", "u")
+        receipts = {head: h.wait_receipt(120) for head, h in deletes.items()}
+    rows: dict[str, dict[str, np.ndarray]] = {head: {} for head in heads}
+    for r in read_topic(s, s.topic("deltas"), keep=keys_in(heads), timeout=30):
+        assert r.value is not None
+        delta = decode_delta(r.value)
+        for e in delta.entries:
+            assert isinstance(e, RowsEntry)
+            if e.sign > 0:
+                rows[delta.head_id].update(zip(e.sample_ids, e.q, strict=True))
+    for head in heads:
+        assert sorted(rows[head]) == [f"x{i}" for i in range(5)]
+        assert receipts[head].status == "applied"
+    for i in range(5):
+        np.testing.assert_array_equal(rows["enc-f64"][f"x{i}"], rows["enc-json"][f"x{i}"])
+        np.testing.assert_array_equal(rows["enc-json"][f"x{i}"], quantize_feature_row(F[i], s.frac_bits))
+        np.testing.assert_array_equal(rows["enc-f32"][f"x{i}"],
+                                      quantize_feature_row(F[i].astype(np.float32), s.frac_bits))
+    # the ledger: the same retained-rows hash on the receipts, the same digest on the exact heads
+    assert receipts["enc-json"].retained_hash == receipts["enc-f64"].retained_hash != receipts["enc-f32"].retained_hash
+    kept = [0, 2, 3, 4]
+    for head, X in (("enc-json", F), ("enc-f64", F), ("enc-f32", F.astype(np.float32))):
+        ref = ExactLedger(768, 3)
+        ref.add(np.stack([quantize_feature_row(X[i], s.frac_bits) for i in kept]), np.array([labels[i] for i in kept]))
+        wait_for_head(s, head, lambda u, ref=ref: u.mode == "exact" and u.digest == ref.digest(), timeout=60)
 
 
 def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -> None:

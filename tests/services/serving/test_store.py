@@ -3,6 +3,8 @@ and the posterior of the last exact head carries variance across fast updates.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tests.services.serving.support import D, make_head
@@ -50,6 +52,20 @@ def test_store_order_is_head_update_supersedes() -> None:
             store = HeadStore()
             store.offer(cur)
             assert (store.offer(new) == "accepted") == new.supersedes(cur)
+
+
+def test_a_fast_head_without_a_digest_is_served_with_a_null_digest() -> None:
+    """Fast head updates carry no ledger digest (it is computed at resets): serving shows null and
+    still names the digest of the exact head whose posterior gives the variance."""
+    store = HeadStore()
+    e1 = make_head(1, "exact", 1)
+    bare = replace(make_head(2, "fast", 2), digest=None)
+    assert store.offer(e1) == "accepted" and store.offer(bare) == "accepted"
+    sh = store.get("h")
+    assert sh is not None and sh.summary()["digest"] is None
+    out = predict(sh, np.zeros((1, D)))
+    assert out["digest"] is None and out["mode"] == "fast"
+    assert out["variance"]["posterior_digest"] == e1.digest and out["variance"]["posterior_version"] == 1
 
 
 def test_posterior_of_another_dimension_is_not_carried_over() -> None:

@@ -128,49 +128,55 @@ def records_of(msgs: list[tuple[bytes | None, bytes]]) -> list[LogRecord]:
 
 
 def head_update(rt: HeadRuntime, mode: str | None = None) -> HeadUpdate:
-    """What LedgerProcessor.head_update publishes."""
+    """What LedgerWorker.head_update publishes (the digest on exact updates only)."""
     mode = mode or rt.mode
-    return HeadUpdate(rt.head_id, rt.version, mode, rt.digest(), rt.ledger.count, rt.events_covered,
-                      ((rt.input_partition, rt.applied_offset),), float(rt.last_reset_drift), rt.config.gamma,
-                      time.time(), rt.weights.copy(),
+    return HeadUpdate(rt.head_id, rt.version, mode, rt.digest() if mode == "exact" else None, rt.ledger.count,
+                      rt.events_covered, ((rt.input_partition, rt.applied_offset),), float(rt.last_reset_drift),
+                      rt.config.gamma, time.time(), rt.weights.copy(),
                       rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash())
 
 
 def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),
-             final_reset: bool = False) -> tuple[list[HeadUpdate], HeadRuntime, list[str]]:
+             final_reset: bool = False, poll: int = 1) -> tuple[list[HeadUpdate], HeadRuntime, list[str]]:
     """The live ledger processor's decisions (HeadRuntime), with a timer reset after the given
     versions (and at the end): the head updates it would publish and the rejection reasons."""
-    ups, rt, reasons, _ = simulate_with_receipts(records, head_id, timer_resets, final_reset)
+    ups, rt, reasons, _ = simulate_with_receipts(records, head_id, timer_resets, final_reset, poll)
     return ups, rt, reasons
 
 
 def simulate_with_receipts(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),
-                           final_reset: bool = False
+                           final_reset: bool = False, poll: int = 1
                            ) -> tuple[list[HeadUpdate], HeadRuntime, list[str], list[Receipt]]:
-    """``simulate``, and the applied receipts the worker would publish (LedgerWorker._publish)."""
+    """``simulate``, and the applied receipts the worker would publish (LedgerWorker._publish_poll):
+    ``poll`` records per consume call, each poll coalesced into one head update."""
     rt: HeadRuntime | None = None
     ups: list[HeadUpdate] = []
     reasons: list[str] = []
     receipts: list[Receipt] = []
-    for r in records:
-        if r.key and r.key != head_id.encode():
-            continue
-        try:
-            delta = decode_delta(r.value)
-        except CodecError:
-            continue
-        if rt is None:
-            if not any(e.sign > 0 for e in delta.entries):
-                reasons += ["unknown_head"] * len(delta.entries)
+    for start in range(0, len(records), poll):
+        outcomes = []
+        for r in records[start:start + poll]:
+            if r.key and r.key != head_id.encode():
                 continue
-            rt = HeadRuntime.new(head_id, delta, CFG)
-        out = rt.apply(delta, r.offset, r.partition)
-        if out.skipped:
+            try:
+                delta = decode_delta(r.value)
+            except CodecError:
+                continue
+            if rt is None:
+                if not any(e.sign > 0 for e in delta.entries):
+                    reasons += ["unknown_head"] * len(delta.entries)
+                    continue
+                rt = HeadRuntime.new(head_id, delta, CFG)
+            out = rt.apply(delta, r.offset, r.partition)
+            if not out.skipped:
+                reasons += [x.reason for x in out.rejections]
+                outcomes.append(out)
+        if rt is None or not outcomes:
             continue
-        reasons += [x.reason for x in out.rejections]
+        rt.sync()
         ups.append(head_update(rt))
-        receipts += [Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, rt.version, rt.digest(), 1.0,
-                                     retained_hash=rt.retained_hash()) for d in out.deletes]
+        receipts += [Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, out.version, None, 1.0,
+                                     retained_hash=out.retained_hash) for out in outcomes for d in out.deletes]
         if rt.version in timer_resets and rt.mode == "fast":
             rt.reset("timer")
             ups.append(head_update(rt))

@@ -40,21 +40,36 @@ def test_a_ghost_delete_the_ledger_accepts_is_flagged() -> None:
 
 
 def test_fast_latest_head_is_checked_at_the_latest_exact_version() -> None:
-    b = anomalous_stream(seed=2, n_msgs=20)
+    """A fast live head carries no digest: live_digest checks the latest exact update's digest
+    against the replay at its version, and the live retained-rows hash at the live version."""
+    b = anomalous_stream(seed=2, n_msgs=20, d=24)  # rows per poll < d / 2: the fast head follows
     recs = records_of(b.msgs)
-    ups, _rt, _ = simulate(recs, "h")
-    assert ups[-1].mode == "fast"  # reset_every=7: exact updates exist mid-stream
+    ups, _rt, _ = simulate(recs, "h", poll=2)
+    assert ups[-1].mode == "fast" and ups[-1].digest is None  # reset_every=7: exact updates mid-stream
     exact = [u for u in ups if u.mode == "exact"]
-    assert exact
+    assert exact and all(u.digest is not None for u in exact)
     cert = verify(recs, ups, "h", orders=1, partitionings=1, seed=1)
     assert cert.ok, cert.summary()
     canon = next(c for c in cert.checks if c.name == "canonical_head")
     assert canon.status == "pass" and canon.data["version"] == exact[-1].version
     assert "fast" in canon.detail
+    live = next(c for c in cert.checks if c.name == "live_digest")
+    assert live.status == "pass" and live.data["exact_version"] == exact[-1].version
+    assert "latest exact update" in live.detail and "retained-rows hash" in live.detail
+    # a forged fast head (its hash) or a forged exact digest below it fails the check
+    cert = verify(recs, [*ups[:-1], _forge(ups[-1], retained_hash="1" * 64)], "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "fail"
+    forged = [_forge(u, digest="0" * 64) if u is exact[-1] else u for u in ups]
+    cert = verify(recs, forged, "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "fail" and status(cert, "canonical_head") == "fail"
     # without any exact update the canonical check is reported as not checkable
     only_fast = [u for u in ups if u.mode == "fast"]
     cert = verify(recs, only_fast, "h", orders=1, partitionings=0, seed=1)
-    assert status(cert, "canonical_head") == "skipped" and cert.ok
+    assert status(cert, "canonical_head") == "skipped" and status(cert, "live_digest") == "pass" and cert.ok
+    # and with neither a digest nor a hash on the live head, live_digest cannot vouch for content
+    bare = [_forge(u, retained_hash=None) for u in only_fast]
+    cert = verify(recs, bare, "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "live_digest") == "skipped"
 
 
 def test_tampering_is_detected() -> None:

@@ -107,7 +107,8 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     out = tmp_path / "h.uldx"
     assert export_deltas_main([*common, "--head", "h", "--out", str(out)]) == 0
     info = orjson.loads(capsys.readouterr().out)
-    assert info["deltas"] == sum(1 for k, _ in b.msgs if k == b"h") and info["heads"] >= rt.version
+    # one head update per poll (coalescing), so at least one, and the receipts of every delete
+    assert info["deltas"] == sum(1 for k, _ in b.msgs if k == b"h") and info["heads"] >= 1
     assert info["receipts"] >= retained["compared"]["receipts"]  # rejected receipts too
     assert verify_main(["--deltas-file", str(out), "--json", "--seed", "3"]) == 0
     offline = orjson.loads(capsys.readouterr().out)

@@ -169,6 +169,30 @@ def test_adds_give_rows_equal_to_quantizer_on_l2_normalized_inputs() -> None:
     np.testing.assert_array_equal(quantize_feature_row(X[0], K), expected[0])
 
 
+def test_binary_features_give_the_rows_of_their_values_and_share_a_head_with_json() -> None:
+    """features_bin '<f8' gives the rows JSON numbers give; '<f4' the rows of its float32 values;
+    all three encodings feed one head (its input kind is ``features``); bad bytes are refused."""
+    X = np.random.default_rng(7).normal(size=(6, 768))
+    adds = []
+    for i in range(6):
+        dtype = (None, "<f8", "<f4")[i % 3]
+        adds.append(encode_request(Request(f"e{i}", "add", "h", "c1", "s", f"x{i}", i % 2, FeaturesInput(X[i], dtype))))
+    nan = encode_request(Request("e-nan", "add", "h", "c1", "s", "x-nan", 0, FeaturesInput(X[0], "<f8")))
+    nan = nan.replace(orjson.loads(nan)["input"]["data"][:12].encode(), b"AAAAAAAA+H8A")  # first value: a NaN
+    short = raw(event_id="e-short", op="add", head_id="h", client_id="c1", subject_id="s", sample_id="x-short",
+                label=0, input={"kind": "features_bin", "dtype": "<f8", "data": "AAAAAAAA4D8AAAA="})
+    out = featurize_batch(batch(*adds, nan, short), MemCache(), cfg(), no_encoder)
+    assert out.accepted == 6 and out.reasons() == {"non_finite_feature": 1, "bad_features": 1}
+    (delta,) = out.deltas
+    (entry,) = delta.entries
+    assert isinstance(entry, RowsEntry)
+    want = [ref_q(X[i].astype(np.float32) if i % 3 == 2 else X[i]) for i in range(6)]
+    np.testing.assert_array_equal(entry.q, np.stack(want))
+    assert out.mutations.put_heads == (HeadInfo("h", "features", "features", 768, "class", 0, K, 0),)
+    # float32 rounding moves q: the '<f4' row is not the float64 vector's
+    assert not np.array_equal(entry.q[2], ref_q(X[2]))
+
+
 def test_delete_and_delete_subject_use_the_cached_q_and_label() -> None:
     cache = MemCache()
     cache.heads["h"] = HeadInfo("h", "features", "features", 3, "class", 0, K, 0)

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
+from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, relative_deviation, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime, parse_source_id
 from unlearn.streams.ledger.snapshot import (
@@ -75,9 +75,11 @@ def test_non_member_delete_leaves_state_unchanged() -> None:
     head = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
     small = (Q[:3] // 1000).astype(np.int64)
     head.apply(Delta("h", "x", 6, 30, 0, (rows(+1, small, y[:3], "a"),)), 0, 0)
+    head.sync()
     digest, W = head.ledger.digest(), head.weights.copy()
     out = head.apply(Delta("h", "x", 6, 30, 0, (rows(-1, Q[5:6], y[5:6], "z"),)), 1, 0)
     assert [r.reason for r in out.rejections] == ["non_member_delete"]
+    assert head.sync() == ""
     assert head.ledger.digest() == digest and np.array_equal(head.weights, W)
 
 
@@ -101,7 +103,103 @@ def test_packed_and_rows_give_the_same_digest() -> None:
                              ExactLedger.from_rows(Q[:7], y[:7]).to_bytes())
     b.apply(Delta("h", "site", 6, 30, 0, (packed_add, packed_del)), 0, 0)
     assert a.ledger.digest() == b.ledger.digest()
+    assert b.sync() == "packed statistics"  # statistics, no rows: the fast head resets
     assert b.mode == "exact" and np.array_equal(b.weights, solve_head(b.ledger, 1.0))
+
+
+# --------------------------------------------------------------------------- coalescing
+def stream(n_msgs: int, d: int, seed: int) -> list[Delta]:
+    """Messages of 1-3 adds, most with a delete of 1-2 retained rows (a delete_subject-like group)."""
+    rng = np.random.default_rng(seed)
+    Q, y = data(4 * n_msgs, d, seed)
+    live: list[int] = []
+    out: list[Delta] = []
+    nxt = 0
+    for m in range(n_msgs):
+        k = int(rng.integers(1, 4))
+        entries = [rows(+1, Q[nxt:nxt + k], y[nxt:nxt + k], f"a{m}-")]
+        live += range(nxt, nxt + k)
+        nxt += k
+        if len(live) > 4 and rng.random() < 0.7:
+            gone = [live.pop(int(rng.integers(len(live)))) for _ in range(int(rng.integers(1, 3)))]
+            entries.append(RowsEntry(-1, [f"d{m}"] * len(gone), [f"s{i}" for i in gone], ["u"] * len(gone),
+                                     y[gone], Q[gone]))
+        out.append(Delta("h", f"requests/0@{m}", d, 30, 0, tuple(entries)))
+    return out
+
+
+def run_polls(msgs: list[Delta], sizes: list[int]) -> tuple[HeadRuntime, list[tuple[int, str | None]], list[str]]:
+    """The worker's loop on one head: each poll applies its messages, then syncs once. Returns the
+    head, the (version, retained_hash) its applied deletes' receipts name, and the sync reasons."""
+    head = HeadRuntime.new("h", msgs[0], CFG)
+    named: list[tuple[int, str | None]] = []
+    reasons: list[str] = []
+    i = 0
+    for size in sizes:
+        for off, m in enumerate(msgs[i:i + size], start=i):
+            out = head.apply(m, off, 0)
+            named += [(out.version, out.retained_hash) for _ in out.deletes]
+        reasons.append(head.sync())
+        i += size
+    assert i >= len(msgs)
+    return head, named, reasons
+
+
+def test_receipts_and_versions_do_not_depend_on_poll_boundaries() -> None:
+    """Each message is one version of the exact ledger and the multiset hash, whatever the polls:
+    receipts name the version that applied the delete and its retained hash, identical across
+    runs with different poll boundaries; only the fast W may round differently."""
+    d = 40
+    msgs = stream(60, d, seed=1)
+    one, named_one, _ = run_polls(msgs, [1] * 60)
+    rng = np.random.default_rng(2)
+    sizes = [int(x) for x in rng.integers(1, 5, 40)]
+    many, named_many, reasons = run_polls(msgs, sizes)
+    assert named_one == named_many and named_one and all(h is not None for _, h in named_one)
+    assert one.version == many.version == 60 and one.ledger.digest() == many.ledger.digest()
+    assert one.retained_hash() == many.retained_hash()
+    # the receipt's hash is that of the version it names, not of the last one in its poll
+    published = set(np.cumsum(sizes).tolist())  # one head update per poll: its last version
+    assert any(v not in published for v, _ in named_many)
+    assert "" in reasons and many.mode == "fast"  # the fast head followed once per poll...
+    W = solve_head(many.ledger, CFG.gamma)
+    assert relative_deviation(many.weights, W) < 1e-9  # ... and stays close to the canonical head
+    many.reset("timer")
+    one.reset("timer")
+    assert np.array_equal(many.weights, W) and np.array_equal(one.weights, W)  # exact: bit for bit
+
+
+def test_sync_resets_when_rows_reach_half_the_dimension() -> None:
+    """A poll with at least d / 2 rows resets (cheaper than an SMW update of that rank); fewer
+    rows take one tracker update. Either way the ledger took every message on its own."""
+    d = 12
+    Q, y = data(40, d)
+    head = HeadRuntime.new("h", Delta("h", "x", d, 30, 0, ()), CFG)
+    head.apply(Delta("h", "x", d, 30, 0, (rows(+1, Q[:3], y[:3], "a"),)), 0, 0)
+    head.apply(Delta("h", "x", d, 30, 0, (rows(+1, Q[3:5], y[3:5], "b"),)), 1, 0)
+    assert head.sync() == "" and head.mode == "fast" and head.version == 2
+    for i in range(3):
+        head.apply(Delta("h", "x", d, 30, 0, (rows(+1, Q[5 + 2 * i:7 + 2 * i], y[5 + 2 * i:7 + 2 * i], f"c{i}"),)),
+                   2 + i, 0)
+    assert head.sync() == "coalesced 6 rows" and head.mode == "exact" and head.version == 5
+    assert np.array_equal(head.weights, solve_head(ExactLedger.from_rows(Q[:11], y[:11]), CFG.gamma))
+    assert head.sync() == "" and head.mode == "exact"  # nothing new: the head stays canonical
+
+
+def test_drift_checks_run_when_coalesced_updates_pass_a_multiple() -> None:
+    """A sync can add two tracker updates (its adds, then its deletes): the drift check runs when
+    the count passes a multiple of 64, not only when it lands on one."""
+    d = 12
+    Q, y = data(200, d)
+    cfg = HeadConfig(gamma=1.0, reset_every=1000, drift_threshold=-1.0)  # any estimate resets
+    head = HeadRuntime.new("h", Delta("h", "x", d, 30, 0, ()), cfg)
+    head.apply(Delta("h", "x", d, 30, 0, (rows(+1, Q[:1], y[:1], "a"),)), 0, 0)
+    reasons = [head.sync()]  # 1 update
+    for k in range(1, 40):  # then 2 per sync: 3, 5, ..., 63, 65
+        head.apply(Delta("h", "x", d, 30, 0, (rows(+1, Q[k:k + 1], y[k:k + 1], f"b{k}-"),
+                                              rows(-1, Q[k - 1:k], y[k - 1:k], f"d{k}-"))), k, 0)
+        reasons.append(head.sync())
+    assert reasons[:32] == [""] * 32 and reasons[32].startswith("drift estimate")
 
 
 def test_snapshot_pieces_round_trip_and_detect_mixing() -> None:

@@ -19,7 +19,8 @@ from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
-from unlearn.schemas.head_codec import decode_head
+from unlearn.schemas.head_codec import HeadUpdate, decode_head
+from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import read_heads, wait_for_head
 
 pytestmark = pytest.mark.broker
@@ -199,15 +200,21 @@ def test_a_recreated_deltas_topic_is_refused_with_a_clear_error(settings: Settin
 
 def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(settings: Settings,
                                                                          tmp_path: Path) -> None:
-    """Without ledger-state the worker replays deltas from offset 0: the same (version, digest,
-    retained hash) triples come out again, so a head version never names two ledgers."""
+    """Without ledger-state the worker replays deltas from offset 0, in other polls than the first
+    run: the same (version, digest, retained hash) triples come out again, so a head version never
+    names two ledgers, and the re-issued receipts name the same versions and hashes."""
     s = worker_settings(settings, tmp_path)
     stream = Stream(["q1", "q2"], d=5, seed=8)
+
+    def published() -> list[tuple[str, HeadUpdate]]:
+        return [(r.topic, decode_head(r.value or b"")) for r in read_topic(s, heads_family(s.topic_prefix))]
+
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
     try:
         produce(s, [stream.next_message() for _ in range(40)])
         assert_final_heads_exact(s, stream)
-        before = {h: (u.version, (u.digest, u.retained_hash)) for h, u in read_heads(s).items()}
+        before = {h: (u.version, u.digest, u.retained_hash) for h, u in read_heads(s).items()}
+        first = published()
     finally:
         assert worker.stop() == 0
     delete_topics(s, [t for t in prefixed_topics(s) if ".ledger-state." in t])
@@ -216,18 +223,35 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
     worker.start()
     try:
         worker.wait_for_log("unlearn ledger ready", timeout=60)
+        # the rebuild publishes each head's last version as exact (the timer resets a fast one)
+        old_topics = {t for t, _ in first}
+        deadline = time.monotonic() + 60
+        while not all(any((u.head_id, u.version, u.digest, u.retained_hash) == (h, *b)
+                          for t, u in published() if t not in old_topics) for h, b in before.items()):
+            assert time.monotonic() < deadline, "the rebuild did not publish the same exact versions"
+            time.sleep(0.5)
         produce(s, [stream.next_message() for _ in range(10)])
         assert_final_heads_exact(s, stream)
     finally:
         worker.stop()
 
-    digests: dict[tuple[str, int], set[tuple[str, str | None]]] = {}
-    for r in read_topic(s, heads_family(s.topic_prefix)):
-        u = decode_head(r.value or b"")
-        digests.setdefault((u.head_id, u.version), set()).add((u.digest, u.retained_hash))
-    assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests or hashes"
-    for h, (version, named) in before.items():
-        assert digests[(h, version)] == {named}
+    digests: dict[tuple[str, int], set[str]] = {}
+    hashes: dict[tuple[str, int], set[str | None]] = {}
+    for _, u in first + published():
+        hashes.setdefault((u.head_id, u.version), set()).add(u.retained_hash)
+        if u.digest is not None:  # exact updates carry it; fast ones need not
+            digests.setdefault((u.head_id, u.version), set()).add(u.digest)
+    assert all(len(d) == 1 for d in digests.values()), "a (head, version) pair named two digests"
+    assert all(len(h) == 1 for h in hashes.values()), "a (head, version) pair named two retained hashes"
+    # The replay from offset 0 polled other batches than the first run, and re-issued every
+    # receipt: each names the version of the message that applied its delete, so they agree.
+    named: dict[str, set[tuple[int | None, str | None]]] = {}
+    for r in read_topic(s, s.topic("receipts")):
+        rec = decode_receipt(r.value or b"")
+        assert rec.status == "applied" and rec.digest is None
+        named.setdefault(rec.event_id, set()).add((rec.head_version, rec.retained_hash))
+    assert named and all(len(v) == 1 for v in named.values()), "a replay issued a conflicting receipt"
+    assert all(None not in pair for v in named.values() for pair in v)  # a version and a hash, always
 
 
 def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Path) -> None:
@@ -241,7 +265,9 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
     try:
         for _ in range(3):
             worker.wait_for_log("unlearn ledger ready", timeout=60)  # a loaded box starts it slowly
-            produce(s, [stream.next_message() for _ in range(60)])
+            for _chunk in range(12):  # in small chunks: polls (one head update each) add up to a rotation
+                produce(s, [stream.next_message() for _ in range(5)])
+                time.sleep(0.25)
             time.sleep(float(rng.uniform(1.0, 3.0)))
             worker.kill9()
             worker.start()
@@ -263,13 +289,14 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
     family = heads_family(s.topic_prefix)
     heads_topics = family.select(prefixed_topics(s))
     assert len({family.parse(t)[0] for t in heads_topics}) == len(heads_topics), f"one per partition: {heads_topics}"
-    digests: dict[tuple[str, int], set[str]] = {}
+    digests: dict[tuple[str, int], set[str | None]] = {}
     for r in read_topic(s, family):
         u = decode_head(r.value or b"")
         digests.setdefault((u.head_id, u.version), set()).add(u.digest)
-    assert all(len(d) == 1 for d in digests.values()), "a republished update named another digest"
-    for h in stream.heads:  # what is left still holds every head, at its final version
-        assert max(v for (head, v) in digests if head == h) == stream.n_msgs[h]
+    assert all(len(d - {None}) <= 1 for d in digests.values()), "a republished update named another digest"
+    for h in stream.heads:  # what is left still holds every head, at its final version, with a digest
+        last = max(v for (head, v) in digests if head == h)
+        assert last == stream.n_msgs[h] and digests[(h, last)] - {None}
 
 
 def test_a_head_too_large_to_publish_is_dead_lettered_not_a_crash_loop(settings: Settings, tmp_path: Path) -> None:
