@@ -79,7 +79,7 @@ def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "broker": _broker_main,
     "topics": _lazy("unlearn.infra.topics", "topics_main"),
-    "featurizer": _lazy("unlearn.streams.featurizer.service", "featurizer_main"),
+    "featurizer": _lazy("unlearn.streams.featurizer.cli", "featurizer_main"),
     "ledger": _ledger_main,
     "serve": _lazy("unlearn.services.serving.cli", "serve_main"),
     "head": _lazy("unlearn.services.client.head_reader", "head_main"),

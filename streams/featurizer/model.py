@@ -306,3 +306,27 @@ class BatchOutcome:
         ]
         out += [OutMessage(config.receipts_topic, r.subject_id.encode(), encode_receipt(r)) for r in self.receipts]
         return out
+
+
+# --------------------------------------------------------------------------- service types
+FaultHook = Callable[[str], None]
+"""Test hook, called at "after_route" (forwarded records acknowledged, requests offsets not
+committed), "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else sent),
+"after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a crash at
+that point."""
+
+ReadyHook = Callable[[], object]
+"""Called once, after the first partition assignment is in place (caches opened, seeks done)."""
+
+
+class FeaturizerError(RuntimeError):
+    """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
+
+
+class DeliveryError(FeaturizerError):
+    """The broker did not acknowledge every outbox message (they stay in the outbox)."""
+
+
+class LostCacheError(FeaturizerError):
+    """A partition's cache (local and changelog) is empty but the group already committed offsets
+    for it."""

@@ -30,17 +30,13 @@ as the first copy, so the ledger skips a duplicate.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.head_registry import RegistryView
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
@@ -68,37 +64,21 @@ from unlearn.streams.featurizer.core import (
     featurize_batch,
 )
 from unlearn.streams.featurizer.heads import with_registry
+from unlearn.streams.featurizer.model import (
+    DeliveryError,
+    FaultHook,
+    FeaturizerError,
+    LostCacheError,
+    ReadyHook,
+)
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 
-__all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError", "featurizer_main"]
+__all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
 
 log = logging.getLogger("unlearn.featurizer")
 
 _STALE_FIX = ("move the data dir away to start over with an empty cache (and a fresh ledger), or point the featurizer "
               "at the broker and topics its cache came from")
-
-FaultHook = Callable[[str], None]
-"""Test hook, called at "after_route" (forwarded records acknowledged, requests offsets not
-committed), "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else sent),
-"after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a crash at
-that point."""
-
-ReadyHook = Callable[[], object]
-"""Called once, after the first partition assignment is in place (caches opened, seeks done)."""
-
-
-class FeaturizerError(RuntimeError):
-    """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
-
-
-class DeliveryError(FeaturizerError):
-    """The broker did not acknowledge every outbox message (they stay in the outbox)."""
-
-
-class LostCacheError(FeaturizerError):
-    """A partition's cache (local and changelog) is empty but the group already committed offsets
-    for it."""
-
 
 class FeaturizerService:
     """One featurizer process: a consumer group member on the requests topic (routing) and its
@@ -618,87 +598,3 @@ class FeaturizerService:
         remaining = self._producer.flush()
         if remaining or failures:
             raise DeliveryError(f"{remaining} message(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
-
-
-# --------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    """The ``unlearn featurizer`` options: the shared worker options (``add_worker_args``) plus the
-    featurizer's own."""
-    parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
-    add_worker_args(parser)
-    parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
-    parser.add_argument("--federated", action="store_true",
-                        help="data-owner site: send only packed exact statistics per micro-batch")
-    parser.add_argument("--client-id", help="federated: the one client id this site serves")
-    parser.add_argument("--requests-topic", help="full topic name to read (default: <prefix>requests)")
-    parser.add_argument("--max-batch", type=int, help="events per micro-batch (default: UNLEARN_BATCH_MAX_EVENTS)")
-    parser.add_argument("--max-ms", type=int, help="micro-batch time bound (default: UNLEARN_BATCH_MAX_MS)")
-    parser.add_argument("--device", help="auto | cpu | cuda[:N] (default: UNLEARN_DEVICE)")
-    return parser
-
-
-def featurizer_main(argv: Sequence[str] | None = None) -> int:
-    """``unlearn featurizer``: run until SIGINT/SIGTERM, then finish the current batch and exit 0.
-    Exit 2 for bad arguments, missing topics or an unavailable device (restarting will not help);
-    exit 1 for a fatal error at run time (restarting resumes from the cache)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:
-        return cli_exit_code(exc)
-    setup_logging(args.loglevel)
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        # Installed before the startup checks, so a stop request at any point ends cleanly.
-        def _on_signal(signum: int, _frame: object) -> None:
-            log.info("signal %d: finishing the current batch", signum)
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
-    try:
-        return _run_cli(args, stop)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
-    try:
-        settings = settings_from_args(args, device=args.device)
-    except ValueError as exc:
-        return cli_exit_code(exc)
-    try:
-        service = FeaturizerService(settings, group=args.group, federated=args.federated, client_id=args.client_id,
-                                    requests_topic=args.requests_topic, max_batch=args.max_batch,
-                                    max_ms=args.max_ms, device=args.device)
-        if service.device not in ("auto", "cpu"):
-            from unlearn.features.backbones import resolve_device
-
-            resolve_device(service.device)  # fail now, not on the first text/image request
-        from unlearn.infra.topics import wait_for_topics
-
-        # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
-        c = service.config
-        wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic,
-                                   c.registry_topic,
-                                   *([service.changelog_topic] if service.changelog_topic else [])])
-    except Exception as exc:  # bad arguments, missing topics, no CUDA: exit 2, a restart will not help
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if stop.is_set():
-        return 0
-    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.requests_topic,
-                                         routed_topic=service.topic, data_dir=str(settings.data_dir))
-    try:
-        return service.run(stop)
-    except StaleStateError as exc:  # a restart would not help: the operator must decide
-        log.error("featurizer stopped: %s", exc)
-        return 2
-    except Exception as exc:  # fatal: report and exit non-zero (a restart resumes from the cache)
-        log.error("featurizer failed: %s", exc, exc_info=True)
-        return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(featurizer_main())

@@ -347,7 +347,7 @@ def test_cli_exits_zero_on_sigterm_after_finishing(settings: Settings, tmp_path:
     produce(s, reqs)
     env = dict(os.environ, UNLEARN_TOPIC_PREFIX=s.topic_prefix, UNLEARN_PROFILE=s.profile,
                UNLEARN_DATA_DIR=str(tmp_path / "data"))
-    code = ("import sys; from unlearn.streams.featurizer.service import featurizer_main; "
+    code = ("import sys; from unlearn.streams.featurizer.cli import featurizer_main; "
             "sys.exit(featurizer_main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "--bootstrap", s.bootstrap, "--group", "fz-cli",
                              "--max-batch", "4", "--max-ms", "10", "--device", "cpu"],
@@ -413,7 +413,7 @@ def test_two_featurizers_rebalance_and_the_caches_move_with_the_partitions(setti
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
-    from unlearn.streams.featurizer.service import featurizer_main
+    from unlearn.streams.featurizer.cli import featurizer_main
 
     assert featurizer_main(["--no-such-flag"]) == 2
     assert featurizer_main(["--loglevel", "chatty"]) == 2
