@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 BrokerProfile = Literal["tansu", "kafka"]
+AuthMode = Literal["off", "signed"]
 
 
 def _env(name: str, default: str) -> str:
@@ -74,9 +75,13 @@ class Settings:
     auto_create_heads: bool = True  # UNLEARN_AUTO_CREATE_HEADS: an add to an undeclared head creates its contract
     default_classes: int = 100  # UNLEARN_DEFAULT_CLASSES: class count of an auto-created head's contract
     max_classes: int = 1024  # UNLEARN_MAX_CLASSES: most classes (or target width) a contract may declare
+    auth_mode: AuthMode = "off"  # UNLEARN_AUTH_MODE: off | signed (every request signed by a registered client)
+    auth_replay_window_seconds: float = 300.0  # UNLEARN_AUTH_REPLAY_WINDOW_SECONDS: |now - ts| bound, event ids kept
 
     # Client SDK / CLI, serving, replay verifier
     client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
+    client_key_file: str = ""  # UNLEARN_CLIENT_KEY_FILE: Ed25519 PEM private key the SDK/CLI signs with ("" = unsigned)
+    client_key_id: str = ""  # UNLEARN_CLIENT_KEY_ID: its key id in the client registry ("" = its fingerprint)
     receipt_timeout: float = 60.0  # UNLEARN_RECEIPT_TIMEOUT: default seconds wait_receipt()/--wait waits
     serve_host: str = "127.0.0.1"  # UNLEARN_SERVE_HOST: `unlearn serve` listen address
     serve_port: int = 8080  # UNLEARN_SERVE_PORT: `unlearn serve` port
@@ -205,6 +210,14 @@ class Settings:
             raise ValueError(f"UNLEARN_MAX_FEATURE_DIM must be >= 1, got {self.max_feature_dim}")
         if not 1 <= self.default_classes <= self.max_classes <= 1 << 20:
             raise ValueError("UNLEARN_DEFAULT_CLASSES and UNLEARN_MAX_CLASSES need 1 <= default <= max <= 2^20")
+        if self.auth_mode not in ("off", "signed"):
+            raise ValueError(f"UNLEARN_AUTH_MODE must be 'off' or 'signed', got {self.auth_mode!r}")
+        if not 1.0 <= self.auth_replay_window_seconds <= 86_400.0:
+            raise ValueError("UNLEARN_AUTH_REPLAY_WINDOW_SECONDS must be in 1..86400")
+        if self.client_key_file and not os.path.isfile(self.client_key_file):
+            raise ValueError(f"UNLEARN_CLIENT_KEY_FILE={self.client_key_file!r} is not a readable file")
+        if self.client_key_id and not self.client_key_file:
+            raise ValueError("UNLEARN_CLIENT_KEY_ID is set but UNLEARN_CLIENT_KEY_FILE is not")
         if not self.client_id or len(self.client_id) > 256:
             raise ValueError("UNLEARN_CLIENT_ID must be a string of 1..256 characters")
         if self.receipt_timeout <= 0:

@@ -35,12 +35,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TOPICS: tuple[str, ...] = ("requests", "requests.by-head", "deltas", "receipts", "deadletter", "featurizer-cache",
-                           "head-registry")
+                           "head-registry", "client-registry")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name). ``requests.by-head``
 is the featurizer's internal repartition topic (``streams/featurizer/router.py``); ``head-registry``
-holds the head contracts (``services/registry``, docs/registry.md)."""
+holds the head contracts (``services/registry``, docs/registry.md); ``client-registry`` the clients'
+keys and rights (docs/security.md)."""
 
-COMPACTED: frozenset[str] = frozenset({"featurizer-cache", "head-registry"})
+COMPACTED: frozenset[str] = frozenset({"featurizer-cache", "head-registry", "client-registry"})
 """Logical topics created with cleanup.policy=compact."""
 
 

@@ -73,6 +73,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         src.add_argument("--text", help="text input (for a text backbone)")
         src.add_argument("--image", help="path of a PNG image (for an image backbone)")
     ap.add_argument("--client-id", help="client_id of the requests (default: UNLEARN_CLIENT_ID)")
+    ap.add_argument("--key-file", help="sign with this Ed25519 PEM private key (default: UNLEARN_CLIENT_KEY_FILE)")
+    ap.add_argument("--key-id", help="the key's id in the client registry (default: UNLEARN_CLIENT_KEY_ID, else "
+                                     "its fingerprint)")
     ap.add_argument("--event-id", help="event id of a single request (default: a fresh UUID)")
     ap.add_argument("--file", help="JSONL file of requests (one object per line); '-' reads stdin")
     if op != "add":
@@ -221,6 +224,9 @@ def _run(command: str, argv: Sequence[str] | None) -> int:
     try:
         args = ap.parse_args(argv)
         settings = settings_from_args(args)
+        if args.key_file or args.key_id:
+            settings = settings.with_(client_key_file=args.key_file or settings.client_key_file,
+                                      client_key_id=args.key_id or settings.client_key_id)
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     try:

@@ -57,6 +57,7 @@ from unlearn.schemas.envelope import (
     encode_request,
 )
 from unlearn.schemas.receipts import Receipt, decode_receipt
+from unlearn.schemas.signature import Signer
 
 __all__ = [
     "FEATURES_ENCODINGS",
@@ -319,9 +320,12 @@ class UnlearnClient:
     ``features_encoding`` is how ``add(features=...)`` sends vectors unless a call says otherwise."""
 
     def __init__(self, settings: Settings, client_id: str | None = None, *, listen_receipts: bool = False,
-                 producer_overrides: dict[str, Any] | None = None, features_encoding: FeaturesEncoding = "json"
-                 ) -> None:
+                 producer_overrides: dict[str, Any] | None = None, features_encoding: FeaturesEncoding = "json",
+                 signer: Signer | None = None) -> None:
         _features_dtype(features_encoding)  # an unknown encoding fails here, not at the first add
+        # Signed requests (docs/security.md): an explicit signer, else UNLEARN_CLIENT_KEY_FILE's key.
+        self.signer = signer or (Signer.from_file(settings.client_key_file, settings.client_key_id or None)
+                                 if settings.client_key_file else None)
         self.settings = settings
         self.features_encoding: FeaturesEncoding = features_encoding
         self.client_id = client_id or settings.client_id
@@ -368,6 +372,7 @@ class UnlearnClient:
         if self._closed:
             raise ClientError("client is closed")
         value = encode_request(req)  # validates: a bad request fails here, not in deadletter
+        headers = self.signer.headers(value) if self.signer is not None else None
         handle = RequestHandle(req.event_id, req.op, req.head_id, req.subject_id, req.sample_id, self)
         if req.op != "add":
             # Listener first (offsets fixed), event registered, THEN produce: no receipt is missed.
@@ -383,7 +388,7 @@ class UnlearnClient:
         while True:
             try:
                 self._producer.produce(self.requests_topic, key=req.subject_id.encode("utf-8"), value=value,
-                                       on_delivery=on_delivery)
+                                       headers=headers, on_delivery=on_delivery)
                 break
             except BufferError:  # local queue full: serve delivery reports, retry
                 self._producer.poll(0.2)

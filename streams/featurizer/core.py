@@ -62,6 +62,7 @@ from unlearn.schemas.envelope import (
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 
+from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from .heads import auto_contracts, check_contract, judged_contract
 from .model import (
     _DELETE_OPS,
@@ -483,14 +484,21 @@ class Judgement:
 
 
 def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidRequest], encoded: EncodedAdds,
-                cache: CacheView, config: CoreConfig, ts: float) -> Judgement:
+                cache: CacheView, config: CoreConfig, ts: float, screened: Screened | None = None) -> Judgement:
     """Judge the requests in offset order against ``cache`` plus the batch so far, so "add x,
-    delete x" in one batch works and a duplicate add within it is caught."""
+    delete x" in one batch works and a duplicate add within it is caught. ``screened``: signed
+    mode's verdicts (``auth.Authorizer.screen``)."""
     j = Judgement(Overlay(cache))
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
         if isinstance(r, InvalidRequest):
             j.refuse(*refusal(m, None, r.reason, r.detail, config, ts, salvage_delete_ids(m.value)))
             continue
+        if screened is not None and i in screened.denied:
+            rej = screened.denied[i]
+            dl, receipt = refusal(m, r, rej.reason, rej.detail, config, ts)
+            j.refuse(dl, None if rej.reason in NO_RECEIPT_REASONS else receipt)
+            continue
+        client = screened.clients.get(i) if screened is not None else None
         try:
             if config.federated and r.client_id != config.client_id:
                 raise Rejected("wrong_client",
@@ -498,10 +506,11 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
             if r.op == "add":
                 j.accept_add(r.event_id, *judge_add(r, encoded.features.get(i), encoded.backbones.get(i),
                                                     j.overlay, config))
-            elif r.op == "delete":
-                j.accept_deletes(r.head_id, r.event_id, judge_delete(r, j.overlay))
             else:
-                j.accept_deletes(r.head_id, r.event_id, judge_delete_subject(r, j.overlay))
+                gone = judge_delete(r, j.overlay) if r.op == "delete" else judge_delete_subject(r, j.overlay)
+                if client is not None:
+                    Authorizer.check_owner(client, r, gone)
+                j.accept_deletes(r.head_id, r.event_id, gone)
         except Rejected as rej:
             j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
     return j
@@ -561,9 +570,11 @@ def featurize_batch(
     *,
     now: float | None = None,
     origins: Mapping[int, int] | None = None,
+    auth: Authorizer | None = None,
 ) -> BatchOutcome:
     """Judge one micro-batch of ONE by-head partition against ``cache`` (read only);
-    ``origins``: the last origin offset judged per requests partition (the cache's).
+    ``origins``: the last origin offset judged per requests partition (the cache's); ``auth``:
+    signed mode (``streams/featurizer/auth.py``; None: UNLEARN_AUTH_MODE=off).
 
     Returns the deltas, dead letters, rejected receipts, cache mutations and new origin offsets;
     raises only for programming errors (messages of several partitions, offsets not ascending)
@@ -581,8 +592,12 @@ def featurize_batch(
                             gaps=admitted.gaps)
     ts = time.time() if now is None else float(now)
     reqs = parse_batch(fresh)
-    encoded = encode_adds(reqs, config, encoder or RegistryEncoder("auto"))
-    judged = judge_batch(fresh, reqs, encoded, cache, config, ts)
+    screened = auth.screen(fresh, reqs, ts) if auth is not None else None
+    # refused requests are never encoded: an unauthenticated add costs no backbone time
+    admitted_reqs = reqs if screened is None else [
+        InvalidRequest("screened", "") if i in screened.denied else r for i, r in enumerate(reqs)]
+    encoded = encode_adds(admitted_reqs, config, encoder or RegistryEncoder("auto"))
+    judged = judge_batch(fresh, reqs, encoded, cache, config, ts, screened)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

@@ -21,6 +21,7 @@ from unlearn.schemas.envelope import (
 from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.source_id import source_stream
+from unlearn.streams.featurizer.auth import AUTH_REASONS
 
 STAGE = "featurizer"
 """``stage`` of every dead letter this service writes."""
@@ -49,6 +50,7 @@ FEATURIZER_REASONS: dict[str, str] = {
     "contract_conflict": "the head's cached grid (fixed by its first add) differs from its declared contract",
     "label_mismatch": "class-index vs vector label, or another vector width, than the head's contract or first add",
     "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
+    **AUTH_REASONS,
 }
 """Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
 
@@ -72,13 +74,15 @@ class Origin:
 class InMessage:
     """One consumed record of the by-head topic (``partition``/``offset`` are its place there)
     with the request it carries and the place in ``requests`` it was routed from (``origin``;
-    None for a record nobody routed: then the record is its own origin)."""
+    None for a record nobody routed: then the record is its own origin), and its headers (the
+    producer's, forwarded by the router: signed requests carry their signature there)."""
 
     partition: int
     offset: int
     value: bytes | None
     key: bytes | None = None
     origin: Origin | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import ensure_topic
 from unlearn.schemas.source_id import source_stream
+from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
 from unlearn.streams.featurizer.changelog import (
     PHASE_OUTPUT,
@@ -145,6 +146,7 @@ class FeaturizerService:
         self._router: RouterSession | None = None
         self._producer: Any = None
         self.registry: RegistryView | None = None  # the declared head contracts, followed while running
+        self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
 
@@ -160,6 +162,7 @@ class FeaturizerService:
         try:
             self._check_topics()
             self.registry = RegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
+            self.auth.start()
             self.topic_id = topic_id(self.settings, self.topic)
             self.requests_topic_id = topic_id(self.settings, self.requests_topic)
             self._router = RouterSession(self.origin_stream, self.route_partitions)
@@ -190,6 +193,7 @@ class FeaturizerService:
             self.caches.clear()
             if self.registry is not None:
                 self.registry.stop()
+            self.auth.stop()
             self._consumer = self._producer = None  # release the librdkafka handles now
             log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 
@@ -510,7 +514,8 @@ class FeaturizerService:
             if cache is None or m.offset() <= cache.applied_offset:
                 continue  # revoked meanwhile, or already in the cache (never judged twice)
             by_partition.setdefault(p, []).append(
-                InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.origin_stream)))
+                InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.origin_stream),
+                          tuple(m.headers() or ())))
         if not by_partition:
             return {}
         done: list[tuple[int, FeatureCache, list[int], list[OutMessage], int]] = []
@@ -521,7 +526,8 @@ class FeaturizerService:
             msgs.sort(key=lambda x: x.offset)
             cache = self.caches[p]
             origins = cache.origin_offsets()
-            outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins)
+            outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
+                                      auth=self.auth.authorizer(p))
             messages = outcome.messages(config)
             generation: int | None = None
             if self.changelog_topic is not None:
