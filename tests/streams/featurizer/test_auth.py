@@ -267,3 +267,38 @@ def test_refused_adds_are_never_encoded() -> None:
 def test_auth_off_is_todays_behaviour() -> None:
     out = featurize_batch(msgs((req("e1"), None)), MemCache(), cfg(), now=NOW)
     assert out.accepted == 1
+
+
+# --------------------------------------------------------------------------- bad-input corpus
+def hostile_corpus(signer: Signer, now: float = NOW, client: str = "alice",
+                   head: str = "h") -> list[tuple[str, bytes, list]]:
+    """(expected reason, value, headers): hostile signature headers, for the pure core and for
+    the broker test (test_signed.py). Each must be refused; none may stop the worker."""
+    def v(ev: str) -> bytes:
+        return req(ev, "delete", head=head, client=client, sample=f"s-{ev}", ts=now)
+
+    good = signer.headers(v("g"))
+    sig = dict(good)[SIG_HEADER]
+    return [
+        ("bad_signature", v("h1"), [(SIG_KEY_HEADER, signer.key_id.encode()), (SIG_HEADER, b"A" * 10_000)]),
+        ("unknown_key", v("h2"), [(SIG_KEY_HEADER, "\n[ERROR] forged ☃".encode() * 300), (SIG_HEADER, sig)]),
+        ("bad_signature", v("h3"), [(SIG_KEY_HEADER, None), (SIG_HEADER, None)]),
+        ("bad_signature", v("h4"), [*signer.headers(v("h4")), (SIG_HEADER, sig)]),
+        ("bad_signature", v("h5"), [(SIG_KEY_HEADER, signer.key_id.encode()),
+                                    (SIG_HEADER, base64.b64encode(b"\x00" * 63))]),
+        ("bad_signature", v("h6"), [(SIG_KEY_HEADER, signer.key_id.encode()),
+                                    (SIG_HEADER, base64.b64encode(b"\x00" * 64))]),
+        ("not_json", b"\xff not json", signer.headers(b"\xff not json")),
+        ("bad_signature", v("h8") + b"\n", signer.headers(v("h8"))),
+        ("unknown_key", v("h9"), [(SIG_KEY_HEADER, b"*"), (SIG_HEADER, sig)]),
+        ("unsigned", v("h10"), [("Unlearn-Sig-Key", signer.key_id.encode()), ("Unlearn-Sig", sig)]),
+        ("bad_signature", v("h11"), [(SIG_KEY_HEADER, b"\xc3\x28"), (SIG_HEADER, sig)]),
+    ]
+
+
+def test_hostile_signature_headers_are_refused_never_raise() -> None:
+    corpus = hostile_corpus(SIGN_A)
+    out = run([InMessage(0, i, value, None, None, tuple(h)) for i, (_, value, h) in enumerate(corpus)],
+              {"alice": record("alice", SIGN_A)})
+    assert [d.reason for d in out.deadletters] == [r for r, _, _ in corpus]
+    assert all("\n" not in d.detail for d in out.deadletters)

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.streams.featurizer.test_auth import hostile_corpus
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.client_registry import publish_client, read_clients
 from unlearn.infra.profiles import producer_config
@@ -136,11 +137,15 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
         reader.until(lambda g: applied <= set(ledgers_from(g["deltas"])[1])
                      and len(g["deadletter"]) >= len(expected) - 2, timeout=60)  # two unknown_sample
 
-        # phase 3: replays of accepted requests, the exact bytes and headers again
+        # phase 3: replays of accepted requests, the exact bytes and headers again, and the
+        # corpus of hostile signature headers (each refused; the worker keeps going)
         raw.send(feat("add-4", "add", "alice", "sa", "x4"), None, value=add4[0], headers=add4[1])
         raw.send(feat("d-alice-4", "delete", "alice", "sa", "x4"), None, value=del4[0], headers=del4[1])
+        corpus = hostile_corpus(alice, time.time(), head=HEAD)
+        for _, value, hdrs in corpus:
+            raw.p.produce(raw.topic, value, b"k", headers=hdrs)
         raw.flush()
-        got = reader.until(lambda g: len(g["deadletter"]) >= len(expected) + 2, timeout=60)
+        got = reader.until(lambda g: len(g["deadletter"]) >= len(expected) + 2 + len(corpus), timeout=60)
         time.sleep(0.5)
         got = reader.until(lambda g: True)
 
@@ -148,6 +153,9 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
         for m in got["deadletter"]:
             d = decode_deadletter(m.value())
             reasons.setdefault(d.event_id or "", []).append(d.reason)
+        hostile = sorted(reasons.pop(f"h{i}", [""])[0] for i in range(1, 12) if i != 7)
+        assert sorted(reasons.pop("", [])) == ["not_json"]
+        assert hostile == sorted(r for r, _, _ in corpus if r != "not_json")
         assert reasons == {**{ev: [r] for ev, r in expected.items()},
                            "add-4": ["replayed"], "d-alice-4": ["replayed"]}
         receipts: dict[str, list[tuple[str, str | None]]] = {}
@@ -155,7 +163,8 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
             rc = decode_receipt(m.value())
             receipts.setdefault(rc.event_id, []).append((rc.status, rc.reason))
         # every refused delete has its rejected receipt; a replay has none (its first copy is answered)
-        assert receipts == {ev: [("rejected", r)] for ev, r in expected.items()}
+        assert receipts == {**{ev: [("rejected", r)] for ev, r in expected.items()},
+                            **{f"h{i}": [("rejected", r)] for i, (r, _, _) in enumerate(corpus, 1) if i != 7}}
         _, events = ledgers_from(got["deltas"], dedup=False)
         assert sorted(events) == sorted(adds | applied)
         assert running.stop() == 0
