@@ -132,6 +132,20 @@ def test_client_record_round_trip_and_changes() -> None:
         c.with_key(ClientKey("a1", SIGN_B.public_key))
 
 
+def test_client_records_match_the_json_schema() -> None:
+    import jsonschema
+
+    from unlearn.schemas import SCHEMA_DIR
+
+    v = jsonschema.Draft202012Validator(orjson.loads((SCHEMA_DIR / "client.v1.schema.json").read_bytes()))
+    c = record("alice", SIGN_A, ("h", "g"), rate_per_second=0.5, burst=3).with_key(ClientKey("k2", SIGN_B.public_key))
+    for doc in (c.to_dict(), c.revoke("k2").revoke().to_dict(), record("b", SIGN_B).to_dict()):
+        v.validate(doc)
+    for change in ({"heads": ["a b"]}, {"burst": 0}, {"keys": []}, {"extra": 1}, {"rate_per_second": -1},
+                   {"keys": [{"key_id": "k", "public_key": "AAAA"}]}):
+        assert not v.is_valid({**c.to_dict(), **change}), change
+
+
 @pytest.mark.parametrize("change", [
     {"schema": "x"}, {"client_id": "a\nb"}, {"version": 0}, {"keys": []}, {"heads": ["../x"]},
     {"rate_per_second": -1}, {"burst": 0}, {"revoked": "no"}, {"extra": 1},
