@@ -101,8 +101,8 @@ class ClientRegistryView:
         once (raises :class:`ClientRegistryError` after that many seconds)."""
         self._follower.start()
         if wait_caught_up is not None and not self._follower.caught_up.wait(wait_caught_up):
-            raise ClientRegistryError(f"client registry not read within {wait_caught_up:g}s: "
-                                      f"{self._follower.error}")
+            raise ClientRegistryError(f"client registry {self._follower.topic!r} not read within {wait_caught_up:g}s "
+                                      f"({self._follower.error}); a missing topic: run `unlearn topics create`")
         return self
 
     def stop(self) -> None:

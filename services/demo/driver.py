@@ -37,6 +37,7 @@ from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
 
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
@@ -164,6 +165,7 @@ class Demo:
         self.produce_times: dict[str, float] = {}
         self.pending_receipts: list[str] = []
         self.seq = 0
+        self.signers: dict[str, Signer] = {}  # client id -> its key, in signed mode
 
     # ------------------------------------------------------------------ helpers
     def request(self, op: str, i: int, client: str) -> Request:
@@ -172,16 +174,23 @@ class Demo:
         subject = f"user{i % self.args.subjects}"
         if op == "add":
             return Request(f"ev{self.seq}", "add", self.head, client, subject, f"sample{i}",
-                           int(self.data.y_train[i]), self.data.inputs[i])
-        return Request(f"ev{self.seq}", "delete", self.head, client, subject, f"sample{i}")
+                           int(self.data.y_train[i]), self.data.inputs[i], time.time())
+        return Request(f"ev{self.seq}", "delete", self.head, client, subject, f"sample{i}", ts=time.time())
+
+    def produce(self, req: Request, key: bytes) -> None:
+        """Produce one request, signed by its client's key in signed mode."""
+        value = encode_request(req)
+        signer = self.signers.get(req.client_id)
+        self.producer.produce(self.settings.topic("requests"), key=key, value=value,
+                              headers=signer.headers(value) if signer is not None else None)
 
     def send(self, op: str, idx: list[int], desc: str) -> list[str]:
-        """Produce ``op`` for each sample in ``idx`` (round-robin over the clients); their event ids."""
+        """Produce ``op`` for each sample in ``idx`` (sample i belongs to client i mod clients, so in
+        signed mode each client deletes only its own samples); their event ids."""
         events = []
-        for k, i in enumerate(tqdm(idx, desc=desc, unit="ev", leave=False) if desc else idx):
-            req = self.request(op, int(i), f"client{k % self.args.clients}")
-            self.producer.produce(self.settings.topic("requests"), key=req.subject_id.encode(),
-                                  value=encode_request(req))
+        for i in tqdm(idx, desc=desc, unit="ev", leave=False) if desc else idx:
+            req = self.request(op, int(i), f"client{int(i) % self.args.clients}")
+            self.produce(req, req.subject_id.encode())
             self.produce_times[req.event_id] = time.time()
             events.append(req.event_id)
             self.producer.poll(0)
@@ -249,8 +258,14 @@ class Demo:
         while the broker is still up)."""
         self.settings = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="demo.",
                                           data_dir=str(self.out / "state"), profile="tansu",
-                                          serve_port=free_port())
+                                          serve_port=free_port(), auth_mode="signed" if self.args.signed else None)
         create_topics(self.settings)
+        if self.settings.auth_mode == "signed":
+            from unlearn.services.demo.signing import register_demo_clients
+
+            ids = ["demo", *(f"client{k}" for k in range(self.args.clients))]
+            self.signers = register_demo_clients(self.settings, self.out / "keys", ids)
+            print(f"      signed requests: {len(ids)} clients registered, keys in {self.out / 'keys'}")
         print(f"[2/6] broker at {broker.bootstrap}; starting featurizer, ledger worker and serving "
               f"(http://127.0.0.1:{self.settings.serve_port})")
         self.procs = [ServiceProcess(name, [name], self.settings, self.out / "logs")
@@ -297,8 +312,8 @@ class Demo:
     def _warm_up(self) -> None:
         """One add on a separate head: the timed phases start once both workers have joined their
         consumer groups (a join takes seconds on tansu), so throughput measures the pipeline."""
-        warm = Request("warmup", "add", WARMUP_HEAD, "demo", "warmup", "w0", 0, FeaturesInput((1.0, 0.0)))
-        self.producer.produce(self.settings.topic("requests"), key=b"warmup", value=encode_request(warm))
+        warm = Request("warmup", "add", WARMUP_HEAD, "demo", "warmup", "w0", 0, FeaturesInput((1.0, 0.0)), time.time())
+        self.produce(warm, b"warmup")
         self.producer.flush(30)
         with tqdm(desc="waiting for the workers to join", bar_format="{desc} {elapsed}", leave=False):
             self.heads.wait(WARMUP_HEAD, lambda u: True, timeout=self.args.timeout)
@@ -468,6 +483,8 @@ def demo_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-train", type=int, default=2000)
     ap.add_argument("--n-test", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--signed", action="store_true",
+                    help="UNLEARN_AUTH_MODE=signed: register one key per client and sign every request")
     ap.add_argument("--subjects", type=int, default=500, help="distinct subject ids (request keys)")
     ap.add_argument("--chunk-steps", type=int, default=3)
     ap.add_argument("--burst", type=int, default=200)

@@ -107,6 +107,10 @@ class Screened:
     denied: dict[int, FeatureRejected] = field(default_factory=dict)
     clients: dict[int, ClientRecord] = field(default_factory=dict)
 
+    def admitted(self, reqs: Sequence[Request | InvalidRequest]) -> list[Request | InvalidRequest]:
+        """``reqs`` with the refused ones masked, for encoding: a refused add costs no backbone time."""
+        return [InvalidRequest("screened", "") if i in self.denied else r for i, r in enumerate(reqs)]
+
 
 class Authorizer:
     """Screens requests against one registry snapshot, with one partition's :class:`AuthState`."""

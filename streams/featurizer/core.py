@@ -486,8 +486,7 @@ class Judgement:
 def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidRequest], encoded: EncodedAdds,
                 cache: CacheView, config: CoreConfig, ts: float, screened: Screened | None = None) -> Judgement:
     """Judge the requests in offset order against ``cache`` plus the batch so far, so "add x,
-    delete x" in one batch works and a duplicate add within it is caught. ``screened``: signed
-    mode's verdicts (``auth.Authorizer.screen``)."""
+    delete x" in one batch works and a duplicate add within it is caught (``screened``: signed mode)."""
     j = Judgement(Overlay(cache))
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
         if isinstance(r, InvalidRequest):
@@ -593,10 +592,7 @@ def featurize_batch(
     ts = time.time() if now is None else float(now)
     reqs = parse_batch(fresh)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
-    # refused requests are never encoded: an unauthenticated add costs no backbone time
-    admitted_reqs = reqs if screened is None else [
-        InvalidRequest("screened", "") if i in screened.denied else r for i, r in enumerate(reqs)]
-    encoded = encode_adds(admitted_reqs, config, encoder or RegistryEncoder("auto"))
+    encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
     judged = judge_batch(fresh, reqs, encoded, cache, config, ts, screened)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)

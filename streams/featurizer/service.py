@@ -168,9 +168,9 @@ class FeaturizerService:
             self._router = RouterSession(self.origin_stream, self.route_partitions)
             self._consumer.subscribe([self.requests_topic, self.topic], on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_revoke)
-            log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s "
+            log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
                      "batch<=%d/%dms", self.group, self.requests_topic, self.topic, self.route_partitions,
-                     self.config.stream, self.config.federated, self.max_batch, self.max_ms)
+                     self.config.stream, self.config.federated, self.settings.auth_mode, self.max_batch, self.max_ms)
             last_report = time.monotonic()
             while not stop.is_set():
                 batch = self._poll_batch(stop)

@@ -14,10 +14,11 @@ from unlearn.services.demo.driver import demo_main
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_every_phase_and_certifies(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("signed", [False, True], ids=["auth-off", "signed"])
+def test_demo_runs_every_phase_and_certifies(tmp_path: Path, capfd: pytest.CaptureFixture[str], signed: bool) -> None:
     out = tmp_path / "demo-out"
     code = demo_main(["--dataset", "digits", "--n-train", "200", "--n-test", "100", "--burst", "10",
-                      "--chunk-steps", "2", "--burst-gap-ms", "20", "--out", str(out)])
+                      "--chunk-steps", "2", "--burst-gap-ms", "20", "--out", str(out), *(["--signed"] * signed)])
     gc.collect()  # a client the demo forgot would be destroyed (and complain) here, after the broker stopped
     err = capfd.readouterr().err
     # Every Kafka client is closed before the broker stops: librdkafka has no gone broker to report.
