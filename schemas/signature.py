@@ -132,7 +132,7 @@ class Signer:
         """A signer for the PEM private key at ``path``."""
         return cls(load_private_key(path), key_id)
 
-    def headers(self, value: bytes) -> list[tuple[str, bytes]]:
-        """The two signature headers for a request value."""
+    def headers(self, value: bytes) -> list[tuple[str, str | bytes | None]]:
+        """The two signature headers for a request value (typed as confluent-kafka's ``produce`` takes them)."""
         sig = base64.b64encode(sign_value(value, self.private_key))
         return [(SIG_KEY_HEADER, self.key_id.encode()), (SIG_HEADER, sig)]
