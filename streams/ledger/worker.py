@@ -44,6 +44,7 @@ from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
 
 from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
+from .contracts import ContractGammas
 from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head, group_by_event
 from .state_store import ChangelogStore
 
@@ -102,6 +103,7 @@ class LedgerWorker:
         }))
         self.producer = Producer(producer_config(settings, **{"client.id": worker_id}))
         self.store = ChangelogStore(settings)
+        self.contracts = ContractGammas(settings)  # a new head's gamma: its contract's
         self.partitions: dict[int, PartitionState] = {}
         self.head_partition: dict[str, int] = {}
         self.topic_id = ""
@@ -115,6 +117,7 @@ class LedgerWorker:
     def run(self) -> None:
         """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``)."""
         self.topic_id = topic_id(self.settings, self.deltas_topic)
+        self.contracts.start()
         self.consumer.subscribe([self.deltas_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         try:
@@ -153,6 +156,7 @@ class LedgerWorker:
             log.debug("consumer close: %s", exc)
         self.producer.flush(self.settings.admin_timeout)
         self.store.close()
+        self.contracts.stop()
 
     def _raise_if_fatal(self) -> None:
         if self.fatal is not None:
@@ -219,7 +223,7 @@ class LedgerWorker:
         ps = PartitionState(partition, floor)
         superseded = self.store.begin_heads_generation(partition, fresh=True)
         for head_id, state in heads.items():
-            head = HeadRuntime.from_snapshot(state, self._head_config(head_id))
+            head = HeadRuntime.from_snapshot(state, self._head_config(None))
             if head.multiset is None:
                 log.warning("head %r: the multiset hash of its retained rows is unknown (a packed entry without "
                             "one, or a snapshot written before it existed, which deleting the ledger-state "
@@ -241,9 +245,12 @@ class LedgerWorker:
         return ps
 
     # ---------------------------------------------------------------- the fold
-    def _head_config(self, head_id: str) -> HeadConfig:
+    def _head_config(self, head_id: str | None) -> HeadConfig:
+        """A head's runtime settings: a new head's gamma is its contract's (None: a restored head,
+        whose gamma is in its state)."""
         s = self.settings
-        return HeadConfig(s.gamma_for(head_id), s.reset_every_events, s.drift_threshold)
+        gamma = self.contracts.gamma(head_id) if head_id is not None else s.gamma
+        return HeadConfig(gamma, s.reset_every_events, s.drift_threshold)
 
     def _on_message(self, m: Any, poll: PollOutputs) -> None:
         from confluent_kafka import KafkaError
