@@ -316,3 +316,41 @@ def test_hostile_signature_headers_are_refused_never_raise() -> None:
               {"alice": record("alice", SIGN_A)})
     assert [d.reason for d in out.deadletters] == [r for r, _, _ in corpus]
     assert all("\n" not in d.detail for d in out.deadletters)
+
+
+# --------------------------------------------------------------------------- settings
+def test_auth_settings_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from unlearn.infra.settings import Settings
+
+    assert Settings().auth_mode == "off"  # the default: today's behaviour, one-command demo
+    key = tmp_path / "k.pem"
+    generate_key_file(key)
+    monkeypatch.setenv("UNLEARN_AUTH_MODE", "signed")
+    monkeypatch.setenv("UNLEARN_AUTH_REPLAY_WINDOW_SECONDS", "60")
+    monkeypatch.setenv("UNLEARN_CLIENT_KEY_FILE", str(key))
+    s = Settings.from_env()
+    assert (s.auth_mode, s.auth_replay_window_seconds, s.client_key_file) == ("signed", 60.0, str(key))
+    for bad, needle in (({"auth_mode": "maybe"}, "UNLEARN_AUTH_MODE"),
+                        ({"auth_replay_window_seconds": 0.0}, "UNLEARN_AUTH_REPLAY_WINDOW_SECONDS"),
+                        ({"client_key_file": str(tmp_path / "none.pem")}, "UNLEARN_CLIENT_KEY_FILE"),
+                        ({"client_key_file": "", "client_key_id": "k"}, "UNLEARN_CLIENT_KEY_ID")):
+        with pytest.raises(ValueError, match=needle):
+            s.with_(**bad)
+
+
+def test_sdk_signs_with_the_key_file(tmp_path: Path) -> None:
+    from unlearn.infra.settings import Settings
+    from unlearn.services.client.sdk import UnlearnClient
+
+    key = tmp_path / "k.pem"
+    generate_key_file(key)
+    s = Settings(bootstrap="127.0.0.1:1", client_key_file=str(key), client_key_id="mine")
+    client = UnlearnClient(s)
+    try:
+        assert client.signer is not None and client.signer.key_id == "mine"
+        assert client.signer.public_key == Signer.from_file(key).public_key
+    finally:
+        client.close(0.1)
+    unsigned = UnlearnClient(Settings(bootstrap="127.0.0.1:1"))
+    assert unsigned.signer is None
+    unsigned.close(0.1)
