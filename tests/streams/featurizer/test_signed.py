@@ -167,6 +167,15 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
                             **{f"h{i}": [("rejected", r)] for i, (r, _, _) in enumerate(corpus, 1) if i != 7}}
         _, events = ledgers_from(got["deltas"], dedup=False)
         assert sorted(events) == sorted(adds | applied)
+
+        # phase 4: a revocation while the featurizer runs takes effect for what it judges next
+        publish_client(s, read_clients(s)["alice"].revoke("a1"))
+        time.sleep(1.0)  # the registry follower polls every 0.1 s
+        n_dl = len(got["deadletter"])
+        raw.send(feat("d-after-revoke", "delete", "alice", "sa", "x2"), alice)
+        raw.flush()
+        got = reader.until(lambda g: len(g["deadletter"]) > n_dl, timeout=60)
+        assert decode_deadletter(got["deadletter"][-1].value()).reason == "revoked_key"
         assert running.stop() == 0
     finally:
         running.stop_event.set()
