@@ -354,3 +354,16 @@ def test_sdk_signs_with_the_key_file(tmp_path: Path) -> None:
     unsigned = UnlearnClient(Settings(bootstrap="127.0.0.1:1"))
     assert unsigned.signer is None
     unsigned.close(0.1)
+
+
+def test_key_rotation_add_switch_revoke() -> None:
+    new = Signer(KEY_B, "a2")
+    v1 = record("alice", SIGN_A)
+    v2 = v1.with_key(ClientKey(new.key_id, new.public_key))
+    v3 = v2.revoke("a1")
+    state = AuthState()
+    out = run(msgs((req("e1", sample="x1"), SIGN_A), (req("e2", sample="x2"), new)), {"alice": v2}, state=state)
+    assert out.accepted == 2  # both keys sign while the old one is not revoked
+    out = run(msgs((req("e3", sample="x3"), SIGN_A), (req("e4", sample="x4"), new), start=2), {"alice": v3},
+              state=state)
+    assert out.reasons() == {"revoked_key": 1} and out.accepted == 1
