@@ -16,6 +16,10 @@ before any backbone runs (:meth:`Authorizer.screen`), against a snapshot of the 
 6. the client's token bucket has a token (``rate_limited``); only authenticated requests spend
    tokens, so nobody can drain another client's bucket with unsigned requests.
 
+Refusals are dead letters; a refused delete also gets a rejected receipt only when its
+signature was valid (:data:`NO_RECEIPT_REASONS`), and an invalid envelope gets none in signed
+mode: only a client's own key can make the featurizer answer under that client's event ids.
+
 Deletes are checked once more when judged (:meth:`Authorizer.check_owner`): a delete of a
 sample another client added (the cache records who added each sample) needs
 ``may_delete_others`` (``not_owner``).
@@ -40,7 +44,7 @@ from unlearn.schemas.signature import SignatureFormatError, read_signature, veri
 if TYPE_CHECKING:
     from unlearn.streams.featurizer.model import CachedSample, InMessage
 
-__all__ = ["AUTH_REASONS", "AuthState", "Authorizer", "Screened"]
+__all__ = ["AUTH_REASONS", "NO_RECEIPT_REASONS", "UNAUTHENTICATED_REASONS", "AuthState", "Authorizer", "Screened"]
 
 AUTH_REASONS: dict[str, str] = {
     "unsigned": "UNLEARN_AUTH_MODE=signed: the request has no signature headers (unlearn-sig-key, unlearn-sig)",
@@ -60,8 +64,13 @@ AUTH_REASONS: dict[str, str] = {
 }
 """Every reason code of this module (part of ``FEATURIZER_REASONS``)."""
 
-NO_RECEIPT_REASONS = frozenset({"replayed"})
-"""Refusals that get a dead letter but no rejected receipt (the event id's first copy was answered)."""
+UNAUTHENTICATED_REASONS = frozenset({"unsigned", "bad_signature", "unknown_client", "unknown_key", "revoked_client",
+                                     "revoked_key"})
+"""Refusals of requests no valid, unrevoked key vouches for."""
+NO_RECEIPT_REASONS = UNAUTHENTICATED_REASONS | {"replayed"}
+"""Refusals that get a dead letter but no rejected receipt: receipts are matched by event id, so a
+receipt for an unauthenticated request would let anyone who can write ``requests`` answer another
+client's pending delete with a forged rejection; and a replay's event id was answered already."""
 
 
 @dataclass

@@ -489,8 +489,9 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
     delete x" in one batch works and a duplicate add within it is caught (``screened``: signed mode)."""
     j = Judgement(Overlay(cache))
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
-        if isinstance(r, InvalidRequest):
-            j.refuse(*refusal(m, None, r.reason, r.detail, config, ts, salvage_delete_ids(m.value)))
+        if isinstance(r, InvalidRequest):  # signed mode answers no unauthenticated request with a receipt
+            j.refuse(*refusal(m, None, r.reason, r.detail, config, ts,
+                              salvage_delete_ids(m.value) if screened is None else None))
             continue
         if screened is not None and i in screened.denied:
             rej = screened.denied[i]

@@ -190,6 +190,7 @@ def test_signed_request_accepted_and_each_refusal() -> None:
     ]
     out = run(msgs(*(c for c, _ in cases)), clients)
     assert out.accepted == 1
+    assert out.receipts == []  # adds get no receipts
     assert [d.reason for d in out.deadletters] == [r for _, r in cases if r]
     assert [d.event_id for d in out.deadletters] == [m for (c, r) in cases if r
                                                      for m in [orjson.loads(c[0])["event_id"]]]
@@ -316,6 +317,25 @@ def test_hostile_signature_headers_are_refused_never_raise() -> None:
               {"alice": record("alice", SIGN_A)})
     assert [d.reason for d in out.deadletters] == [r for r, _, _ in corpus]
     assert all("\n" not in d.detail for d in out.deadletters)
+    assert out.receipts == []  # unauthenticated deletes: no receipt under anybody's event id
+
+
+def test_receipts_only_for_deletes_a_valid_key_vouches_for() -> None:
+    clients = {"alice": record("alice", SIGN_A, ("h",)), "gone": record("gone", SIGN_B).revoke()}
+    spoof = req("victim-event", "delete", sample="x1")  # alice's pending event id, unsigned
+    out = run(msgs((spoof, None), (spoof, SIGN_B), (req("e2", "delete", client="gone", sample="x2"), SIGN_B),
+                   (b'{"schema":"unlearn.request/v1","op":"delete","event_id":"victim-2","head_id":"h",'
+                    b'"client_id":"alice","subject_id":"s","sample_id":"x1","bogus":1}', None),
+                   (req("e3", "delete", head="g", sample="x1"), SIGN_A), (req("e4", "delete", sample="zz"), SIGN_A)),
+              clients)
+    assert out.reasons() == {"unsigned": 1, "unknown_key": 1, "revoked_client": 1, "unknown_field:bogus": 1,
+                             "head_not_allowed": 1, "unknown_sample": 1}
+    assert sorted((r.event_id, r.reason) for r in out.receipts) == [("e3", "head_not_allowed"),
+                                                                   ("e4", "unknown_sample")]
+    # with auth off, an invalid delete still gets its rejected receipt (today's behaviour)
+    bad = msgs((b'{"schema":"unlearn.request/v1","op":"delete","event_id":"v","head_id":"h","client_id":"a",'
+                b'"subject_id":"s","sample_id":"x","bogus":1}', None))
+    assert [r.event_id for r in featurize_batch(bad, MemCache(), cfg(), now=NOW).receipts] == ["v"]
 
 
 # --------------------------------------------------------------------------- settings
