@@ -232,3 +232,38 @@ def test_unlearn_clients_cli(settings: Settings, tmp_path: Path, capsys: pytest.
         assert dict(msgs[0].headers())["unlearn-sig-key"] == key_id.encode()
     finally:
         got.close()
+
+
+def test_ownership_survives_a_restart_on_an_empty_host_and_the_window_does_not(settings: Settings,
+                                                                               tmp_path: Path) -> None:
+    """Who added a sample is in the cache and its changelog, so a featurizer rebuilt on another
+    host still refuses bob's delete of alice's sample; the replay window is in memory only, so a
+    replayed add after the restart is no longer ``replayed`` (the cache refuses it as a
+    ``duplicate_add``), as docs/security.md says."""
+    s = settings.with_(data_dir=str(tmp_path / "host-1"), auth_mode="signed")
+    alice, bob = signer("a1"), signer("b1")
+    register(s, "alice", [alice])
+    register(s, "bob", [bob])
+    raw = Raw(s)
+    reader = Reader(s)
+    running = Running(s, group="fz-restart")
+    try:
+        add = raw.send(feat("add-1", "add", "alice", "sa", "x1"), alice)
+        raw.flush()
+        reader.until(lambda g: "add-1" in ledgers_from(g["deltas"])[1], timeout=60)
+        raw.send(feat("add-1", "add", "alice", "sa", "x1"), None, value=add[0], headers=add[1])
+        raw.flush()
+        reader.until(lambda g: len(g["deadletter"]) >= 1, timeout=60)
+        assert running.stop() == 0
+        moved = s.with_(data_dir=str(tmp_path / "host-2"))  # an empty data dir: the cache comes from the changelog
+        running = Running(moved, group="fz-restart")
+        raw.send(feat("add-1", "add", "alice", "sa", "x1"), None, value=add[0], headers=add[1])
+        raw.send(feat("bob-del", "delete", "bob", "sa", "x1"), bob)
+        raw.flush()
+        got = reader.until(lambda g: len(g["deadletter"]) >= 3, timeout=90)
+        reasons = [decode_deadletter(m.value()).reason for m in got["deadletter"]]
+        assert reasons == ["replayed", "duplicate_add", "not_owner"]
+        assert running.stop() == 0
+    finally:
+        running.stop_event.set()
+        reader.close()
