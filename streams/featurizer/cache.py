@@ -24,9 +24,11 @@ another host rebuild it. Each file holds:
 - ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
   and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 
-WAL journal, ``synchronous=FULL``: a committed batch survives a process kill and a power loss
-(re-judging a batch after losing it could re-quantize a GPU feature to other bits than the ones
-the ledger already applied).
+WAL journal. ``synchronous=FULL`` (the default) makes a committed batch survive a process kill and
+a power loss (re-judging a batch after losing it could re-quantize a GPU feature to other bits
+than the ones the ledger already applied); ``NORMAL`` survives a process kill only, and is what
+the service uses when the changelog backs the cache, which then covers a power cut
+(docs/featurizer.md, "Durability").
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ import numpy as np
 from unlearn.streams.featurizer.changelog import LocalPosition, Position
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
 
-__all__ = ["CACHE_SCHEMA_VERSION", "CacheError", "FeatureCache", "OutboxRow", "cache_path"]
+__all__ = ["CACHE_SCHEMA_VERSION", "PAGE_SIZE", "WAL_AUTOCHECKPOINT_PAGES", "CacheError", "FeatureCache", "OutboxRow",
+           "cache_path"]
 
 CACHE_SCHEMA_VERSION = 3
 """2: outbox rows carry a partition and a delivery phase; the ``lineage`` table. 3: the ``origins``
@@ -102,6 +105,16 @@ CREATE TABLE IF NOT EXISTS origins (
 """
 
 
+PAGE_SIZE = 65536
+"""sqlite page size of a new cache file. A batch writes megabytes (q travels in the samples, the
+changelog txn, the sample records and the deltas: about 25 KB per add at d=768), mostly as
+overflow pages: 64 KiB pages make a 190-add commit about 3x and its outbox delete about 5x
+cheaper than 4 KiB pages (measured, bench/results/pipeline_bench.md). Existing files keep theirs."""
+WAL_AUTOCHECKPOINT_PAGES = 256
+"""Checkpoint the WAL at 16 MiB (256 pages of 64 KiB): a few batches per checkpoint, so outbox
+pages rewritten batch after batch are copied into the database file once, and the WAL stays small."""
+
+
 class CacheError(RuntimeError):
     """The cache file is not usable as asked (other identity, newer schema, offset going back)."""
 
@@ -139,13 +152,19 @@ class FeatureCache:
     every later open: a cache file never silently serves another partition or site.
     """
 
-    def __init__(self, path: str | Path, identity: Mapping[str, str] | None = None) -> None:
+    def __init__(self, path: str | Path, identity: Mapping[str, str] | None = None, *,
+                 synchronous: str = "FULL") -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
         self.path = Path(path)
+        self.synchronous = synchronous
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
         try:
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect in a new file only
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA busy_timeout=30000")
             self._upgrade()
             self._db.executescript(_SCHEMA)
@@ -156,10 +175,10 @@ class FeatureCache:
 
     @classmethod
     def open_partition(cls, data_dir: str | Path, stream_dir: str, partition: int,
-                       identity: Mapping[str, str] | None = None) -> FeatureCache:
+                       identity: Mapping[str, str] | None = None, *, synchronous: str = "FULL") -> FeatureCache:
         """The cache file of one requests partition (created empty if absent)."""
         ident = {"stream_dir": stream_dir, "partition": str(int(partition)), **dict(identity or {})}
-        return cls(cache_path(data_dir, stream_dir, partition), ident)
+        return cls(cache_path(data_dir, stream_dir, partition), ident, synchronous=synchronous)
 
     def _upgrade(self) -> None:
         """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
@@ -211,6 +230,25 @@ class FeatureCache:
             "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
             "FROM samples WHERE head_id = ? AND sample_id = ?", (head_id, sample_id)).fetchone()
         return None if row is None else self._sample(row)
+
+    def get_samples(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], CachedSample]:
+        """The cached ones of many (head, sample) keys: one query per head and 500 samples, not one
+        per key (``view.BatchView``: a batch's lookups)."""
+        by_head: dict[str, list[str]] = {}
+        for head_id, sample_id in set(keys):
+            by_head.setdefault(head_id, []).append(sample_id)
+        found: dict[tuple[str, str], CachedSample] = {}
+        for head_id, ids in by_head.items():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows = self._db.execute(
+                    "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
+                    f"FROM samples WHERE head_id = ? AND sample_id IN ({','.join('?' * len(chunk))})",
+                    (head_id, *chunk)).fetchall()
+                for row in rows:
+                    s = self._sample(row)
+                    found[(s.head_id, s.sample_id)] = s
+        return found
 
     def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
         """The subject's cached samples in one head, ordered by sample id."""
@@ -366,12 +404,15 @@ class FeatureCache:
         return seqs
 
     def _append_outbox(self, messages: Iterable[OutMessage]) -> list[int]:
-        seqs = []
-        for m in messages:
-            cur = self._db.execute("INSERT INTO outbox (topic, key, value, partition, phase) VALUES (?, ?, ?, ?, ?)",
-                                   (m.topic, m.key, m.value, m.partition, int(m.phase)))
-            seqs.append(int(cur.lastrowid))  # type: ignore[arg-type]
-        return seqs
+        """Append in one ``executemany`` (inside the caller's transaction) with explicit sequence
+        numbers after the highest ever used (AUTOINCREMENT's rule: never reused)."""
+        row = self._db.execute("SELECT MAX(s) FROM (SELECT seq AS s FROM sqlite_sequence WHERE name = 'outbox' "
+                               "UNION ALL SELECT MAX(seq) FROM outbox)").fetchone()
+        base = int(row[0] or 0)
+        rows = [(base + i, m.topic, m.key, m.value, m.partition, int(m.phase)) for i, m in enumerate(messages, 1)]
+        self._db.executemany("INSERT INTO outbox (seq, topic, key, value, partition, phase) VALUES (?, ?, ?, ?, ?, ?)",
+                             rows)
+        return [r[0] for r in rows]
 
     def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:
         """ONE transaction: the outbox becomes ``messages`` (a changelog seed that includes what was
@@ -422,9 +463,25 @@ class FeatureCache:
                              (uuid.uuid4().hex, int(generation)))
 
     def ack_outbox(self, seqs: Iterable[int]) -> None:
-        """Forget outbox rows the broker acknowledged."""
-        with self._tx():
-            self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(int(s),) for s in seqs])
+        """Forget outbox rows the broker acknowledged: one range DELETE per run of consecutive
+        sequence numbers (a batch's rows are one run). Not synced to disk on its own (WAL,
+        ``synchronous=NORMAL`` for this transaction): the next batch's commit syncs it, and
+        losing it to a power cut only re-sends messages the ledger deduplicates
+        (docs/featurizer.md, "The feature cache")."""
+        runs: list[list[int]] = []
+        for s in sorted({int(s) for s in seqs}):
+            if runs and s == runs[-1][1] + 1:
+                runs[-1][1] = s
+            else:
+                runs.append([s, s])
+        if not runs:
+            return
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                self._db.executemany("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", runs)
+        finally:
+            self._db.execute(f"PRAGMA synchronous={self.synchronous}")
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

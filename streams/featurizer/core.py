@@ -80,6 +80,7 @@ from .model import (
     OutMessage,
     RegistryEncoder,
 )
+from .view import BatchView, named_samples
 
 __all__ = [
     "DEFAULT_BACKBONES",
@@ -594,7 +595,8 @@ def featurize_batch(
     reqs = parse_batch(fresh)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
-    judged = judge_batch(fresh, reqs, encoded, cache, config, ts, screened)
+    view = BatchView(cache, named_samples(reqs))  # one cache lookup per batch, not per event
+    judged = judge_batch(fresh, reqs, encoded, view, config, ts, screened)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

@@ -247,9 +247,10 @@ class FeaturizerService:
                 p = tp.partition
                 cache = self.caches.get(p)
                 if cache is None:
-                    cache = FeatureCache.open_partition(
+                    cache = FeatureCache.open_partition(  # NORMAL: the changelog covers a power cut
                         self.settings.data_dir, self.stream_dir, p,
-                        {"topic": self.topic, "client_id": self.config.client_id or ""})
+                        {"topic": self.topic, "client_id": self.config.client_id or ""},
+                        synchronous="FULL" if self._reader is None else "NORMAL")
                     self.caches[p] = cache
                 if self._reader is None:
                     self._assign_local(consumer, tp, cache, origin_ends)
@@ -508,10 +509,10 @@ class FeaturizerService:
         """Judge by-head records per partition through the outbox (module docstring, steps 1-3);
         return by-head partition -> last offset done."""
         by_partition: dict[int, list[InMessage]] = {}
+        applied = {p: c.applied_offset for p, c in self.caches.items()}  # one read per partition, not per record
         for m in records:
             p = m.partition()
-            cache = self.caches.get(p)
-            if cache is None or m.offset() <= cache.applied_offset:
+            if p not in applied or m.offset() <= applied[p]:
                 continue  # revoked meanwhile, or already in the cache (never judged twice)
             by_partition.setdefault(p, []).append(
                 InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.origin_stream),

@@ -162,3 +162,33 @@ def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Pat
         cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
         again = featurize_batch([InMessage(0, 100 + i, v) for i, v in enumerate(_reqs())], cache, cfg, now=1.0)
         assert "duplicate_add" in again.reasons()
+
+
+def test_batched_lookups_and_outbox_sequence_numbers(tmp_path: Path) -> None:
+    puts = tuple(sample(f"s{i:04d}", f"u{i % 7}", [i, -i, 1]) for i in range(1200))
+    with FeatureCache(tmp_path / "c.sqlite", synchronous="NORMAL") as cache:
+        assert cache._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        first = cache.commit_batch(CacheMutations(put_samples=puts, put_heads=(HEAD,)),
+                                   [OutMessage("t", b"k", b"v%d" % i) for i in range(5)], 1)
+        assert first == list(range(first[0], first[0] + 5))
+        # one lookup for many keys (several queries of 500) gives what one-by-one lookups give
+        keys = [("h", f"s{i:04d}") for i in range(0, 1400, 3)] + [("v", "s0001"), ("h", "s0003")]
+        got = cache.get_samples(keys)
+        assert got == {k: s for k in keys if (s := cache.get_sample(*k)) is not None} and len(got) == 400
+        # acknowledged in any order and with gaps: one range delete per run; numbers never reused
+        cache.ack_outbox([first[4], first[0], first[1], first[3]])
+        assert [r.seq for r in cache.pending_outbox()] == [first[2]]
+        cache.ack_outbox([first[2]])
+        cache.ack_outbox([])
+        nxt = cache.commit_batch(CacheMutations(), [OutMessage("t", None, b"x"), OutMessage("t", None, b"y")], 2)
+        assert nxt == [first[4] + 1, first[4] + 2]
+        assert [(r.seq, r.value) for r in cache.pending_outbox()] == [(nxt[0], b"x"), (nxt[1], b"y")]
+        assert cache._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # restored after the ack
+    with FeatureCache(tmp_path / "c.sqlite") as cache:  # FULL by default, and the rows are there
+        assert cache._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert [r.seq for r in cache.pending_outbox()] == nxt and cache.count() == 1200
+        cache.ack_outbox(nxt)
+        assert cache._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert cache.commit_batch(CacheMutations(), [OutMessage("t", None, b"z")], 3) == [nxt[1] + 1]
+    with pytest.raises(ValueError):
+        FeatureCache(tmp_path / "d.sqlite", synchronous="OFF")
