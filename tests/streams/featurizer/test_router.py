@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, is_valid_id
 from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.core import CoreConfig, InMessage, Origin, admit_routed, featurize_batch
 from unlearn.streams.featurizer.router import (
@@ -175,3 +175,57 @@ def test_featurize_batch_judges_routed_records_once_and_names_their_origin() -> 
     assert [(d.topic, d.partition, d.offset) for d in dls] == [("t.requests", 3, 9), ("t.requests.by-head", 2, 43)]
     copies = featurize_batch(msgs[2:3], Empty(), cfg, now=1.0, origins=out.origin_offsets)
     assert (copies.last_offset, copies.reforwarded, copies.messages(cfg), copies.mutations.empty) == (42, 1, [], True)
+
+
+_ids = st.text(alphabet="abcXYZ019._:@+-", min_size=1, max_size=12)
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+                     st.sampled_from(["head_id", '"head_id"', "\\", "é"]))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["head_id", "a", "input"]), inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(before=st.dictionaries(st.sampled_from(["schema", "event_id", "op", "x", "head\u005fid"]), _values, max_size=4),
+       head=st.one_of(_ids, _values, st.text(max_size=140)), after=st.dictionaries(
+           st.sampled_from(["input", "label", "head_id", "y"]), _values, max_size=3),
+       spaces=st.booleans(), cut=st.integers(0, 400))
+def test_the_cheap_head_lookup_agrees_with_a_full_parse(before: dict[str, object], head: object,
+                                                        after: dict[str, object], spaces: bool, cut: int) -> None:
+    # whatever precedes or follows it (nested heads, duplicate keys, escapes, strings that look
+    # like the key): a JSON document routes as its full parse says; a truncated one (not JSON)
+    # routes by its head id only if one was certain before the cut, else by its origin
+    doc = orjson.dumps({**before, "head_id": head, **after})
+    if spaces:
+        doc = doc.replace(b'":', b'" :  ').replace(b',"', b', \n"')
+    full = orjson.loads(doc).get("head_id")
+    assert routing_head(doc) == (full if is_valid_id(full) else None)
+    assert routing_head(b" \t{" + doc[1:]) == routing_head(doc)
+    broken = doc[:cut]
+    if broken != doc:
+        assert routing_head(broken) in (None, full)
+
+
+def test_the_cheap_head_lookup_is_linear_on_hostile_prefixes() -> None:
+    import time
+
+    for doc, head in ((b'{' + b'"a":1,' * 5000 + b'"head_id":"h"}', "h"), (b'{' + b'"head_id":1,' * 5000 + b'}', None),
+                      (b'{"a":"' + b'x' * 100_000 + b'","head_id":"h"}', "h"), (b'{"a":' + b'1e' * 500 + b'}', None),
+                      (b'{' + b'"a":1,' * 160 + b'"head_id":"h"}', "h")):
+        t0 = time.perf_counter()
+        assert routing_head(doc) == head
+        assert time.perf_counter() - t0 < 1.0  # never backtracking without bound
+
+
+def test_the_cheap_head_lookup_is_never_fooled() -> None:
+    # the full parse's answer, for the spellings a prefix scan could get wrong
+    for doc, head in ((b'{"head_id":"a","head_id":"b"}', "b"),  # duplicate key: the last one wins
+                      (b'{"head\\u005fid":"b","head_id":"a"}', "a"), (b'{"head_id":"a","head\\u005fid":"b"}', "b"),
+                      (b'{"x":{"head_id":"a"}}', None), (b'{"x":[1],"head_id":"a"}', "a"),
+                      (b'{"x":"head_id","head_id":"a"}', "a"), (b'["head_id","a"]', None),
+                      (b'{"head_id":"a","s":"\\"head_id\\""}', "a"), (b'{"head_id" : "a" }', "a")):
+        assert routing_head(doc) == head, doc
+        d = orjson.loads(doc)
+        assert (d.get("head_id") if type(d) is dict else None) == head
+    # not JSON after a certain head id: routed by it (and dead-lettered there, not_json)
+    assert routing_head(b'{"op":"add","head_id":"a","input":') == "a"
