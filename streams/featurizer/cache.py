@@ -107,7 +107,7 @@ CREATE TABLE IF NOT EXISTS origins (
 
 PAGE_SIZE = 65536
 """sqlite page size of a new cache file. A batch writes megabytes (q travels in the samples, the
-changelog txn, the sample records and the deltas: about 25 KB per add at d=768), mostly as
+changelog txn, the sample records and the deltas: about 30 KB per add at d=768), mostly as
 overflow pages: 64 KiB pages make a 190-add commit about 3x and its outbox delete about 5x
 cheaper than 4 KiB pages (measured, bench/results/pipeline_bench.md). Existing files keep theirs."""
 WAL_AUTOCHECKPOINT_PAGES = 256
