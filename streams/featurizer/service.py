@@ -247,9 +247,9 @@ class FeaturizerService:
                 p = tp.partition
                 cache = self.caches.get(p)
                 if cache is None:
-                    cache = FeatureCache.open_partition(  # NORMAL: the changelog covers a power cut
-                        self.settings.data_dir, self.stream_dir, p,
-                        {"topic": self.topic, "client_id": self.config.client_id or ""},
+                    ident = {"topic": self.topic, "client_id": self.config.client_id or ""}
+                    cache = FeatureCache.open_partition(  # sqlite NORMAL where the changelog covers a power cut
+                        self.settings.data_dir, self.stream_dir, p, ident,
                         synchronous="FULL" if self._reader is None else "NORMAL")
                     self.caches[p] = cache
                 if self._reader is None:
