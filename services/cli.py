@@ -18,6 +18,7 @@ tools
   head            print the latest head of a head id
   heads           declare heads: create | extend (grow the classes) | show | list (head registry)
   clients         signing clients: keygen | create | add-key | revoke | show | list (client registry)
+  acls            the broker ACL matrix: script (infra/kafka/acls.sh) | docs | commands
   add | delete | delete-subject   produce request events (optionally --wait for the receipt)
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
@@ -86,6 +87,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "head": _lazy("unlearn.services.client.head_reader", "head_main"),
     "heads": _lazy("unlearn.services.registry.cli", "heads_main"),
     "clients": _lazy("unlearn.services.registry.clients_cli", "clients_main"),
+    "acls": _lazy("unlearn.infra.acl_matrix", "acls_main"),
     "add": _lazy("unlearn.services.client.cli", "add_main"),
     "delete": _lazy("unlearn.services.client.cli", "delete_main"),
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),

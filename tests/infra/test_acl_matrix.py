@@ -1,0 +1,230 @@
+"""The broker ACL matrix (infra/acl_matrix.py) is the one source of truth: the generated script
+(infra/kafka/acls.sh) and the docs table equal it, and every service's principal may do what its
+code does, with names taken from the code (topics, families, consumer group ids), and no more
+than its role on the topics that decide exactness and rights. No broker is involved: these are
+static checks (the compose deployment cannot run here, see docs/security.md)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_script
+from unlearn.infra.client_registry import CLIENT_REGISTRY_TOPIC
+from unlearn.infra.head_registry import REGISTRY_TOPIC
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.topics import TOPICS
+
+ROOT = Path(__file__).resolve().parents[2]
+P = "acme-prod."  # any prefix: the matrix is relative to it
+
+
+def test_script_is_generated_from_the_matrix() -> None:
+    assert (ROOT / "infra/kafka/acls.sh").read_text() == render_script(), \
+        "regenerate: unlearn acls script > infra/kafka/acls.sh"
+
+
+def _script_rules(prefix: str) -> list[tuple[str, str, str, str, frozenset[str]]]:
+    """(principal, resource, full name, pattern, operations) of every kafka-acls.sh line."""
+    rules = []
+    for line in (ROOT / "infra/kafka/acls.sh").read_text().splitlines():
+        if not line.startswith("kafka-acls.sh "):
+            continue
+        argv = shlex.split(line.replace("${P}", prefix))
+        args = [a for a in argv if a != ">/dev/null"]
+        assert "--add" in args and "--deny-principal" not in args
+        opts: dict[str, list[str]] = {}
+        for i, a in enumerate(args):
+            if a.startswith("--") and a not in ("--add", "--cluster"):
+                opts.setdefault(a, []).append(args[i + 1])
+        (principal,) = opts["--allow-principal"]
+        ops = frozenset(o.upper().replace("DESCRIBECONFIGS", "DESCRIBE_CONFIGS") for o in opts["--operation"])
+        if "--cluster" in args:
+            rules.append((principal, "cluster", "kafka-cluster", "literal", ops))
+            continue
+        (kind,) = [k for k in ("--topic", "--group") if k in opts]
+        (name,) = opts[kind]
+        (pattern,) = opts["--resource-pattern-type"]
+        rules.append((principal, kind[2:], name, pattern.lower(), ops))
+    return rules
+
+
+def test_rendered_commands_cover_exactly_the_matrix() -> None:
+    rules = _script_rules(P)
+    want = [(f"User:{g.principal}", g.resource, g.full_name(P), g.pattern, frozenset(g.operations)) for g in MATRIX]
+    assert sorted(rules, key=repr) == sorted(want, key=repr)
+    assert len(set(rules)) == len(rules)
+
+
+def test_docs_table_equals_the_matrix() -> None:
+    text = (ROOT / "docs/security.md").read_text()
+    m = re.search(r"<!-- acl-matrix:begin[^>]*-->\n(.*?)<!-- acl-matrix:end -->", text, re.S)
+    assert m, "docs/security.md lacks the acl-matrix markers"
+    assert m.group(1) == docs_table(), "paste the output of `unlearn acls docs` into docs/security.md"
+
+
+def test_one_principal_per_service_and_no_wildcards() -> None:
+    assert {g.principal for g in MATRIX} == set(PRINCIPALS)
+    for g in MATRIX:
+        assert g.operations and len(set(g.operations)) == len(g.operations)
+        assert "*" not in g.name and "ALL" not in g.operations  # type: ignore[comparison-overlap]
+        if g.principal != "operator":  # only the operator holds grants on the whole prefix
+            assert g.name or g.resource == "cluster", g
+
+
+def _group_of(monkeypatch: pytest.MonkeyPatch, make: Any) -> str:
+    """The group.id a code path gives its librdkafka consumer (the Consumer is faked)."""
+    import confluent_kafka
+
+    seen: list[str] = []
+
+    class FakeConsumer:
+        def __init__(self, conf: dict[str, Any]) -> None:
+            seen.append(conf["group.id"])
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", FakeConsumer)
+    make()
+    (group,) = seen
+    return group
+
+
+def _reader_group(monkeypatch: pytest.MonkeyPatch, settings: Settings, role: str) -> str:
+    from unlearn.infra import topic_reader
+
+    return _group_of(monkeypatch, lambda: topic_reader._consumer(settings, role))
+
+
+def _roles_in_code() -> dict[str, set[str]]:
+    """role="..." literals passed to topic readers and followers, per source file."""
+    found: dict[str, set[str]] = {}
+    for sub in ("infra", "services", "streams", "ledger", "features"):
+        for path in (ROOT / sub).rglob("*.py"):
+            for role in re.findall(r'\brole="([a-z-]+)"', path.read_text()):
+                found.setdefault(role, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+# Which principal runs the code that uses each reader role (a new role fails the next test until
+# it is listed here and granted in the matrix).
+ROLE_PRINCIPALS = {
+    "serving": {"serving"},                       # services/serving/follower.py
+    "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/head_registry.py
+    "clients": {"featurizer", "operator"},        # infra/client_registry.py
+    "verifier": {"verifier"},                     # services/verifier/reading.py
+    "head-reader": {"client"},        # services/client/head_reader.py
+    "head-follower": {"client"},                  # services/client/head_reader.py (--follow)
+    "client-receipts": {"client"},                # services/client/sdk.py
+    "demo-receipts": set(),                       # the demo runs on the embedded broker only
+    "reader": set(), "follower": set(),           # defaults of infra/topic_reader.py
+}
+
+
+def test_every_reader_role_in_the_code_is_known() -> None:
+    assert set(_roles_in_code()) <= set(ROLE_PRINCIPALS), _roles_in_code()
+
+
+@pytest.mark.parametrize("role", sorted(r for r, who in ROLE_PRINCIPALS.items() if who))
+def test_reader_groups_are_granted(monkeypatch: pytest.MonkeyPatch, role: str) -> None:
+    """librdkafka looks up the coordinator of a consumer's group.id even when it only assigns
+    partitions (DESCRIBE on the group), so group-less readers need their group ids granted too."""
+    group = _reader_group(monkeypatch, Settings(bootstrap="b:9092", topic_prefix=P), role)
+    for principal in ROLE_PRINCIPALS[role]:
+        assert allows(principal, "READ", "group", group, P), (principal, group)
+
+
+# Consumer group ids the workers build from the prefix (f"{...topic_prefix}NAME"), per file, and
+# the principal that runs that code (a new group id fails the test until it is listed and granted).
+WORKER_GROUP_FILES = {
+    "streams/featurizer/service.py": {"featurizer"},
+    "streams/featurizer/changelog_store.py": {"featurizer"},
+    "streams/ledger/worker.py": {"ledger"},
+    "streams/ledger/state_store.py": {"ledger"},
+    "infra/log_position.py": {"featurizer", "ledger"},
+}
+
+
+def test_worker_groups_are_granted() -> None:
+    found = {}
+    for sub in ("infra", "services", "streams", "ledger", "features"):
+        for path in (ROOT / sub).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            for name in re.findall(r'topic_prefix\}([a-z.-]+)(\{)?"?', path.read_text()):
+                if rel not in ("infra/settings.py", "infra/topic_reader.py"):
+                    found.setdefault(rel, set()).add(name[0] + ("x1" if name[1] else ""))
+    assert set(found) == set(WORKER_GROUP_FILES), found
+    for rel, names in found.items():
+        for name in names:
+            for principal in WORKER_GROUP_FILES[rel]:
+                assert allows(principal, "READ", "group", P + name, P), (rel, principal, name)
+    assert allows("featurizer", "READ", "group", f"{P}featurizer.tenant-a", P)  # federated group
+
+
+WRITES = {  # logical topic -> the only principals that may write it
+    "requests": {"client"},
+    "requests.by-head": {"featurizer"},
+    "deltas": {"featurizer"},
+    "featurizer-cache": {"featurizer"},
+    "receipts": {"featurizer", "ledger"},
+    "deadletter": {"featurizer", "ledger"},
+    REGISTRY_TOPIC: {"operator", "featurizer"},
+    CLIENT_REGISTRY_TOPIC: {"operator"},
+}
+
+
+def test_every_topic_has_its_writers_and_only_them() -> None:
+    assert set(WRITES) == set(TOPICS) | {REGISTRY_TOPIC, CLIENT_REGISTRY_TOPIC}
+    for logical, writers in WRITES.items():
+        got = {p for p in PRINCIPALS if allows(p, "WRITE", "topic", P + logical, P)}
+        assert got == writers, logical
+    heads, state = heads_family(P).topic(3, 7), state_family(P).topic(3, 7)
+    assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", heads, P)} == {"ledger"}
+    assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", state, P)} == {"ledger"}
+    assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", f"{P}subject-keys.p3.g7", P)} == {"featurizer"}
+
+
+NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, topic relative to P)
+    "featurizer": [("READ", "requests"), ("READ", "requests.by-head"), ("WRITE", "requests.by-head"),
+                   ("CREATE", "requests.by-head"), ("READ", "featurizer-cache"), ("WRITE", "featurizer-cache"),
+                   ("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
+                   ("WRITE", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"),
+                   ("CREATE", "subject-keys.p0.g1"), ("DELETE", "subject-keys.p0.g0"),
+                   ("READ", "subject-keys.p0.g1"), ("WRITE", "subject-keys.p0.g1")],
+    "ledger": [("READ", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"), ("READ", REGISTRY_TOPIC),
+               ("READ", "subject-keys.p0.g0")]
+    + [(op, t) for t in ("heads.p2.g5", "ledger-state.p2.g5") for op in ("READ", "WRITE", "CREATE", "DELETE")],
+    "serving": [("READ", "heads.p0.g0"), ("READ", REGISTRY_TOPIC)],
+    "verifier": [("READ", "deltas"), ("READ", "heads.p1.g0"), ("READ", "receipts"), ("READ", "subject-keys.p1.g0")],
+    "client": [("WRITE", "requests"), ("READ", "receipts"), ("READ", "heads.p0.g3"), ("DESCRIBE", "deltas")],
+    "operator": [("CREATE", t) for t in TOPICS] + [("DESCRIBE", t) for t in TOPICS]
+    + [("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
+       ("WRITE", CLIENT_REGISTRY_TOPIC)],
+}
+
+
+@pytest.mark.parametrize("principal", PRINCIPALS)
+def test_each_principal_may_do_what_its_code_does(principal: str) -> None:
+    for op, topic in NEEDS[principal]:
+        full = P + topic
+        assert heads_family(P).matches(full) or not topic.startswith("heads.")
+        assert allows(principal, op, "topic", full, P), (principal, op, full)
+        assert allows(principal, "DESCRIBE", "topic", full, P) or op == "CREATE"
+
+
+def test_least_privilege_examples() -> None:
+    # Nobody but the operator creates the project's fixed topics or touches the client registry.
+    assert not allows("featurizer", "CREATE", "topic", P + "deltas", P)
+    assert not allows("ledger", "READ", "topic", P + CLIENT_REGISTRY_TOPIC, P)
+    assert not allows("client", "READ", "topic", P + "requests", P)  # clients do not read each other's requests
+    assert not allows("client", "READ", "topic", P + "deadletter", P)
+    assert not allows("serving", "READ", "topic", P + "deltas", P)
+    assert not allows("verifier", "WRITE", "topic", heads_family(P).topic(0, 0), P)
+    # Another deployment's prefix is out of reach of everyone, the operator included.
+    for principal in PRINCIPALS:
+        assert not allows(principal, "READ", "topic", "other.requests", P)
+        assert not allows(principal, "CREATE", "topic", "other.requests", P)
+    assert not allows("ledger", "CREATE", "topic", P + "heads-evil", P)  # prefixed means "heads." exactly
