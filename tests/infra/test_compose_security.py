@@ -1,0 +1,126 @@
+"""The secured compose deployment, checked statically (no Docker engine here: it has never been
+started by these tests). The file parses; every worker runs as its own principal with SCRAM
+settings; the init service creates exactly the matrix's principals; the broker script turns the
+authorizer on; and each service's environment, run through the typed settings and
+``infra.profiles``, gives its librdkafka clients the SASL config (shown in docs/security.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
+from unlearn.infra.profiles import admin_config, consumer_config, producer_config, security_config
+from unlearn.infra.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+WORKERS = {name: svc for name, svc in SERVICES.items() if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile"}
+# Which principal each compose service runs as.
+PRINCIPAL_OF = {"topics": "operator", "operator": "operator", "featurizer": "featurizer", "ledger": "ledger",
+                "serve": "serving", "verifier": "verifier", "client": "client"}
+_VAR = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}``: the variable if set and non-empty, else the default."""
+    return _VAR.sub(lambda m: env.get(m.group(1)) or m.group(2), str(value))
+
+
+def _environment(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    raw = SERVICES[service]["environment"]
+    assert isinstance(raw, dict), f"{service}: use the mapping form (anchors merge into it)"
+    return {k: _interpolate(v, env or {}) for k, v in raw.items()}
+
+
+def test_every_worker_runs_as_its_own_principal() -> None:
+    assert set(WORKERS) == set(PRINCIPAL_OF)
+    assert {PRINCIPAL_OF[w] for w in WORKERS} == set(PRINCIPALS)
+    for name in WORKERS:
+        env = _environment(name)
+        assert env["UNLEARN_PROFILE"] == "kafka"
+        assert env["UNLEARN_BOOTSTRAP"] == "kafka:9092"
+        assert env["UNLEARN_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+        assert env["UNLEARN_SASL_MECHANISM"] == "SCRAM-SHA-512"
+        user = env["UNLEARN_SASL_USERNAME"]
+        assert user == PRINCIPAL_OF[name]
+        raw_password = SERVICES[name]["environment"]["UNLEARN_SASL_PASSWORD"]
+        assert raw_password == f"${{UNLEARN_{user.upper()}_PASSWORD:-{user}-local-only}}", name
+
+
+def test_init_service_creates_every_principal_with_the_workers_passwords() -> None:
+    init = SERVICES["kafka-init"]
+    assert init["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert SERVICES["topics"]["depends_on"] == {"kafka-init": {"condition": "service_completed_successfully"}}
+    for name in WORKERS:
+        if name != "topics":
+            assert SERVICES[name]["depends_on"] == {"topics": {"condition": "service_completed_successfully"}}
+    for user in PRINCIPALS:
+        var = f"UNLEARN_{user.upper()}_PASSWORD"
+        assert init["environment"][var] == f"${{{var}:-{user}-local-only}}"
+    script = (ROOT / "infra/kafka/init.sh").read_text()
+    (loop,) = re.findall(r"^for user in ([a-z ]+); do$", script, re.M)
+    assert loop.split() == list(PRINCIPALS)
+    assert "SCRAM-SHA-512=[" in script and 'sh "$here/acls.sh"' in script
+    # an overridden password reaches both the init service and the worker
+    env = {"UNLEARN_LEDGER_PASSWORD": "rotated-2027"}
+    assert _environment("kafka-init", env)["UNLEARN_LEDGER_PASSWORD"] == "rotated-2027"
+    assert _environment("ledger", env)["UNLEARN_SASL_PASSWORD"] == "rotated-2027"
+
+
+def test_broker_requires_scram_and_acls() -> None:
+    kafka = SERVICES["kafka"]
+    assert kafka["image"] == "apache/kafka:3.9.0"
+    assert kafka["entrypoint"] == ["/bin/bash", "/unlearn-kafka/broker.sh"]
+    assert "./infra/kafka:/unlearn-kafka:ro" in kafka["volumes"]
+    assert kafka["ports"] == ["9092:9092"]  # the SASL listener only; the controller stays inside
+    assert "--command-config /tmp/unlearn-kafka/admin.properties" in kafka["healthcheck"]["test"][1]
+    props = dict(line.split("=", 1) for line in (ROOT / "infra/kafka/broker.sh").read_text().splitlines()
+                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask")))
+    assert props["listeners"] == "SASL_PLAINTEXT://:9092,CONTROLLER://localhost:9093"
+    assert props["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin;User:ANONYMOUS"  # ANONYMOUS: the localhost controller listener
+    assert props["controller.quorum.voters"] == "1@localhost:9093"
+    assert props["auto.create.topics.enable"] == "false"
+    assert "admin" not in PRINCIPALS  # the super user is not a service principal
+
+
+def _settings_of(service: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for k in list(os.environ):
+        if k.startswith("UNLEARN_") or k == "KAFKA_BOOTSTRAP":
+            monkeypatch.delenv(k)
+    for k, v in _environment(service).items():
+        monkeypatch.setenv(k, v)
+    return Settings.from_env()
+
+
+@pytest.mark.parametrize("service", sorted(PRINCIPAL_OF))
+def test_each_service_gets_its_librdkafka_security_config(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _settings_of(service, monkeypatch)
+    user = PRINCIPAL_OF[service]
+    want = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": f"{user}-local-only"}
+    assert security_config(s) == want
+    for conf in (producer_config(s), consumer_config(s, "g"), admin_config(s)):
+        assert {k: conf[k] for k in want} == want and conf["bootstrap.servers"] == "kafka:9092"
+    assert f"{user}-local-only" not in repr(s)  # never in a log line
+    assert grants_of(user)  # and the matrix grants that principal something
+
+
+def test_passwords_fit_the_scram_and_jaas_syntax() -> None:
+    """The defaults (and any documented override) must not break `SCRAM-SHA-512=[password=...]`
+    or the JAAS string: no quote, comma, bracket, equals sign or whitespace."""
+    defaults = _VAR.findall((ROOT / "docker-compose.yml").read_text())
+    assert defaults
+    for var, default in defaults:
+        if var.endswith("_PASSWORD"):
+            assert re.fullmatch(r"[A-Za-z0-9._-]+", default), (var, default)
