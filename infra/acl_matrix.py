@@ -41,16 +41,6 @@ Operation = Literal["READ", "WRITE", "CREATE", "DELETE", "DESCRIBE", "DESCRIBE_C
 PRINCIPALS: tuple[str, ...] = ("operator", "featurizer", "ledger", "serving", "verifier", "client")
 """One SCRAM user per service (``User:<name>``). ``client`` stands for upstream apps (SDK, CLI)."""
 
-ROLE: dict[str, str] = {
-    "operator": "creates topics (`unlearn topics create`), writes the head and client registries",
-    "featurizer": "`unlearn featurizer`",
-    "ledger": "`unlearn ledger`",
-    "serving": "`unlearn serve`",
-    "verifier": "`unlearn verify`, `unlearn export-deltas`",
-    "client": "upstream apps: the SDK, `unlearn add|delete|delete-subject`, `unlearn head`",
-}
-
-
 @dataclass(frozen=True)
 class Grant:
     """ALLOW ``operations`` on one resource pattern to ``User:<principal>`` (any host)."""

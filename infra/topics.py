@@ -81,14 +81,25 @@ def create_topics(
         for logical, full in names.items()
     ]
     futures = admin.create_topics(new, request_timeout=settings.admin_timeout)
+    unauthorized = []
     for full, fut in futures.items():
         try:
             fut.result(timeout=settings.admin_timeout)
         except KafkaException as exc:
             err = exc.args[0]
-            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                # A worker principal without CREATE (docs/security.md, ACL matrix): Kafka answers
+                # this before it checks existence, so the topic may well exist; the wait decides.
+                unauthorized.append(full)
+            elif err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise TopicError(f"cannot create topic {full!r}: {err.str()}") from exc
-    counts = wait_for_topics(settings, names.values(), admin=admin)
+    try:
+        counts = wait_for_topics(settings, names.values(), admin=admin)
+    except TopicError as exc:
+        if unauthorized:
+            raise TopicError(f"{exc}; not authorized to create {unauthorized}: create them as the operator "
+                             "principal (`unlearn topics create`)") from exc
+        raise
     for full, count in counts.items():
         if count != n:
             log.warning("topic %s exists with %d partitions (asked for %d); left as is", full, count, n)
@@ -109,7 +120,8 @@ def ensure_topic(settings: Settings, name: str, *, partitions: int = 1, compacte
     try:
         fut.result(timeout=settings.admin_timeout)
     except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+        # TOPIC_AUTHORIZATION_FAILED: no CREATE right; the topic may exist all the same (as in create_topics)
+        if exc.args[0].code() not in (KafkaError.TOPIC_ALREADY_EXISTS, KafkaError.TOPIC_AUTHORIZATION_FAILED):
             raise TopicError(f"cannot create topic {name!r}: {exc.args[0].str()}") from None
     wait_for_topics(settings, [name], admin=client)
 
