@@ -55,6 +55,14 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Read --operation Write --operation Create --operation Delete --topic "${P}heads." --resource-pattern-type PREFIXED >/dev/null
 # ledger: the subject-keys family
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Read --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
+# ledger: at start it ensures every project topic exists (`create_topics`)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}requests" --resource-pattern-type LITERAL >/dev/null
+# ledger: at start it ensures every project topic exists (`create_topics`)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}requests.by-head" --resource-pattern-type LITERAL >/dev/null
+# ledger: at start it ensures every project topic exists (`create_topics`)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
+# ledger: at start it ensures every project topic exists (`create_topics`)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}client-registry" --resource-pattern-type LITERAL >/dev/null
 # ledger: its group `P ledger` and `P ledger-recovery-*`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Read --group "${P}ledger" --resource-pattern-type PREFIXED >/dev/null
 # ledger: head-registry follower
@@ -93,4 +101,4 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-reader-" --resource-pattern-type PREFIXED >/dev/null
 # client: `unlearn head --follow`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-follower-" --resource-pattern-type PREFIXED >/dev/null
-echo "acls: 44 rules for prefix $P"
+echo "acls: 48 rules for prefix $P"

@@ -194,7 +194,9 @@ NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, to
                    ("WRITE", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"),
                    ("CREATE", "subject-keys.p0.g1"), ("DELETE", "subject-keys.p0.g0"),
                    ("READ", "subject-keys.p0.g1"), ("WRITE", "subject-keys.p0.g1")],
-    "ledger": [("READ", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"), ("READ", REGISTRY_TOPIC),
+    # run_ledger_worker calls create_topics(settings): every project topic must be visible to it
+    "ledger": [("DESCRIBE", t) for t in TOPICS]
+    + [("READ", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"), ("READ", REGISTRY_TOPIC),
                ("READ", "subject-keys.p0.g0")]
     + [(op, t) for t in ("heads.p2.g5", "ledger-state.p2.g5") for op in ("READ", "WRITE", "CREATE", "DELETE")],
     "serving": [("READ", "heads.p0.g0"), ("READ", REGISTRY_TOPIC)],
