@@ -58,6 +58,7 @@ class Settings:
     changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per snapshot piece message
     state_rotate_bytes: int = 64_000_000  # UNLEARN_STATE_ROTATE_BYTES: ledger-state / heads generation size bound
     heads_retire_seconds: float = 10.0  # UNLEARN_HEADS_RETIRE_SECONDS: a superseded heads topic lives this long
+    erasure_rotate_seconds: float = 20.0  # UNLEARN_ERASURE_ROTATE_SECONDS: 0 = off (streams.ledger)
     ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
     checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
     checkpoint_every_seconds: float = 5.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
@@ -198,6 +199,9 @@ class Settings:
         if self.heads_retire_seconds < 3.0:
             raise ValueError("UNLEARN_HEADS_RETIRE_SECONDS must be at least 3 (readers move to a new heads "
                              "generation within about a second and must be off the old one before it is deleted)")
+        if self.erasure_rotate_seconds < 0:
+            raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
+                             f"got {self.erasure_rotate_seconds}")
         if self.state_rotate_bytes < self.changelog_max_bytes:
             raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):

@@ -67,13 +67,20 @@ class Checkpoint:
     floor: int  # next deltas offset to read: everything below is in the snapshots named here
     topic_id: str  # the deltas topic incarnation this state belongs to ("" if unknown)
     heads: Mapping[str, HeadPointer] = field(default_factory=dict)
+    # A delete was applied since the partition's last erasure rotation: the generations this
+    # record's state lives in may still hold aggregates taken before it (the worker's erasure
+    # rotation). Encoded only when set, so records without it read as before.
+    erasure_pending: bool = False
 
     def encode(self) -> bytes:
-        return orjson.dumps({
+        doc: dict[str, object] = {
             "format": _FORMAT, "partition": self.partition, "floor": self.floor, "topic_id": self.topic_id,
             "heads": {h: {"generation": p.generation, "applied_offset": p.applied_offset, "sha256": p.sha256,
                           "piece_offsets": list(p.piece_offsets)} for h, p in sorted(self.heads.items())},
-        })
+        }
+        if self.erasure_pending:
+            doc["erasure_pending"] = True
+        return orjson.dumps(doc)
 
     @classmethod
     def decode(cls, raw: bytes) -> Checkpoint:
@@ -83,7 +90,10 @@ class Checkpoint:
                 raise ValueError(f"unknown checkpoint format {doc.get('format')!r}")
             heads = {h: HeadPointer(int(p["generation"]), int(p["applied_offset"]), str(p["sha256"]),
                                     tuple(int(o) for o in p["piece_offsets"])) for h, p in doc["heads"].items()}
-            return cls(int(doc["partition"]), int(doc["floor"]), str(doc["topic_id"]), heads)
+            pending = doc.get("erasure_pending", False)
+            if not isinstance(pending, bool):
+                raise ValueError(f"erasure_pending must be a boolean, got {pending!r}")
+            return cls(int(doc["partition"]), int(doc["floor"]), str(doc["topic_id"]), heads, pending)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StaleStateError(f"unreadable checkpoint record: {exc}") from None
 

@@ -14,6 +14,11 @@ partition, and before a partition is given up:
 3. write the partition's checkpoint record (floor = next offset to read, by ``safe_floor``);
 4. commit the floor to the consumer group (for lag monitoring only: recovery never reads it).
 
+A partition that applied a delete is rotated (``ledger-state`` and ``heads`` to new generations,
+the old ones deleted) ``UNLEARN_ERASURE_ROTATE_SECONDS`` after the first delete of the window, so
+no snapshot or head update taken before a delete outlives it by more than that plus the heads'
+retire grace (docs/ledger-processor.md, "Erasure rotation").
+
 On assignment a partition is rebuilt from its checkpoint and resumed at its floor, after
 ``check_recovery`` made sure the state belongs to the log (docs/design.md section 4).
 
@@ -68,6 +73,9 @@ class PartitionState:
     last_touched: dict[str, int] = field(default_factory=dict)  # head -> offset of its last message since checkpoint
     pending: int = 0  # messages processed since the last checkpoint
     last_checkpoint: float = field(default_factory=time.monotonic)
+    # When the first delete since the partition's last erasure rotation was applied (monotonic;
+    # None: none). UNLEARN_ERASURE_ROTATE_SECONDS later, one rotation covers every delete since.
+    erasure_since: float | None = None
 
 
 @dataclass
@@ -241,6 +249,10 @@ class LedgerWorker:
         self.store.end_heads_generation(superseded)
         if cp is not None:
             ps.pointers = dict(cp.heads)
+            if cp.erasure_pending and self.settings.erasure_rotate_seconds > 0:
+                # A delete made durable before the crash, not yet rotated away: its window restarts
+                # now (a delete past the floor is replayed, and marks the partition again).
+                ps.erasure_since = time.monotonic()
         log.info("deltas partition %d: %d heads restored, resuming at offset %d", partition, len(ps.heads), floor)
         return ps
 
@@ -298,6 +310,8 @@ class LedgerWorker:
             log.info("head %r created (d=%d)", delta.head_id, delta.d)
         outcome = head.apply(delta, offset, part)
         ps.last_touched[head.head_id] = offset
+        if outcome.deletes and ps.erasure_since is None and self.settings.erasure_rotate_seconds > 0:
+            ps.erasure_since = time.monotonic()
         if outcome.skipped:
             log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)
             return
@@ -395,8 +409,10 @@ class LedgerWorker:
     def _checkpoint_due(self) -> None:
         now = time.monotonic()
         for part, ps in list(self.partitions.items()):
-            if ps.pending and (ps.pending >= self.settings.checkpoint_every_messages
-                               or now - ps.last_checkpoint >= self.settings.checkpoint_every_seconds):
+            if ps.erasure_since is not None and now - ps.erasure_since >= self.settings.erasure_rotate_seconds:
+                self.checkpoint(part, erasure=True)
+            elif ps.pending and (ps.pending >= self.settings.checkpoint_every_messages
+                                 or now - ps.last_checkpoint >= self.settings.checkpoint_every_seconds):
                 self.checkpoint(part)
 
     def _checkpoint_all(self) -> None:
@@ -404,13 +420,21 @@ class LedgerWorker:
             if self.partitions[part].pending:
                 self.checkpoint(part)
 
-    def checkpoint(self, part: int) -> None:
-        """Make ``part``'s processed messages durable: outputs, snapshots, then the checkpoint."""
+    def checkpoint(self, part: int, erasure: bool = False) -> None:
+        """Make ``part``'s processed messages durable: outputs, snapshots, then the checkpoint.
+
+        ``erasure``: the partition applied deletes since its last erasure rotation; rotate both its
+        head updates and its ledger state whatever their size, so the generations that hold
+        aggregates from before those deletes are deleted (the state's at once, the heads' after
+        their retire grace). Every delete applied so far is covered: processing waits for this."""
         ps = self.partitions[part]
+        started = time.monotonic()
         self._flush_outputs("checkpoint")
-        if self.store.needs_heads_rotation(part):
+        if erasure:
+            ps.erasure_since = None  # deletes applied from here on open the next window
+        if erasure or self.store.needs_heads_rotation(part):
             self._rotate_heads(ps)
-        rotating = self.store.needs_rotation(part)
+        rotating = erasure or self.store.needs_rotation(part)
         old_generation = self.store.begin_generation(part) if rotating else None
         for head_id, head in sorted(ps.heads.items()):
             ptr = ps.pointers.get(head_id)
@@ -421,10 +445,16 @@ class LedgerWorker:
                 head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})
-        self.store.write_checkpoint(Checkpoint(part, floor, self.topic_id, dict(ps.pointers)))
+        self.store.write_checkpoint(Checkpoint(part, floor, self.topic_id, dict(ps.pointers),
+                                               erasure_pending=ps.erasure_since is not None))
         if old_generation is not None:
             self.store.end_generation(part, old_generation)
             log.info("deltas partition %d: ledger state moved to generation %d", part, old_generation + 1)
+        if erasure:
+            log.info("deltas partition %d: erasure rotation of %d heads in %.3fs (%d state bytes, %d head bytes "
+                     "written); the superseded heads generation goes in %.0fs", part, len(ps.heads),
+                     time.monotonic() - started, self.store.written.get(part, 0),
+                     self.store.heads_written.get(part, 0), self.settings.heads_retire_seconds)
         self._commit_floor(part, floor)
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0

@@ -48,10 +48,22 @@ def test_floor_when_every_head_is_durable_is_the_next_offset() -> None:
 @given(st.integers(0, 3), st.integers(0, 10**12), st.text(max_size=30),
        st.dictionaries(st.text(min_size=1, max_size=20),
                        st.tuples(st.integers(1, 10**6), st.integers(-1, 10**12), st.text(max_size=64),
-                                 st.lists(st.integers(0, 10**12), min_size=1, max_size=8)), max_size=5))
-def test_checkpoint_record_round_trips(part: int, floor: int, topic_id: str, heads: dict) -> None:
-    cp = Checkpoint(part, floor, topic_id, {h: HeadPointer(g, o, s, tuple(p)) for h, (g, o, s, p) in heads.items()})
+                                 st.lists(st.integers(0, 10**12), min_size=1, max_size=8)), max_size=5),
+       st.booleans())
+def test_checkpoint_record_round_trips(part: int, floor: int, topic_id: str, heads: dict, erasure: bool) -> None:
+    cp = Checkpoint(part, floor, topic_id, {h: HeadPointer(g, o, s, tuple(p)) for h, (g, o, s, p) in heads.items()},
+                    erasure_pending=erasure)
     assert Checkpoint.decode(cp.encode()) == cp
+
+
+def test_a_checkpoint_without_pending_erasure_encodes_as_before() -> None:
+    """The flag is written only when set: records of workers that predate it read as 'none pending'."""
+    old = b'{"format":"unlearn.ledger-checkpoint/v1","partition":0,"floor":3,"topic_id":"t","heads":{}}'
+    assert Checkpoint.decode(old) == Checkpoint(0, 3, "t")
+    assert Checkpoint(0, 3, "t").encode() == old
+    assert b'"erasure_pending":true' in Checkpoint(0, 3, "t", erasure_pending=True).encode()
+    with pytest.raises(StaleStateError):
+        Checkpoint.decode(old[:-1] + b',"erasure_pending":"yes"}')
 
 
 @pytest.mark.parametrize(
