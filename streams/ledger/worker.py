@@ -142,6 +142,13 @@ class LedgerWorker:
                 self._checkpoint_due()
                 self.store.retire_due()
             self._checkpoint_all()
+        except BaseException as exc:
+            # Closing the consumer revokes the partitions: no checkpoint may be taken from state
+            # that a failure left half changed (a rotation that stopped between its steps would
+            # write a checkpoint naming pieces of two generations). The restart recovers instead.
+            if self.fatal is None:
+                self.fatal = exc
+            raise
         finally:
             self._close()
 
