@@ -433,12 +433,13 @@ class LedgerWorker:
         ``erasure``: the partition applied deletes since its last erasure rotation; rotate both its
         head updates and its ledger state whatever their size, so the generations that hold
         aggregates from before those deletes are deleted (the state's at once, the heads' after
-        their retire grace). Every delete applied so far is covered: processing waits for this."""
+        their retire grace). Every delete applied so far is covered: no message is processed
+        while this runs, so the next delete opens the next window."""
         ps = self.partitions[part]
         started = time.monotonic()
         self._flush_outputs("checkpoint")
         if erasure:
-            ps.erasure_since = None  # deletes applied from here on open the next window
+            log.info("deltas partition %d: erasure rotation starts (%d heads)", part, len(ps.heads))
         if erasure or self.store.needs_heads_rotation(part):
             self._rotate_heads(ps)
         rotating = erasure or self.store.needs_rotation(part)
@@ -453,12 +454,13 @@ class LedgerWorker:
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})
         self.store.write_checkpoint(Checkpoint(part, floor, self.topic_id, dict(ps.pointers),
-                                               erasure_pending=ps.erasure_since is not None))
+                                               erasure_pending=ps.erasure_since is not None and not erasure))
         if old_generation is not None:
             self.store.end_generation(part, old_generation)
             log.info("deltas partition %d: ledger state moved to generation %d", part, old_generation + 1)
         if erasure:
-            log.info("deltas partition %d: erasure rotation of %d heads in %.3fs (%d state bytes, %d head bytes "
+            ps.erasure_since = None  # done only now: a rotation cut short leaves the deletes pending
+            log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
                      "written); the superseded heads generation goes in %.0fs", part, len(ps.heads),
                      time.monotonic() - started, self.store.written.get(part, 0),
                      self.store.heads_written.get(part, 0), self.settings.heads_retire_seconds)
