@@ -4,6 +4,8 @@ Why: a broker without compaction, retention or record deletion (the embedded one
 record ever written, and deleting a whole topic is the only way to free space. A writer that owns
 partition P of the stream writes into generation G until it passes its size bound, then writes
 the state a reader needs (a full snapshot, or the latest record per key) into G+1 and deletes G.
+Deleting G is also how a writer erases what G holds (the ledger rotates a partition after a
+delete for that reason).
 Readers follow the family: every topic whose name matches, added as they appear and dropped as
 they are deleted (``infra.topic_reader``). Each generation topic has one partition; P names the
 writer's input partition (a ``deltas`` partition), so ownership follows the consumer group.

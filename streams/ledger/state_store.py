@@ -14,6 +14,9 @@ snapshot and a checkpoint into generation G+1, then deletes G. Its head updates
 partition is republished into H+1 (same versions, same digests), then H is deleted; recovery,
 which republishes every restored head anyway, always starts a new heads generation. Stored state
 and head history therefore stay within about twice the bound per partition, plus one snapshot.
+Both also rotate, whatever their size, ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition
+applied a delete (the worker's erasure rotation): the generations they leave hold aggregates
+taken before the delete, which must not outlive it (docs/ledger-processor.md).
 """
 
 from __future__ import annotations
