@@ -16,8 +16,14 @@ Two entry kinds:
   rows (``ledger.MultisetHash.to_bytes()``, docs/design.md section 6): a packed entry carries no
   rows, so without it the ledger cannot keep the head's hash of its retained rows.
 
-A message is encoded as version 1 unless a packed entry carries a multiset hash: every message
-an older decoder can read stays byte-identical, and one it cannot read says "unknown version 2".
+- SEALED (version 3, docs/erasure.md): rows sealed per sample for crypto-shredding. Per row: the
+  sample's key id, the row's commitment (``schemas.sealed.commitment``) and the AES-256-GCM
+  sealed canonical row bytes (q then label, int64 LE). The ledger and the verifier open it into a
+  ROWS entry with the sample keys (``schemas.sealed_delta``) before applying it.
+
+A message is encoded as version 1 unless a packed entry carries a multiset hash (version 2) or an
+entry is sealed (version 3): every message an older decoder can read stays byte-identical, and
+one it cannot read says "unknown version".
 """
 
 from __future__ import annotations
@@ -39,14 +45,19 @@ __all__ = [
     "Delta",
     "PackedEntry",
     "RowsEntry",
+    "SealedRowsEntry",
     "decode_delta",
     "encode_delta",
 ]
 
 DELTA_MAGIC = b"ULDT"
-DELTA_VERSION = 2  # the newest version this codec writes; it reads 1 and 2
+DELTA_VERSION = 3  # the newest version this codec writes; it reads 1, 2 and 3
 _KIND_ROWS = 1
 _KIND_PACKED = 2
+_KIND_SEALED = 3
+_KEY_ID_BYTES = 16  # schemas.sealed.KEY_ID_BYTES
+_COMMITMENT_BYTES = 32  # schemas.sealed.COMMITMENT_BYTES
+_SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
@@ -129,7 +140,36 @@ class PackedEntry:
         return len(self.event_ids)
 
 
-Entry = RowsEntry | PackedEntry
+@dataclass(frozen=True, slots=True)
+class SealedRowsEntry:
+    """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
+    (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment and the
+    sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes)."""
+
+    sign: int
+    event_ids: tuple[str, ...]
+    sample_ids: tuple[str, ...]
+    subject_ids: tuple[str, ...]
+    label_kind: int
+    c: int
+    key_ids: tuple[str, ...]
+    commitments: tuple[bytes, ...]
+    ciphertexts: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("event_ids", "sample_ids", "subject_ids", "key_ids", "commitments", "ciphertexts"):
+            object.__setattr__(self, name, _ids(getattr(self, name)))
+
+    @property
+    def n(self) -> int:
+        return len(self.event_ids)
+
+    @property
+    def label_width(self) -> int:
+        return 1 if self.label_kind == _LABEL_CLASS else self.c
+
+
+Entry = RowsEntry | PackedEntry | SealedRowsEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +239,44 @@ def encode_delta(delta: Delta) -> bytes:
             w.put(e.ledger_blob)
             if mset is not None:
                 w.put(mset)
+        elif isinstance(e, SealedRowsEntry):
+            _put_sealed(w, e, delta.d, where)
         else:
-            raise CodecError(f"{where}: expected RowsEntry or PackedEntry, got {type(e).__name__}")
+            raise CodecError(f"{where}: expected RowsEntry, PackedEntry or SealedRowsEntry, got {type(e).__name__}")
     return w.finish(DELTA_MAGIC, _version_for(delta), 0)
 
 
+def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
+    n = e.n
+    if (e.label_kind == _LABEL_CLASS and e.c != 0) or (e.label_kind == _LABEL_VECTOR and e.c < 1) \
+            or e.label_kind not in (_LABEL_CLASS, _LABEL_VECTOR):
+        raise CodecError(f"{where}: sealed label kind {e.label_kind} with c={e.c}")
+    if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
+        raise CodecError(f"{where}: a sealed entry needs one key id, commitment and ciphertext per row")
+    size = _SEAL_OVERHEAD + 8 * (d + e.label_width)
+    try:
+        kids = b"".join(bytes.fromhex(k) for k in e.key_ids)
+    except (ValueError, TypeError):
+        raise CodecError(f"{where}: key ids must be hex") from None
+    if len(kids) != n * _KEY_ID_BYTES or any(len(k) != 2 * _KEY_ID_BYTES for k in e.key_ids):
+        raise CodecError(f"{where}: key ids must be {2 * _KEY_ID_BYTES} hex characters")
+    if any(len(c) != _COMMITMENT_BYTES for c in e.commitments):
+        raise CodecError(f"{where}: commitments must be {_COMMITMENT_BYTES} bytes")
+    if any(len(c) != size for c in e.ciphertexts):
+        raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width})")
+    w.pack(_ENTRY, _KIND_SEALED, e.sign, 0, n)
+    _put_ids(w, e, where)
+    w.pack(_ROWS, e.label_kind, 0, 0, e.c)
+    w.put(kids)
+    w.put(b"".join(e.commitments))
+    w.put(b"".join(e.ciphertexts))
+
+
 def _version_for(delta: Delta) -> int:
-    """The lowest version that carries ``delta``: 2 only when a packed entry has a multiset hash."""
+    """The lowest version that carries ``delta``: 3 when an entry is sealed, else 2 when a packed
+    entry has a multiset hash, else 1."""
+    if any(isinstance(e, SealedRowsEntry) for e in delta.entries):
+        return 3
     carries = any(isinstance(e, PackedEntry) and e.multiset_hash is not None for e in delta.entries)
     return 2 if carries else 1
 
@@ -238,8 +309,8 @@ def _check_params(d: int, k: int, k_y: int, err: Callable[[str], Exception]) -> 
 def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     """Parse and validate one ``deltas`` message; CodecError on anything wrong."""
     body, version, flags = check_frame(buf, DELTA_MAGIC, "delta")
-    if version not in (1, 2):
-        raise CodecError(f"delta: unknown version {version} (this decoder knows 1 and 2)")
+    if version not in (1, 2, 3):
+        raise CodecError(f"delta: unknown version {version} (this decoder knows 1, 2 and 3)")
     if flags:
         raise CodecError(f"delta: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "delta")
@@ -292,10 +363,27 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
             blob = bytes(r.raw(size, f"{where}: ledger_blob"))
             mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags else None
             entries.append(PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset))
+        elif kind == _KIND_SEALED and version >= 3:
+            label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
+            if res1 or res2:
+                raise r.fail(f"{where}: reserved sealed field is not 0")
+            if (label_kind == _LABEL_CLASS and c != 0) or (label_kind == _LABEL_VECTOR and c < 1) \
+                    or label_kind not in (_LABEL_CLASS, _LABEL_VECTOR):
+                raise r.fail(f"{where}: sealed label kind {label_kind} with c={c}")
+            width = 1 if label_kind == _LABEL_CLASS else c
+            size = _SEAL_OVERHEAD + 8 * (d + width)
+            kids = bytes(r.raw(n * _KEY_ID_BYTES, f"{where}: key ids"))
+            coms = bytes(r.raw(n * _COMMITMENT_BYTES, f"{where}: commitments"))
+            cts = bytes(r.raw(n * size, f"{where}: sealed rows"))
+            entries.append(SealedRowsEntry(
+                sign, event_ids, sample_ids, subject_ids, label_kind, c,
+                tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
+                tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
+                tuple(cts[i * size:(i + 1) * size] for i in range(n))))
         else:
             raise r.fail(f"{where}: unknown entry kind {kind}")
     r.done()
     delta = Delta(head_id, source_id, d, k, k_y, tuple(entries))
     if version != _version_for(delta):  # one encoding per value
-        raise CodecError("delta: version 2 without a multiset hash in any packed entry (that is version 1)")
+        raise CodecError(f"delta: version {version} for a message that is version {_version_for(delta)}")
     return delta

@@ -1,0 +1,163 @@
+"""Sealing per-sample data for crypto-shredding (docs/erasure.md; byte layout in docs/formats.md).
+
+Every sample a featurizer accepts gets its own 32-byte data key with a random 16-byte key id
+(``SampleKey``). Whatever the system writes into an append-only log about the sample (its
+quantized row and label in ``deltas``, its cached record in the ``featurizer-cache`` changelog)
+is sealed under that key with AES-256-GCM; destroying the key (``streams/featurizer/shredder.py``)
+leaves the ciphertext as noise in logs that cannot delete records.
+
+- :func:`seal` / :func:`unseal`: ``nonce (12 random bytes) || ciphertext || tag (16)``, with the
+  associated data :func:`aad` binding the purpose, head id, sample id and key id, so a ciphertext
+  cannot be moved to another sample, head or use without failing authentication.
+- :func:`commitment`: HMAC-SHA256, under a key derived from the sample key, over the canonical
+  row bytes (:func:`row_bytes`). An add and its delete carry the same row, hence the same
+  commitment: after the key is gone they can still be shown to be the same row without reading
+  it (the verifier's erased-pair check).
+
+Pure: no I/O, no Kafka. Random bytes come from ``os.urandom`` (AESGCM's documented practice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = [
+    "COMMITMENT_BYTES",
+    "KEY_BYTES",
+    "KEY_ID_BYTES",
+    "NONCE_BYTES",
+    "OVERHEAD",
+    "PURPOSE_CHANGELOG",
+    "PURPOSE_DEADLETTER",
+    "PURPOSE_ROW",
+    "SampleKey",
+    "SealError",
+    "aad",
+    "commitment",
+    "decode_key_record",
+    "encode_key_record",
+    "new_key",
+    "parse_row",
+    "row_bytes",
+    "seal",
+    "unseal",
+]
+
+KEY_BYTES = 32
+KEY_ID_BYTES = 16
+NONCE_BYTES = 12
+TAG_BYTES = 16
+OVERHEAD = NONCE_BYTES + TAG_BYTES
+COMMITMENT_BYTES = 32
+
+PURPOSE_ROW = "delta-row"  # a row (+ label) of a deltas message
+PURPOSE_CHANGELOG = "cache-sample"  # a featurizer-cache sample record
+PURPOSE_DEADLETTER = "deadletter-original"  # the original bytes of a refused request
+
+_AAD_TAG = b"unlearn-seal/v1\x00"
+_COMMIT_TAG = b"unlearn-commit/v1\x00"
+_KEY_RECORD_MAGIC = b"ULSK\x01"
+
+
+class SealError(ValueError):
+    """A ciphertext that does not open under the given key and context (wrong key, moved,
+    corrupted or truncated), or a malformed key record."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleKey:
+    """One sample's data key. ``key_id``: 32 lowercase hex characters (16 random bytes)."""
+
+    key_id: str
+    key: bytes = b""
+
+    def __post_init__(self) -> None:
+        if len(self.key) != KEY_BYTES:
+            raise SealError(f"a sample key has {KEY_BYTES} bytes, got {len(self.key)}")
+        if len(self.key_id) != 2 * KEY_ID_BYTES or not all(c in "0123456789abcdef" for c in self.key_id):
+            raise SealError(f"a key id is {2 * KEY_ID_BYTES} lowercase hex characters, got {self.key_id[:40]!r}")
+
+    def __repr__(self) -> str:  # never print key material
+        return f"SampleKey(key_id={self.key_id!r})"
+
+
+def new_key() -> SampleKey:
+    """A fresh random key with a fresh random key id."""
+    return SampleKey(os.urandom(KEY_ID_BYTES).hex(), os.urandom(KEY_BYTES))
+
+
+def _field(b: bytes) -> bytes:
+    return struct.pack("<H", len(b)) + b
+
+
+def aad(purpose: str, head_id: str, sample_id: str, key_id: str) -> bytes:
+    """The associated data: ``"unlearn-seal/v1\\0"`` then purpose, head id, sample id, key id, each
+    as u16 LE length + UTF-8 bytes."""
+    return _AAD_TAG + b"".join(_field(s.encode("utf-8")) for s in (purpose, head_id, sample_id, key_id))
+
+
+def seal(key: SampleKey, purpose: str, head_id: str, sample_id: str, plaintext: bytes) -> bytes:
+    """``nonce || AES-256-GCM(plaintext, aad) || tag`` under a fresh random 96-bit nonce."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + AESGCM(key.key).encrypt(nonce, plaintext, aad(purpose, head_id, sample_id, key.key_id))
+
+
+def unseal(key: SampleKey, purpose: str, head_id: str, sample_id: str, sealed: bytes) -> bytes:
+    """The plaintext of :func:`seal`; SealError unless it opens under exactly this context."""
+    if len(sealed) < OVERHEAD:
+        raise SealError(f"sealed value of {len(sealed)} bytes is shorter than nonce and tag ({OVERHEAD})")
+    try:
+        return AESGCM(key.key).decrypt(bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:]),
+                                       aad(purpose, head_id, sample_id, key.key_id))
+    except InvalidTag:
+        raise SealError(f"sealed value for ({head_id!r}, {sample_id!r}) does not open under key "
+                        f"{key.key_id} ({purpose}): wrong key or context, or corrupt") from None
+
+
+def row_bytes(q: np.ndarray, label: int | np.ndarray) -> bytes:
+    """The canonical bytes of one row: ``q`` as int64 LE, then the label as int64 LE (one value
+    for a class index, c values for a quantized target vector)."""
+    lab = np.asarray(label, dtype="<i8").reshape(-1)
+    return np.ascontiguousarray(q, dtype="<i8").tobytes() + lab.tobytes()
+
+
+def parse_row(raw: bytes, d: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`row_bytes`: (q (d,), label (width,)) as int64 (width 1 for a class index)."""
+    if len(raw) != 8 * (d + width):
+        raise SealError(f"a row of d={d} and label width {width} has {8 * (d + width)} bytes, got {len(raw)}")
+    a = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+    return a[:d], a[d:]
+
+
+def _commit_key(key: SampleKey) -> bytes:
+    # a separate key for the MAC, derived from the data key (never the AES key itself)
+    return hmac.new(key.key, _COMMIT_TAG + b"key", hashlib.sha256).digest()
+
+
+def commitment(key: SampleKey, head_id: str, sample_id: str, row: bytes) -> bytes:
+    """HMAC-SHA256 under the sample's commitment key over ``"unlearn-commit/v1\\0"``, head id,
+    sample id (u16-length-prefixed UTF-8) and the canonical row bytes: 32 bytes, equal for an add
+    and its delete, unforgeable and unlinkable to the row without the key."""
+    msg = _COMMIT_TAG + _field(head_id.encode("utf-8")) + _field(sample_id.encode("utf-8")) + row
+    return hmac.new(_commit_key(key), msg, hashlib.sha256).digest()
+
+
+def encode_key_record(key: SampleKey) -> bytes:
+    """A key-family record value: ``ULSK\\x01`` + key id (16 bytes) + key (32 bytes)."""
+    return _KEY_RECORD_MAGIC + bytes.fromhex(key.key_id) + key.key
+
+
+def decode_key_record(raw: bytes) -> SampleKey:
+    """Inverse of :func:`encode_key_record`."""
+    if len(raw) != len(_KEY_RECORD_MAGIC) + KEY_ID_BYTES + KEY_BYTES or not raw.startswith(_KEY_RECORD_MAGIC):
+        raise SealError("not a sample-key record")
+    at = len(_KEY_RECORD_MAGIC)
+    return SampleKey(raw[at: at + KEY_ID_BYTES].hex(), bytes(raw[at + KEY_ID_BYTES:]))
