@@ -79,6 +79,13 @@ class Settings:
     auth_mode: AuthMode = "off"  # UNLEARN_AUTH_MODE: off | signed (every request signed by a registered client)
     auth_replay_window_seconds: float = 300.0  # UNLEARN_AUTH_REPLAY_WINDOW_SECONDS: |now - ts| bound, event ids kept
 
+    # Erasure (docs/erasure.md)
+    seal_rows: bool = True  # UNLEARN_SEAL_ROWS: seal rows per sample (crypto-shredding); off = plaintext rows
+    keys_retire_seconds: float = 10.0  # UNLEARN_KEYS_RETIRE_SECONDS: a superseded subject-keys generation lives on
+    shred_every_seconds: float = 2.0  # UNLEARN_SHRED_EVERY_SECONDS: at most one key rotation per partition per period
+    # UNLEARN_REQUESTS_RETENTION_MS: retention.ms of requests and requests.by-head when created (-1: broker default)
+    requests_retention_ms: int = -1
+
     # Client SDK / CLI, serving, replay verifier
     client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
     client_key_file: str = ""  # UNLEARN_CLIENT_KEY_FILE: Ed25519 PEM private key the SDK/CLI signs with ("" = unsigned)
@@ -202,6 +209,13 @@ class Settings:
         if self.erasure_rotate_seconds < 0:
             raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
                              f"got {self.erasure_rotate_seconds}")
+        if self.keys_retire_seconds < 3.0:
+            raise ValueError("UNLEARN_KEYS_RETIRE_SECONDS must be at least 3 (readers must be off a superseded "
+                             "subject-keys generation before it is deleted)")
+        if self.shred_every_seconds < 0:
+            raise ValueError("UNLEARN_SHRED_EVERY_SECONDS must be >= 0")
+        if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
+            raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
         if self.state_rotate_bytes < self.changelog_max_bytes:
             raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):

@@ -76,3 +76,9 @@ def heads_family(prefix: str) -> TopicFamily:
 def state_family(prefix: str) -> TopicFamily:
     """The ledger's durable state, per ``deltas`` partition: snapshot pieces and checkpoints."""
     return TopicFamily(prefix, "ledger-state")
+
+
+def keys_family(prefix: str) -> TopicFamily:
+    """Per-sample data keys, per by-head partition (the featurizer that owns partition P of
+    ``requests.by-head`` writes ``subject-keys.p<P>``): docs/erasure.md."""
+    return TopicFamily(prefix, "subject-keys")

@@ -110,6 +110,9 @@ def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Ite
         topic_prefix=_prefix_for(request),
     )
     create_topics(s)
+    from tests.sealed_support import register
+
+    register(s)
     yield s
     with contextlib.suppress(Exception):  # cleanup only; a dead broker is reported by the test itself
         delete_topics(s, prefixed_topics(s))

@@ -15,9 +15,11 @@ from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
+from unlearn.streams.ledger.unseal import RowOpener
 
 from .certificate import Certificate, head_json
 from .checks import Evidence, run_checks
+from .erasure import check_erased_pairs, open_records, unreproducible_versions
 from .errors import VerifyError
 from .export import read_export
 from .reading import decode_receipts, delta_head, read_head_records, read_head_updates, read_receipt_records
@@ -64,6 +66,12 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
     receipts = decode_receipts(read_receipt_records(settings, head_id, timeout))
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
+    # sealed rows opened with the key family; erased pairs checked, their unreproducible versions left out
+    deltas, erased = open_records(deltas, head_id, RowOpener(settings))
+    gone = unreproducible_versions(deltas, head_id, erased)
+    n_claims = len(updates) + len(receipts)
+    updates = [u for u in updates if u.version not in gone]
+    receipts = [r for r in receipts if int(r.head_version or 0) not in gone]
     cert = verify(deltas, updates, head_id,
                   orders=settings.verify_orders if orders is None else orders,
                   partitionings=settings.verify_partitionings if partitionings is None else partitionings,
@@ -72,6 +80,9 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
                           "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern,
                           "receipts_topic": settings.topic("receipts")},
                   require_live=True, receipts=receipts)
+    pairs = check_erased_pairs(erased, len(gone), n_claims - len(updates) - len(receipts))
+    if pairs is not None:
+        cert.checks.append(pairs)
     if bad:
         cert.warnings.append(f"{bad} undecodable messages keyed {head_id!r} on {heads_topics}")
     return cert

@@ -166,6 +166,7 @@ class FeatureCache:
             self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)
             self._upgrade()
             self._db.executescript(_SCHEMA)
             self._check_meta({"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity or {})})
@@ -484,6 +485,12 @@ class FeatureCache:
             self._db.execute(f"PRAGMA synchronous={self.synchronous}")
 
     # ------------------------------------------------------------------ lifecycle
+    def purge_deleted(self) -> None:
+        """Erasure: checkpoint the WAL into the database file and truncate it, so the pages of
+        deleted rows (zeroed by ``secure_delete``) replace the old ones on disk and no copy stays
+        in the WAL (docs/erasure.md)."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def close(self) -> None:
         self._db.close()
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -72,6 +72,10 @@ _TXN_MAGIC = b"ULFT\x01"
 _NONE = 0xFFFFFFFF
 
 Record = tuple[bytes, bytes | None]  # (key, value); value None is a tombstone
+#: ``seal(head, sample, plain_record) -> sealed_record`` (streams/featurizer/sealing.py)
+SealSample = Callable[[str, str, bytes], bytes]
+#: ``open(head, sample, record) -> plain_record`` (plaintext records pass through)
+OpenSample = Callable[[str, str, bytes], bytes]
 
 
 class ChangelogError(RuntimeError):
@@ -205,11 +209,15 @@ class Position:
 
 
 # --------------------------------------------------------------------------- records of a batch
-def state_records(mutations: CacheMutations) -> list[Record]:
-    """The sample/head records of a batch's cache mutations (drops are tombstones)."""
+def state_records(mutations: CacheMutations, seal_sample: SealSample | None = None) -> list[Record]:
+    """The sample/head records of a batch's cache mutations (drops are tombstones); sample values
+    sealed with ``seal_sample`` when given (docs/erasure.md)."""
     out: list[Record] = [(head_key(h.head_id), _encode_head(h)) for h in mutations.put_heads]
     out += [(sample_key(h, s), None) for h, s in mutations.drop_samples]
-    out += [(sample_key(s.head_id, s.sample_id), encode_sample(s)) for s in mutations.put_samples]
+    for s in mutations.put_samples:
+        value = encode_sample(s)
+        out.append((sample_key(s.head_id, s.sample_id),
+                    value if seal_sample is None else seal_sample(s.head_id, s.sample_id, value)))
     return out
 
 
@@ -269,11 +277,11 @@ def decode_txn(raw: bytes) -> tuple[list[Record], list[OutMessage]]:
 
 
 def batch_records(partition: int, topic: str, mutations: CacheMutations, messages: Sequence[OutMessage],
-                  position: Position, piece_bytes: int) -> list[OutMessage]:
+                  position: Position, piece_bytes: int, seal_sample: SealSample | None = None) -> list[OutMessage]:
     """The changelog messages of one committed batch, in outbox order: phase 0 (txn pieces, then
     the position record), then phase 1 (the sample/head records). ``position.pieces`` and
-    ``sha256`` are filled in here; ``piece_bytes`` bounds a piece."""
-    records = state_records(mutations)
+    ``sha256`` are filled in here; ``piece_bytes`` bounds a piece; ``seal_sample`` seals sample values."""
+    records = state_records(mutations, seal_sample)
     txn = encode_txn(records, messages)
     step = max(1, int(piece_bytes))
     pieces = [txn[i: i + step] for i in range(0, len(txn), step)] or [b""]
@@ -309,19 +317,19 @@ class FoldedChangelog:
         return self.position is None
 
 
-def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None) -> None:
+def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[tuple[str, str], bytes]) -> None:
     if key.startswith(b"sample/"):
         head_id, sample_id = _parse_sample_key(key)
         if value is None:
-            folded.samples.pop((head_id, sample_id), None)
-        else:
-            folded.samples[(head_id, sample_id)] = decode_sample(head_id, sample_id, value)
+            raw.pop((head_id, sample_id), None)
+        else:  # decoded once folding is done: an erased sample's old record is never opened
+            raw[(head_id, sample_id)] = value
     elif key.startswith(b"head/") and value is not None:
         head_id = key.decode()[len("head/"):]
         folded.heads[head_id] = _decode_head(head_id, value)
 
 
-def fold_changelog(records: Iterable[Record], partition: int) -> FoldedChangelog:
+def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
     """Records of one changelog partition, in log order -> the cache they describe.
 
     Last value per key wins and tombstones delete. Sample/head records are only ever written after
@@ -329,13 +337,16 @@ def fold_changelog(records: Iterable[Record], partition: int) -> FoldedChangelog
     position's txn is applied again on top (its sample/head records may be partly missing after
     a crash) and its outbox is returned as ``pending`` unless a ``delivered`` record covers it.
     Records with no position record at all describe nothing (an upload that never committed).
+    Sample values are opened with ``open_sample`` (sealed records, docs/erasure.md) only if they
+    are the last value of their key.
     """
     folded = FoldedChangelog()
     latest: dict[bytes, bytes | None] = {}
+    raw: dict[tuple[str, str], bytes] = {}
     pos_key, done_key = position_key(partition), delivered_key(partition)
     for key, value in records:
         if key.startswith((b"sample/", b"head/")):
-            _apply(folded, key, value)
+            _apply(folded, key, value, raw)
         else:
             latest[key] = value
     raw_pos = latest.get(pos_key)
@@ -351,7 +362,10 @@ def fold_changelog(records: Iterable[Record], partition: int) -> FoldedChangelog
         raise ChangelogError(f"txn of partition {partition} (generation {pos.generation}) does not verify")
     recs, messages = decode_txn(txn)
     for key, value in recs:
-        _apply(folded, key, value)
+        _apply(folded, key, value, raw)
+    for (head_id, sample_id), value in raw.items():
+        plain = value if open_sample is None else open_sample(head_id, sample_id, value)
+        folded.samples[(head_id, sample_id)] = decode_sample(head_id, sample_id, plain)
     folded.position = pos
     done = latest.get(done_key)
     if done is None or int(done) < pos.generation:

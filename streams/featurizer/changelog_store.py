@@ -14,6 +14,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.changelog import (
     FoldedChangelog,
+    OpenSample,
     Position,
     delivered_key,
     fold_changelog,
@@ -71,14 +72,15 @@ class ChangelogReader:
         finally:
             c.close()
 
-    def restore(self, partition: int) -> FoldedChangelog:
-        """Read the whole partition and fold it (last value per key, tombstones delete)."""
+    def restore(self, partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
+        """Read the whole partition and fold it (last value per key, tombstones delete; sealed
+        sample records opened with ``open_sample``)."""
         c = self._consumer()
         try:
             records = self._read(c, partition, 0, None)
         finally:
             c.close()
-        return fold_changelog(((k, v) for _, k, v in records if k is not None), partition)
+        return fold_changelog(((k, v) for _, k, v in records if k is not None), partition, open_sample)
 
     def _read(self, c: Any, partition: int, start: int, stop: int | None) -> list[tuple[int, bytes | None,
                                                                                     bytes | None]]:

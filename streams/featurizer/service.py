@@ -73,6 +73,7 @@ from unlearn.streams.featurizer.model import (
     ReadyHook,
 )
 from unlearn.streams.featurizer.router import RouterSession, read_origin
+from unlearn.streams.featurizer.shredder import Erasure
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
 
@@ -147,6 +148,7 @@ class FeaturizerService:
         self._producer: Any = None
         self.registry: RegistryView | None = None  # the declared head contracts, followed while running
         self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
+        self.erasure: Erasure | None = None  # per-sample keys and shredding (docs/erasure.md), set by run()
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
 
@@ -158,6 +160,8 @@ class FeaturizerService:
         stop = stop or threading.Event()
         self._producer = Producer(producer_config(self.settings, **{"linger.ms": 5}))
         self._consumer = Consumer(consumer_config(self.settings, self.group))
+        if self.settings.seal_rows and self.changelog_topic is not None:
+            self.erasure = Erasure(self.settings, self.config.deltas_topic)
         clean = False
         try:
             self._check_topics()
@@ -176,6 +180,8 @@ class FeaturizerService:
                 batch = self._poll_batch(stop)
                 if batch:
                     self._process(batch)
+                if self.erasure is not None:
+                    self.erasure.tick(self.caches)
                 if time.monotonic() - last_report > 30:
                     log.info("featurizer stats %s", self.stats)
                     last_report = time.monotonic()
@@ -194,6 +200,8 @@ class FeaturizerService:
             if self.registry is not None:
                 self.registry.stop()
             self.auth.stop()
+            if self.erasure is not None:
+                self.erasure.close()
             self._consumer = self._producer = None  # release the librdkafka handles now
             log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 
@@ -245,6 +253,8 @@ class FeaturizerService:
                     self._router.reset(tp.partition)
                     continue
                 p = tp.partition
+                if self.erasure is not None:
+                    self.erasure.load(p)  # before the cache: a rebuild opens sealed sample records
                 cache = self.caches.get(p)
                 if cache is None:
                     ident = {"topic": self.topic, "client_id": self.config.client_id or ""}
@@ -287,7 +297,7 @@ class FeaturizerService:
         folded: FoldedChangelog | None = None
         if plan == "rebuild":
             t0 = time.monotonic()
-            folded = reader.restore(p)
+            folded = reader.restore(p, self.erasure.opener(p) if self.erasure is not None else None)
             pos = folded.position
             if pos is None:
                 raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
@@ -339,7 +349,10 @@ class FeaturizerService:
         pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "",
                        cache.origin_offsets(), cache.origin_topic_id, cache.route_partitions)
         msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads()),
-                             downstream, pos, self.settings.changelog_max_bytes) + downstream
+                             downstream, pos, self.settings.changelog_max_bytes,
+                             self.erasure.sample_sealer(p) if self.erasure is not None else None) + downstream
+        if self.erasure is not None:
+            self.erasure.flush()  # keys of samples cached before sealing existed
         seqs = cache.replace_outbox(msgs, gen)
         log.warning("partition %d: uploading the local feature cache (%d samples) to %s", p, cache.count(),
                     self.changelog_topic)
@@ -422,6 +435,8 @@ class FeaturizerService:
             cache = self.caches.pop(p, None) if topic == self.topic else None
             if cache is not None:
                 cache.close()
+            if topic == self.topic and self.erasure is not None:
+                self.erasure.drop(p)
         with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
             consumer.unassign()
 
@@ -529,6 +544,8 @@ class FeaturizerService:
             origins = cache.origin_offsets()
             outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
                                       auth=self.auth.authorizer(p))
+            if self.erasure is not None:
+                outcome = self.erasure.seal(p, outcome)
             messages = outcome.messages(config)
             generation: int | None = None
             if self.changelog_topic is not None:
@@ -537,7 +554,10 @@ class FeaturizerService:
                 pos = Position(p, outcome.last_offset, self.topic, self.topic_id, cache.lineage, generation, 0, "",
                                {**origins, **outcome.origin_offsets}, self.requests_topic_id, self.route_partitions)
                 messages = batch_records(p, self.changelog_topic, outcome.mutations, messages, pos,
-                                         self.settings.changelog_max_bytes) + messages
+                                         self.settings.changelog_max_bytes,
+                                         self.erasure.sample_sealer(p) if self.erasure is not None else None) + messages
+            if self.erasure is not None:
+                self.erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
             seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation,
                                       outcome.origin_offsets)
             done.append((p, cache, seqs, messages, outcome.last_offset))
@@ -594,6 +614,8 @@ class FeaturizerService:
         def on_delivery(err: Any, msg: Any) -> None:
             if err is not None:
                 failures.append(f"{msg.topic()}: {err.str()}")
+            elif self.erasure is not None:  # a delete's (partition, offset) in deltas: when to shred
+                self.erasure.delivered(msg.topic(), msg.partition(), msg.offset(), msg.value())
 
         for send in sends:
             while True:

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead
 from unlearn.ledger.tracked import HeadMode
-from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
+from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.source_id import dedup_key
 
 from .snapshot import HeadMeta, HeadState
@@ -273,7 +273,7 @@ def record_applied(pos: InputPosition, delta: Delta, offset: int) -> None:
 
 def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
                   apply_entry: Callable[[RowsEntry | PackedEntry], _T]
-                  ) -> Iterator[tuple[int, RowsEntry | PackedEntry, _T | Rejection]]:
+                  ) -> Iterator[tuple[int, Entry, _T | Rejection]]:
     """The per-entry rules: yields (index, entry, what ``apply_entry`` returned, or a Rejection).
     An entry off ``ledger``'s grid is rejected unapplied; an entry ``apply_entry`` refuses
     (NonMemberDelete, LedgerError; it must leave state untouched then) is rejected and the next
@@ -286,6 +286,9 @@ def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
             yield i, entry, _reject(i, entry, reason,
                                     f"delta has (d, frac_bits, label_frac_bits) = {grid}, head {head_id!r} has {mine}")
             continue
+        if isinstance(entry, SealedRowsEntry):  # the shell opens sealed rows first (schemas.sealed_delta)
+            yield i, entry, _reject(i, entry, "sealed_entry", "sealed rows reached the ledger unopened")
+            continue
         try:
             result: _T | Rejection = apply_entry(entry)
         except NonMemberDelete as exc:
@@ -295,7 +298,7 @@ def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
         yield i, entry, result
 
 
-def fold_multiset(h: MultisetHash | None, entry: RowsEntry | PackedEntry) -> MultisetHash | None:
+def fold_multiset(h: MultisetHash | None, entry: Entry) -> MultisetHash | None:
     """The retained rows' multiset hash after the ledger applied ``entry`` (``h`` is updated in
     place): a rows entry's rows join (add) or leave (delete); a packed entry joins with the hash
     of its rows it carries. One without makes the hash unknown (None) from then on, never wrong."""
@@ -304,13 +307,13 @@ def fold_multiset(h: MultisetHash | None, entry: RowsEntry | PackedEntry) -> Mul
     if isinstance(entry, RowsEntry):
         (h.add if entry.sign > 0 else h.delete)(entry.q, entry.labels)
         return h
-    if entry.multiset_hash is None:
+    if not isinstance(entry, PackedEntry) or entry.multiset_hash is None:
         return None
     h.absorb(MultisetHash.from_bytes(entry.multiset_hash, *h.grid), entry.sign)
     return h
 
 
-def _reject(i: int, entry: RowsEntry | PackedEntry, reason: str, detail: str) -> Rejection:
+def _reject(i: int, entry: Entry, reason: str, detail: str) -> Rejection:
     return Rejection(i, entry.sign, reason, detail, entry.event_ids, entry.sample_ids, entry.subject_ids)
 
 
@@ -324,5 +327,5 @@ def group_by_event(event_ids: Iterable[str], sample_ids: Iterable[str],
     return [AppliedDelete(ev, subj, tuple(samples)) for ev, (subj, samples) in groups.items()]
 
 
-def _group_deletes(entry: RowsEntry | PackedEntry) -> list[AppliedDelete]:
+def _group_deletes(entry: Entry) -> list[AppliedDelete]:
     return group_by_event(entry.event_ids, entry.sample_ids, entry.subject_ids)

@@ -47,11 +47,13 @@ from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
+from unlearn.schemas.sealed import SealError
 
 from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
 from .contracts import ContractGammas
 from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head, group_by_event
 from .state_store import ChangelogStore
+from .unseal import RowOpener
 
 log = logging.getLogger("unlearn.ledger")
 
@@ -112,6 +114,7 @@ class LedgerWorker:
         self.producer = Producer(producer_config(settings, **{"client.id": worker_id}))
         self.store = ChangelogStore(settings)
         self.contracts = ContractGammas(settings)  # a new head's gamma: its contract's
+        self.opener = RowOpener(settings)  # sealed rows -> rows (docs/erasure.md)
         self.partitions: dict[int, PartitionState] = {}
         self.head_partition: dict[str, int] = {}
         self.topic_id = ""
@@ -295,7 +298,8 @@ class LedgerWorker:
             if key and key.decode("utf-8", "replace") != delta.head_id:
                 raise CodecError(f"message key {key!r} is not the head id {delta.head_id!r}: "
                                  "deltas must be keyed by head id to stay ordered")
-        except CodecError as exc:
+            delta = self.opener.open(delta).delta
+        except (CodecError, SealError) as exc:
             self._deadletter(DeadLetter(raw, "bad_delta", str(exc), STAGE, self.deltas_topic, part, offset, key,
                                         None, time.time()))
             return

@@ -34,6 +34,9 @@ def pipeline(broker_target, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                           topic_prefix=f"t.client.{uuid.uuid4().hex[:8]}.", data_dir=str(tmp / "data"),
                           reset_every_seconds=1.0, checkpoint_every_seconds=1.0, batch_max_ms=20)
     create_topics(s)
+    from tests.sealed_support import register
+
+    register(s)
     procs = [ServiceProcess("featurizer", ["featurizer"], s, tmp).start(),
              ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp).start()]
     try:
@@ -152,10 +155,11 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     """The same vectors through the real pipeline as JSON numbers, as features_bin '<f8' (the
     client's default here) and '<f4' (per call): '<f8' gives the featurizer's rows and the
     ledger's digest of JSON numbers bit for bit; '<f4' those of the float32-rounded vectors."""
+    from tests.sealed_support import plain_delta
     from unlearn.features.contract import quantize_feature_row
     from unlearn.infra.topic_reader import keys_in, read_topic
     from unlearn.ledger import ExactLedger
-    from unlearn.schemas.delta_codec import RowsEntry, decode_delta
+    from unlearn.schemas.delta_codec import RowsEntry
     from unlearn.services.client.head_reader import wait_for_head
     from unlearn.services.client.sdk import UnlearnClient
 
@@ -175,7 +179,7 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     rows: dict[str, dict[str, np.ndarray]] = {head: {} for head in heads}
     for r in read_topic(s, s.topic("deltas"), keep=keys_in(heads), timeout=30):
         assert r.value is not None
-        delta = decode_delta(r.value)
+        delta = plain_delta(r.value, r.topic)
         for e in delta.entries:
             assert isinstance(e, RowsEntry)
             if e.sign > 0:

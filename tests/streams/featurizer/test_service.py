@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.sealed_support import plain_delta
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import create_topics, delete_topics
@@ -119,7 +120,7 @@ def ledgers_from(delta_msgs: list, dedup: bool = True) -> tuple[dict[str, ExactL
     seen: dict[tuple[str, str, int], int] = {}
     events: list[str] = []
     for m in delta_msgs:
-        d = decode_delta(m.value())
+        d = plain_delta(m.value(), m.topic())
         assert m.key() == d.head_id.encode()
         stream, part, off = parse_source(d.source_id)
         key = (d.head_id, stream, part)
@@ -207,7 +208,7 @@ def q_rows(delta_msgs: list) -> dict[tuple[int, str], list[tuple[int, ...]]]:
     """(sign, sample id) -> the q rows (and label) the deltas carried for it."""
     out: dict[tuple[int, str], list[tuple[int, ...]]] = {}
     for m in delta_msgs:
-        for e in decode_delta(m.value()).entries:
+        for e in plain_delta(m.value(), m.topic()).entries:
             assert isinstance(e, RowsEntry)
             for i, sid in enumerate(e.sample_ids):
                 out.setdefault((e.sign, sid), []).append((*map(int, e.q[i]), int(e.labels[i])))

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from tests.sealed_support import plain_delta
 from tests.streams.featurizer.test_service import Reader, Running, add, produce
 from unlearn.infra.head_registry import read_contracts
 from unlearn.infra.settings import Settings
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.delta_codec import decode_delta
 from unlearn.services.cli import main
 
 pytestmark = pytest.mark.broker
@@ -47,7 +47,7 @@ def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings
             time.sleep(0.05)
         produce(s, [add("e5", "faces", "u", "x3", [1, 0, 0, 0], 3)])
         got = reader.until(lambda g: len(g["deltas"]) >= 3)
-        last = decode_delta(got["deltas"][-1].value())
+        last = plain_delta(got["deltas"][-1].value(), got["deltas"][-1].topic())
         assert (last.head_id, int(last.entries[0].labels[0])) == ("faces", 3)
     finally:
         reader.close()

@@ -1,0 +1,165 @@
+"""Reading the per-sample key family ``<prefix>subject-keys.p<P>.g<G>`` (docs/erasure.md).
+
+One generation topic per (by-head partition P, generation G), one partition each. Records:
+
+- ``<len(head)>:<head>/<sample>/<key id>`` -> ``schemas.sealed.encode_key_record`` (the key), or a
+  tombstone once the key is destroyed (for a compacting broker; the embedded one needs the
+  rotation);
+- ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation.
+
+A writer rotates a partition by writing every live key into G+1, then the completion record, then
+deleting G after a grace period. A reader takes the newest *complete* generation of each partition
+(a rotation that crashed half-way leaves an incomplete newest one, which the writer deletes when
+it next loads the partition). Every read here uses a consumer it closes before returning, so no
+reader holds a generation that its writer later deletes (the librdkafka crash described in
+``infra.topic_reader.source_partitions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from unlearn.infra.profiles import consumer_config
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import TopicFamily, keys_family
+from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
+
+__all__ = ["COMPLETE_KEY", "KeyGeneration", "KeyRing", "fold_keys", "key_record_key", "parse_key_record_key",
+           "read_partition_keys"]
+
+log = logging.getLogger("unlearn.keys")
+
+COMPLETE_KEY = b"\x00complete"
+SampleRef = tuple[str, str, str]  # (head id, sample id, key id)
+
+
+def key_record_key(head_id: str, sample_id: str, key_id: str) -> bytes:
+    return f"{len(head_id)}:{head_id}/{sample_id}/{key_id}".encode()
+
+
+def parse_key_record_key(key: bytes) -> SampleRef:
+    text = key.decode()
+    n, _, rest = text.partition(":")
+    head = rest[: int(n)]
+    sample, _, kid = rest[int(n) + 1:].rpartition("/")
+    return head, sample, kid
+
+
+@dataclass
+class KeyGeneration:
+    """What one generation topic of a partition holds: live keys in log order, completeness and
+    the offset to continue reading from."""
+
+    partition: int
+    generation: int
+    topic: str
+    keys: dict[SampleRef, SampleKey] = field(default_factory=dict)
+    complete: bool = False
+    next_offset: int = 0
+
+
+def fold_keys(gen: KeyGeneration, records: Iterable[tuple[int, bytes | None, bytes | None]]) -> KeyGeneration:
+    """Apply records in log order: last value per key wins, tombstones destroy."""
+    for offset, k, v in records:
+        gen.next_offset = offset + 1
+        if k is None:
+            continue
+        if k == COMPLETE_KEY:
+            gen.complete = True
+            continue
+        try:
+            ref = parse_key_record_key(k)
+            if v is None:
+                gen.keys.pop(ref, None)
+            else:
+                key = decode_key_record(v)
+                if key.key_id != ref[2]:
+                    raise SealError("key id of the record key and the value differ")
+                gen.keys.pop(ref, None)  # keep log order of the latest value
+                gen.keys[ref] = key
+        except (ValueError, SealError, UnicodeDecodeError) as exc:
+            log.warning("%s offset %d: unreadable key record skipped: %s", gen.topic, offset, exc)
+    return gen
+
+
+def _consumer(settings: Settings) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer(consumer_config(settings, f"{settings.topic_prefix}keys-{uuid.uuid4().hex}",
+                                    **{"enable.partition.eof": True, "enable.auto.commit": False}))
+
+
+def _read(c: Any, settings: Settings, gen: KeyGeneration) -> KeyGeneration:
+    return fold_keys(gen, read_range(c, gen.topic, 0, gen.next_offset, None, max(10.0, settings.admin_timeout)))
+
+
+def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterable[str], partition: int,
+                        consumer: Any = None) -> KeyGeneration | None:
+    """The newest complete generation of ``partition`` (generation 0 counts as complete: it is
+    created empty), read to its end; None when the partition has no generation yet."""
+    names = list(topics)
+    gens = family.generations(names, partition)
+    c = consumer or _consumer(settings)
+    try:
+        for g in reversed(gens):
+            gen = _read(c, settings, KeyGeneration(partition, g, family.topic(partition, g)))
+            if gen.complete or g == gens[0]:
+                return gen
+        return None
+    finally:
+        if consumer is None:
+            c.close()
+
+
+class KeyRing:
+    """The keys of every partition, for the ledger worker and the verifier: opens rows
+    (``schemas.sealed_delta.KeyLookup``). A key not known yet makes it read the family to its
+    current end (the featurizer acknowledged a key before any ciphertext under it was produced),
+    at most once per ``min_refresh_s`` for the same unknown key."""
+
+    def __init__(self, settings: Settings, min_refresh_s: float = 0.0) -> None:
+        self.settings = settings
+        self.family = keys_family(settings.topic_prefix)
+        self.gens: dict[int, KeyGeneration] = {}
+        self.keys: dict[SampleRef, SampleKey] = {}
+        self.refreshes = 0
+        self._lock = threading.Lock()
+
+    def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
+        ref = (head_id, sample_id, key_id)
+        key = self.keys.get(ref)
+        if key is None:
+            self.refresh()
+            key = self.keys.get(ref)
+        return key
+
+    def refresh(self) -> None:
+        """Read every partition's newest complete generation to its end (incrementally)."""
+        with self._lock:
+            self.refreshes += 1
+            c = _consumer(self.settings)
+            try:
+                topics = list(c.list_topics(timeout=self.settings.admin_timeout).topics)
+                parts = {pg[0] for t in topics if (pg := self.family.parse(t)) is not None}
+                for p in sorted(parts):
+                    have = self.gens.get(p)
+                    newest = self.family.generations(topics, p)[-1]
+                    try:
+                        if have is not None and have.generation == newest:
+                            _read(c, self.settings, have)
+                            continue
+                        gen = read_partition_keys(self.settings, self.family, topics, p, consumer=c)
+                    except TopicReadError as exc:  # deleted under us: the next refresh sees the newer one
+                        log.info("key family partition %d: %s", p, exc)
+                        continue
+                    if gen is not None:
+                        self.gens[p] = gen
+            finally:
+                c.close()
+            self.keys = {ref: k for g in self.gens.values() for ref, k in g.keys.items()}

@@ -1,0 +1,181 @@
+"""The featurizer's per-sample data keys: the ``subject-keys`` family partitions it owns.
+
+Partition P of the key family belongs to whoever owns partition P of the by-head topic (the same
+ownership as the feature cache partition). Every accepted add gets a fresh key (a new key id, even
+for a sample re-added after its erasure); its delete is sealed under the same key. New keys are
+produced and acknowledged (:meth:`KeyStore.flush`) before the batch that uses them is committed,
+so no ciphertext can exist under a key that was never durable. Destroying keys
+(:meth:`KeyStore.destroy`) drops them from memory, writes tombstones, then rotates the partition
+to a new generation without them; the old generation topic is deleted after the grace period
+(``UNLEARN_KEYS_RETIRE_SECONDS``), so a reader has time to move off it. Reading:
+``infra.key_family``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from unlearn.infra.key_family import (
+    COMPLETE_KEY,
+    KeyGeneration,
+    SampleRef,
+    key_record_key,
+    read_partition_keys,
+)
+from unlearn.infra.profiles import admin_config, producer_config
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
+from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
+
+__all__ = ["KeyStore", "KeyStoreError"]
+
+log = logging.getLogger("unlearn.featurizer.keys")
+
+
+class KeyStoreError(RuntimeError):
+    """A key could not be made durable (the batch must not be committed)."""
+
+
+class KeyStore:
+    """Keys of the by-head partitions this featurizer owns."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient
+
+        self.settings = settings
+        self.family = keys_family(settings.topic_prefix)
+        self.gens: dict[int, KeyGeneration] = {}
+        self.current: dict[tuple[str, str], SampleKey] = {}  # (head, sample) -> its newest key
+        self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
+        self.retiring: list[tuple[float, list[str]]] = []
+        self.producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
+        self.admin = AdminClient(admin_config(self.settings))
+
+    # ------------------------------------------------------------------ ownership
+    def load(self, partition: int) -> None:
+        """Take partition ``partition`` over: read its newest complete generation (creating
+        generation 0 if there is none); newer incomplete ones are deleted after the grace period."""
+        topics = list(self.admin.list_topics(timeout=self.settings.admin_timeout).topics)
+        gen = read_partition_keys(self.settings, self.family, topics, partition)
+        if gen is None:
+            topic = self.family.topic(partition, 0)
+            self._ensure(topic)
+            gen = KeyGeneration(partition, 0, topic, complete=True)
+            self._produce_acked([(topic, COMPLETE_KEY, b"1")])
+        stale = [self.family.topic(partition, g) for g in self.family.generations(topics, partition)
+                 if g != gen.generation]
+        if stale:
+            self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, stale))
+        self.gens[partition] = gen
+        for (h, s, _), key in gen.keys.items():
+            self.current[(h, s)] = key  # log order: the newest key of a sample wins
+        log.info("key partition %d: generation %d, %d live keys", partition, gen.generation, len(gen.keys))
+
+    def drop(self, partition: int) -> None:
+        """Partition revoked: forget its keys."""
+        gen = self.gens.pop(partition, None)
+        if gen is not None:
+            for h, s, _ in gen.keys:
+                self.current.pop((h, s), None)
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.gens
+
+    # ------------------------------------------------------------------ keys
+    def key_of(self, head_id: str, sample_id: str) -> SampleKey | None:
+        return self.current.get((head_id, sample_id))
+
+    def create(self, partition: int, head_id: str, sample_id: str) -> SampleKey:
+        """A fresh key for an add; staged until :meth:`flush`."""
+        gen = self.gens[partition]
+        key = new_key()
+        gen.keys[(head_id, sample_id, key.key_id)] = key
+        self.current[(head_id, sample_id)] = key
+        self._staged.append((gen.topic, key_record_key(head_id, sample_id, key.key_id), encode_key_record(key)))
+        return key
+
+    def flush(self) -> int:
+        """Produce the staged keys and wait until every one is acknowledged (KeyStoreError if
+        not): call before the batch that uses them is committed. Returns how many."""
+        staged, self._staged = self._staged, []
+        if staged:
+            self._produce_acked(staged)
+        return len(staged)
+
+    def live(self, partition: int) -> list[SampleRef]:
+        gen = self.gens.get(partition)
+        return list(gen.keys) if gen is not None else []
+
+    # ------------------------------------------------------------------ destruction
+    def destroy(self, partition: int, refs: Iterable[SampleRef]) -> int:
+        """Destroy keys of ``partition``: forget them, write tombstones, rotate the partition into a
+        new generation holding only the live keys, and schedule the old generation's deletion
+        after the grace period. Returns how many keys were destroyed."""
+        gen = self.gens[partition]
+        gone = [r for r in refs if r in gen.keys]
+        if not gone:
+            return 0
+        for ref in gone:
+            del gen.keys[ref]
+            h, s, kid = ref
+            cur = self.current.get((h, s))
+            if cur is not None and cur.key_id == kid:
+                del self.current[(h, s)]
+        self._produce_acked([(gen.topic, key_record_key(*ref), None) for ref in gone])
+        new = KeyGeneration(partition, gen.generation + 1, self.family.topic(partition, gen.generation + 1),
+                            dict(gen.keys), complete=True)
+        self._ensure(new.topic)
+        self._produce_acked([(new.topic, key_record_key(*ref), encode_key_record(k)) for ref, k in new.keys.items()]
+                            + [(new.topic, COMPLETE_KEY, b"1")])
+        self.gens[partition] = new
+        self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, [gen.topic]))
+        log.info("key partition %d: %d key(s) destroyed, rotated to generation %d (%d live keys)", partition,
+                 len(gone), new.generation, len(new.keys))
+        return len(gone)
+
+    def retire_due(self, force: bool = False) -> list[str]:
+        """Delete superseded generations whose grace period is over; returns the topics deleted."""
+        now = time.monotonic()
+        due = [t for at, names in self.retiring if force or at <= now for t in names]
+        if not due:
+            return []
+        self.retiring = [(at, names) for at, names in self.retiring if not (force or at <= now)]
+        try:
+            delete_topics(self.settings, due, admin=self.admin)
+        except TopicError as exc:
+            log.warning("could not delete superseded key generations %s: %s", due, exc)
+            return []
+        return due
+
+    # ------------------------------------------------------------------ I/O
+    def _ensure(self, topic: str) -> None:
+        try:
+            ensure_topic(self.settings, topic, compacted=True, admin=self.admin)
+        except TopicError as exc:
+            raise KeyStoreError(str(exc)) from None
+
+    def _produce_acked(self, records: Sequence[tuple[str, bytes, bytes | None]]) -> None:
+        failures: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(f"{msg.topic()}: {err.str()}")
+
+        for topic, k, v in records:
+            while True:
+                try:
+                    self.producer.produce(topic, key=k, value=v, partition=0, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+        remaining = self.producer.flush(self.settings.admin_timeout)
+        if remaining or failures:
+            raise KeyStoreError(f"{remaining} key record(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
+
+    def close(self) -> None:
+        self.producer.flush(self.settings.admin_timeout)

@@ -1,0 +1,240 @@
+"""Crypto-shredding in the featurizer: when a deleted sample's key may be destroyed, and doing it.
+
+``Erasure`` bundles what the featurizer service needs (docs/erasure.md):
+
+- the partitions' keys (:class:`~streams.featurizer.keystore.KeyStore`): loaded on assignment,
+  dropped on revocation; sealing a batch (:meth:`Erasure.seal`) and the changelog's sample
+  records (:meth:`Erasure.sample_sealer` / :meth:`Erasure.opener`);
+- **pending shreds**: a delete's key is destroyed only once the ledger can never need it again,
+  i.e. once the ledger's durable checkpoint floor for the ``deltas`` partition q that holds the
+  delete is past the delete's offset o (docs/design.md section 4: a ledger recovers from its
+  checkpoint and re-reads only offsets at or above the floor). (q, o) come from the delivery
+  reports of the sealed deltas messages (:meth:`Erasure.delivered`).
+- **crash safety without a separate record**: which keys are waiting for destruction follows
+  from durable state alone: every live key whose sample is not in the feature cache (deleted, or
+  a key made for a batch that never committed), or is no longer the sample's newest key. After an
+  assignment those keys get a conservative target: the current end of every ``deltas``
+  partition (the re-sent outbox of a crashed batch is delivered before it is measured), so a
+  crash anywhere between a delete and its key's destruction only delays the destruction;
+- :meth:`Erasure.tick`, from the poll loop: reads the ledger's floors (at most once per
+  ``UNLEARN_SHRED_EVERY_SECONDS``), destroys the due keys per partition (one key-family rotation
+  for all of them) and checkpoints the cache's WAL so deleted rows are overwritten on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from unlearn.infra.key_family import SampleRef
+from unlearn.infra.log_position import log_bounds
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import state_family
+from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.schemas.delta_codec import CodecError, SealedRowsEntry, decode_delta
+from unlearn.schemas.sealed import SampleKey
+from unlearn.streams.ledger.checkpoint import latest_checkpoint
+
+from .changelog import OpenSample
+from .keystore import KeyStore
+from .model import BatchOutcome
+from .sealing import open_sample_record, sample_sealer, seal_outcome
+
+__all__ = ["Erasure", "ledger_floors"]
+
+log = logging.getLogger("unlearn.featurizer.shred")
+
+_SCAN = 64  # first backward window (records) when looking for a ledger checkpoint
+
+
+@dataclass
+class _Pending:
+    partition: int  # key-family (by-head) partition
+    targets: dict[int, int]  # deltas partition -> offset the ledger's floor must pass (floor > offset)
+    since: float
+
+
+def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
+    """deltas partition -> the floor of its ledger's latest durable checkpoint (absent: none yet),
+    from the newest ``ledger-state.p<q>.g<G>`` generation holding a checkpoint record."""
+    from confluent_kafka import TopicPartition
+
+    fam = state_family(settings.topic_prefix)
+    topics = list(consumer.list_topics(timeout=settings.admin_timeout).topics)
+    out: dict[int, int] = {}
+    for q in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
+        for g in reversed(fam.generations(topics, q)):
+            topic = fam.topic(q, g)
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=settings.admin_timeout)
+                low, high = max(0, int(low)), max(0, int(high))
+                start, stop, window = max(low, high - _SCAN), None, _SCAN
+                cp = None
+                while True:
+                    cp = latest_checkpoint(read_range(consumer, topic, 0, start, stop, settings.admin_timeout), q)
+                    if cp is not None or start <= low:
+                        break
+                    stop, window = start, window * 4
+                    start = max(low, start - window)
+            except (TopicReadError, Exception) as exc:  # deleted by a rotation meanwhile: the next read sees it
+                log.debug("ledger floor of %d from %s: %s", q, topic, exc)
+                cp = None
+            if cp is not None:
+                out[q] = cp.floor
+                break
+    return out
+
+
+class Erasure:
+    """Keys, sealing and shredding for one featurizer (module docstring)."""
+
+    def __init__(self, settings: Settings, deltas_topic: str) -> None:
+        self.settings = settings
+        self.deltas_topic = deltas_topic
+        self.keys = KeyStore(settings)
+        self.pending: dict[SampleRef, _Pending] = {}
+        self._unchecked: set[int] = set()  # partitions whose orphan keys are not yet pending
+        self._floors: dict[int, int] = {}
+        self._floors_at = 0.0
+        self._rotated: dict[int, float] = {}
+        self._consumer: Any = None
+        self.destroyed = 0
+
+    # ------------------------------------------------------------------ ownership
+    def load(self, partition: int) -> None:
+        self.keys.load(partition)
+        self._unchecked.add(partition)
+
+    def drop(self, partition: int) -> None:
+        self.keys.drop(partition)
+        self._unchecked.discard(partition)
+        self.pending = {r: p for r, p in self.pending.items() if p.partition != partition}
+
+    # ------------------------------------------------------------------ sealing
+    def seal(self, partition: int, outcome: BatchOutcome) -> BatchOutcome:
+        return seal_outcome(self.keys, partition, outcome)
+
+    def sample_sealer(self, partition: int) -> Callable[[str, str, bytes], bytes]:
+        return sample_sealer(self.keys, partition)
+
+    def opener(self, partition: int) -> OpenSample:
+        def lookup(h: str, s: str, kid: str) -> SampleKey | None:
+            gen = self.keys.gens.get(partition)
+            return None if gen is None else gen.keys.get((h, s, kid))
+        return lambda h, s, raw: open_sample_record(lookup, h, s, raw)
+
+    def flush(self) -> int:
+        return self.keys.flush()
+
+    def delivered(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        """A message was acknowledged: a sealed delete in ``deltas`` becomes a pending shred with
+        its exact (partition, offset)."""
+        if topic != self.deltas_topic or not value:
+            return
+        try:
+            delta = decode_delta(value)
+        except CodecError:
+            return
+        for e in delta.entries:
+            if isinstance(e, SealedRowsEntry) and e.sign < 0:
+                for s, kid in zip(e.sample_ids, e.key_ids, strict=True):
+                    ref = (delta.head_id, s, kid)
+                    owner = next((p for p, g in self.keys.gens.items() if ref in g.keys), None)
+                    if owner is not None:
+                        old = self.pending.get(ref)
+                        targets = {partition: offset} if old is None else {**old.targets, partition: offset}
+                        self.pending[ref] = _Pending(owner, targets, time.monotonic())
+
+    # ------------------------------------------------------------------ shredding
+    def _check_orphans(self, caches: Mapping[int, Any]) -> None:
+        """Live keys no cached sample uses any more become pending with a conservative target."""
+        todo = [p for p in self._unchecked if p in caches]
+        if not todo:
+            return
+        orphans: list[tuple[int, SampleRef]] = []
+        for p in todo:
+            cache = caches[p]
+            for ref in self.keys.live(p):
+                h, s, kid = ref
+                cur = self.keys.key_of(h, s)
+                if ref not in self.pending and (cache.get_sample(h, s) is None or cur is None or cur.key_id != kid):
+                    orphans.append((p, ref))
+            self._unchecked.discard(p)
+        if orphans:
+            ends = self._deltas_ends()
+            for p, ref in orphans:
+                self.pending[ref] = _Pending(p, {q: end - 1 for q, end in ends.items()}, time.monotonic())
+            log.info("%d key(s) of deleted samples await destruction (after a restart or takeover)", len(orphans))
+
+    def _consumer_(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            from unlearn.infra.profiles import consumer_config
+
+            self._consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}shredder",
+                                                      **{"enable.partition.eof": True, "enable.auto.commit": False}))
+        return self._consumer
+
+    def _close_consumer(self) -> None:
+        # closed after every read: it must not hold a ledger-state generation its writer deletes
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _deltas_ends(self) -> dict[int, int]:
+        """One past the true last offset of every deltas partition (read to EOF, not ListOffsets)."""
+        from confluent_kafka import TopicPartition
+
+        c = self._consumer_()
+        try:
+            md = c.list_topics(timeout=self.settings.admin_timeout).topics.get(self.deltas_topic)
+            out = {}
+            for q in sorted(md.partitions if md is not None else []):
+                _, high = c.get_watermark_offsets(TopicPartition(self.deltas_topic, q),
+                                                  timeout=self.settings.admin_timeout)
+                out[q] = log_bounds(self.settings, c, self.deltas_topic, q, int(high) + 1)[1]
+            return out
+        finally:
+            self._close_consumer()
+
+    def tick(self, caches: Mapping[int, Any], force: bool = False) -> int:
+        """Destroy the keys that are due; returns how many. Cheap when nothing is pending."""
+        self._check_orphans(caches)
+        self.keys.retire_due()
+        if not self.pending:
+            return 0
+        now = time.monotonic()
+        every = self.settings.shred_every_seconds
+        if force or now - self._floors_at >= every:
+            try:
+                self._floors = ledger_floors(self.settings, self._consumer_())
+            finally:
+                self._close_consumer()
+            self._floors_at = now
+        due: dict[int, list[SampleRef]] = {}
+        for ref, pend in self.pending.items():
+            if all(self._floors.get(q, 0) > o for q, o in pend.targets.items()):
+                due.setdefault(pend.partition, []).append(ref)
+        n = 0
+        for p, refs in due.items():
+            if not force and now - self._rotated.get(p, 0.0) < every:
+                continue
+            if p not in self.keys.gens:
+                continue
+            n += self.keys.destroy(p, refs)
+            self._rotated[p] = now
+            for ref in refs:
+                self.pending.pop(ref, None)
+            cache = caches.get(p)
+            if cache is not None and hasattr(cache, "purge_deleted"):
+                cache.purge_deleted()
+        self.destroyed += n
+        return n
+
+    def close(self) -> None:
+        self._close_consumer()
+        self.keys.close()

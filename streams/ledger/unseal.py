@@ -1,0 +1,59 @@
+"""Opening sealed ``deltas`` rows before the ledger applies them (docs/erasure.md).
+
+A thin transform in front of ``HeadRuntime.apply``: a SEALED entry becomes the ROWS entry it
+sealed (``schemas.sealed_delta.open_delta``) with the keys of the ``subject-keys`` family
+(``infra.key_family.KeyRing``). A key not known yet makes the ring read the family to its current
+end once (the featurizer acknowledged every key before producing a row under it); a key still
+unknown then is destroyed: its rows are *erased* and left out. An erased add and its erased delete
+carry the same (sample, key id, commitment) and contribute ``+x - x = 0``, so a ledger rebuilt
+from scratch after an erasure ends at the digest of the retained set. A live ledger never meets a
+destroyed key: the featurizer destroys a key only once this ledger's durable checkpoint floor is
+past the delete (``streams/featurizer/shredder.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from unlearn.infra.key_family import KeyRing, SampleRef
+from unlearn.infra.settings import Settings
+from unlearn.schemas.delta_codec import Delta
+from unlearn.schemas.sealed import SampleKey
+from unlearn.schemas.sealed_delta import Opened, is_sealed, open_delta
+
+__all__ = ["RowOpener"]
+
+log = logging.getLogger("unlearn.ledger")
+
+
+class RowOpener:
+    """Opens sealed deltas for one process (ledger worker or verifier)."""
+
+    def __init__(self, settings: Settings, ring: KeyRing | None = None) -> None:
+        self.settings = settings
+        self.ring = ring
+        self.missing: set[SampleRef] = set()  # refreshed for once and still unknown: destroyed
+        self.erased = 0
+
+    def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
+        if self.ring is None:
+            self.ring = KeyRing(self.settings)
+        ref = (head_id, sample_id, key_id)
+        key = self.ring.keys.get(ref)
+        if key is None and ref not in self.missing:
+            self.ring.refresh()
+            key = self.ring.keys.get(ref)
+            if key is None:
+                self.missing.add(ref)
+        return key
+
+    def open(self, delta: Delta) -> Opened:
+        """``delta`` with its sealed rows opened (SealError: a row does not open or match its
+        commitment); rows under destroyed keys are reported in ``erased``."""
+        if not is_sealed(delta):
+            return Opened(delta)
+        opened = open_delta(delta, self.lookup)
+        if opened.erased:
+            self.erased += len(opened.erased)
+            log.info("head %r: %d erased row(s) (key destroyed) left out", delta.head_id, len(opened.erased))
+        return opened
