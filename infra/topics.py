@@ -22,11 +22,13 @@ from unlearn.infra.settings import Settings
 
 __all__ = [
     "COMPACTED",
+    "RAW_INPUT",
     "TOPICS",
     "TopicError",
     "create_topics",
     "delete_topics",
     "ensure_topic",
+    "raw_input_config",
     "topic_names",
     "topics_main",
     "wait_for_topics",
@@ -43,6 +45,16 @@ keys and rights (docs/security.md)."""
 
 COMPACTED: frozenset[str] = frozenset({"featurizer-cache", "head-registry", "client-registry"})
 """Logical topics created with cleanup.policy=compact."""
+
+RAW_INPUT: frozenset[str] = frozenset({"requests", "requests.by-head"})
+"""Logical topics holding upstream raw inputs: created with ``retention.ms`` =
+``UNLEARN_REQUESTS_RETENTION_MS`` when it is set (docs/erasure.md section 5; the embedded broker
+accepts the setting but never deletes anything)."""
+
+
+def raw_input_config(settings: Settings) -> dict[str, str]:
+    """The extra topic configs of a raw-input topic (empty: broker default retention)."""
+    return {"retention.ms": str(settings.requests_retention_ms)} if settings.requests_retention_ms > 0 else {}
 
 
 class TopicError(RuntimeError):
@@ -76,7 +88,8 @@ def create_topics(
             full,
             num_partitions=n,
             replication_factor=1 if settings.profile == "tansu" else -1,  # -1: broker default
-            config=topic_config(settings, compacted=logical in COMPACTED),
+            config={**topic_config(settings, compacted=logical in COMPACTED),
+                    **(raw_input_config(settings) if logical in RAW_INPUT else {})},
         )
         for logical, full in names.items()
     ]
@@ -107,7 +120,7 @@ def create_topics(
 
 
 def ensure_topic(settings: Settings, name: str, *, partitions: int = 1, compacted: bool = False,
-                 admin: Any = None) -> None:
+                 admin: Any = None, config: dict[str, str] | None = None) -> None:
     """Create one topic by its full name if it is missing, and wait until it is visible: what
     workers use for the topics they own (the ledger's state and heads generations)."""
     from confluent_kafka import KafkaError, KafkaException
@@ -115,7 +128,8 @@ def ensure_topic(settings: Settings, name: str, *, partitions: int = 1, compacte
 
     client = admin if admin is not None else AdminClient(admin_config(settings))
     rf = 1 if settings.profile == "tansu" else -1
-    fut = client.create_topics([NewTopic(name, partitions, rf, config=topic_config(settings, compacted=compacted))],
+    conf = {**topic_config(settings, compacted=compacted), **(config or {})}
+    fut = client.create_topics([NewTopic(name, partitions, rf, config=conf)],
                                request_timeout=settings.admin_timeout)[name]
     try:
         fut.result(timeout=settings.admin_timeout)

@@ -22,6 +22,7 @@ tools
   add | delete | delete-subject   produce request events (optionally --wait for the receipt)
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
+  erasure-report  check that none of a subject's data can still be read (docs/erasure.md)
   demo            the whole system end to end on offline data (make demo)
 """
 
@@ -93,6 +94,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),
     "verify": _lazy("unlearn.services.verifier.cli", "verify_main"),
     "export-deltas": _lazy("unlearn.services.verifier.cli", "export_deltas_main"),
+    "erasure-report": _lazy("unlearn.services.erasure.report", "erasure_report_main"),
     "demo": _lazy("unlearn.services.demo.driver", "demo_main"),
 }
 

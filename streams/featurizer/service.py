@@ -41,7 +41,7 @@ from unlearn.infra.head_registry import RegistryView
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import ensure_topic
+from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
@@ -225,7 +225,8 @@ class FeaturizerService:
             raise FeaturizerError(f"requests topic {self.requests_topic!r} is missing: run `unlearn topics create`")
         routed = md.topics.get(self.topic)
         if routed is None or routed.error is not None or not routed.partitions:
-            ensure_topic(self.settings, self.topic, partitions=len(req.partitions))
+            ensure_topic(self.settings, self.topic, partitions=len(req.partitions),
+                         config=raw_input_config(self.settings))
             md = self._consumer.list_topics(timeout=self.settings.admin_timeout)
             routed = md.topics[self.topic]
         self.route_partitions = len(routed.partitions)

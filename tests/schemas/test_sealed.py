@@ -135,3 +135,13 @@ def test_wrong_commitment_and_bad_sizes_refused() -> None:
         encode_delta(Delta("h", "src", 2, 30, 0, [short]))
     raw = encode_delta(Delta("h", "src", 2, 30, 0, [e]))
     assert raw[4:6] == b"\x03\x00"
+
+
+def test_raw_input_topics_get_the_configured_retention() -> None:
+    from unlearn.infra.settings import Settings
+    from unlearn.infra.topics import raw_input_config
+
+    assert raw_input_config(Settings()) == {}
+    assert raw_input_config(Settings(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}
+    with pytest.raises(ValueError, match="REQUESTS_RETENTION_MS"):
+        Settings().with_(requests_retention_ms=0)

@@ -1,0 +1,215 @@
+"""``unlearn erasure-report --head H --subject S [--json]``: can any of a subject's data still be read?
+
+For one subject of one head (docs/erasure.md): its delete receipts, the head version that first
+excluded all of its samples, and a check of every store the system controls:
+
+- ``subject-keys``: no generation topic still holds a key of the subject's samples (a key record
+  written and later tombstoned is still in that generation's log until it is deleted);
+- the local sqlite feature caches under ``UNLEARN_DATA_DIR`` (this host): no row of the subject;
+- ``deltas``: every row of the subject is sealed (no plaintext ROWS entry of it) under a key that
+  no longer exists;
+- ``featurizer-cache``: no plaintext sample record of the subject (a sealed record names no subject
+  in clear), every sealed one under a destroyed key;
+- ``deadletter``: no original request of the subject (dead letters are not sealed yet).
+
+Exit 0 only if every check is clear; 1 otherwise (or when a topic cannot be read), 2 for usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
+from unlearn.schemas.deadletter import decode_deadletter
+from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
+from unlearn.schemas.receipts import decode_receipt
+
+__all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
+
+
+@dataclass
+class StoreCheck:
+    store: str
+    clear: bool
+    detail: str
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "clear": self.clear, "detail": self.detail, "problems": self.problems[:50]}
+
+
+@dataclass
+class ErasureReport:
+    head_id: str
+    subject_id: str
+    receipts: list[dict[str, Any]] = field(default_factory=list)
+    excluded_from_version: int | None = None
+    samples: dict[str, list[str]] = field(default_factory=dict)  # sample -> key ids seen
+    checks: list[StoreCheck] = field(default_factory=list)
+
+    @property
+    def clear(self) -> bool:
+        return bool(self.receipts) and all(c.clear for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"head_id": self.head_id, "subject_id": self.subject_id, "clear": self.clear,
+                "receipts": self.receipts, "excluded_from_version": self.excluded_from_version,
+                "samples": self.samples, "checks": [c.to_json() for c in self.checks]}
+
+    def summary(self) -> str:
+        lines = [f"erasure of subject {self.subject_id!r} in head {self.head_id!r}: "
+                 + ("CLEAR" if self.clear else "NOT CLEAR"),
+                 f"  applied delete receipts: {sum(r['status'] == 'applied' for r in self.receipts)}"
+                 f" (of {len(self.receipts)}); head version first excluding every sample: "
+                 f"{self.excluded_from_version}",
+                 f"  samples seen: {len(self.samples)}"]
+        lines += [f"  [{'ok' if c.clear else 'FAIL'}] {c.store}: {c.detail}" for c in self.checks]
+        return "\n".join(lines)
+
+
+def _read(settings: Settings, topic: Any, timeout: float, keep: Any = None) -> list[LogRecord]:
+    return read_topic(settings, topic, keep, timeout, role="erasure-report")
+
+
+def _all_topics(settings: Settings) -> list[str]:
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    return list(AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout).topics)
+
+
+def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: float = 60.0) -> ErasureReport:
+    rep = ErasureReport(head_id, subject_id)
+    # receipts are keyed by subject
+    for r in _read(settings, settings.topic("receipts"), timeout, keys_in([subject_id])):
+        try:
+            rc = decode_receipt(r.value or b"")
+        except CodecError:
+            continue
+        if rc.head_id == head_id and rc.subject_id == subject_id:
+            rep.receipts.append({"event_id": rc.event_id, "status": rc.status, "sample_ids": list(rc.sample_ids),
+                                 "head_version": rc.head_version, "reason": rc.reason})
+    # the subject's rows in deltas: sample ids and key ids are in clear
+    plain: list[str] = []
+    sealed_refs: set[tuple[str, str]] = set()
+    for r in _read(settings, settings.topic("deltas"), timeout, keys_in([head_id])):
+        try:
+            d = decode_delta(r.value or b"")
+        except CodecError:
+            continue
+        for e in d.entries:
+            for i, subj in enumerate(e.subject_ids):
+                if subj != subject_id:
+                    continue
+                sample = e.sample_ids[i]
+                rep.samples.setdefault(sample, [])
+                if isinstance(e, SealedRowsEntry):
+                    sealed_refs.add((sample, e.key_ids[i]))
+                    if e.key_ids[i] not in rep.samples[sample]:
+                        rep.samples[sample].append(e.key_ids[i])
+                elif isinstance(e, RowsEntry):
+                    plain.append(f"plaintext row of {sample!r} at {r.partition}/{r.offset}")
+    deleted = {s for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
+    versions = [int(rc["head_version"]) for rc in rep.receipts if rc["status"] == "applied" and rc["head_version"]]
+    if rep.samples and set(rep.samples) <= deleted and versions:
+        rep.excluded_from_version = max(versions)
+    # key family: every generation topic, every record (a tombstoned key is still in its generation's log)
+    fam = keys_family(settings.topic_prefix)
+    held: list[str] = []
+    for t in fam.select(_all_topics(settings)):
+        for r in _read(settings, t, timeout):
+            if r.key is None or r.key == COMPLETE_KEY or r.value is None:
+                continue
+            try:
+                h, s, kid = parse_key_record_key(r.key)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if h == head_id and s in rep.samples:
+                held.append(f"key {kid} of sample {s!r} in {t} at offset {r.offset}")
+    live_kids = {kid for x in held for kid in [x.split()[1]]}
+    rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
+                                 if not held else f"{len(held)} key records still stored", held))
+    undestroyed = [f"row of {s!r} sealed under key {k} which still exists" for s, k in sorted(sealed_refs)
+                   if k in live_kids]
+    rep.checks.append(StoreCheck("deltas", not plain and not undestroyed,
+                                 f"{len(sealed_refs)} sealed rows, all under destroyed keys" if not plain
+                                 and not undestroyed else "readable rows remain", plain + undestroyed))
+    # featurizer-cache changelog: plaintext records carry the subject in their JSON header
+    needle = b'"subject":' + orjson.dumps(subject_id)
+    cl = [f"plaintext record {(r.key or b'').decode(errors='replace')[:80]} at {r.partition}/{r.offset}"
+          for r in _read(settings, settings.topic("featurizer-cache"), timeout) if r.value and needle in r.value]
+    rep.checks.append(StoreCheck("featurizer-cache", not cl, "no plaintext record of the subject" if not cl
+                                 else f"{len(cl)} plaintext records of the subject", cl))
+    # deadletter originals (not sealed: a refused request of the subject stays readable)
+    dl_needle = b'"subject_id":' + orjson.dumps(subject_id)
+    dls = []
+    for r in _read(settings, settings.topic("deadletter"), timeout):
+        try:
+            dl = decode_deadletter(r.value or b"")
+        except (CodecError, ValueError):
+            continue
+        if dl_needle in dl.original.replace(b": ", b":"):
+            dls.append(f"dead letter {dl.reason} at {r.partition}/{r.offset}")
+    rep.checks.append(StoreCheck("deadletter", not dls, "no original request of the subject" if not dls
+                                 else f"{len(dls)} refused requests of the subject keep their original bytes", dls))
+    rep.checks.append(_check_caches(settings, head_id, subject_id))
+    return rep
+
+
+def _check_caches(settings: Settings, head_id: str, subject_id: str) -> StoreCheck:
+    files = sorted(Path(settings.data_dir).glob("featurizer/*/p*.sqlite"))
+    if not files:
+        return StoreCheck("sqlite cache", True, f"no feature cache under {settings.data_dir} on this host")
+    rows = []
+    for f in files:
+        db = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+        try:
+            n = db.execute("SELECT COUNT(*) FROM samples WHERE head_id = ? AND subject_id = ?",
+                           (head_id, subject_id)).fetchone()[0]
+        finally:
+            db.close()
+        if n:
+            rows.append(f"{n} rows in {f}")
+    return StoreCheck("sqlite cache", not rows, f"{len(files)} cache files, no row of the subject" if not rows
+                      else "rows remain", rows)
+
+
+def erasure_report_main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="unlearn erasure-report", description=(
+        "Check that none of a subject's data can still be read (docs/erasure.md). Exit 0 only if all clear."))
+    add_broker_args(ap)
+    ap.add_argument("--head", required=True, help="head id")
+    ap.add_argument("--subject", required=True, help="subject id")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to read each topic to its end")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    try:
+        args = ap.parse_args(argv)
+        settings = settings_from_args(args, require_broker=False)
+    except (SystemExit, ValueError) as exc:
+        return cli_exit_code(exc)
+    if not settings.bootstrap:
+        print(f"error: {NO_BROKER}", file=sys.stderr)
+        return 2
+    try:
+        rep = erasure_report(settings, args.head, args.subject, args.timeout)
+    except TopicReadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(rep.summary())
+    return 0 if rep.clear else 1
