@@ -1,0 +1,140 @@
+"""Verifiable erasure on a real broker (docs/erasure.md): after a subject's delete and its
+receipt, its features are nowhere the system controls (every topic except the upstream-owned
+``requests`` and ``requests.by-head``, the data dir, the worker logs), and ``unlearn verify``
+still certifies the head."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_pipeline import pipeline_settings, services
+from unlearn.features.contract import quantize_feature_row
+from unlearn.infra.key_family import read_partition_keys
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_reader import TopicReadError, read_topic
+from unlearn.services.client.sdk import UnlearnClient
+from unlearn.services.erasure.report import erasure_report
+from unlearn.services.verifier.certify import verify_broker
+
+pytestmark = pytest.mark.broker
+
+D = 6
+# distinctive feature values: none of them, nor their normalized or quantized forms, may survive
+SECRET = np.array([0.7318237412, -0.2918374619, 0.4129387123, -0.1837461928, 0.3128374619, 0.2718281828])
+
+
+def needles(f: np.ndarray, frac_bits: int) -> dict[str, bytes]:
+    """The byte patterns of a feature vector: float text, float32/float64 bytes (raw and
+    normalized, each value and the whole vector) and the quantized int64 row."""
+    unit = f / np.linalg.norm(f)
+    q = quantize_feature_row(f, frac_bits, 1.0, True)
+    out: dict[str, bytes] = {"q_row": np.asarray(q, "<i8").tobytes()}
+    for name, v in (("raw", f), ("unit", unit)):
+        out[f"{name}_f64_row"] = np.asarray(v, "<f8").tobytes()
+        out[f"{name}_f32_row"] = np.asarray(v, "<f4").tobytes()
+        for i, x in enumerate(v[:3]):
+            out[f"{name}_text_{i}"] = repr(float(x))[:10].encode()
+            out[f"{name}_f64_{i}"] = struct.pack("<d", float(x))
+    for i, qi in enumerate(q[:3]):
+        out[f"q_{i}"] = struct.pack("<q", int(qi))
+    return out
+
+
+def scan(blobs: dict[str, bytes], pats: dict[str, bytes]) -> list[str]:
+    return [f"{what} in {where}" for where, b in blobs.items() for what, p in pats.items() if p in b]
+
+
+def topic_bytes(s: Settings, skip: set[str]) -> dict[str, bytes]:
+    """Every record (key and value) of every topic of the test's prefix, generation topics included."""
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    md = AdminClient(admin_config(s)).list_topics(timeout=30).topics
+    names = [t for t, m in md.items() if t.startswith(s.topic_prefix) and m.error is None]
+    out = {}
+    for t in sorted(set(names) - skip):
+        try:
+            recs = read_topic(s, t, timeout=60)
+        except TopicReadError:  # deleted since the listing (a superseded generation): nothing left to read
+            continue
+        out[t] = b"".join((r.key or b"") + b"|" + (r.value or b"") for r in recs)
+    assert s.topic("deltas") in out and s.topic("featurizer-cache") in out
+    return out
+
+
+def file_bytes(*roots: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for root in roots for p in root.rglob("*") if p.is_file()}
+
+
+def wait_shredded(s: Settings, head: str, samples: set[str], timeout: float = 90.0) -> None:
+    """No live key of ``samples`` in any generation of the key family, and one generation per partition."""
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    fam = keys_family(s.topic_prefix)
+    admin = AdminClient(admin_config(s))
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = list(admin.list_topics(timeout=30).topics)
+        parts = {pg[0] for t in topics if (pg := fam.parse(t)) is not None}
+        live, gens = [], 0
+        for p in parts:
+            gens += len(fam.generations(topics, p))
+            for g in fam.generations(topics, p):
+                gen = read_partition_keys(s, fam, [fam.topic(p, g)], p)
+                live += [ref for ref in (gen.keys if gen else {}) if ref[0] == head and ref[1] in samples]
+        if not live and gens == len(parts) and parts:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"keys not destroyed in {timeout}s: live={live[:3]}, generations={gens}")
+        time.sleep(1.0)
+
+
+def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: Settings, tmp_path: Path) -> None:
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+                                                    checkpoint_every_messages=1)
+    rng = np.random.default_rng(5)
+    feat, led = services(s, tmp_path)
+    try:
+        with UnlearnClient(s, client_id="erasure-test") as client:
+            others = rng.normal(size=(8, D))
+            for i in range(8):  # other subjects keep the head alive (and share the secret's class)
+                client.add("er", f"other{i % 3}", f"o{i}", i % 2, features=others[i]).wait_delivered(30)
+            client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)
+            client.add("er", "alice", "a2", 1, features=SECRET[::-1].copy()).wait_delivered(30)
+            receipt = client.delete_subject("er", "alice").wait_receipt(120)
+        assert receipt.status == "applied" and sorted(receipt.sample_ids) == ["a1", "a2"]
+        wait_shredded(s, "er", {"a1", "a2"})
+        pats = {**needles(SECRET, s.frac_bits), **{f"rev_{k}": v for k, v in
+                                                   needles(SECRET[::-1].copy(), s.frac_bits).items()}}
+        skip = {s.topic("requests"), s.topic("requests.by-head")}  # upstream-owned plaintext (docs/erasure.md)
+        found = scan(topic_bytes(s, skip), pats)
+        files = file_bytes(Path(s.data_dir), tmp_path / "logs")
+        found += scan(files, pats)
+        assert not found, found[:10]
+        # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
+        assert scan(files, {"q_row": needles(others[0], s.frac_bits)["q_row"]})
+        # the raw input is still where the upstream producer put it (what the docs say)
+        raw_requests = b"".join(r.value or b"" for r in read_topic(s, s.topic("requests"), timeout=60))
+        assert needles(SECRET, s.frac_bits)["raw_text_0"] in raw_requests
+        cert = verify_broker(s, "er", orders=2, partitionings=2)
+        assert cert.ok, cert.summary()
+        pairs = next(c for c in cert.checks if c.name == "erased_pairs")
+        assert pairs.status == "pass" and pairs.data["erased_pairs"] == 2, pairs.detail
+        rep = erasure_report(s, "er", "alice")
+        assert rep.clear, rep.summary()
+        assert rep.excluded_from_version == receipt.head_version and sorted(rep.samples) == ["a1", "a2"]
+        assert not erasure_report(s, "er", "other0").clear  # a subject with live data is not clear
+    finally:
+        feat.stop()
+        led.stop()
+    assert feat.proc.returncode == 0, feat.log_tail()
+    assert led.proc.returncode == 0, led.log_tail()
