@@ -18,6 +18,7 @@ from unlearn.infra.key_family import read_partition_keys
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topic_reader import TopicReadError, read_topic
+from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.erasure.report import erasure_report
 from unlearn.services.verifier.certify import verify_broker
@@ -138,3 +139,59 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         led.stop()
     assert feat.proc.returncode == 0, feat.log_tail()
     assert led.proc.returncode == 0, led.log_tail()
+
+
+def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(settings: Settings, tmp_path: Path) -> None:
+    """A delete right behind its add (both in flight), a re-add of an erased sample (fresh key id),
+    and a featurizer killed between a delete and its key's destruction (the ledger is down, so
+    the floor cannot pass the delete): the restarted featurizer destroys the key once the ledger
+    is back, and the head still verifies."""
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+                                                    checkpoint_every_messages=1)
+    rng = np.random.default_rng(7)
+    feat, led = services(s, tmp_path)
+    try:
+        with UnlearnClient(s, client_id="erasure-test") as client:
+            for i in range(6):
+                client.add("er2", f"other{i % 2}", f"o{i}", i % 2, features=rng.normal(size=D)).wait_delivered(30)
+            # 1. the delete follows its add without waiting for anything
+            client.add("er2", "bob", "b1", 0, features=SECRET)
+            r1 = client.delete("er2", "b1", "bob").wait_receipt(120)
+            assert r1.status == "applied"
+            wait_shredded(s, "er2", {"b1"})
+            # 2. re-adding the erased sample gets a fresh key; the old one stays destroyed
+            client.add("er2", "bob", "b1", 1, features=rng.normal(size=D)).wait_delivered(30)
+            wait_for_head(s, "er2", lambda u: u.n_retained == 7 and u.mode == "exact", timeout=60)
+            cert = verify_broker(s, "er2", orders=2, partitionings=2)
+            assert cert.ok, cert.summary()
+            assert not erasure_report(s, "er2", "bob").clear  # bob has live data again
+            # 3. the ledger stops, the delete is taken, the featurizer dies before the shred
+            led.stop()
+            client.add("er2", "carol", "c1", 0, features=SECRET[::-1].copy()).wait_delivered(30)
+            d = client.delete_subject("er2", "carol")
+            d.wait_delivered(30)
+            time.sleep(3.0)  # the featurizer judges both; the ledger is down: no floor passes them
+            assert not _keys_gone(s, "er2", {"c1"})
+            feat.kill9()
+            feat.start()
+            led.start()
+            assert d.wait_receipt(120).status == "applied"
+            wait_shredded(s, "er2", {"c1"})
+        feat.wait_for_log("await destruction", timeout=30)
+        cert = verify_broker(s, "er2", orders=2, partitionings=2)
+        assert cert.ok, cert.summary()
+        pairs = next(c for c in cert.checks if c.name == "erased_pairs")
+        assert pairs.data["erased_pairs"] == 2, pairs.detail
+        rep = erasure_report(s, "er2", "carol")
+        assert rep.clear, rep.summary()
+    finally:
+        feat.stop()
+        led.stop()
+
+
+def _keys_gone(s: Settings, head: str, samples: set[str]) -> bool:
+    try:
+        wait_shredded(s, head, samples, timeout=0.1)
+        return True
+    except AssertionError:
+        return False
