@@ -18,6 +18,7 @@ from unlearn.infra.key_family import read_partition_keys
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topic_reader import TopicReadError, read_topic
+from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.erasure.report import erasure_report
@@ -66,6 +67,8 @@ def topic_bytes(s: Settings, skip: set[str]) -> dict[str, bytes]:
         except TopicReadError:  # deleted since the listing (a superseded generation): nothing left to read
             continue
         out[t] = b"".join((r.key or b"") + b"|" + (r.value or b"") for r in recs)
+        if t == s.topic("deadletter"):  # originals are base64 in the record: scan them decoded too
+            out[t + " (originals)"] = b"|".join(decode_deadletter(r.value or b"").original for r in recs)
     assert s.topic("deltas") in out and s.topic("featurizer-cache") in out
     return out
 
@@ -111,6 +114,7 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
                 client.add("er", f"other{i % 3}", f"o{i}", i % 2, features=others[i]).wait_delivered(30)
             client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)
             client.add("er", "alice", "a2", 1, features=SECRET[::-1].copy()).wait_delivered(30)
+            client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)  # refused: duplicate_add
             receipt = client.delete_subject("er", "alice").wait_receipt(120)
         assert receipt.status == "applied" and sorted(receipt.sample_ids) == ["a1", "a2"]
         wait_shredded(s, "er", {"a1", "a2"})
@@ -121,6 +125,8 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         files = file_bytes(Path(s.data_dir), tmp_path / "logs")
         found += scan(files, pats)
         assert not found, found[:10]
+        dls = [decode_deadletter(r.value or b"") for r in read_topic(s, s.topic("deadletter"), timeout=30)]
+        assert [d.reason for d in dls] == ["duplicate_add"] and dls[0].original.startswith(b"ULFZ")
         # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
         assert scan(files, {"q_row": needles(others[0], s.frac_bits)["q_row"]})
         # the raw input is still where the upstream producer put it (what the docs say)

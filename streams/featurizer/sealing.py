@@ -13,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import orjson
+
+from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import RowsEntry
-from unlearn.schemas.sealed import PURPOSE_CHANGELOG, SampleKey, SealError, seal, unseal
+from unlearn.schemas.sealed import PURPOSE_CHANGELOG, PURPOSE_DEADLETTER, SampleKey, SealError, seal, unseal
 from unlearn.schemas.sealed_delta import seal_delta
 
 from .keystore import KeyStore
 from .model import BatchOutcome
 
-__all__ = ["SEALED_SAMPLE_MAGIC", "open_sample_record", "sample_sealer", "seal_outcome", "sealed_sample_record"]
+__all__ = ["SEALED_SAMPLE_MAGIC", "open_sample_record", "sample_sealer", "seal_deadletter", "seal_outcome",
+           "sealed_sample_record"]
 
 SEALED_SAMPLE_MAGIC = b"ULFZ\x01"
 
@@ -29,7 +33,7 @@ def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome) -> Batch
     """``outcome`` with its deltas' rows sealed; creates (stages) a key per added row. Deletes use
     the key their sample had before the batch, or the key its add got in this batch."""
     if not outcome.deltas:
-        return outcome
+        return replace(outcome, deadletters=[seal_deadletter(keys, dl) for dl in outcome.deadletters])
     before: dict[tuple[str, str], SampleKey] = {}
     for d in outcome.deltas:  # deletes first: they use the keys of samples added before this batch
         for e in d.entries:
@@ -61,6 +65,7 @@ def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome) -> Batch
         return pick
 
     sealed = []
+    deadletters = [seal_deadletter(keys, dl) for dl in outcome.deadletters]
     for d in outcome.deltas:
         if not any(isinstance(e, RowsEntry) for e in d.entries):
             sealed.append(d)
@@ -69,7 +74,25 @@ def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome) -> Batch
         parts = [seal_delta(replace(d, entries=(e,)), key_for(e.sign)).entries[0] if isinstance(e, RowsEntry) else e
                  for e in d.entries]
         sealed.append(replace(d, entries=tuple(parts)))
-    return replace(outcome, deltas=sealed)
+    return replace(outcome, deltas=sealed, deadletters=deadletters)
+
+
+def seal_deadletter(keys: KeyStore, dl: DeadLetter) -> DeadLetter:
+    """A refused request about a sample that has a key (e.g. a duplicate add of a cached sample)
+    keeps its original bytes sealed under that key (purpose ``deadletter-original``), so the
+    sample's erasure covers it; other dead letters are unchanged (docs/erasure.md)."""
+    try:
+        req = orjson.loads(dl.original)
+        head_id, sample_id = req["head_id"], req["sample_id"]
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return dl
+    if not (isinstance(head_id, str) and isinstance(sample_id, str)):
+        return dl
+    key = keys.key_of(head_id, sample_id)
+    if key is None:
+        return dl
+    sealed = seal(key, PURPOSE_DEADLETTER, head_id, sample_id, dl.original)
+    return replace(dl, original=SEALED_SAMPLE_MAGIC + bytes.fromhex(key.key_id) + sealed)
 
 
 def sealed_sample_record(key: SampleKey, head_id: str, sample_id: str, plain: bytes) -> bytes:
