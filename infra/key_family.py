@@ -30,8 +30,8 @@ from unlearn.infra.topic_family import TopicFamily, keys_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
 
-__all__ = ["COMPLETE_KEY", "KeyGeneration", "KeyRing", "fold_keys", "key_record_key", "parse_key_record_key",
-           "read_partition_keys"]
+__all__ = ["COMPLETE_KEY", "READ_IDLE_S", "KeyGeneration", "KeyRing", "KeysUnavailable", "fold_keys", "key_record_key",
+           "parse_key_record_key", "read_partition_keys"]
 
 log = logging.getLogger("unlearn.keys")
 
@@ -95,8 +95,18 @@ def _consumer(settings: Settings) -> Any:
                                     **{"enable.partition.eof": True, "enable.auto.commit": False}))
 
 
+#: Seconds without progress before a key read gives up: a generation deleted under a reader stalls
+#: its fetches instead of failing them, and the caller then re-lists and reads the newer one.
+READ_IDLE_S = 5.0
+
+
+class KeysUnavailable(RuntimeError):
+    """The key family could not be read to its end (broker away, generations moving): a reader
+    must not conclude that a key it did not find is destroyed."""
+
+
 def _read(c: Any, settings: Settings, gen: KeyGeneration) -> KeyGeneration:
-    return fold_keys(gen, read_range(c, gen.topic, 0, gen.next_offset, None, max(10.0, settings.admin_timeout)))
+    return fold_keys(gen, read_range(c, gen.topic, 0, gen.next_offset, None, READ_IDLE_S))
 
 
 def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterable[str], partition: int,
@@ -118,17 +128,17 @@ def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterabl
 
 
 class KeyRing:
-    """The keys of every partition, for the ledger worker and the verifier: opens rows
-    (``schemas.sealed_delta.KeyLookup``). A key not known yet makes it read the family to its
-    current end (the featurizer acknowledged a key before any ciphertext under it was produced),
-    at most once per ``min_refresh_s`` for the same unknown key."""
+    """The keys of every partition, for the ledger worker and the verifier (``streams.ledger.unseal``).
+    :meth:`refresh` reads the family to its current end (the featurizer acknowledged a key before
+    any ciphertext under it was produced) or raises :class:`KeysUnavailable`."""
 
-    def __init__(self, settings: Settings, min_refresh_s: float = 0.0) -> None:
+    def __init__(self, settings: Settings, attempts: int = 5) -> None:
         self.settings = settings
         self.family = keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
         self.keys: dict[SampleRef, SampleKey] = {}
         self.refreshes = 0
+        self.attempts = attempts
         self._lock = threading.Lock()
 
     def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
@@ -140,26 +150,40 @@ class KeyRing:
         return key
 
     def refresh(self) -> None:
-        """Read every partition's newest complete generation to its end (incrementally)."""
+        """Read every partition's newest complete generation to its end (incrementally). A read
+        that stalls (a generation deleted under it) is retried on a fresh listing; KeysUnavailable
+        when a partition cannot be read after ``attempts`` tries."""
         with self._lock:
             self.refreshes += 1
-            c = _consumer(self.settings)
-            try:
-                topics = list(c.list_topics(timeout=self.settings.admin_timeout).topics)
-                parts = {pg[0] for t in topics if (pg := self.family.parse(t)) is not None}
-                for p in sorted(parts):
-                    have = self.gens.get(p)
-                    newest = self.family.generations(topics, p)[-1]
-                    try:
-                        if have is not None and have.generation == newest:
-                            _read(c, self.settings, have)
-                            continue
-                        gen = read_partition_keys(self.settings, self.family, topics, p, consumer=c)
-                    except TopicReadError as exc:  # deleted under us: the next refresh sees the newer one
-                        log.info("key family partition %d: %s", p, exc)
-                        continue
-                    if gen is not None:
-                        self.gens[p] = gen
-            finally:
-                c.close()
+            failed: dict[int, str] = {}
+            for _ in range(self.attempts):
+                failed = self._refresh_once(failed or None)
+                if not failed:
+                    break
             self.keys = {ref: k for g in self.gens.values() for ref, k in g.keys.items()}
+            if failed:
+                raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}")
+
+    def _refresh_once(self, only: dict[int, str] | None) -> dict[int, str]:
+        c = _consumer(self.settings)
+        failed: dict[int, str] = {}
+        try:
+            topics = list(c.list_topics(timeout=self.settings.admin_timeout).topics)
+            parts = {pg[0] for t in topics if (pg := self.family.parse(t)) is not None}
+            for p in sorted(parts if only is None else set(only) & parts):
+                have = self.gens.get(p)
+                newest = self.family.generations(topics, p)[-1]
+                try:
+                    if have is not None and have.generation == newest:
+                        _read(c, self.settings, have)
+                        continue
+                    gen = read_partition_keys(self.settings, self.family, topics, p, consumer=c)
+                except TopicReadError as exc:  # deleted under us: a fresh listing names the newer one
+                    log.info("key family partition %d: %s", p, exc)
+                    failed[p] = str(exc)
+                    continue
+                if gen is not None:
+                    self.gens[p] = gen
+        finally:
+            c.close()
+        return failed

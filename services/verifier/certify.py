@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from unlearn.infra.key_family import KeysUnavailable
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
@@ -67,7 +68,10 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
     # sealed rows opened with the key family; erased pairs checked, their unreproducible versions left out
-    deltas, erased = open_records(deltas, head_id, RowOpener(settings))
+    try:
+        deltas, erased = open_records(deltas, head_id, RowOpener(settings))
+    except KeysUnavailable as exc:
+        raise VerifyError(f"cannot read the sample keys ({settings.topic_prefix}subject-keys.*): {exc}") from None
     gone = unreproducible_versions(deltas, head_id, erased)
     n_claims = len(updates) + len(receipts)
     updates = [u for u in updates if u.version not in gone]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unlearn.infra.key_family import SampleRef
+from unlearn.infra.key_family import READ_IDLE_S, SampleRef
 from unlearn.infra.log_position import log_bounds
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import state_family
@@ -60,7 +60,7 @@ class _Pending:
 def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
     """deltas partition -> the floor of its ledger's latest durable checkpoint (absent: none yet),
     from the newest ``ledger-state.p<q>.g<G>`` generation holding a checkpoint record."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
     fam = state_family(settings.topic_prefix)
     topics = list(consumer.list_topics(timeout=settings.admin_timeout).topics)
@@ -74,12 +74,12 @@ def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
                 start, stop, window = max(low, high - _SCAN), None, _SCAN
                 cp = None
                 while True:
-                    cp = latest_checkpoint(read_range(consumer, topic, 0, start, stop, settings.admin_timeout), q)
+                    cp = latest_checkpoint(read_range(consumer, topic, 0, start, stop, READ_IDLE_S), q)
                     if cp is not None or start <= low:
                         break
                     stop, window = start, window * 4
                     start = max(low, start - window)
-            except (TopicReadError, Exception) as exc:  # deleted by a rotation meanwhile: the next read sees it
+            except (TopicReadError, KafkaException) as exc:  # deleted by a rotation meanwhile: the next read sees it
                 log.debug("ledger floor of %d from %s: %s", q, topic, exc)
                 cp = None
             if cp is not None:
