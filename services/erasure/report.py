@@ -3,8 +3,9 @@
 For one subject of one head (docs/erasure.md): its delete receipts, the head version that first
 excluded all of its samples, and a check of every store the system controls:
 
-- ``subject-keys``: no generation topic still holds a key of the subject's samples (a key record
-  written and later tombstoned is still in that generation's log until it is deleted);
+- ``subject-keys``: the newest generation of each partition holds no key of the subject's samples
+  and no superseded generation is left (a key record written and later tombstoned is still in
+  that generation's log until the topic is deleted);
 - the local sqlite feature caches under ``UNLEARN_DATA_DIR`` (this host): no row of the subject;
 - ``deltas``: every row of the subject is sealed (no plaintext ROWS entry of it) under a key that
   no longer exists;
@@ -126,11 +127,17 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     versions = [int(rc["head_version"]) for rc in rep.receipts if rc["status"] == "applied" and rc["head_version"]]
     if rep.samples and set(rep.samples) <= deleted and versions:
         rep.excluded_from_version = max(versions)
-    # key family: every generation topic, every record (a tombstoned key is still in its generation's log)
+    # key family: a superseded generation still holds every key it ever got (tombstones do not
+    # erase a log): it must be gone. Only each partition's newest generation is read (reading one
+    # about to be deleted crashes librdkafka: infra.topic_reader.source_partitions).
     fam = keys_family(settings.topic_prefix)
+    topics = _all_topics(settings)
     held: list[str] = []
-    for t in fam.select(_all_topics(settings)):
-        for r in _read(settings, t, timeout):
+    live_kids: set[str] = set()
+    for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
+        gens = fam.generations(topics, p)
+        held += [f"superseded generation {fam.topic(p, g)} not yet deleted (it may hold keys)" for g in gens[:-1]]
+        for r in _read(settings, fam.topic(p, gens[-1]), timeout):
             if r.key is None or r.key == COMPLETE_KEY or r.value is None:
                 continue
             try:
@@ -138,8 +145,8 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
             except (ValueError, UnicodeDecodeError):
                 continue
             if h == head_id and s in rep.samples:
-                held.append(f"key {kid} of sample {s!r} in {t} at offset {r.offset}")
-    live_kids = {kid for x in held for kid in [x.split()[1]]}
+                live_kids.add(kid)
+                held.append(f"key {kid} of sample {s!r} in {fam.topic(p, gens[-1])} at offset {r.offset}")
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
                                  if not held else f"{len(held)} key records still stored", held))
     undestroyed = [f"row of {s!r} sealed under key {k} which still exists" for s, k in sorted(sealed_refs)
@@ -195,9 +202,12 @@ def erasure_report_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--subject", required=True, help="subject id")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to read each topic to its end")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--data-dir", help="the featurizer's data dir to check on this host (default: UNLEARN_DATA_DIR)")
     try:
         args = ap.parse_args(argv)
         settings = settings_from_args(args, require_broker=False)
+        if args.data_dir:
+            settings = settings.with_(data_dir=args.data_dir)
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     if not settings.bootstrap:
