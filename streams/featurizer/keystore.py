@@ -50,6 +50,7 @@ class KeyStore:
         self.settings = settings
         self.family = keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
+        self.next_gen: dict[int, int] = {}  # partition -> next generation to write (above every existing one)
         self.current: dict[tuple[str, str], SampleKey] = {}  # (head, sample) -> its newest key
         self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
         self.retiring: list[tuple[float, list[str]]] = []
@@ -67,8 +68,10 @@ class KeyStore:
             self._ensure(topic)
             gen = KeyGeneration(partition, 0, topic, complete=True)
             self._produce_acked([(topic, COMPLETE_KEY, b"1")])
-        stale = [self.family.topic(partition, g) for g in self.family.generations(topics, partition)
-                 if g != gen.generation]
+        existing = self.family.generations(topics, partition)
+        # never reuse a number: an incomplete newer generation (a crashed rotation) is being retired
+        self.next_gen[partition] = max([gen.generation, *existing]) + 1
+        stale = [self.family.topic(partition, g) for g in existing if g != gen.generation]
         if stale:
             self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, stale))
         self.gens[partition] = gen
@@ -127,8 +130,9 @@ class KeyStore:
             if cur is not None and cur.key_id == kid:
                 del self.current[(h, s)]
         self._produce_acked([(gen.topic, key_record_key(*ref), None) for ref in gone])
-        new = KeyGeneration(partition, gen.generation + 1, self.family.topic(partition, gen.generation + 1),
-                            dict(gen.keys), complete=True)
+        number = self.next_gen.get(partition, gen.generation + 1)
+        self.next_gen[partition] = number + 1
+        new = KeyGeneration(partition, number, self.family.topic(partition, number), dict(gen.keys), complete=True)
         self._ensure(new.topic)
         self._produce_acked([(new.topic, key_record_key(*ref), encode_key_record(k)) for ref, k in new.keys.items()]
                             + [(new.topic, COMPLETE_KEY, b"1")])
