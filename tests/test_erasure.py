@@ -23,7 +23,8 @@ from unlearn.services.cli import main
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.erasure.report import erasure_report
-from unlearn.services.verifier.certify import verify_broker
+from unlearn.services.verifier.certify import verify_broker, verify_file
+from unlearn.services.verifier.export import export_deltas
 
 pytestmark = pytest.mark.broker
 
@@ -143,6 +144,11 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         assert cert.ok, cert.summary()
         pairs = next(c for c in cert.checks if c.name == "erased_pairs")
         assert pairs.status == "pass" and pairs.data["erased_pairs"] == 2, pairs.detail
+        export_deltas(s, "er", tmp_path / "er.uldx")
+        offline = verify_file(tmp_path / "er.uldx", "er", orders=1, partitionings=1, keys_from=s)
+        assert offline.ok, offline.summary()
+        assert any("sealed rows" in w for w in verify_file(tmp_path / "er.uldx", "er", orders=1,
+                                                           partitionings=1).warnings)
         rep = erasure_report(s, "er", "alice")
         assert rep.clear, rep.summary()
         assert rep.excluded_from_version == receipt.head_version and sorted(rep.samples) == ["a1", "a2"]

@@ -14,11 +14,13 @@ from unlearn.infra.key_family import KeysUnavailable
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
+from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
+from unlearn.schemas.sealed_delta import is_sealed
 from unlearn.streams.ledger.unseal import RowOpener
 
-from .certificate import Certificate, head_json
+from .certificate import Certificate, Check, head_json
 from .checks import Evidence, run_checks
 from .erasure import check_erased_pairs, open_records, unreproducible_versions
 from .errors import VerifyError
@@ -58,6 +60,29 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
         return Certificate(head_id, source or {}, checks, rep.to_json(ev.digest), live_json, seed, warnings)
 
 
+def _open_sealed(settings: Settings, deltas: Sequence[LogRecord], updates: list[HeadUpdate],
+                 receipts: list[Receipt], head_id: str) -> tuple[list[LogRecord], list[HeadUpdate], list[Receipt],
+                                                             Check | None]:
+    """Sealed rows opened with the key family (docs/erasure.md); the updates and receipts at
+    versions nobody can reproduce after an erasure left out; the ``erased_pairs`` check."""
+    try:
+        opened, erased = open_records(deltas, head_id, RowOpener(settings))
+    except KeysUnavailable as exc:
+        raise VerifyError(f"cannot read the sample keys ({settings.topic_prefix}subject-keys.*): {exc}") from None
+    gone = unreproducible_versions(opened, head_id, erased)
+    n_claims = len(updates) + len(receipts)
+    updates = [u for u in updates if u.version not in gone]
+    receipts = [r for r in receipts if int(r.head_version or 0) not in gone]
+    return opened, updates, receipts, check_erased_pairs(erased, len(gone), n_claims - len(updates) - len(receipts))
+
+
+def _sealed(r: LogRecord) -> bool:
+    try:
+        return is_sealed(decode_delta(r.value or b""))
+    except CodecError:
+        return False
+
+
 def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None, partitionings: int | None = None,
                   seed: int | None = None, tolerance: float | None = None, timeout: float = 60.0) -> Certificate:
     """Read the head's updates, receipts and deltas from the broker and verify them. Heads and
@@ -67,15 +92,7 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
     receipts = decode_receipts(read_receipt_records(settings, head_id, timeout))
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
-    # sealed rows opened with the key family; erased pairs checked, their unreproducible versions left out
-    try:
-        deltas, erased = open_records(deltas, head_id, RowOpener(settings))
-    except KeysUnavailable as exc:
-        raise VerifyError(f"cannot read the sample keys ({settings.topic_prefix}subject-keys.*): {exc}") from None
-    gone = unreproducible_versions(deltas, head_id, erased)
-    n_claims = len(updates) + len(receipts)
-    updates = [u for u in updates if u.version not in gone]
-    receipts = [r for r in receipts if int(r.head_version or 0) not in gone]
+    deltas, updates, receipts, pairs = _open_sealed(settings, deltas, updates, receipts, head_id)
     cert = verify(deltas, updates, head_id,
                   orders=settings.verify_orders if orders is None else orders,
                   partitionings=settings.verify_partitionings if partitionings is None else partitionings,
@@ -84,7 +101,6 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
                           "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern,
                           "receipts_topic": settings.topic("receipts")},
                   require_live=True, receipts=receipts)
-    pairs = check_erased_pairs(erased, len(gone), n_claims - len(updates) - len(receipts))
     if pairs is not None:
         cert.checks.append(pairs)
     if bad:
@@ -106,9 +122,11 @@ def verify_head(settings: Settings, head_id: str, *, orders: int | None = None, 
 
 
 def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3, partitionings: int = 3,
-                seed: int | None = None, tolerance: float = 1e-8, gamma: float | None = None) -> Certificate:
+                seed: int | None = None, tolerance: float = 1e-8, gamma: float | None = None,
+                keys_from: Settings | None = None) -> Certificate:
     """Verify an export file (``export_deltas`` / ``unlearn export-deltas``) without a broker.
-    ``head_id`` may be left out when the file holds one head's deltas."""
+    ``head_id`` may be left out when the file holds one head's deltas. Sealed rows (docs/erasure.md)
+    are opened with the key family of ``keys_from`` (a broker); without it they cannot be read."""
     deltas, heads, receipts = read_export(path)
     if head_id is None:
         ids = {h for h in (delta_head(r) for r in deltas) if h is not None}
@@ -116,9 +134,18 @@ def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3
             raise VerifyError(f"{path} holds deltas of {len(ids)} heads {sorted(ids)[:10]}: pass --head")
         head_id = ids.pop()
     updates, bad = read_head_updates(heads, head_id)
+    decoded = decode_receipts(receipts)
+    pairs = None
+    if keys_from is not None:
+        deltas, updates, decoded, pairs = _open_sealed(keys_from, deltas, updates, decoded, head_id)
     cert = verify(deltas, updates if heads else None, head_id, orders=orders, partitionings=partitionings,
                   seed=seed, tolerance=tolerance, source={"kind": "file", "path": str(path)}, require_live=False,
-                  gamma=gamma, receipts=decode_receipts(receipts))
+                  gamma=gamma, receipts=decoded)
+    if pairs is not None:
+        cert.checks.append(pairs)
+    if keys_from is None and any(_sealed(r) for r in deltas):
+        cert.warnings.append("the export holds sealed rows (docs/erasure.md): give --bootstrap to open them with "
+                             "the subject-keys family; unopened, the replay refuses them as sealed_entry")
     if bad:
         cert.warnings.append(f"{bad} undecodable head messages in {path}")
     return cert

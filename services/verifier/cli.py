@@ -50,7 +50,8 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.deltas_file:
             cert = verify_file(args.deltas_file, args.head, orders=orders, partitionings=parts, seed=args.seed,
-                               tolerance=tol, gamma=settings.gamma_for(args.head) if args.head else settings.gamma)
+                               tolerance=tol, gamma=settings.gamma_for(args.head) if args.head else settings.gamma,
+                               keys_from=settings if settings.bootstrap else None)
         else:
             if not args.head:
                 print("error: --head is required (or give --deltas-file)", file=sys.stderr)
