@@ -63,7 +63,9 @@ from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.head_codec import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.head_runtime import admit, apply_entries, creates_head, record_applied
+from unlearn.streams.ledger.unseal import RowOpener
 
 
 @dataclass
@@ -265,8 +267,10 @@ def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple
     return latest, digests, retained
 
 
-def _applied_events(records: list[Any], dim: int) -> Counter[tuple[str, str]]:
-    """(event id, sample id) -> times applied, replaying deltas with the ledger's admission rules."""
+def _applied_events(records: list[Any], dim: int, opener: RowOpener | None = None) -> Counter[tuple[str, str]]:
+    """(event id, sample id) -> times applied, replaying deltas with the ledger's admission rules.
+    Sealed rows are opened with ``opener`` (docs/erasure.md); a row whose key is destroyed since
+    (an erased add or delete: the pairs cancel) counts as applied when its message is admitted."""
     applied: Counter[tuple[str, str]] = Counter()
     positions: dict[str, Any] = {}
     ledgers: dict[str, ExactLedger] = {}
@@ -279,16 +283,23 @@ def _applied_events(records: list[Any], dim: int) -> Counter[tuple[str, str]]:
     for r in records:  # one partition after another, each in offset order: per head, log order
         try:
             delta = decode_delta(r.value or b"")
-        except CodecError:
+            opened = opener.open(delta) if opener is not None else None
+        except (CodecError, SealError):
             continue
+        erased = opened.erased if opened is not None else []
+        creates = creates_head(delta)  # as sealed: a first message whose rows are all erased still made the head
+        if opened is not None:
+            delta = opened.delta
         if delta.head_id not in ledgers:
-            if not creates_head(delta):
+            if not creates:
                 continue
             ledgers[delta.head_id] = ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits)
             positions[delta.head_id] = Pos()
         pos, led = positions[delta.head_id], ledgers[delta.head_id]
         if admit(pos, delta, r.offset):
             continue
+        for e in erased:
+            applied[(e.event_id, e.sample_id)] += 1
 
         def apply(entry: Any, led: ExactLedger = led) -> bool:
             (led.add if entry.sign > 0 else led.delete)(entry.q, entry.labels)
@@ -326,7 +337,7 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
     report.head_updates_seen = pipe.head_updates
     report.heads_generations = len(pipe.heads_topics)
 
-    applied = _applied_events(read_topic(s, s.topic("deltas")), pipe.cfg.dim)
+    applied = _applied_events(read_topic(s, s.topic("deltas")), pipe.cfg.dim, RowOpener(s))
     expected = {(ev, sample) for ev, (_, sample) in work.add_events.items()}
     expected |= {(ev, sample) for ev, (_, _, sample) in work.delete_events.items()}
     lost = [k for k in expected if applied.get(k, 0) == 0]

@@ -102,6 +102,13 @@ class KeyStore:
         self._staged.append((gen.topic, key_record_key(head_id, sample_id, key.key_id), encode_key_record(key)))
         return key
 
+    def forget_current(self, head_id: str, sample_id: str, key_id: str) -> None:
+        """The sample was deleted: ``key_id`` stays stored (awaiting destruction) but is no longer
+        the key of a cached sample."""
+        cur = self.current.get((head_id, sample_id))
+        if cur is not None and cur.key_id == key_id:
+            del self.current[(head_id, sample_id)]
+
     def flush(self) -> int:
         """Produce the staged keys and wait until every one is acknowledged (KeyStoreError if
         not): call before the batch that uses them is committed. Returns how many."""

@@ -29,18 +29,21 @@ __all__ = ["SEALED_SAMPLE_MAGIC", "open_sample_record", "sample_sealer", "seal_d
 SEALED_SAMPLE_MAGIC = b"ULFZ\x01"
 
 
-def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome) -> BatchOutcome:
-    """``outcome`` with its deltas' rows sealed; creates (stages) a key per added row. Deletes use
-    the key their sample had before the batch, or the key its add got in this batch."""
+def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome,
+                 cached: Callable[[str, str], bool] | None = None) -> BatchOutcome:
+    """``outcome`` with its deltas' rows sealed; creates (stages) a key per added row. A delete
+    uses the key of the sample cached before the batch (``cached(head, sample)``: the cache as
+    it was before the batch) or else the key its add got in this batch: a sample deleted earlier
+    whose key awaits destruction is not the one a re-add-then-delete in this batch removes."""
     if not outcome.deltas:
         return replace(outcome, deadletters=[seal_deadletter(keys, dl) for dl in outcome.deadletters])
     before: dict[tuple[str, str], SampleKey] = {}
-    for d in outcome.deltas:  # deletes first: they use the keys of samples added before this batch
+    for d in outcome.deltas:  # deletes first: they use the keys of samples cached before this batch
         for e in d.entries:
             if isinstance(e, RowsEntry) and e.sign < 0:
                 for s in e.sample_ids:
                     k = keys.key_of(d.head_id, s)
-                    if k is not None:
+                    if k is not None and (cached is None or cached(d.head_id, s)):
                         before[(d.head_id, s)] = k
     created: dict[tuple[str, str], list[SampleKey]] = {}
     for d in outcome.deltas:
@@ -74,6 +77,9 @@ def seal_outcome(keys: KeyStore, partition: int, outcome: BatchOutcome) -> Batch
         parts = [seal_delta(replace(d, entries=(e,)), key_for(e.sign)).entries[0] if isinstance(e, RowsEntry) else e
                  for e in d.entries]
         sealed.append(replace(d, entries=tuple(parts)))
+    for head_id, sample_id in before:  # deleted and not re-added: its key now only awaits destruction
+        if (head_id, sample_id) not in created:
+            keys.forget_current(head_id, sample_id, before[(head_id, sample_id)].key_id)
     return replace(outcome, deltas=sealed, deadletters=deadletters)
 
 

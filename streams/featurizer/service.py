@@ -546,7 +546,7 @@ class FeaturizerService:
             outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
                                       auth=self.auth.authorizer(p))
             if self.erasure is not None:
-                outcome = self.erasure.seal(p, outcome)
+                outcome = self.erasure.seal(p, outcome, cache)
             messages = outcome.messages(config)
             generation: int | None = None
             if self.changelog_topic is not None:

@@ -114,8 +114,10 @@ class Erasure:
         self.pending = {r: p for r, p in self.pending.items() if p.partition != partition}
 
     # ------------------------------------------------------------------ sealing
-    def seal(self, partition: int, outcome: BatchOutcome) -> BatchOutcome:
-        return seal_outcome(self.keys, partition, outcome)
+    def seal(self, partition: int, outcome: BatchOutcome, cache: Any = None) -> BatchOutcome:
+        """Seal a batch judged against ``cache`` (a ``CacheView`` as it was before the batch)."""
+        cached = None if cache is None else (lambda h, s: cache.get_sample(h, s) is not None)
+        return seal_outcome(self.keys, partition, outcome, cached)
 
     def sample_sealer(self, partition: int) -> Callable[[str, str, bytes], bytes]:
         return sample_sealer(self.keys, partition)

@@ -36,6 +36,10 @@ class FakeKeys:
         self.all[(h, s, k.key_id)] = k
         return k
 
+    def forget_current(self, h: str, s: str, kid: str) -> None:
+        if (h, s) in self.current and self.current[(h, s)].key_id == kid:
+            del self.current[(h, s)]
+
     def lookup(self, h: str, s: str, kid: str) -> SampleKey | None:
         return self.all.get((h, s, kid))
 
@@ -56,13 +60,29 @@ def test_delete_of_a_cached_sample_then_its_re_add_in_one_batch_use_their_own_ke
     keys = FakeKeys()
     old = keys.create(0, "h", "x")
     rm, add = _rows(-1, ["x"], 1), _rows(+1, ["x", "y"], 2)
-    out = seal_outcome(keys, 0, _outcome(add, rm))  # type: ignore[arg-type]
+    out = seal_outcome(keys, 0, _outcome(add, rm), lambda h, s: s == "x")  # type: ignore[arg-type]
     sealed_add, sealed_rm = out.deltas[0].entries
     assert isinstance(sealed_add, SealedRowsEntry) and isinstance(sealed_rm, SealedRowsEntry)
     assert sealed_rm.key_ids == (old.key_id,)
     assert sealed_add.key_ids[0] != old.key_id and keys.key_of("h", "x").key_id == sealed_add.key_ids[0]  # type: ignore[union-attr]
     opened = open_delta(out.deltas[0], keys.lookup)
     assert opened.delta.entries == (add, rm) and not opened.erased
+
+
+def test_a_re_add_then_delete_in_one_batch_uses_the_new_key_not_the_one_awaiting_destruction() -> None:
+    keys = FakeKeys()
+    old = keys.create(0, "h", "x")  # x was deleted in an earlier batch: its key awaits destruction
+    add = _rows(+1, ["x"], 5)
+    rm = RowsEntry(-1, ["ev-del"], ["x"], ["u"], add.labels, add.q)
+    out = seal_outcome(keys, 0, _outcome(add, rm), lambda h, s: False)  # type: ignore[arg-type]
+    a, r = out.deltas[0].entries
+    assert isinstance(a, SealedRowsEntry) and isinstance(r, SealedRowsEntry)
+    assert a.key_ids == r.key_ids != (old.key_id,) and a.commitments == r.commitments
+    # and a delete of a cached sample forgets its key as the sample's current one
+    keys2 = FakeKeys()
+    k = keys2.create(0, "h", "y")
+    seal_outcome(keys2, 0, _outcome(_rows(-1, ["y"], 6)), lambda h, s: True)  # type: ignore[arg-type]
+    assert keys2.key_of("h", "y") is None and ("h", "y", k.key_id) in keys2.all
 
 
 def test_add_and_delete_in_one_batch_share_key_and_commitment() -> None:
