@@ -337,7 +337,7 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
     report.head_updates_seen = pipe.head_updates
     report.heads_generations = len(pipe.heads_topics)
 
-    applied = _applied_events(read_topic(s, s.topic("deltas")), pipe.cfg.dim, RowOpener(s))
+    applied = _applied_events(read_topic(s, s.topic("deltas")), pipe.cfg.dim, RowOpener(s, batch=True))
     expected = {(ev, sample) for ev, (_, sample) in work.add_events.items()}
     expected |= {(ev, sample) for ev, (_, _, sample) in work.delete_events.items()}
     lost = [k for k in expected if applied.get(k, 0) == 0]

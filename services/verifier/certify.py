@@ -66,7 +66,7 @@ def _open_sealed(settings: Settings, deltas: Sequence[LogRecord], updates: list[
     """Sealed rows opened with the key family (docs/erasure.md); the updates and receipts at
     versions nobody can reproduce after an erasure left out; the ``erased_pairs`` check."""
     try:
-        opened, erased = open_records(deltas, head_id, RowOpener(settings))
+        opened, erased = open_records(deltas, head_id, RowOpener(settings, batch=True))
     except KeysUnavailable as exc:
         raise VerifyError(f"cannot read the sample keys ({settings.topic_prefix}subject-keys.*): {exc}") from None
     gone = unreproducible_versions(opened, head_id, erased)

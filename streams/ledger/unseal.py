@@ -14,8 +14,9 @@ past the delete (``streams/featurizer/shredder.py``).
 from __future__ import annotations
 
 import logging
+import time
 
-from unlearn.infra.key_family import KeyRing, SampleRef
+from unlearn.infra.key_family import KeyRing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.sealed import SampleKey
@@ -27,24 +28,33 @@ log = logging.getLogger("unlearn.ledger")
 
 
 class RowOpener:
-    """Opens sealed deltas for one process (ledger worker or verifier)."""
+    """Opens sealed deltas for one process (ledger worker or verifier).
 
-    def __init__(self, settings: Settings, ring: KeyRing | None = None) -> None:
+    A key is looked for again only if the key family was not read to its end since the message
+    was read: every key of a ciphertext was acknowledged before the ciphertext existed, so a
+    refresh that started after the message was read sees the key unless it is destroyed.
+    ``batch=True`` (the verifier, audits): every message was read before this opener was made,
+    so one refresh covers them all; otherwise (a live ledger) the message counts as read when
+    :meth:`open` is called."""
+
+    def __init__(self, settings: Settings, ring: KeyRing | None = None, batch: bool = False) -> None:
         self.settings = settings
         self.ring = ring
-        self.missing: set[SampleRef] = set()  # refreshed for once and still unknown: destroyed
+        self.batch = batch
         self.erased = 0
+        self._read_at = time.monotonic()  # when the message being opened was read (at the latest)
+        self._refreshed_at = float("-inf")  # when the last complete refresh started
 
     def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
         if self.ring is None:
             self.ring = KeyRing(self.settings)
         ref = (head_id, sample_id, key_id)
         key = self.ring.keys.get(ref)
-        if key is None and ref not in self.missing:
-            self.ring.refresh()
+        if key is None and self._refreshed_at < self._read_at:
+            started = time.monotonic()
+            self.ring.refresh()  # KeysUnavailable unless read to its end
+            self._refreshed_at = started
             key = self.ring.keys.get(ref)
-            if key is None:
-                self.missing.add(ref)
         return key
 
     def open(self, delta: Delta) -> Opened:
@@ -52,6 +62,8 @@ class RowOpener:
         commitment); rows under destroyed keys are reported in ``erased``."""
         if not is_sealed(delta):
             return Opened(delta)
+        if not self.batch:
+            self._read_at = time.monotonic()
         opened = open_delta(delta, self.lookup)
         if opened.erased:
             self.erased += len(opened.erased)
