@@ -76,7 +76,9 @@ class ErasureReport:
                  f" (of {len(self.receipts)}); head version first excluding every sample: "
                  f"{self.excluded_from_version}",
                  f"  samples seen: {len(self.samples)}"]
-        lines += [f"  [{'ok' if c.clear else 'FAIL'}] {c.store}: {c.detail}" for c in self.checks]
+        for c in self.checks:
+            lines.append(f"  [{'ok' if c.clear else 'FAIL'}] {c.store}: {c.detail}")
+            lines += [f"      {p}" for p in c.problems[:3]]
         return "\n".join(lines)
 
 
