@@ -88,10 +88,11 @@ def fold_keys(gen: KeyGeneration, records: Iterable[tuple[int, bytes | None, byt
     return gen
 
 
-def _consumer(settings: Settings) -> Any:
+def _consumer(settings: Settings, role: str = "keys") -> Any:
     from confluent_kafka import Consumer
 
-    return Consumer(consumer_config(settings, f"{settings.topic_prefix}keys-{uuid.uuid4().hex}",
+    # the group id starts with the reader's role (never joined): what the ACL matrix grants it
+    return Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}-keys-{uuid.uuid4().hex}",
                                     **{"enable.partition.eof": True, "enable.auto.commit": False}))
 
 
@@ -110,12 +111,12 @@ def _read(c: Any, settings: Settings, gen: KeyGeneration) -> KeyGeneration:
 
 
 def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterable[str], partition: int,
-                        consumer: Any = None) -> KeyGeneration | None:
+                        consumer: Any = None, role: str = "keys") -> KeyGeneration | None:
     """The newest complete generation of ``partition`` (generation 0 counts as complete: it is
     created empty), read to its end; None when the partition has no generation yet."""
     names = list(topics)
     gens = family.generations(names, partition)
-    c = consumer or _consumer(settings)
+    c = consumer or _consumer(settings, role)
     try:
         for g in reversed(gens):
             gen = _read(c, settings, KeyGeneration(partition, g, family.topic(partition, g)))
@@ -132,13 +133,14 @@ class KeyRing:
     :meth:`refresh` reads the family to its current end (the featurizer acknowledged a key before
     any ciphertext under it was produced) or raises :class:`KeysUnavailable`."""
 
-    def __init__(self, settings: Settings, attempts: int = 5) -> None:
+    def __init__(self, settings: Settings, attempts: int = 5, role: str = "keys") -> None:
         self.settings = settings
         self.family = keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
         self.keys: dict[SampleRef, SampleKey] = {}
         self.refreshes = 0
         self.attempts = attempts
+        self.role = role
         self._lock = threading.Lock()
 
     def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
@@ -165,7 +167,7 @@ class KeyRing:
                 raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}")
 
     def _refresh_once(self, only: dict[int, str] | None) -> dict[int, str]:
-        c = _consumer(self.settings)
+        c = _consumer(self.settings, self.role)
         failed: dict[int, str] = {}
         try:
             topics = list(c.list_topics(timeout=self.settings.admin_timeout).topics)

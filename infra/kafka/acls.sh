@@ -25,14 +25,16 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --topic "${P}head-registry" --resource-pattern-type LITERAL >/dev/null
 # featurizer: signed requests: keys and rights
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --topic "${P}client-registry" --resource-pattern-type LITERAL >/dev/null
-# featurizer: its output
-kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --topic "${P}deltas" --resource-pattern-type LITERAL >/dev/null
+# featurizer: its output (read: log ends, for keys awaiting destruction)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --topic "${P}deltas" --resource-pattern-type LITERAL >/dev/null
 # featurizer: rejected deletes
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --topic "${P}receipts" --resource-pattern-type LITERAL >/dev/null
 # featurizer: refused requests
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
 # featurizer: the subject-keys family it creates and rotates
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --operation Create --operation Delete --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
+# featurizer: the ledger's checkpoint floors: when a deleted sample's key may be destroyed
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --topic "${P}ledger-state." --resource-pattern-type PREFIXED >/dev/null
 # featurizer: its group `P featurizer` (`.client` when federated) and `P featurizer-restore-*`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --group "${P}featurizer" --resource-pattern-type PREFIXED >/dev/null
 # featurizer: head-registry follower
@@ -85,6 +87,10 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}receipts" --resource-pattern-type LITERAL >/dev/null
 # verifier: the subject-keys family
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
+# verifier: `unlearn erasure-report`: no plaintext record of the subject
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
+# verifier: `unlearn erasure-report`: no readable original of the subject
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
 # verifier: its readers
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --group "${P}verifier-" --resource-pattern-type PREFIXED >/dev/null
 # client: add, delete, delete_subject
@@ -101,4 +107,4 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-reader-" --resource-pattern-type PREFIXED >/dev/null
 # client: `unlearn head --follow`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-follower-" --resource-pattern-type PREFIXED >/dev/null
-echo "acls: 48 rules for prefix $P"
+echo "acls: 51 rules for prefix $P"

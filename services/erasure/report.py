@@ -14,6 +14,7 @@ excluded all of its samples, and a check of every store the system controls:
 - ``deadletter``: no original request of the subject (dead letters are not sealed yet).
 
 Exit 0 only if every check is clear; 1 otherwise (or when a topic cannot be read), 2 for usage.
+On a secured cluster it runs as the ``verifier`` principal (docs/security.md).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ErasureReport:
 
 
 def _read(settings: Settings, topic: Any, timeout: float, keep: Any = None) -> list[LogRecord]:
-    return read_topic(settings, topic, keep, timeout, role="erasure-report")
+    return read_topic(settings, topic, keep, timeout, role="verifier")
 
 
 def _all_topics(settings: Settings) -> list[str]:

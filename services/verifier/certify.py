@@ -12,7 +12,7 @@ import numpy as np
 
 from unlearn.infra.key_family import KeysUnavailable
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.topic_family import heads_family, keys_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate
@@ -66,9 +66,9 @@ def _open_sealed(settings: Settings, deltas: Sequence[LogRecord], updates: list[
     """Sealed rows opened with the key family (docs/erasure.md); the updates and receipts at
     versions nobody can reproduce after an erasure left out; the ``erased_pairs`` check."""
     try:
-        opened, erased = open_records(deltas, head_id, RowOpener(settings, batch=True))
+        opened, erased = open_records(deltas, head_id, RowOpener(settings, batch=True, role="verifier"))
     except KeysUnavailable as exc:
-        raise VerifyError(f"cannot read the sample keys ({settings.topic_prefix}subject-keys.*): {exc}") from None
+        raise VerifyError(f"cannot read the sample keys ({keys_family(settings.topic_prefix)}): {exc}") from None
     gone = unreproducible_versions(opened, head_id, erased)
     n_claims = len(updates) + len(receipts)
     updates = [u for u in updates if u.version not in gone]

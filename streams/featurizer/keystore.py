@@ -62,7 +62,7 @@ class KeyStore:
         """Take partition ``partition`` over: read its newest complete generation (creating
         generation 0 if there is none); newer incomplete ones are deleted after the grace period."""
         topics = list(self.admin.list_topics(timeout=self.settings.admin_timeout).topics)
-        gen = read_partition_keys(self.settings, self.family, topics, partition)
+        gen = read_partition_keys(self.settings, self.family, topics, partition, role="featurizer")
         if gen is None:
             topic = self.family.topic(partition, 0)
             self._ensure(topic)

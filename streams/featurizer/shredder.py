@@ -177,7 +177,7 @@ class Erasure:
 
             from unlearn.infra.profiles import consumer_config
 
-            self._consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}shredder",
+            self._consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
                                                       **{"enable.partition.eof": True, "enable.auto.commit": False}))
         return self._consumer
 

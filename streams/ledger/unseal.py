@@ -37,8 +37,10 @@ class RowOpener:
     so one refresh covers them all; otherwise (a live ledger) the message counts as read when
     :meth:`open` is called."""
 
-    def __init__(self, settings: Settings, ring: KeyRing | None = None, batch: bool = False) -> None:
+    def __init__(self, settings: Settings, ring: KeyRing | None = None, batch: bool = False,
+                 role: str = "ledger") -> None:
         self.settings = settings
+        self.role = role
         self.ring = ring
         self.batch = batch
         self.erased = 0
@@ -47,7 +49,7 @@ class RowOpener:
 
     def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
         if self.ring is None:
-            self.ring = KeyRing(self.settings)
+            self.ring = KeyRing(self.settings, role=self.role)
         ref = (head_id, sample_id, key_id)
         key = self.ring.keys.get(ref)
         if key is None and self._refreshed_at < self._read_at:

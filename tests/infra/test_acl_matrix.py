@@ -115,7 +115,8 @@ ROLE_PRINCIPALS = {
     "serving": {"serving"},                       # services/serving/follower.py
     "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/head_registry.py
     "clients": {"featurizer", "operator"},        # infra/client_registry.py
-    "verifier": {"verifier"},                     # services/verifier/reading.py
+    "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
+    "featurizer": {"featurizer"},                 # infra/key_family.py readers of streams/featurizer/keystore.py
     "head-reader": {"client"},        # services/client/head_reader.py
     "head-follower": {"client"},                  # services/client/head_reader.py (--follow)
     "client-receipts": {"client"},                # services/client/sdk.py
@@ -145,6 +146,7 @@ WORKER_GROUP_FILES = {
     "streams/ledger/worker.py": {"ledger"},
     "streams/ledger/state_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},
+    "streams/featurizer/shredder.py": {"featurizer"},
 }
 
 
