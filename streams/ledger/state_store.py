@@ -70,7 +70,7 @@ class ChangelogStore:
         self.written: dict[int, int] = {}  # deltas partition -> state bytes written to that generation
         self.heads_generation: dict[int, int] = {}  # deltas partition -> heads generation being written
         self.heads_written: dict[int, int] = {}  # deltas partition -> bytes written to that heads generation
-        self.retiring: list[tuple[float, list[str]]] = []  # (monotonic time due, superseded heads topics)
+        self.retiring: list[tuple[float, list[str]]] = []  # (due, superseded topics)
         self._created: set[str] = set()
         self._admin_client: Any = None
         self._pieces_read = 0
@@ -145,8 +145,13 @@ class ChangelogStore:
         return old
 
     def end_generation(self, partition: int, old: int) -> None:
-        """The new generation holds a checkpoint: the old one is superseded."""
-        self._delete_topics([self.state.topic(partition, old)])
+        """The new generation holds a checkpoint: the old one is superseded. It is deleted after
+        the same grace period as superseded heads topics, because other processes read it too
+        (the featurizer's shredder reads checkpoint floors; a read of a topic being deleted
+        crashes librdkafka, infra.topic_reader.source_partitions); recovery ignores it meanwhile,
+        since it takes the newest generation holding a checkpoint."""
+        self.retiring.append((time.monotonic() + self.settings.heads_retire_seconds,
+                              [self.state.topic(partition, old)]))
 
     def begin_heads_generation(self, partition: int, fresh: bool = False) -> list[str]:
         """Switch the partition's head updates to a new heads topic; returns the topics it
@@ -166,7 +171,8 @@ class ChangelogStore:
             self.retiring.append((time.monotonic() + self.settings.heads_retire_seconds, superseded))
 
     def retire_due(self) -> None:
-        """Delete the superseded heads topics whose grace period is over (cheap when none is)."""
+        """Delete the superseded heads and ledger-state topics whose grace period is over (cheap when
+        none is)."""
         if not self.retiring or self.retiring[0][0] > time.monotonic():
             return
         now = time.monotonic()
