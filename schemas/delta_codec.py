@@ -24,6 +24,14 @@ Two entry kinds:
 A message is encoded as version 1 unless a packed entry carries a multiset hash (version 2) or an
 entry is sealed (version 3): every message an older decoder can read stays byte-identical, and
 one it cannot read says "unknown version".
+
+The head's contract (frame flag bit 0, any version): the featurizer names the class count
+(``n_classes``: the contract's label columns, ``HeadContract.n_outputs``) and the contract version
+the delta was judged under, right after the fixed header. The ledger sizes the head's label
+columns from it (grows them when a later delta declares more: ``unlearn heads extend``) and names
+the version in its head updates, so a replay gives the same head whatever the registry's timing.
+A delta without it (written before, or not by the featurizer) keeps the old rule: the columns are
+the largest class index seen plus one. An older decoder refuses the flag ("unknown flags").
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ _HEADER = struct.Struct("<IBBHI")  # d, frac_bits, label_frac_bits, reserved, n_
 _ENTRY = struct.Struct("<BbHI")  # kind, sign, flags (version 1: reserved), n
 _ROWS = struct.Struct("<BBHI")  # label_kind, reserved, reserved, c
 _BLOB = struct.Struct("<Q")
+_FLAG_CONTRACT = 0x0001  # frame flag: a _CONTRACT block follows the fixed header
+_CONTRACT = struct.Struct("<IIQ")  # n_classes, reserved, contract_version
 
 
 def _ids(v: Sequence[str]) -> tuple[str, ...]:
@@ -182,6 +192,10 @@ class Delta:
     frac_bits: int
     label_frac_bits: int
     entries: tuple[Entry, ...]
+    #: The head contract's label columns and version the delta was judged under (both or neither;
+    #: None: an old-format delta, whose class columns follow the largest class index seen).
+    n_classes: int | None = None
+    contract_version: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.entries, tuple):
@@ -197,10 +211,13 @@ class Delta:
 def encode_delta(delta: Delta) -> bytes:
     """Serialize; raises CodecError if the delta is inconsistent (shapes, signs, ids)."""
     _check_params(delta.d, delta.frac_bits, delta.label_frac_bits, CodecError)
+    has_contract = _check_contract(delta.n_classes, delta.contract_version, CodecError)
     w = Writer()
     w.str16(delta.head_id, "head_id")
     w.str16(delta.source_id, "source_id")
     w.pack(_HEADER, delta.d, delta.frac_bits, delta.label_frac_bits, 0, len(delta.entries))
+    if has_contract:
+        w.pack(_CONTRACT, delta.n_classes, 0, delta.contract_version)
     for i, e in enumerate(delta.entries):
         where = f"entry {i}"
         if e.sign not in (1, -1):
@@ -243,7 +260,19 @@ def encode_delta(delta: Delta) -> bytes:
             _put_sealed(w, e, delta.d, where)
         else:
             raise CodecError(f"{where}: expected RowsEntry, PackedEntry or SealedRowsEntry, got {type(e).__name__}")
-    return w.finish(DELTA_MAGIC, _version_for(delta), 0)
+    return w.finish(DELTA_MAGIC, _version_for(delta), _FLAG_CONTRACT if has_contract else 0)
+
+
+def _check_contract(n_classes: int | None, version: int | None, err: Callable[[str], Exception]) -> bool:
+    """Whether the delta names its contract; raises ``err`` when only one of the two is given or
+    either is out of range."""
+    if n_classes is None and version is None:
+        return False
+    if not isinstance(n_classes, int) or not 1 <= n_classes <= 0xFFFFFFFF:
+        raise err(f"n_classes must be an int in 1..2^32-1 (with contract_version), got {n_classes!r}")
+    if not isinstance(version, int) or not 1 <= version <= 2**63 - 1:
+        raise err(f"contract_version must be an int in 1..2^63-1 (with n_classes), got {version!r}")
+    return True
 
 
 def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
@@ -311,7 +340,7 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     body, version, flags = check_frame(buf, DELTA_MAGIC, "delta")
     if version not in (1, 2, 3):
         raise CodecError(f"delta: unknown version {version} (this decoder knows 1, 2 and 3)")
-    if flags:
+    if flags & ~_FLAG_CONTRACT:
         raise CodecError(f"delta: unknown flags {flags:#06x} for version {version}")
     r = Reader(body, "delta")
     head_id = r.str16("head_id")
@@ -322,6 +351,12 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     if reserved:
         raise r.fail("reserved header field is not 0")
     _check_params(d, k, k_y, r.fail)
+    n_classes = contract_version = None
+    if flags & _FLAG_CONTRACT:
+        n_classes, res, contract_version = r.unpack(_CONTRACT, "contract")
+        if res:
+            raise r.fail("reserved contract field is not 0")
+        _check_contract(n_classes, contract_version, r.fail)
     entries: list[Entry] = []
     for i in range(n_entries):
         where = f"entry {i}"
@@ -383,7 +418,7 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
         else:
             raise r.fail(f"{where}: unknown entry kind {kind}")
     r.done()
-    delta = Delta(head_id, source_id, d, k, k_y, tuple(entries))
+    delta = Delta(head_id, source_id, d, k, k_y, tuple(entries), n_classes, contract_version)
     if version != _version_for(delta):  # one encoding per value
         raise CodecError(f"delta: version {version} for a message that is version {_version_for(delta)}")
     return delta

@@ -5,8 +5,10 @@ current head. Besides W (d x c float64) a message carries the version (receipts 
 version that excludes a deleted sample), the delta offsets it covers (where to resume), and
 optionally: the ledger digest (so anyone can check the head against a from-scratch ledger; exact
 updates always carry it, fast ones need not, since it costs O(d^2): flag bit 2), the posterior
-matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, and the fingerprint of the multiset
-hash of the retained rows (docs/design.md section 6) when the head knows it. Same frame and
+matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, the fingerprint of the multiset
+hash of the retained rows (docs/design.md section 6) when the head knows it, and the version of
+the head contract the head was built under (the one named by its latest delta: flag bit 3), which
+serving quantizes predict inputs with. Same frame and
 robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
 """
 
@@ -40,7 +42,9 @@ MODES: tuple[str, ...] = ("exact", "fast")
 _FLAG_POSTERIOR = 0x0001
 _FLAG_RETAINED_HASH = 0x0002
 _FLAG_NO_DIGEST = 0x0004  # a negative flag: updates written before it all carry a digest
-_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST
+_FLAG_CONTRACT = 0x0008  # the contract version (u64) follows the retained hash
+_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST | _FLAG_CONTRACT
+_CONTRACT = struct.Struct("<Q")
 _NO_DIGEST = bytes(32)
 
 # version, mode, reserved[7], digest[32], n_retained, events_covered, created_ts, drift, gamma,
@@ -58,7 +62,9 @@ class HeadUpdate:
     sorted by partition. ``digest``: hex SHA-256 of the canonical ledger (docs/design.md section 2),
     always on an exact update, None on a fast one that does not carry it. ``retained_hash``: hex
     fingerprint of the multiset hash of the retained rows (section 6), None when the head does not
-    know it. Decoded arrays are read-only views into the message bytes.
+    know it. ``contract_version``: the head contract version its latest delta was judged under
+    (docs/registry.md), None for a head whose deltas name none. Decoded arrays are read-only views
+    into the message bytes.
     """
 
     head_id: str
@@ -74,6 +80,7 @@ class HeadUpdate:
     weights: np.ndarray
     posterior: np.ndarray | None = None
     retained_hash: str | None = None
+    contract_version: int | None = None
 
     def __post_init__(self) -> None:
         offsets = tuple(sorted((int(p), int(o)) for p, o in self.offsets))
@@ -108,7 +115,7 @@ class HeadUpdate:
             ).tobytes()
 
         scalars = ("head_id", "version", "mode", "digest", "n_retained", "events_covered", "offsets",
-                   "retained_hash")
+                   "retained_hash", "contract_version")
         return (
             all(getattr(self, f) == getattr(other, f) for f in scalars)
             and struct.pack("<ddd", self.drift, self.gamma, self.created_ts)
@@ -181,6 +188,11 @@ def encode_head(h: HeadUpdate) -> bytes:
         flags |= _FLAG_RETAINED_HASH
     if h.digest is None:
         flags |= _FLAG_NO_DIGEST
+    cv = h.contract_version
+    if cv is not None:
+        if not isinstance(cv, int) or not 1 <= cv <= 2**63 - 1:
+            raise CodecError(f"contract_version must be an int in 1..2^63-1, got {cv!r}")
+        flags |= _FLAG_CONTRACT
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
@@ -190,6 +202,8 @@ def encode_head(h: HeadUpdate) -> bytes:
     )
     if retained is not None:
         w.put(retained)
+    if cv is not None:
+        w.pack(_CONTRACT, cv)
     w.array(np.array([p for p, _ in h.offsets], dtype="<i4"), align=False)
     w.array(np.array([o for _, o in h.offsets], dtype="<i8"))
     w.array(np.asarray(w_arr, dtype="<f8"))
@@ -222,6 +236,11 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     if d < 1:
         raise r.fail("d must be >= 1")
     retained = bytes(r.raw(32, "retained_hash")).hex() if flags & _FLAG_RETAINED_HASH else None
+    contract_version = None
+    if flags & _FLAG_CONTRACT:
+        (contract_version,) = r.unpack(_CONTRACT, "contract_version")
+        if not 1 <= contract_version <= 2**63 - 1:
+            raise r.fail(f"contract_version {contract_version} out of range 1..2^63-1")
     parts = r.array("<i4", n_off, "offset partitions", align=False)
     offs = r.array("<i8", n_off, "offsets")
     offsets = tuple(zip(parts.tolist(), offs.tolist()))
@@ -232,7 +251,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     return HeadUpdate(
         head_id, h_version, MODES[mode_i], None if flags & _FLAG_NO_DIGEST else digest.hex(), n_retained, events,
         offsets,
-        drift, gamma, ts, weights, posterior, retained,
+        drift, gamma, ts, weights, posterior, retained, contract_version,
     )
 
 
@@ -256,6 +275,7 @@ def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, An
         "weights": np.asarray(h.weights, dtype=np.float64).tolist(),
         "has_posterior": h.posterior is not None,
         "retained_hash": h.retained_hash,
+        "contract_version": h.contract_version,
     }
     if include_posterior and h.posterior is not None:
         out["posterior"] = np.asarray(h.posterior, dtype=np.float64).tolist()

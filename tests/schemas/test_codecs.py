@@ -59,7 +59,9 @@ def _packed(draw: st.DrawFn) -> PackedEntry:
 def deltas(draw: st.DrawFn) -> Delta:
     d = draw(st.integers(1, 9))
     entries = draw(st.lists(st.one_of(_rows(d), _packed()), max_size=3))
-    return Delta(draw(_ids), draw(_ids), d, draw(st.integers(0, 62)), draw(st.integers(0, 62)), entries)
+    contract = draw(st.none() | st.tuples(st.integers(1, 2**32 - 1), st.integers(1, 2**63 - 1)))
+    return Delta(draw(_ids), draw(_ids), d, draw(st.integers(0, 62)), draw(st.integers(0, 62)), entries,
+                 *(contract or (None, None)))
 
 
 _f64 = st.floats(allow_nan=True, allow_infinity=True, width=64)
@@ -87,6 +89,7 @@ def heads(draw: st.DrawFn) -> HeadUpdate:
         weights=draw(hnp.arrays(np.float64, (d, c), elements=_f64)),
         posterior=draw(st.none() | hnp.arrays(np.float64, (d, d), elements=_f64)),
         retained_hash=draw(st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex)),
+        contract_version=draw(st.none() | st.integers(1, 2**63 - 1)),
     )
 
 
@@ -394,6 +397,65 @@ def test_a_fast_head_update_without_a_digest_is_flag_bit_2() -> None:
     exact = encode_head(HeadUpdate(**{**fields, "mode": "exact", "digest": "00" * 32}))
     with pytest.raises(CodecError, match="fast updates only"):  # an exact update claiming no digest
         decode_head(_reframe(exact, flags=4))
+
+
+@FAST
+@given(deltas())
+def test_a_delta_without_its_contract_is_byte_identical_to_the_old_format(delta: Delta) -> None:
+    """The contract block is frame flag bit 0 with 16 bytes after the fixed header; without it a
+    delta is the bytes older encoders wrote (and older decoders read), and decodes with None."""
+    bare = Delta(delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits, delta.entries)
+    raw_bare = encode_delta(bare)
+    assert struct.unpack_from("<H", raw_bare, 6) == (0,)
+    back = decode_delta(raw_bare)
+    assert (back.n_classes, back.contract_version) == (None, None) and back == bare
+    with_c = Delta(*(getattr(bare, f) for f in ("head_id", "source_id", "d", "frac_bits", "label_frac_bits",
+                                                   "entries")), 10, 3)
+    raw_c = encode_delta(with_c)
+    assert struct.unpack_from("<H", raw_c, 6) == (1,) and len(raw_c) == len(raw_bare) + 16
+    header_end = PREFIX.size + 4 + len(bare.head_id) + len(bare.source_id) + struct.calcsize("<IBBHI")
+    assert raw_c[header_end:header_end + 16] == struct.pack("<IIQ", 10, 0, 3)
+    assert raw_c[PREFIX.size:header_end] == raw_bare[PREFIX.size:header_end]
+    assert raw_c[header_end + 16:-4] == raw_bare[header_end:-4]
+    assert decode_delta(raw_c) == with_c
+
+
+def test_delta_contract_block_is_checked() -> None:
+    rows = [RowsEntry(1, ["e"], ["s"], ["u"], np.array([3]), np.array([[1, -2]]))]
+    for n_classes, version in ((10, None), (None, 1), (0, 1), (10, 0), (2**32, 1)):
+        with pytest.raises(CodecError, match=r"n_classes|contract_version"):
+            encode_delta(Delta("h", "f", 2, 30, 0, rows, n_classes, version))
+    raw = encode_delta(Delta("h", "f", 2, 30, 0, rows, 10, 3))
+    at = PREFIX.size + 6 + struct.calcsize("<IBBHI")
+    body = bytearray(raw[PREFIX.size:-4])
+    for offset, value in ((0, b"\x00\x00\x00\x00"), (4, b"\x01\x00\x00\x00"), (8, bytes(8))):
+        bad = bytearray(body)
+        bad[at - PREFIX.size + offset:at - PREFIX.size + offset + len(value)] = value
+        with pytest.raises(CodecError, match="contract"):
+            decode_delta(_reframe(raw, bytes(bad)))
+    with pytest.raises(CodecError, match="unknown flags"):
+        decode_delta(_reframe(raw, flags=0x0002))
+
+
+def test_head_contract_version_is_flag_bit_3_after_the_retained_hash() -> None:
+    """The contract version is optional (flag bit 3): a u64 right after the retained hash; a head
+    update without it is byte-identical to what older encoders wrote."""
+    base = HeadUpdate("h", 7, "fast", "ab" * 32, 2, 3, [(0, 9)], 1e-12, 0.5, 1.0, np.ones((2, 3)),
+                      retained_hash="cd" * 32)
+    fields = {f: getattr(base, f) for f in HeadUpdate.__slots__}
+    named = HeadUpdate(**{**fields, "contract_version": 4})
+    raw, raw_c = encode_head(base), encode_head(named)
+    assert struct.unpack_from("<H", raw, 6) == (2,) and struct.unpack_from("<H", raw_c, 6) == (10,)
+    assert decode_head(raw).contract_version is None and decode_head(raw_c) == named
+    at = PREFIX.size + 3 + struct.calcsize("<QB7s32sQQdddIII") + 32
+    assert raw_c[at:at + 8] == struct.pack("<Q", 4) and len(raw_c) == len(raw) + 8
+    assert head_to_json(named)["contract_version"] == 4 and head_to_json(base)["contract_version"] is None
+    with pytest.raises(CodecError, match="contract_version"):
+        encode_head(HeadUpdate(**{**fields, "contract_version": 0}))
+    body = bytearray(raw_c[PREFIX.size:-4])
+    body[at - PREFIX.size:at - PREFIX.size + 8] = bytes(8)
+    with pytest.raises(CodecError, match="contract_version"):
+        decode_head(_reframe(raw_c, bytes(body)))
 
 
 @pytest.mark.parametrize("bad", ["evil\n[2026-01-01 00:00:00] [ERROR] forged line", "../../x", "\U0001f600", "a b", ""])
