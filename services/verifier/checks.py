@@ -248,7 +248,13 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
     if where is not None and latest.offsets and tuple(latest.offsets[-1]) != where:
         problems.append(f"live head covers deltas offset {list(latest.offsets[-1])} but version "
                         f"{latest.version} is the delta at {list(where)}")
-    data: dict[str, Any] = {"live_digest": latest.digest, "replay_digest": base}
+    replay_cv = rep.contract_version_at.get(latest.version)
+    if latest.contract_version is not None and latest.contract_version != replay_cv:
+        # an update without one (a ledger older than the field) is not held against the replay
+        problems.append(f"live head names contract version {latest.contract_version} but its deltas name "
+                        f"{replay_cv} at version {latest.version}")
+    data: dict[str, Any] = {"live_digest": latest.digest, "replay_digest": base,
+                            "live_contract_version": latest.contract_version, "replay_contract_version": replay_cv}
     compared: list[str] = []
     if latest.digest is not None:
         compared.append("its digest")

@@ -160,7 +160,7 @@ def _segments(n: int, unmatched: Sequence[int]) -> list[tuple[list[int], int | N
 def shuffled_digest(units: Units, rng: np.random.Generator, deps: Dependencies
                     ) -> tuple[str, ExactLedger, dict[str, Any]]:
     """The digest of one random valid order of the units (unmatched deletes stay in place)."""
-    led = ExactLedger(units.d, 0, units.k, units.k_y)
+    led = ExactLedger(units.d, units.c, units.k, units.k_y)
     batches = 0
     for members, barrier in _segments(len(units), deps.unmatched):
         order = _random_extension(members, deps.children, rng)
@@ -181,10 +181,10 @@ def partitioned_digest(units: Units, rng: np.random.Generator, deps: Dependencie
         parts[int(p)].extend(comp)
     ledgers = []
     for members in parts:
-        led = ExactLedger(units.d, 0, units.k, units.k_y)
+        led = ExactLedger(units.d, units.c, units.k, units.k_y)
         _apply_order(led, units, _random_extension(sorted(members), deps.children, rng), rng)
         ledgers.append(led)
-    merged = ExactLedger(units.d, 0, units.k, units.k_y)
+    merged = ExactLedger(units.d, units.c, units.k, units.k_y)
     for j in rng.permutation(n_parts):
         merged = merged.merge(ledgers[int(j)])
     return merged.digest(), {"partitions": n_parts, "sizes": [len(p) for p in parts]}

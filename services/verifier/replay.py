@@ -30,6 +30,7 @@ from unlearn.streams.ledger.head_runtime import (
     admit,
     apply_entries,
     creates_head,
+    declare_outputs,
     fold_multiset,
     record_applied,
 )
@@ -49,6 +50,10 @@ class Units:
     d: int = 0
     k: int = 0
     k_y: int = 0
+    #: Label columns of the replayed ledger at the stop version (its contract's class count when
+    #: its deltas name one, else the largest class seen plus one): every re-built ledger starts
+    #: with them, so the digests compare whatever labels a shuffled prefix has seen.
+    c: int = 0
     sign: list[int] = field(default_factory=list)
     kind: list[int] = field(default_factory=list)
     ref: list[int] = field(default_factory=list)  # row index, or packed index
@@ -147,6 +152,7 @@ class LogReplay:
     pending: int = 0  # messages beyond the stop version that would apply
     ledger: ExactLedger | None = None  # at the stop version
     retained_hash_at: dict[int, str | None] = field(default_factory=dict)  # version -> fingerprint (None: unknown)
+    contract_version_at: dict[int, int | None] = field(default_factory=dict)  # version -> named contract
     at_version: dict[int, ExactLedger] = field(default_factory=dict)
     offset_of_version: dict[int, tuple[int, int]] = field(default_factory=dict)
     units: Units = field(default_factory=Units)
@@ -242,6 +248,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
     ledger: ExactLedger | None = None
     mset: MultisetHash | None = None
     pos = _Position()
+    contract_version: int | None = None
     collecting = True
     for r in records:
         if r.key and r.key != key:
@@ -267,6 +274,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
                                        _skip_detail(skipped, delta, r.offset, pos, applied_before)))
             continue
         accepted: list[RowsEntry | tuple[PackedEntry, ExactLedger]] = []
+        contract_version = declare_outputs(ledger, delta, contract_version)
         for _, entry, result in apply_entries(head_id, delta, ledger, partial(_apply_to, ledger)):
             if isinstance(result, Rejection):
                 rep.rejected.append(Skipped.rejected(r, result))
@@ -280,6 +288,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
             rep.version = rep.final_version
             rep.offset_of_version[rep.version] = (r.partition, r.offset)
             rep.retained_hash_at[rep.version] = None if mset is None else mset.fingerprint()
+            rep.contract_version_at[rep.version] = contract_version
             for a in accepted:
                 if isinstance(a, RowsEntry):
                     rep.units.add_rows(a)
@@ -290,8 +299,10 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
             if stop_version is not None and rep.final_version >= stop_version:
                 collecting = False
                 rep.ledger = ledger.copy()
+                rep.units.c = ledger.n_outputs
         else:
             rep.pending += 1
     if rep.ledger is None and ledger is not None:
         rep.ledger = ledger.copy()
+        rep.units.c = ledger.n_outputs
     return rep

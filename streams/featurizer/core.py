@@ -63,7 +63,7 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 
 from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
-from .heads import auto_contracts, check_contract, judged_contract
+from .heads import auto_contracts, check_contract, delta_contract, judged_contract
 from .model import (
     _DELETE_OPS,
     FEATURIZER_REASONS,
@@ -529,7 +529,9 @@ def use_packed(head: HeadInfo, n_rows: int, config: CoreConfig) -> bool:
 def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: str,
                     config: CoreConfig) -> tuple[list[Delta], int]:
     """(one delta per head touched, rows over all of them). Entries follow the four groups' order;
-    exact integer sums commute, so this gives the same ledger as the event order."""
+    exact integer sums commute, so this gives the same ledger as the event order. Each delta names
+    the head's contract (class count and version) its adds were judged against, so the ledger
+    sizes the head's label columns from the contract, never from the labels seen."""
     deltas: list[Delta] = []
     n_rows = 0
     for head_id, hr in rows.items():
@@ -541,7 +543,10 @@ def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: s
             if items:
                 entries.append(_entry(sign, items, head, packed))
                 n_rows += len(items)
-        deltas.append(Delta(head_id, source_id, head.dim, head.frac_bits, head.label_frac_bits, tuple(entries)))
+        contract = delta_contract(head, config)
+        named = (None, None) if contract is None else (contract.n_outputs, contract.version)
+        deltas.append(Delta(head_id, source_id, head.dim, head.frac_bits, head.label_frac_bits, tuple(entries),
+                            *named))
     return deltas, n_rows
 
 

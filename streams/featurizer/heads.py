@@ -58,6 +58,19 @@ def auto_contracts(new_heads: Iterable[HeadInfo], config: CoreConfig) -> list[He
             for h in new_heads if h.head_id not in config.contracts]
 
 
+def delta_contract(head: HeadInfo, config: CoreConfig) -> HeadContract | None:
+    """The contract a head's delta names (its class count and version: ``schemas/delta_codec.py``),
+    the one its adds were judged against in this batch: the declared one, else the auto one; None
+    when neither applies (an undeclared head with auto-creation off: its delta keeps the old format)."""
+    declared = config.contracts.get(head.head_id)
+    if declared is not None:
+        return declared
+    if not config.auto_create_heads:
+        return None
+    return auto_contract(head.head_id, head.input_kind, head.dim, head.label_kind, head.label_width,
+                         head.frac_bits, head.label_frac_bits, config)
+
+
 def judged_contract(r: Request, head: HeadInfo | None, dim: int, label_kind: str, label_width: int,
                     config: CoreConfig) -> HeadContract:
     """The contract an add is judged against: the declared one, else the auto contract of the

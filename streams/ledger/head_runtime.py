@@ -93,7 +93,8 @@ class HeadRuntime:
     def __init__(self, head_id: str, ledger: ExactLedger, config: HeadConfig, *,
                  multiset: MultisetHash | None = None, version: int = 0,
                  events_covered: int = 0, applied_offset: int = -1, input_partition: int = -1,
-                 last_reset_drift: float = 0.0, source_offsets: dict[str, int] | None = None) -> None:
+                 last_reset_drift: float = 0.0, source_offsets: dict[str, int] | None = None,
+                 contract_version: int | None = None) -> None:
         self.head_id = head_id
         self.config = config
         self.multiset = multiset
@@ -105,6 +106,7 @@ class HeadRuntime:
         self.applied_offset = applied_offset
         self.input_partition = input_partition
         self.source_offsets: dict[str, int] = dict(source_offsets or {})
+        self.contract_version = contract_version
         self.last_reset_at = time.monotonic()
         self.dirty_since_snapshot = 0
         self._digest: tuple[int, str] | None = None
@@ -115,7 +117,8 @@ class HeadRuntime:
     # ---------------------------------------------------------------- construction
     @classmethod
     def new(cls, head_id: str, delta: Delta, config: HeadConfig) -> HeadRuntime:
-        """A head is created by its first add; its dimension and grids come from that delta."""
+        """A head is created by its first add; its dimension and grids come from that delta, its
+        label columns from the contract the delta names (``apply`` sizes them: ``declare_outputs``)."""
         return cls(head_id, ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits), config,
                    multiset=MultisetHash(delta.d, delta.frac_bits, delta.label_frac_bits))
 
@@ -126,11 +129,12 @@ class HeadRuntime:
         return cls(meta.head_id, state.ledger, cfg, multiset=state.multiset, version=meta.version,
                    events_covered=meta.events_covered, applied_offset=meta.applied_offset,
                    input_partition=meta.input_partition, last_reset_drift=meta.last_reset_drift,
-                   source_offsets=meta.source_offsets)
+                   source_offsets=meta.source_offsets, contract_version=meta.contract_version)
 
     def meta(self) -> HeadMeta:
         return HeadMeta(self.head_id, self.config.gamma, self.version, self.events_covered, self.applied_offset,
-                        self.input_partition, self.last_reset_drift, dict(self.source_offsets))
+                        self.input_partition, self.last_reset_drift, dict(self.source_offsets),
+                        self.contract_version)
 
     def state(self) -> HeadState:
         """What a snapshot keeps (the ledger and the hash are the live objects, not copies)."""
@@ -174,6 +178,7 @@ class HeadRuntime:
         if skipped:
             return ApplyOutcome(skipped=skipped)
         out = ApplyOutcome()
+        self.contract_version = declare_outputs(self.ledger, delta, self.contract_version)
         for _, entry, rep in apply_entries(self.head_id, delta, self.ledger, self._apply_entry):
             if isinstance(rep, Rejection):
                 out.rejections.append(rep)
@@ -208,6 +213,7 @@ class HeadRuntime:
         cheaper (at least ``d / 2`` rows: an SMW update of rank r costs O(r d^2), and at d = 768 a
         rank-384 update costs about as much as a reset). Returns why a reset ran ("" when none)."""
         lagging, reason = self._lagging, self._reset_due
+        self.tracked.ledger_outputs_sync()  # columns a contract declared (declare_outputs) serve as zeros
         rows = sum(Q.shape[0] for Q, _, _ in lagging)
         if not reason and 2 * rows >= self.ledger.dim:
             reason = f"coalesced {rows} rows"
@@ -269,6 +275,25 @@ def record_applied(pos: InputPosition, delta: Delta, offset: int) -> None:
     src = parse_source_id(delta.source_id)
     if src is not None:
         pos.source_offsets[src[0]] = src[1]
+
+
+def declare_outputs(ledger: ExactLedger, delta: Delta, contract_version: int | None) -> int | None:
+    """Size ``ledger``'s label columns from the contract ``delta`` names, before its entries
+    apply: a head's columns are its contract's class count (label width for vectors), so its shape
+    never reveals which labels were seen, and they grow only when a later delta names a larger
+    contract (``unlearn heads extend``: class-incremental learning; new columns are zero). Returns
+    the head's contract version after ``delta``: the highest one its deltas named (a delta judged
+    by a featurizer whose registry view lagged never moves it back, as it never shrinks the
+    columns), ``contract_version`` when ``delta`` names none. A
+    delta that names none (the old format) keeps the old rule: the largest class index seen plus
+    one; so does a delta off ``ledger``'s grid (its entries are all rejected)."""
+    if delta.n_classes is None or delta.contract_version is None:
+        return contract_version
+    if (delta.d, delta.frac_bits, delta.label_frac_bits) != (ledger.dim, ledger.frac_bits, ledger.label_frac_bits):
+        return contract_version
+    if delta.n_classes > ledger.n_outputs:
+        ledger.grow_outputs(delta.n_classes)
+    return max(delta.contract_version, contract_version or 0)
 
 
 def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,

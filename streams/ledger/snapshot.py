@@ -51,6 +51,7 @@ class HeadMeta:
     input_partition: int
     last_reset_drift: float
     source_offsets: dict[str, int]  # requests partition -> last request offset covered
+    contract_version: int | None = None  # named by the latest delta that names one (None: none did)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.__dict__)

@@ -354,7 +354,7 @@ class LedgerWorker:
             n_retained=head.ledger.count, events_covered=head.events_covered,
             offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
             gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior,
-            retained_hash=head.retained_hash())
+            retained_hash=head.retained_hash(), contract_version=head.contract_version)
 
     def publish_head(self, head: HeadRuntime, mode: HeadMode | None = None) -> bool:
         """Produce the head's update; False if it cannot fit in a message even without the

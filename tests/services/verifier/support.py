@@ -133,7 +133,8 @@ def head_update(rt: HeadRuntime, mode: str | None = None) -> HeadUpdate:
     return HeadUpdate(rt.head_id, rt.version, mode, rt.digest() if mode == "exact" else None, rt.ledger.count,
                       rt.events_covered, ((rt.input_partition, rt.applied_offset),), float(rt.last_reset_drift),
                       rt.config.gamma, time.time(), rt.weights.copy(),
-                      rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash())
+                      rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash(),
+                      rt.contract_version)
 
 
 def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),
