@@ -19,8 +19,8 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.schemas.head_contract import ContractError, HeadContract, decode_contract, encode_contract
 
-__all__ = ["REGISTRY_TOPIC", "ContractSource", "RegistryError", "RegistryView", "fold_contracts", "publish_contract",
-           "read_contracts"]
+__all__ = ["REGISTRY_TOPIC", "ContractSource", "RegistryError", "RegistryView", "contract_at", "fold_contracts",
+           "publish_contract", "read_contracts"]
 
 log = logging.getLogger("unlearn.registry")
 
@@ -39,8 +39,24 @@ class ContractSource(Protocol):
     def get(self, head_id: str, /) -> HeadContract | None: ...
 
 
-def _apply(latest: dict[str, HeadContract], rec: LogRecord) -> None:
-    """Fold one record into ``latest`` (the rule in the module docstring)."""
+def contract_at(source: ContractSource, head_id: str, version: int | None) -> HeadContract | None:
+    """The contract a head update names (``HeadUpdate.contract_version``): that version when
+    ``source`` keeps versions (a :class:`RegistryView`) and has read it, else the head's latest
+    (an update that names none, a plain mapping, or a version compacted away or not read yet:
+    versions of a head differ only in their label space, ``HeadContract.extend``)."""
+    if version is not None:
+        by_version = getattr(source, "get_version", None)
+        if by_version is not None:
+            found: HeadContract | None = by_version(head_id, version)
+            if found is not None:
+                return found
+    return source.get(head_id)
+
+
+def _apply(latest: dict[str, HeadContract], rec: LogRecord,
+           versions: dict[tuple[str, int], HeadContract] | None = None) -> None:
+    """Fold one record into ``latest`` (the rule in the module docstring) and, when given, into
+    ``versions`` ((head id, version) -> the latest record of that version)."""
     key = rec.key.decode("utf-8", "replace") if rec.key is not None else None
     if rec.value is None:
         return  # a tombstone: heads are never deleted from the registry
@@ -52,6 +68,8 @@ def _apply(latest: dict[str, HeadContract], rec: LogRecord) -> None:
     if key != c.head_id:
         log.warning("head-registry %d@%d: skipped, key %r is not head_id %r", rec.partition, rec.offset, key, c.head_id)
         return
+    if versions is not None:
+        versions[(c.head_id, c.version)] = c
     old = latest.get(c.head_id)
     if old is None or c.version >= old.version:
         latest[c.head_id] = c
@@ -95,11 +113,12 @@ class RegistryView:
     def __init__(self, settings: Settings) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str, HeadContract] = {}
+        self._versions: dict[tuple[str, int], HeadContract] = {}
         self._follower = TopicFollower(settings, settings.topic(REGISTRY_TOPIC), self._on_record, role="registry")
 
     def _on_record(self, rec: LogRecord) -> None:
         with self._lock:
-            _apply(self._latest, rec)
+            _apply(self._latest, rec, self._versions)
 
     def start(self, wait_caught_up: float | None = None) -> RegistryView:
         """Start following; with ``wait_caught_up``, block until the registry was read to its end
@@ -117,6 +136,12 @@ class RegistryView:
         """A head's latest contract, or None when it is not declared (yet)."""
         with self._lock:
             return self._latest.get(head_id)
+
+    def get_version(self, head_id: str, version: int) -> HeadContract | None:
+        """A head's contract at ``version``, or None when this view has not read it (see
+        :func:`contract_at`)."""
+        with self._lock:
+            return self._versions.get((head_id, version))
 
     def snapshot(self) -> dict[str, HeadContract]:
         """Head id -> latest contract, as known now."""

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from unlearn.infra.head_registry import ContractSource, RegistryView
+from unlearn.infra.head_registry import ContractSource, RegistryView, contract_at
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_codec import head_to_json
 from unlearn.services.serving.follower import HeadsFollower
@@ -98,7 +98,8 @@ async def _predict(request: web.Request) -> web.Response:
         return _error(400, "not_json", f"body is not JSON: {exc}")
     try:
         kind, items, batched = parse_predict_body(body)
-        contract = request.app[_CONTRACTS].get(head_id)
+        # the contract the head update names (it was built under it), not whatever is latest
+        contract = contract_at(request.app[_CONTRACTS], head_id, head.update.contract_version)
         if kind == "features":
             X = prepare_inputs(settings, head, kind, items, contract)
         else:  # a model forward: off the event loop
@@ -108,6 +109,7 @@ async def _predict(request: web.Request) -> web.Response:
         return _error(exc.status, exc.reason, exc.detail)
     out = predict(head, X, settings.serve_sigma2)
     out["batched"] = batched
+    out["contract_version"] = contract.version if contract is not None else None
     return _json(out)
 
 

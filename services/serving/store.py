@@ -58,6 +58,7 @@ class ServedHead:
             "d": u.d,
             "c": u.c,
             "gamma": u.gamma,
+            "contract_version": u.contract_version,
             "drift": u.drift,
             "offsets": [[p, o] for p, o in u.offsets],
             "created_ts": u.created_ts,
