@@ -67,8 +67,9 @@ class World:
         out, self.requests = self.requests, []
         return out
 
-    def reference(self, h: str, frac_bits: int) -> ExactLedger:
-        led = ExactLedger(self.dims[h], 0, frac_bits)
+    def reference(self, h: str, frac_bits: int, n_classes: int) -> ExactLedger:
+        """From scratch, given the head's contract: its class count sizes the label columns."""
+        led = ExactLedger(self.dims[h], n_classes, frac_bits)
         if self.live[h]:
             F = np.stack([f for _, f, _ in self.live[h].values()])
             led.add(Quantizer(frac_bits).quantize(l2_normalize(F)), np.array([y for _, _, y in self.live[h].values()]))
@@ -94,10 +95,10 @@ def pipeline_settings(settings: Settings, tmp_path: Path) -> Settings:
 
 def assert_heads_equal_reference(s: Settings, world: World, timeout: float = 120.0) -> None:
     for h in world.dims:
-        ref = world.reference(h, s.frac_bits)
+        ref = world.reference(h, s.frac_bits, s.default_classes)  # the auto contract's label space
         got = wait_for_head(s, h, lambda u, ref=ref: u.digest == ref.digest() and u.mode == "exact", timeout=timeout)
-        assert got.n_retained == ref.count
-        ref.grow_outputs(got.weights.shape[1])
+        assert got.n_retained == ref.count and got.contract_version == 1
+        assert got.weights.shape == (world.dims[h], s.default_classes)  # never the largest label seen + 1
         assert np.array_equal(np.asarray(got.weights), solve_head(ref, s.gamma_for(h)))
 
 
@@ -215,7 +216,7 @@ def test_malformed_requests_go_to_deadletter_and_change_nothing(settings: Settin
         for want, _ in corpus:
             assert any(r.startswith(want) for r in reasons), f"no deadletter with reason {want!r}: {sorted(reasons)}"
         # the ledger holds exactly the good requests: 20 adds minus one delete
-        ref = ExactLedger(3, 3)
+        ref = ExactLedger(3, s.default_classes)  # the auto contract's class count sizes the head
         kept = [orjson.loads(v) for _, v in base[1:]]
         ref.add(Quantizer().quantize(l2_normalize(np.array([k["input"]["values"] for k in kept]))),
                 np.array([k["label"] for k in kept]))

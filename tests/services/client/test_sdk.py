@@ -114,7 +114,7 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
     # what is retained: anyone can recompute them
     Q = np.stack([quantize_feature_row(F[i], s.frac_bits) for i in (0, 2, 3)])
     y = np.array([labels[i] for i in (0, 2, 3)])
-    ref = ExactLedger(D, 3)
+    ref = ExactLedger(D, s.default_classes)  # columns: the auto contract's class count
     ref.add(Q, y)
     assert "digest" not in receipt and receipt["retained_hash"] == MultisetHash.of_rows(Q, y).fingerprint()
     head = exact_head_from(s, "plain", receipt["head_version"])
@@ -196,7 +196,7 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     assert receipts["enc-json"].retained_hash == receipts["enc-f64"].retained_hash != receipts["enc-f32"].retained_hash
     kept = [0, 2, 3, 4]
     for head, X in (("enc-json", F), ("enc-f64", F), ("enc-f32", F.astype(np.float32))):
-        ref = ExactLedger(768, 3)
+        ref = ExactLedger(768, s.default_classes)
         ref.add(np.stack([quantize_feature_row(X[i], s.frac_bits) for i in kept]), np.array([labels[i] for i in kept]))
         wait_for_head(s, head, lambda u, ref=ref: u.mode == "exact" and u.digest == ref.digest(), timeout=60)
 

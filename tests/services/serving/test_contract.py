@@ -59,3 +59,37 @@ def test_served_features_follow_the_registry(settings: Settings, publish: Publis
                 break
             time.sleep(0.05)
         assert scores == expected
+
+
+def test_serving_uses_the_contract_version_its_head_update_names(settings: Settings, publish: Publisher) -> None:
+    """A head update names the contract version it was built under (docs/registry.md); serving
+    quantizes with that version, not with whatever the registry's latest is. (A real ``extend``
+    changes only the label space; version 2 here changes the grid so the choice is visible.)"""
+    from dataclasses import replace
+
+    publish_contract(settings, contract())
+    publish_contract(settings, contract(version=2, frac_bits=20, normalization="none", feature_bound=4.0))
+    v1 = replace(make_head(1), contract_version=1)
+    publish(v1)
+    grid_v1 = dequantized(settings.with_(frac_bits=30), ROWS)
+    grid_v2 = dequantized(settings.with_(frac_bits=20, normalize_features=False, feature_bound=4.0), ROWS)
+
+    def served(srv: ServingServer, version: int, expected: list, contract_version: int) -> None:
+        wait_version(srv.url, "h", version)
+        deadline = time.monotonic() + 20
+        while True:  # the registry follower catches up within moments of the heads follower
+            status, out = http("POST", f"{srv.url}/v1/heads/h/predict", {"features": ROWS})
+            assert status == 200, out
+            scores = [p["scores"] for p in out["predictions"]]
+            if (scores, out["contract_version"]) == (expected, contract_version) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert scores == expected and out["contract_version"] == contract_version
+        status, summary = http("GET", f"{srv.url}/v1/heads/h")
+        assert status == 200 and summary["contract_version"] == contract_version
+
+    with ServingServer(settings.with_(frac_bits=12)) as srv:
+        served(srv, 1, (grid_v1 @ v1.weights).tolist(), 1)
+        v2 = replace(make_head(2, seed=1), contract_version=2)
+        publish(v2)
+        served(srv, 2, (grid_v2 @ v2.weights).tolist(), 2)

@@ -36,6 +36,10 @@ def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings
         dls = {d.event_id: d for d in (decode_deadletter(m.value()) for m in got["deadletter"])}
         assert {e: d.reason for e, d in dls.items()} == {"e1": "label_out_of_range", "e3": "label_out_of_range"}
         assert "0..2 (contract v1)" in dls["e1"].detail
+        # each delta names the contract it was judged under: the head's columns, whatever labels came
+        first = {d.head_id: d for d in (decode_delta(m.value()) for m in got["deltas"])}
+        assert (first["faces"].n_classes, first["faces"].contract_version) == (3, 1)
+        assert (first["auto"].n_classes, first["auto"].contract_version) == (s.default_classes, 1)
         # the undeclared head was auto-created, its contract published with its first delta
         deadline = time.monotonic() + 20
         while "auto" not in (contracts := read_contracts(s)) and time.monotonic() < deadline:
@@ -49,6 +53,7 @@ def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings
         got = reader.until(lambda g: len(g["deltas"]) >= 3)
         last = plain_delta(got["deltas"][-1].value(), got["deltas"][-1].topic())
         assert (last.head_id, int(last.entries[0].labels[0])) == ("faces", 3)
+        assert (last.n_classes, last.contract_version) == (4, 2)
     finally:
         reader.close()
         assert run.stop() == 0
