@@ -11,7 +11,7 @@ id, commitment) contribute ``+x - x = 0``, which is how a full replay stays exac
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def seal_delta(delta: Delta, key_for: Callable[[str, str], SampleKey]) -> Delta:
             entries.append(seal_entry(delta.head_id, e, [key_for(delta.head_id, s) for s in e.sample_ids]))
         else:
             entries.append(e)
-    return Delta(delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits, tuple(entries))
+    return replace(delta, entries=tuple(entries))  # the contract block (n_classes, version) stays
 
 
 def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
@@ -114,5 +114,5 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
         entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
                                  tuple(e.subject_ids[i] for i in keep),
                                  lab_arr[:, 0].copy() if e.label_kind == 0 else lab_arr, np.stack(qs)))
-    out.delta = Delta(delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits, tuple(entries))
+    out.delta = replace(delta, entries=tuple(entries))  # the contract block (n_classes, version) stays
     return out

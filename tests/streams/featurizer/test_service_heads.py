@@ -37,7 +37,7 @@ def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings
         assert {e: d.reason for e, d in dls.items()} == {"e1": "label_out_of_range", "e3": "label_out_of_range"}
         assert "0..2 (contract v1)" in dls["e1"].detail
         # each delta names the contract it was judged under: the head's columns, whatever labels came
-        first = {d.head_id: d for d in (decode_delta(m.value()) for m in got["deltas"])}
+        first = {d.head_id: d for d in (plain_delta(m.value(), m.topic()) for m in got["deltas"])}
         assert (first["faces"].n_classes, first["faces"].contract_version) == (3, 1)
         assert (first["auto"].n_classes, first["auto"].contract_version) == (s.default_classes, 1)
         # the undeclared head was auto-created, its contract published with its first delta
