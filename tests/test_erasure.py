@@ -250,3 +250,41 @@ def _keys_gone(s: Settings, head: str, samples: set[str]) -> bool:
         return True
     except AssertionError:
         return False
+
+
+def test_a_head_created_by_an_erased_lone_add_keeps_its_versions(settings: Settings, tmp_path: Path) -> None:
+    """A head whose first deltas message is a lone add, later deleted and shredded: the message
+    still created the head (decided on the message as sent, docs/erasure.md), so the verifier and a
+    ledger rebuilt from scratch count it as version 1, like the live ledger that opened it."""
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+                                                    checkpoint_every_messages=1)
+    rng = np.random.default_rng(9)
+    feat, led = services(s, tmp_path)
+    try:
+        with UnlearnClient(s, client_id="erasure-test") as client:
+            client.add("er3", "dave", "x1", 0, features=SECRET).wait_delivered(30)
+            first = wait_for_head(s, "er3", lambda u: u.n_retained == 1, timeout=60)
+            assert first.version == 1  # the lone add is the head's whole first message
+            for i in range(4):  # classes 0 and 1: the erased add's class stays covered
+                client.add("er3", f"other{i % 2}", f"o{i}", i % 2, features=rng.normal(size=D)).wait_delivered(30)
+            receipt = client.delete("er3", "x1", "dave").wait_receipt(120)
+        assert receipt.status == "applied"
+        wait_shredded(s, "er3", {"x1"})
+        live = wait_for_head(s, "er3", lambda u: u.mode == "exact" and u.n_retained == 4, timeout=60)
+        cert = verify_broker(s, "er3", orders=2, partitionings=2)
+        assert cert.ok, cert.summary()
+        assert cert.replay["version"] == live.version and cert.replay["digest"] == live.digest
+        pairs = next(c for c in cert.checks if c.name == "erased_pairs")
+        assert pairs.data["erased_pairs"] == 1, pairs.detail
+        led.stop()
+        from unlearn.infra.topics import delete_topics, prefixed_topics
+
+        fams = (state_family(s.topic_prefix), heads_family(s.topic_prefix))
+        delete_topics(s, [t for t in prefixed_topics(s) if any(f.matches(t) for f in fams)])
+        led.start()
+        rebuilt = wait_for_head(s, "er3", lambda u: u.mode == "exact" and u.n_retained == 4, timeout=90)
+        assert rebuilt.version == live.version and rebuilt.digest == live.digest
+        assert "erased row(s)" in led.log_tail(200)
+    finally:
+        feat.stop()
+        led.stop()

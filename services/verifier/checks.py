@@ -7,7 +7,7 @@ random generator in that order, so a seed reproduces a certificate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,15 +61,17 @@ class Evidence:
 
     @classmethod
     def gather(cls, delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None,
-               head_id: str, receipts: Sequence[Receipt] = ()) -> Evidence:
+               head_id: str, receipts: Sequence[Receipt] = (),
+               created_at: Container[tuple[int, int]] = frozenset()) -> Evidence:
         """Replay to the live head's version (so every digest describes the events it covers),
         keeping a ledger copy at the latest exact update's version for the canonical check.
-        ``receipts``: any receipts; the head's applied ones are kept."""
+        ``receipts``: any receipts; the head's applied ones are kept. ``created_at``: see
+        ``replay_log`` (messages that created the head as sent, though erased since)."""
         updates = list(head_updates or [])
         latest, latest_exact = live_updates(updates)
         stop = latest.version if latest is not None else None
         capture = {v for v in (stop, latest_exact.version if latest_exact else None) if v}
-        rep = replay_log(delta_records, head_id, stop, capture)
+        rep = replay_log(delta_records, head_id, stop, capture, created_at)
         digest = rep.ledger.digest() if rep.ledger is not None else None
         applied = [r for r in receipts if r.head_id == head_id and r.status == "applied"]
         return cls(head_id, rep, updates, latest, latest_exact, digest, dependencies(rep.units),

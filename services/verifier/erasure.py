@@ -9,7 +9,9 @@ delete of the same (sample, key id, commitment) in the same head: the pair contr
 (:func:`check_erased_pairs`; an unpaired erased row fails it). The ledger states strictly between
 an erased add and its delete held that row and can be reproduced by no one, by design:
 :func:`unreproducible_versions` names those versions, and the head updates and receipts at them
-are left out of the per-version checks (counted in the certificate).
+are left out of the per-version checks (counted in the certificate). Head creation is decided on
+the message as sent: a sealed message with an add creates the head even when every row of it is
+erased (:attr:`ErasureEvidence.sealed_adds`, passed to the replay), so versions match the live ledger's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, decode_delta, encode_delta
 from unlearn.schemas.sealed import SealError
 from unlearn.schemas.sealed_delta import ErasedRow, is_sealed
+from unlearn.streams.ledger.head_runtime import creates_head
 from unlearn.streams.ledger.unseal import RowOpener
 
 from .certificate import Check
@@ -39,6 +42,9 @@ class ErasureEvidence:
     pairs: list[tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=list)  # (add at, delete at)
     unpaired: list[tuple[int, int, ErasedRow]] = field(default_factory=list)
     unopenable: list[tuple[int, int, str]] = field(default_factory=list)
+    #: (partition, offset) of every sealed message with an add entry, as sent: it may create the
+    #: head even when all its adds are erased (``replay_log(created_at=...)``).
+    sealed_adds: set[tuple[int, int]] = field(default_factory=set)
 
 
 def open_records(records: Sequence[LogRecord], head_id: str, opener: RowOpener) -> tuple[list[LogRecord],
@@ -58,6 +64,8 @@ def open_records(records: Sequence[LogRecord], head_id: str, opener: RowOpener) 
             out.append(r)
             continue
         ev.sealed_messages += 1
+        if creates_head(delta):  # decided on the message as sent, before anything is erased from it
+            ev.sealed_adds.add((r.partition, r.offset))
         try:
             opened = opener.open(delta)
         except SealError as exc:
@@ -86,7 +94,7 @@ def unreproducible_versions(records: Sequence[LogRecord], head_id: str, ev: Eras
     row there; nobody can rebuild those states any more."""
     if not ev.pairs:
         return set()
-    rep = replay_log(records, head_id)
+    rep = replay_log(records, head_id, created_at=ev.sealed_adds)
     version_at = {where: v for v, where in rep.offset_of_version.items()}
     out: set[int] = set()
     for add_at, del_at in ev.pairs:

@@ -14,7 +14,7 @@ fingerprint recorded at every version, for the receipts that name one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -236,12 +236,15 @@ def _apply_to(ledger: ExactLedger, e: RowsEntry | PackedEntry) -> RowsEntry | tu
 
 
 def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | None = None,
-               capture: Iterable[int] = ()) -> LogReplay:
+               capture: Iterable[int] = (), created_at: Container[tuple[int, int]] = frozenset()) -> LogReplay:
     """The log-order pass with the live ledger's rules (``head_runtime``).
 
     Records are the deltas messages in log order (other heads' messages are ignored). Units are
     collected up to ``stop_version`` applied messages (None: all), so every later digest describes
-    the events the live head covers; ledgers are copied at every version in ``capture``."""
+    the events the live head covers; ledgers are copied at every version in ``capture``.
+    ``created_at``: (partition, offset) of messages that had an add as sent (sealed, before their
+    erased rows were left out; ``erasure.open_records``): such a message creates the head even if
+    nothing of it could be opened, as it did live."""
     rep = LogReplay(head_id)
     want = set(capture)
     key = head_id.encode("utf-8")
@@ -259,7 +262,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
         rep.messages += 1
         rep.partitions.add(r.partition)
         if ledger is None:
-            if not creates_head(delta):
+            if not creates_head(delta) and (r.partition, r.offset) not in created_at:
                 rep.rejected.extend(Skipped(r.partition, r.offset, "unknown_head",
                                             "a delete before the head's first add", i, e.sign, e.event_ids)
                                     for i, e in enumerate(delta.entries))

@@ -250,7 +250,9 @@ class InputPosition(Protocol):
 
 def creates_head(delta: Delta) -> bool:
     """A head is created by its first delta with an add; a delete-only delta before that is
-    rejected as ``unknown_head`` (there is nothing to delete from)."""
+    rejected as ``unknown_head`` (there is nothing to delete from). Ask it of the message as sent
+    (sealed entries included): an add whose rows are erased since still created the head, and its
+    grid (d, frac_bits, label_frac_bits) is in the delta's header (docs/erasure.md)."""
     return any(e.sign > 0 for e in delta.entries)
 
 

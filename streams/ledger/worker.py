@@ -298,6 +298,9 @@ class LedgerWorker:
             if key and key.decode("utf-8", "replace") != delta.head_id:
                 raise CodecError(f"message key {key!r} is not the head id {delta.head_id!r}: "
                                  "deltas must be keyed by head id to stay ordered")
+            # Creation is decided on the message as sent: a first message whose adds are all erased
+            # (keys destroyed since) still created the head, with the grid its header carries.
+            creates = creates_head(delta)
             delta = self.opener.open(delta).delta
         except (CodecError, SealError) as exc:
             self._deadletter(DeadLetter(raw, "bad_delta", str(exc), STAGE, self.deltas_topic, part, offset, key,
@@ -311,7 +314,7 @@ class LedgerWorker:
             return
         head = ps.heads.get(delta.head_id)
         if head is None:
-            if not creates_head(delta):
+            if not creates:
                 self._reject_all(delta, raw, part, offset, key, "unknown_head",
                                  f"head {delta.head_id!r} does not exist yet: its first event must be an add")
                 return
