@@ -80,7 +80,7 @@ from .model import (
     OutMessage,
     RegistryEncoder,
 )
-from .view import BatchView, named_samples
+from .view import BatchView, Overlay, named_samples
 
 __all__ = [
     "DEFAULT_BACKBONES",
@@ -178,43 +178,6 @@ def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- overlay
-class Overlay:
-    """The cache as seen after the events of this batch judged so far (a :class:`CacheView`), so
-    events of one batch see each other without touching the real cache before the commit."""
-
-    def __init__(self, base: CacheView) -> None:
-        self.base = base
-        self.samples: dict[tuple[str, str], CachedSample | None] = {}  # None: dropped in this batch
-        self.heads: dict[str, HeadInfo] = {}
-
-    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
-        key = (head_id, sample_id)
-        if key in self.samples:
-            return self.samples[key]
-        return self.base.get_sample(head_id, sample_id)
-
-    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
-        found: dict[str, CachedSample] = {}
-        for cs in self.base.subject_samples(head_id, subject_id):
-            if (head_id, cs.sample_id) not in self.samples:
-                found[cs.sample_id] = cs
-        for (h, s), put in self.samples.items():
-            if h == head_id and put is not None and put.subject_id == subject_id:
-                found[s] = put
-        return [found[s] for s in sorted(found)]
-
-    def get_head(self, head_id: str) -> HeadInfo | None:
-        return self.heads.get(head_id) or self.base.get_head(head_id)
-
-    def mutations(self) -> CacheMutations:
-        """The batch's net effect on the cache."""
-        return CacheMutations(
-            put_samples=tuple(v for v in self.samples.values() if v is not None),
-            drop_samples=tuple(k for k, v in self.samples.items() if v is None),
-            put_heads=tuple(self.heads.values()),
-        )
-
-
 class HeadRows:
     """Rows of one head in one batch, in the four entry groups (the order of a delta's entries)."""
 

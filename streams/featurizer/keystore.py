@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from unlearn.infra.key_family import (
     COMPLETE_KEY,
@@ -30,6 +29,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
+from unlearn.streams.featurizer.delivery import produce_acked
 
 __all__ = ["KeyStore", "KeyStoreError"]
 
@@ -171,22 +171,8 @@ class KeyStore:
             raise KeyStoreError(str(exc)) from None
 
     def _produce_acked(self, records: Sequence[tuple[str, bytes, bytes | None]]) -> None:
-        failures: list[str] = []
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None:
-                failures.append(f"{msg.topic()}: {err.str()}")
-
-        for topic, k, v in records:
-            while True:
-                try:
-                    self.producer.produce(topic, key=k, value=v, partition=0, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-        remaining = self.producer.flush(self.settings.admin_timeout)
-        if remaining or failures:
-            raise KeyStoreError(f"{remaining} key record(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
+        produce_acked(self.producer, [{"topic": t, "key": key, "value": v, "partition": 0} for t, key, v in records],
+                      timeout=self.settings.admin_timeout, error=KeyStoreError)
 
     def close(self) -> None:
         self.producer.flush(self.settings.admin_timeout)

@@ -3,6 +3,7 @@ looks like to the core, and what comes out (no I/O, no decisions: those are in c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -334,3 +335,24 @@ class DeliveryError(FeaturizerError):
 class LostCacheError(FeaturizerError):
     """A partition's cache (local and changelog) is empty but the group already committed offsets
     for it."""
+
+
+def count_batch(stats: dict[str, int], p: int, msgs: Sequence[InMessage], outcome: BatchOutcome) -> None:
+    """Add a batch's outcome to the service's ``stats``; log its dead letters and dropped copies."""
+    log = logging.getLogger("unlearn.featurizer")
+    skipped = outcome.reforwarded + outcome.gaps
+    stats["events"] += len(msgs) - skipped
+    stats["reforwarded"] += outcome.reforwarded
+    stats["gaps"] += outcome.gaps
+    stats["accepted"] += outcome.accepted
+    stats["rows"] += outcome.rows
+    stats["deltas"] += len(outcome.deltas)
+    stats["deadletters"] += len(outcome.deadletters)
+    stats["receipts"] += len(outcome.receipts)
+    if outcome.deadletters:
+        log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
+                 outcome.reasons())
+    if skipped:
+        log.warning("partition %d offsets %d..%d: dropped %d re-forwarded cop%s and %d record(s) after a failed "
+                    "forward (forwarded again)", p, msgs[0].offset, outcome.last_offset, outcome.reforwarded,
+                    "y" if outcome.reforwarded == 1 else "ies", outcome.gaps)

@@ -56,7 +56,6 @@ from unlearn.streams.featurizer.changelog import (
 )
 from unlearn.streams.featurizer.changelog_store import ChangelogReader
 from unlearn.streams.featurizer.core import (
-    BatchOutcome,
     CoreConfig,
     Encoder,
     InMessage,
@@ -64,6 +63,7 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
+from unlearn.streams.featurizer.delivery import deliver_phases, produce_acked
 from unlearn.streams.featurizer.heads import with_registry
 from unlearn.streams.featurizer.model import (
     DeliveryError,
@@ -71,6 +71,7 @@ from unlearn.streams.featurizer.model import (
     FeaturizerError,
     LostCacheError,
     ReadyHook,
+    count_batch,
 )
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 from unlearn.streams.featurizer.shredder import Erasure
@@ -516,7 +517,7 @@ class FeaturizerService:
                 send["timestamp"] = ts
             sends.append(send)
             last[p] = off
-        self._produce_acked(sends)
+        produce_acked(self._producer, sends, self._on_acked)
         self.stats["routed"] += len(sends)
         self._hook("after_route")
         return last
@@ -562,7 +563,7 @@ class FeaturizerService:
             seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation,
                                       outcome.origin_offsets)
             done.append((p, cache, seqs, messages, outcome.last_offset))
-            self._count(p, msgs, outcome)
+            count_batch(self.stats, p, msgs, outcome)
         self._hook("after_cache_commit")
         self._deliver([m for _, _, _, msgs, _ in done for m in msgs], after_phase=self._after_phase)
         self._hook("after_produce")
@@ -572,59 +573,14 @@ class FeaturizerService:
         self._hook("after_outbox_ack")
         return {p: last for p, _, _, _, last in done}
 
-    def _count(self, p: int, msgs: list[InMessage], outcome: BatchOutcome) -> None:
-        """Add a batch's outcome to the stats; log its dead letters and dropped copies."""
-        skipped = outcome.reforwarded + outcome.gaps
-        self.stats["events"] += len(msgs) - skipped
-        self.stats["reforwarded"] += outcome.reforwarded
-        self.stats["gaps"] += outcome.gaps
-        self.stats["accepted"] += outcome.accepted
-        self.stats["rows"] += outcome.rows
-        self.stats["deltas"] += len(outcome.deltas)
-        self.stats["deadletters"] += len(outcome.deadletters)
-        self.stats["receipts"] += len(outcome.receipts)
-        if outcome.deadletters:
-            log.info("partition %d offsets %d..%d: dead letters %s", p, msgs[0].offset, outcome.last_offset,
-                     outcome.reasons())
-        if skipped:
-            log.warning("partition %d offsets %d..%d: dropped %d re-forwarded cop%s and %d record(s) after a failed "
-                        "forward (forwarded again)", p, msgs[0].offset, outcome.last_offset, outcome.reforwarded,
-                        "y" if outcome.reforwarded == 1 else "ies", outcome.gaps)
-
     def _after_phase(self, phase: int) -> None:
         if phase == 0:
             self._hook("after_changelog")
 
     def _deliver(self, messages: Sequence[OutMessage | OutboxRow],
                  after_phase: Callable[[int], None] | None = None) -> None:
-        """Produce in order, phase by phase (phase 0, the changelog's txn and position records,
-        is flushed and fully acknowledged before phase 1 is sent); raise unless every message
-        was acknowledged."""
-        for phase in sorted({m.phase for m in messages}):
-            self._produce_acked([{"topic": m.topic, "value": m.value, "key": m.key,
-                                  **({} if m.partition is None else {"partition": m.partition})}
-                                 for m in messages if m.phase == phase])
-            if after_phase is not None:
-                after_phase(phase)
+        deliver_phases(self._producer, messages, after_phase, self._on_acked)
 
-    def _produce_acked(self, sends: Sequence[dict[str, Any]]) -> None:
-        """Produce each ``Producer.produce`` keyword set in order and flush; raise unless every
-        message was acknowledged."""
-        failures: list[str] = []
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None:
-                failures.append(f"{msg.topic()}: {err.str()}")
-            elif self.erasure is not None:  # a delete's (partition, offset) in deltas: when to shred
-                self.erasure.delivered(msg.topic(), msg.partition(), msg.offset(), msg.value())
-
-        for send in sends:
-            while True:
-                try:
-                    self._producer.produce(**send, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
-        remaining = self._producer.flush()
-        if remaining or failures:
-            raise DeliveryError(f"{remaining} message(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
+    def _on_acked(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        if self.erasure is not None:  # a delete's (partition, offset) in deltas: when to shred
+            self.erasure.delivered(topic, partition, offset, value)
