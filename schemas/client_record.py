@@ -23,7 +23,15 @@ from typing import Any
 
 import orjson
 
-from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
+from unlearn.schemas.envelope import is_valid_id
+from unlearn.schemas.registry_record import (
+    ID_GRAMMAR,
+    check_id_and_version,
+    load_document,
+    open_document,
+    require_fields,
+    typed,
+)
 
 __all__ = [
     "ALL_HEADS",
@@ -123,16 +131,12 @@ class ClientRecord:
 
 def _check(c: ClientRecord) -> None:
     """Every range rule of the format (the JSON Schema says the same)."""
-    grammar = f"1..{ID_MAX_CHARS} characters of [{ID_CHARS}]"
-    if not is_valid_id(c.client_id):
-        raise ClientError(f"client_id must be {grammar}, got {c.client_id!r}")
-    if not c.version >= 1:
-        raise ClientError(f"version must be >= 1, got {c.version}")
+    check_id_and_version("client_id", c.client_id, c.version, ClientError)
     if not 1 <= len(c.keys) <= _MAX_KEYS:
         raise ClientError(f"a client has 1..{_MAX_KEYS} keys, got {len(c.keys)}")
     for k in c.keys:
         if not is_valid_id(k.key_id):
-            raise ClientError(f"key_id must be {grammar}, got {k.key_id!r}")
+            raise ClientError(f"key_id must be {ID_GRAMMAR}, got {k.key_id!r}")
         if not isinstance(k.public_key, bytes) or len(k.public_key) != 32:
             raise ClientError(f"key {k.key_id!r}: an Ed25519 public key is 32 bytes")
     if len({k.key_id for k in c.keys}) != len(c.keys):
@@ -146,12 +150,7 @@ def _check(c: ClientRecord) -> None:
 
 
 def _typed(d: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    v = d[name]
-    bool_wanted = kind is bool
-    if (isinstance(v, bool) and not bool_wanted) or not isinstance(v, kind):
-        want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ClientError(f"{name} must be a {want}, got {type(v).__name__}")
-    return v
+    return typed(d, name, kind, ClientError)
 
 
 def _parse_key(d: Any) -> ClientKey:
@@ -166,16 +165,8 @@ def _parse_key(d: Any) -> ClientKey:
 
 def parse_client(d: Any) -> ClientRecord:
     """A client record from its JSON object; raises :class:`ClientError` naming the first problem."""
-    if not isinstance(d, dict):
-        raise ClientError(f"a client record must be a JSON object, got {type(d).__name__}")
-    if d.get("schema") != CLIENT_SCHEMA_V1:
-        raise ClientError(f"schema must be {CLIENT_SCHEMA_V1!r}, got {d.get('schema')!r}")
-    unknown = sorted(set(d) - set(_FIELDS))
-    if unknown:
-        raise ClientError(f"unknown field(s): {', '.join(unknown)}")
-    for name in _FIELDS:
-        if name not in d:
-            raise ClientError(f"missing field: {name}")
+    d = open_document(d, schema=CLIENT_SCHEMA_V1, fields=_FIELDS, what="a client record", error=ClientError)
+    require_fields(d, _FIELDS, ClientError)
     keys, heads = _typed(d, "keys", list), _typed(d, "heads", list)
     if not all(isinstance(h, str) for h in heads):
         raise ClientError("heads must be a list of strings")
@@ -195,8 +186,4 @@ def encode_client(c: ClientRecord) -> bytes:
 
 def decode_client(raw: bytes) -> ClientRecord:
     """A record value of ``client-registry``; raises :class:`ClientError` (also for bad JSON)."""
-    try:
-        d = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ClientError(f"not JSON: {exc}") from None
-    return parse_client(d)
+    return parse_client(load_document(raw, ClientError))

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 
 from unlearn.ledger.exact import MAX_CLASS_INDEX
-from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
+from unlearn.schemas.registry_record import check_id_and_version, load_document, open_document, require_fields, typed
 
 __all__ = [
     "HEAD_CONTRACT_SCHEMA_V1",
@@ -130,10 +130,7 @@ class HeadContract:
 
 def _check(c: HeadContract) -> None:
     """Every range rule of the format (the JSON Schema says the same)."""
-    if not is_valid_id(c.head_id):
-        raise ContractError(f"head_id must be 1..{ID_MAX_CHARS} characters of [{ID_CHARS}], got {c.head_id!r}")
-    if not c.version >= 1:
-        raise ContractError(f"version must be >= 1, got {c.version}")
+    check_id_and_version("head_id", c.head_id, c.version, ContractError)
     if not 1 <= c.dimension <= MAX_CONTRACT_DIM:
         raise ContractError(f"dimension must be in 1..{MAX_CONTRACT_DIM}, got {c.dimension}")
     if not c.backbone or len(c.backbone) > 128:
@@ -174,29 +171,15 @@ def _check(c: HeadContract) -> None:
 
 
 def _typed(d: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    v = d[name]
-    if isinstance(v, bool) or not isinstance(v, kind):
-        want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ContractError(f"{name} must be a {want}, got {type(v).__name__}")
-    return v
+    return typed(d, name, kind, ContractError)
 
 
 def parse_contract(d: Any) -> HeadContract:
     """A contract from its JSON object; raises :class:`ContractError` naming the first problem."""
-    if not isinstance(d, dict):
-        raise ContractError(f"a head contract must be a JSON object, got {type(d).__name__}")
-    if d.get("schema") != HEAD_CONTRACT_SCHEMA_V1:
-        raise ContractError(f"schema must be {HEAD_CONTRACT_SCHEMA_V1!r}, got {d.get('schema')!r}")
-    unknown = sorted(set(d) - set(_FIELDS))
-    if unknown:
-        raise ContractError(f"unknown field(s): {', '.join(unknown)}")
-    kind = d.get("label_kind")
-    required = ["head_id", "version", "dimension", "backbone", "input_kind", "normalization", "feature_bound",
-                "frac_bits", "label_frac_bits", "label_kind", "gamma", "origin",
-                "n_classes" if kind == "class" else "label_width"]
-    for name in required:
-        if name not in d:
-            raise ContractError(f"missing field: {name}")
+    d = open_document(d, schema=HEAD_CONTRACT_SCHEMA_V1, fields=_FIELDS, what="a head contract", error=ContractError)
+    require_fields(d, ["head_id", "version", "dimension", "backbone", "input_kind", "normalization", "feature_bound",
+                       "frac_bits", "label_frac_bits", "label_kind", "gamma", "origin",
+                       "n_classes" if d.get("label_kind") == "class" else "label_width"], ContractError)
     names = d.get("label_names")
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise ContractError("label_names must be a list of strings")
@@ -221,8 +204,4 @@ def encode_contract(c: HeadContract) -> bytes:
 
 def decode_contract(raw: bytes) -> HeadContract:
     """A record value of ``head-registry``; raises :class:`ContractError` (also for bad JSON)."""
-    try:
-        d = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ContractError(f"not JSON: {exc}") from None
-    return parse_contract(d)
+    return parse_contract(load_document(raw, ContractError))
