@@ -11,15 +11,13 @@ matches what an auto-created one would be. Exit 0 on success, 1 when the registr
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Literal
 
-import orjson
-
-from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.cli_args import add_broker_args
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_contract import ContractError, HeadContract
+from unlearn.services.registry.command import run_registry_command
 
 __all__ = ["build_parser", "contract_from_args", "heads_main"]
 
@@ -115,52 +113,24 @@ def _text(c: HeadContract) -> str:
             f"label_frac_bits={c.label_frac_bits}\tgamma={c.gamma:g}\t{space}\t{c.origin}")
 
 
-def _print(contracts: Sequence[HeadContract], as_json: bool, many: bool) -> None:
-    if as_json:
-        docs = [c.to_dict() for c in contracts]
-        print(orjson.dumps(docs if many else docs[0], option=orjson.OPT_INDENT_2).decode())
-    else:
-        for c in contracts:
-            print(_text(c))
-
-
 def heads_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn heads ...`` (module docstring)."""
     from unlearn.infra.head_registry import RegistryError, publish_contract, read_contracts
-    from unlearn.infra.topic_reader import TopicReadError
 
     ap = build_parser()
     args = ap.parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except CliUsageError as exc:
-        ap.error(str(exc))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        latest = read_contracts(settings, timeout=settings.admin_timeout)
-        if args.action == "list":
-            _print([latest[h] for h in sorted(latest)], args.json, many=True)
-            return 0
-        current = latest.get(args.head)
-        if args.action == "create":
-            if current is not None:
-                print(f"error: head {args.head!r} exists (contract v{current.version}); "
-                      "use `unlearn heads extend` to grow its label space", file=sys.stderr)
-                return 1
-            current = contract_from_args(args, settings)
-            publish_contract(settings, current)
-        elif current is None:
-            print(f"error: head {args.head!r} is not declared (`unlearn heads list`)", file=sys.stderr)
-            return 1
-        elif args.action == "extend":
-            current = current.extend(args.classes, _names(args.add_labels) if args.add_labels else ())
-            if current.n_classes > settings.max_classes:
-                raise ContractError(f"{current.n_classes} classes exceed UNLEARN_MAX_CLASSES={settings.max_classes}")
-            publish_contract(settings, current)
-        _print([current], args.json, many=False)
-        return 0
-    except (ContractError, RegistryError, TopicReadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+    def extend(current: HeadContract, settings: Settings) -> HeadContract | None:
+        if args.action != "extend":
+            return None  # show
+        grown = current.extend(args.classes, _names(args.add_labels) if args.add_labels else ())
+        if grown.n_classes > settings.max_classes:
+            raise ContractError(f"{grown.n_classes} classes exceed UNLEARN_MAX_CLASSES={settings.max_classes}")
+        return grown
+
+    return run_registry_command(
+        ap, args, read=read_contracts, publish=publish_contract, key_arg="head",
+        create=lambda settings: contract_from_args(args, settings), change=extend,
+        exists="head {key!r} exists (contract v{version}); use `unlearn heads extend` to grow its label space",
+        missing="head {key!r} is not declared (`unlearn heads list`)", text=_text,
+        errors=(ContractError, RegistryError))

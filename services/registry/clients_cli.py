@@ -16,10 +16,10 @@ import binascii
 import sys
 from collections.abc import Sequence
 
-import orjson
-
-from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.cli_args import add_broker_args
+from unlearn.infra.settings import Settings
 from unlearn.schemas.client_record import ClientError, ClientKey, ClientRecord, key_fingerprint
+from unlearn.services.registry.command import run_registry_command
 
 __all__ = ["build_parser", "clients_main", "key_from_args"]
 
@@ -79,15 +79,6 @@ def _text(c: ClientRecord) -> str:
             f"may_delete_others={'yes' if c.may_delete_others else 'no'}\trate={rate}\tkeys={keys}")
 
 
-def _print(records: Sequence[ClientRecord], as_json: bool, many: bool) -> None:
-    if as_json:
-        docs = [c.to_dict() for c in records]
-        print(orjson.dumps(docs if many else docs[0], option=orjson.OPT_INDENT_2).decode())
-    else:
-        for c in records:
-            print(_text(c))
-
-
 def _keygen(path: str) -> int:
     from unlearn.schemas.signature import generate_key_file, public_key_bytes
 
@@ -104,45 +95,26 @@ def _keygen(path: str) -> int:
 def clients_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn clients ...`` (module docstring)."""
     from unlearn.infra.client_registry import ClientRegistryError, publish_client, read_clients
-    from unlearn.infra.topic_reader import TopicReadError
 
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.action == "keygen":
         return _keygen(args.out)
-    try:
-        settings = settings_from_args(args)
-    except CliUsageError as exc:
-        ap.error(str(exc))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        latest = read_clients(settings, timeout=settings.admin_timeout)
-        if args.action == "list":
-            _print([latest[c] for c in sorted(latest)], args.json, many=True)
-            return 0
-        current = latest.get(args.client)
-        if args.action == "create":
-            if current is not None:
-                print(f"error: client {args.client!r} exists (v{current.version}); use add-key or revoke",
-                      file=sys.stderr)
-                return 1
-            heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
-            current = ClientRecord(args.client, 1, (key_from_args(args),), heads, args.may_delete_others,
-                                   args.rate, args.burst)
-            publish_client(settings, current)
-        elif current is None:
-            print(f"error: client {args.client!r} is not registered (`unlearn clients list`)", file=sys.stderr)
-            return 1
-        elif args.action == "add-key":
-            current = current.with_key(key_from_args(args))
-            publish_client(settings, current)
-        elif args.action == "revoke":
-            current = current.revoke(args.key_id)
-            publish_client(settings, current)
-        _print([current], args.json, many=False)
-        return 0
-    except (ClientError, ClientRegistryError, TopicReadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+    def create(_settings: Settings) -> ClientRecord:
+        heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
+        return ClientRecord(args.client, 1, (key_from_args(args),), heads, args.may_delete_others, args.rate,
+                            args.burst)
+
+    def change(current: ClientRecord, _settings: Settings) -> ClientRecord | None:
+        if args.action == "add-key":
+            return current.with_key(key_from_args(args))
+        if args.action == "revoke":
+            return current.revoke(args.key_id)
+        return None  # show
+
+    return run_registry_command(
+        ap, args, read=read_clients, publish=publish_client, key_arg="client", create=create, change=change,
+        exists="client {key!r} exists (v{version}); use add-key or revoke",
+        missing="client {key!r} is not registered (`unlearn clients list`)", text=_text,
+        errors=(ClientError, ClientRegistryError))
