@@ -52,6 +52,13 @@ Source = str | TopicFamily
 #: Seconds between metadata listings while reading a family (to see new generations).
 FAMILY_RELIST_S = 1.0
 
+#: Seconds one batch ``consume`` may block. librdkafka's batch consume returns only when the batch
+#: is full or this time is up, even after the partition-EOF event arrived, so every read to the end
+#: of a short log paid the whole wait: 0.2 s per partition read, i.e. about 1 s per key-family
+#: refresh in the ledger (measured: 50 records + EOF in 0.20 s with 0.2, 0.02 s with 0.01).
+#: A short wait only makes the loop turn more often; stalls are still judged by the idle timeout.
+BATCH_WAIT_S = 0.01
+
 TP = tuple[str, int]  # (topic, partition)
 
 
@@ -191,7 +198,7 @@ def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None],
             if time.monotonic() > deadline:
                 raise TopicReadError(f"reading {topic} did not reach the end of partitions "
                                      f"{sorted(pending - done)} within {timeout:g}s")
-            for m in f.consumer.consume(num_messages=1000, timeout=0.2):
+            for m in f.consumer.consume(num_messages=1000, timeout=BATCH_WAIT_S):
                 err = m.error()
                 tp = (m.topic(), m.partition())
                 if err is not None:
@@ -385,7 +392,7 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, stop: int 
     out: list[tuple[int, bytes | None, bytes | None]] = []
     deadline = time.monotonic() + idle_timeout
     while time.monotonic() < deadline:
-        got = consumer.consume(num_messages=1000, timeout=0.2)
+        got = consumer.consume(num_messages=1000, timeout=BATCH_WAIT_S)
         if got:
             deadline = time.monotonic() + idle_timeout
         for m in got:
