@@ -32,6 +32,7 @@ __all__ = [
     "OPS",
     "REQUEST_REASONS",
     "REQUEST_SCHEMA_V1",
+    "SEALED_KEY_ID_CHARS",
     "FeatureDtype",
     "FeaturesInput",
     "ImageInput",
@@ -39,8 +40,11 @@ __all__ = [
     "InvalidRequest",
     "Op",
     "Request",
+    "SealedInput",
     "TextInput",
     "encode_request",
+    "input_to_dict",
+    "parse_inner_input",
     "parse_request",
     "request_from_dict",
     "request_to_dict",
@@ -63,7 +67,10 @@ _ALLOWED = frozenset(
 )
 _INPUT_KEYS = {
     "features": ("values",), "features_bin": ("dtype", "data"), "text": ("text",), "image": ("format", "data"),
+    "sealed": ("key_id", "epk", "nonce", "ciphertext"),
 }
+SEALED_KEY_ID_CHARS = 32  # a transit key id: 32 lowercase hex characters (schema: sealed key_id)
+_KEY_ID_RE = re.compile(f"[0-9a-f]{{{SEALED_KEY_ID_CHARS}}}")
 FeatureDtype = Literal["<f4", "<f8"]
 #: ``features_bin`` dtypes (numpy notation): little-endian IEEE-754 binary32 / binary64.
 FEATURE_DTYPES: tuple[str, ...] = ("<f4", "<f8")
@@ -80,7 +87,7 @@ REQUEST_REASONS: dict[str, str] = {
     "unexpected_field:<name>": "a field the op does not take (label/input on delete, ...)",
     "bad_label": "label is not an int in 0..2^31-1 nor a non-empty list of numbers",
     "bad_input": "input is not an object with a string `kind` and exactly that kind's fields",
-    "bad_input_kind": "input.kind is not features | features_bin | text | image",
+    "bad_input_kind": "input.kind is not features | features_bin | text | image | sealed",
     "bad_features": "input.values is not a non-empty list of numbers, or features_bin data is empty or "
                     "not a whole number of values",
     "bad_features_dtype": "features_bin input.dtype is not '<f4' | '<f8'",
@@ -90,6 +97,8 @@ REQUEST_REASONS: dict[str, str] = {
     "bad_image_format": "input.format is not 'png'",
     "bad_base64": "input.data (image, features_bin) is not padded standard base64 (image: >= 4 characters)",
     "bad_ts": "ts is not a number >= 0",
+    "bad_sealed_input": "a sealed input's key_id is not 32 lowercase hex characters, or its epk (32 bytes), "
+                        "nonce (12 bytes) or ciphertext (>= 16 bytes) is not padded standard base64 of that size",
 }
 """Every reason code ``parse_request`` can give (``<name>`` is the field name)."""
 
@@ -148,7 +157,19 @@ class ImageInput:
     kind: Literal["image"] = field(default="image", init=False)
 
 
-Input = FeaturesInput | TextInput | ImageInput
+@dataclass(frozen=True, slots=True)
+class SealedInput:
+    """An input sealed for transit (``schemas/transit.py``): the featurizer opens it into one of
+    the other kinds right after parsing, under its by-head partition's transit key ``key_id``."""
+
+    key_id: str
+    epk: bytes
+    nonce: bytes
+    ciphertext: bytes
+    kind: Literal["sealed"] = field(default="sealed", init=False)
+
+
+Input = FeaturesInput | TextInput | ImageInput | SealedInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +325,8 @@ def _check_input(v: object) -> Input:
     if kind is None:
         raise _fail("bad_input", "input.kind is missing")
     if type(kind) is not str or kind not in _INPUT_KEYS:
-        raise _fail("bad_input_kind", f"input.kind must be features | features_bin | text | image, got {_short(kind)}")
+        raise _fail("bad_input_kind",
+                    f"input.kind must be features | features_bin | text | image | sealed, got {_short(kind)}")
     wanted = _INPUT_KEYS[kind]
     for key in v:
         if key != "kind" and key not in wanted:
@@ -316,6 +338,8 @@ def _check_input(v: object) -> Input:
         return FeaturesInput(_feature_list(v["values"]))
     if kind == "features_bin":
         return FeaturesInput(_feature_bytes(v["dtype"], v["data"]), v["dtype"])
+    if kind == "sealed":
+        return _sealed_input(v)
     if kind == "text":
         text = v["text"]
         if type(text) is not str or not text:
@@ -327,6 +351,38 @@ def _check_input(v: object) -> Input:
     if type(data) is not str or len(data) < 4:
         raise _fail("bad_base64", f"input.data must be a base64 string of >= 4 characters, got {_short(data)}")
     return ImageInput(_b64decode(data), "png")
+
+
+def _sealed_input(v: dict[str, Any]) -> SealedInput:
+    """The sealed kind's fields, sizes checked as the schema does (the opening is the featurizer's)."""
+    key_id = v["key_id"]
+    if type(key_id) is not str or _KEY_ID_RE.fullmatch(key_id) is None:
+        raise _fail("bad_sealed_input", f"input.key_id must be 32 lowercase hex characters, got {_short(key_id)}")
+    parts = []
+    for name, size, exact in (("epk", 32, True), ("nonce", 12, True), ("ciphertext", 16, False)):
+        raw = v[name]
+        try:
+            b = _b64decode(raw) if type(raw) is str else None
+        except InvalidRequest:
+            b = None
+        if b is None or (len(b) != size if exact else len(b) < size):
+            want = f"{size} bytes" if exact else f"at least {size} bytes"
+            raise _fail("bad_sealed_input", f"input.{name} must be padded standard base64 of {want}, got {_short(raw)}")
+        parts.append(b)
+    return SealedInput(key_id, parts[0], parts[1], parts[2])
+
+
+def parse_inner_input(raw: bytes) -> Input:
+    """The inner input object of an opened sealed input (JSON bytes), checked like ``input``;
+    a nested sealed input is refused (``bad_sealed_input``)."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _fail("bad_sealed_input", f"the opened input is not UTF-8 JSON: {exc}") from None
+    inp = _check_input(d)
+    if isinstance(inp, SealedInput):
+        raise _fail("bad_sealed_input", "a sealed input must not hold another sealed input")
+    return inp
 
 
 def _b64decode(data: str) -> bytes:
@@ -422,22 +478,30 @@ def request_to_dict(req: Request) -> dict[str, Any]:
         d["sample_id"] = req.sample_id
     if req.label is not None:
         d["label"] = list(req.label) if isinstance(req.label, tuple) else req.label
-    inp = req.input
-    if isinstance(inp, FeaturesInput):
-        if inp.dtype is None:
-            d["input"] = {"kind": "features", "values": inp.values.tolist()}
-        else:
-            data = inp.values.astype(inp.dtype, copy=False).tobytes()
-            d["input"] = {"kind": "features_bin", "dtype": inp.dtype, "data": base64.b64encode(data).decode("ascii")}
-    elif isinstance(inp, TextInput):
-        d["input"] = {"kind": "text", "text": inp.text}
-    elif isinstance(inp, ImageInput):
-        d["input"] = {"kind": "image", "format": inp.format, "data": base64.b64encode(inp.data).decode("ascii")}
-    elif inp is not None:
-        raise _fail("bad_input", f"input must be FeaturesInput | TextInput | ImageInput, got {type(inp).__name__}")
+    if req.input is not None:
+        d["input"] = input_to_dict(req.input)
     if req.ts is not None:
         d["ts"] = req.ts
     return d
+
+
+def input_to_dict(inp: Input) -> dict[str, Any]:
+    """The JSON object of an ``input`` (binary fields base64): also the plaintext of a sealed one."""
+    b64 = base64.b64encode
+    if isinstance(inp, FeaturesInput):
+        if inp.dtype is None:
+            return {"kind": "features", "values": inp.values.tolist()}
+        data = inp.values.astype(inp.dtype, copy=False).tobytes()
+        return {"kind": "features_bin", "dtype": inp.dtype, "data": b64(data).decode("ascii")}
+    if isinstance(inp, TextInput):
+        return {"kind": "text", "text": inp.text}
+    if isinstance(inp, ImageInput):
+        return {"kind": "image", "format": inp.format, "data": b64(inp.data).decode("ascii")}
+    if isinstance(inp, SealedInput):
+        return {"kind": "sealed", "key_id": inp.key_id, "epk": b64(inp.epk).decode("ascii"),
+                "nonce": b64(inp.nonce).decode("ascii"), "ciphertext": b64(inp.ciphertext).decode("ascii")}
+    raise _fail("bad_input", f"input must be FeaturesInput | TextInput | ImageInput | SealedInput, "
+                             f"got {type(inp).__name__}")
 
 
 def encode_request(req: Request) -> bytes:

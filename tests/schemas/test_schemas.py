@@ -83,6 +83,19 @@ def _base(**changes: Any) -> dict[str, Any]:
 
 
 _DROP = object()
+_B64_32 = base64.b64encode(bytes(range(32))).decode()
+_B64_12 = base64.b64encode(bytes(range(12))).decode()
+_B64_16 = base64.b64encode(bytes(16)).decode()
+
+
+def _sealed(**changes: Any) -> dict[str, Any]:
+    """A sealed input (well-formed; whether it opens is the featurizer's business)."""
+    d: dict[str, Any] = {"kind": "sealed", "key_id": "0123456789abcdef" * 2, "epk": _B64_32, "nonce": _B64_12,
+                         "ciphertext": base64.b64encode(bytes(40)).decode()}
+    d.update(changes)
+    return {k: v for k, v in d.items() if v is not _DROP}
+
+
 _DEL = {"op": "delete", "label": _DROP, "input": _DROP}
 _DEL_SUBJ = {"op": "delete_subject", "sample_id": _DROP, "label": _DROP, "input": _DROP}
 
@@ -101,6 +114,9 @@ VALID: dict[str, dict[str, Any]] = {
     "add_bin_f4_2": _base(input=_bin([0.5, -0.25], "<f4")),
     "add_bin_f4_3": _base(input=_bin([0.5, -0.25, -0.0], "<f4")),
     "add_bin_f4_768": _base(input=_bin(np.linspace(-1, 1, 768), "<f4")),
+    "add_sealed": _base(input=_sealed()),
+    "add_sealed_tag_only": _base(input=_sealed(ciphertext=_B64_16)),
+    "add_sealed_17_bytes": _base(input=_sealed(ciphertext=base64.b64encode(bytes(17)).decode())),
     "add_vector_label": _base(label=[0.1, -2.5, 3]),
     "add_label_zero": _base(label=0),
     "add_label_float_integral": _base(label=4.0),
@@ -193,6 +209,20 @@ INVALID: dict[str, tuple[Any, str]] = {
     "bin_f4_of_3_bytes": (_base(input=_bin(b"abc", "<f4")), "bad_features"),
     "bin_f4_of_6_bytes": (_base(input=_bin(bytes(6), "<f4")), "bad_features"),
     "bin_f4_of_10_bytes": (_base(input=_bin(bytes(10), "<f4")), "bad_features"),
+    "sealed_no_nonce": (_base(input=_sealed(nonce=_DROP)), "bad_input"),
+    "sealed_extra_field": (_base(input=_sealed(values=[1.0])), "bad_input"),
+    "sealed_key_id_upper": (_base(input=_sealed(key_id="0123456789ABCDEF" * 2)), "bad_sealed_input"),
+    "sealed_key_id_short": (_base(input=_sealed(key_id="0123")), "bad_sealed_input"),
+    "sealed_key_id_int": (_base(input=_sealed(key_id=5)), "bad_sealed_input"),
+    "sealed_epk_31": (_base(input=_sealed(epk=base64.b64encode(bytes(31)).decode())), "bad_sealed_input"),
+    "sealed_epk_33": (_base(input=_sealed(epk=base64.b64encode(bytes(33)).decode())), "bad_sealed_input"),
+    "sealed_epk_no_pad": (_base(input=_sealed(epk=_B64_32[:-1])), "bad_sealed_input"),
+    "sealed_nonce_16": (_base(input=_sealed(nonce=_B64_16)), "bad_sealed_input"),
+    "sealed_nonce_urlsafe": (_base(input=_sealed(nonce="AAAAAAAAAAAAAA-_")), "bad_sealed_input"),
+    "sealed_ciphertext_15": (_base(input=_sealed(ciphertext=base64.b64encode(bytes(15)).decode())),
+                             "bad_sealed_input"),
+    "sealed_ciphertext_newline": (_base(input=_sealed(ciphertext=_B64_16 + "\n")), "bad_sealed_input"),
+    "sealed_ciphertext_null": (_base(input=_sealed(ciphertext=None)), "bad_sealed_input"),
     "text_empty": (_base(input={"kind": "text", "text": ""}), "bad_text"),
     "text_int": (_base(input={"kind": "text", "text": 5}), "bad_text"),
     "image_jpeg": (_base(input={"kind": "image", "format": "jpeg", "data": PNG}), "bad_image_format"),
@@ -296,7 +326,8 @@ _json_scalars = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6)
     | st.sampled_from(["add", "delete", "delete_subject", "features", "features_bin", "text", "image", "png", "QUJD",
-                       "", "x" * 257, "<f4", "<f8", ">f4", "AAAAAA==", "AAAAAAAAAAA=", "AAAAAAAAAAAAAAAAAAAAAAAA"])
+                       "", "x" * 257, "<f4", "<f8", ">f4", "AAAAAA==", "AAAAAAAAAAA=", "AAAAAAAAAAAAAAAAAAAAAAAA",
+                       "sealed", _B64_32, _B64_12, "ab" * 16])
 )
 _json_values = st.recursive(
     _json_scalars,
@@ -304,7 +335,7 @@ _json_values = st.recursive(
     max_leaves=6,
 )
 _FIELDS = ["schema", "event_id", "op", "head_id", "client_id", "subject_id", "sample_id", "label", "input", "ts", "zz"]
-_INPUT_FIELDS = ["kind", "values", "text", "format", "data", "dtype", "zz"]
+_INPUT_FIELDS = ["kind", "values", "text", "format", "data", "dtype", "key_id", "epk", "nonce", "ciphertext", "zz"]
 
 
 @st.composite

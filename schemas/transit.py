@@ -1,0 +1,200 @@
+"""Transit sealing of raw inputs (docs/erasure.md section 5; byte layout in docs/formats.md,
+"Sealed inputs").
+
+A producer seals an add's ``input`` object for the by-head partition its head routes to, under
+that partition's current *transit key* (an X25519 key pair whose public half the owning
+featurizer publishes on ``<prefix>transit-keys``). The featurizer opens it right after parsing;
+once the epoch's private half is destroyed, every copy of the sealed input left in ``requests``,
+``requests.by-head`` or ``deadletter`` is noise.
+
+- :func:`seal_input` / :func:`open_input`: ephemeral X25519 -> HKDF-SHA256 -> AES-256-GCM, the
+  associated data :func:`transit_aad` binding a purpose string, the event, head, subject and
+  sample ids and the transit key id, so a ciphertext cannot be moved to another request.
+- :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
+
+Pure: no I/O, no Kafka. Random bytes come from the ``cryptography`` package / ``os.urandom``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import struct
+from dataclasses import dataclass, replace
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from unlearn.schemas.envelope import Request, SealedInput, input_to_dict, parse_inner_input
+
+__all__ = [
+    "KEY_ID_BYTES",
+    "NONCE_BYTES",
+    "PUBLIC_KEY_BYTES",
+    "TAG_BYTES",
+    "TRANSIT_KEY_SCHEMA",
+    "TRANSIT_PURPOSE",
+    "TransitError",
+    "TransitKeyPair",
+    "TransitPublicKey",
+    "decode_public_record",
+    "encode_public_record",
+    "new_transit_key",
+    "open_input",
+    "open_request",
+    "seal_input",
+    "seal_request",
+    "transit_aad",
+    "transit_key",
+]
+
+PUBLIC_KEY_BYTES = 32
+KEY_ID_BYTES = 16
+NONCE_BYTES = 12
+TAG_BYTES = 16
+TRANSIT_PURPOSE = "request-input"
+TRANSIT_KEY_SCHEMA = "unlearn.transit-key/v1"
+_AAD_TAG = b"unlearn-transit/v1\x00"
+_HKDF_INFO = b"unlearn-transit/v1 aes-256-gcm"
+
+
+class TransitError(ValueError):
+    """A sealed input that does not open (wrong key, moved, tampered, truncated), or a malformed
+    transit key or public record."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitPublicKey:
+    """What a producer needs to seal for one by-head partition until ``use_until`` (Unix s)."""
+
+    partition: int
+    key_id: str
+    public_key: bytes
+    created: float
+    use_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransitKeyPair:
+    """One epoch's key pair (the private half never leaves the featurizer and its key family)."""
+
+    key_id: str
+    private_key: bytes
+
+    def __repr__(self) -> str:  # never print key material
+        return f"TransitKeyPair(key_id={self.key_id!r})"
+
+    @property
+    def public_key(self) -> bytes:
+        """The raw 32-byte X25519 public key."""
+        return _public_raw(X25519PrivateKey.from_private_bytes(self.private_key).public_key())
+
+
+def _public_raw(pub: X25519PublicKey) -> bytes:
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def new_transit_key() -> TransitKeyPair:
+    """A fresh epoch key pair with a fresh random key id (32 lowercase hex characters)."""
+    priv = X25519PrivateKey.generate().private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                                     serialization.NoEncryption())
+    return TransitKeyPair(os.urandom(KEY_ID_BYTES).hex(), priv)
+
+
+def _field(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<H", len(b)) + b
+
+
+def transit_aad(event_id: str, head_id: str, subject_id: str, sample_id: str, key_id: str) -> bytes:
+    """``"unlearn-transit/v1\\0"`` then purpose, event id, head id, subject id, sample id and
+    transit key id, each as u16 LE length + UTF-8 bytes."""
+    return _AAD_TAG + b"".join(_field(s) for s in (TRANSIT_PURPOSE, event_id, head_id, subject_id, sample_id, key_id))
+
+
+def transit_key(shared: bytes, epk: bytes, public_key: bytes) -> bytes:
+    """The AES-256 key: HKDF-SHA256 of the X25519 shared secret, salt ``epk || public key``."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=epk + public_key, info=_HKDF_INFO).derive(shared)
+
+
+def seal_input(public: TransitPublicKey, inner_json: bytes, event_id: str, head_id: str, subject_id: str,
+               sample_id: str) -> SealedInput:
+    """The envelope's sealed input (``kind: sealed``) of ``inner_json`` (the JSON of the inner input
+    object) for ``public``'s partition, under a fresh ephemeral key and nonce."""
+    if len(public.public_key) != PUBLIC_KEY_BYTES:
+        raise TransitError(f"a transit public key has {PUBLIC_KEY_BYTES} bytes, got {len(public.public_key)}")
+    eph = X25519PrivateKey.generate()
+    epk = _public_raw(eph.public_key())
+    shared = eph.exchange(X25519PublicKey.from_public_bytes(public.public_key))
+    nonce = os.urandom(NONCE_BYTES)
+    ct = AESGCM(transit_key(shared, epk, public.public_key)).encrypt(
+        nonce, inner_json, transit_aad(event_id, head_id, subject_id, sample_id, public.key_id))
+    return SealedInput(public.key_id, epk, nonce, ct)
+
+
+def open_input(pair: TransitKeyPair, sealed: SealedInput, event_id: str, head_id: str, subject_id: str,
+               sample_id: str) -> bytes:
+    """The inner input's JSON bytes; TransitError unless it opens under exactly this context."""
+    epk, nonce, ciphertext = sealed.epk, sealed.nonce, sealed.ciphertext
+    if sealed.key_id != pair.key_id:
+        raise TransitError(f"sealed input names transit key {sealed.key_id}, not {pair.key_id}")
+    if len(epk) != PUBLIC_KEY_BYTES or len(nonce) != NONCE_BYTES or len(ciphertext) < TAG_BYTES:
+        raise TransitError("sealed input: epk must be 32 bytes, nonce 12, ciphertext at least the 16-byte tag")
+    try:
+        priv = X25519PrivateKey.from_private_bytes(pair.private_key)
+        shared = priv.exchange(X25519PublicKey.from_public_bytes(epk))
+        key = transit_key(shared, epk, _public_raw(priv.public_key()))
+        return AESGCM(key).decrypt(nonce, ciphertext, transit_aad(event_id, head_id, subject_id, sample_id,
+                                                                   pair.key_id))
+    except InvalidTag:
+        raise TransitError(f"sealed input of event {event_id!r} does not open under transit key {pair.key_id}: "
+                           "moved to another event, head, subject or sample, or corrupt") from None
+    except ValueError as exc:  # e.g. an all-zero shared secret from a low-order epk
+        raise TransitError(f"sealed input of event {event_id!r}: {exc}") from None
+
+
+def seal_request(req: Request, public: TransitPublicKey) -> Request:
+    """``req`` with its input sealed for transit (an add; anything else is returned as it is)."""
+    if req.op != "add" or req.input is None or req.sample_id is None or isinstance(req.input, SealedInput):
+        return req
+    inner = orjson.dumps(input_to_dict(req.input))
+    return replace(req, input=seal_input(public, inner, req.event_id, req.head_id, req.subject_id, req.sample_id))
+
+
+def open_request(req: Request, pair: TransitKeyPair) -> Request:
+    """``req`` with its sealed input opened and parsed (TransitError: does not open;
+    ``envelope.InvalidRequest``: the opened input is not a valid inner input)."""
+    if not isinstance(req.input, SealedInput) or req.sample_id is None:
+        return req
+    inner = open_input(pair, req.input, req.event_id, req.head_id, req.subject_id, req.sample_id)
+    return replace(req, input=parse_inner_input(inner))
+
+
+def encode_public_record(pub: TransitPublicKey) -> bytes:
+    """The ``transit-keys`` record value (JSON, ``schema: unlearn.transit-key/v1``)."""
+    return orjson.dumps({"schema": TRANSIT_KEY_SCHEMA, "partition": pub.partition, "key_id": pub.key_id,
+                         "public_key": base64.b64encode(pub.public_key).decode("ascii"),
+                         "created": pub.created, "use_until": pub.use_until})
+
+
+def decode_public_record(raw: bytes) -> TransitPublicKey:
+    """Inverse of :func:`encode_public_record`; TransitError on anything else."""
+    try:
+        d = orjson.loads(raw)
+        if type(d) is not dict or d.get("schema") != TRANSIT_KEY_SCHEMA:
+            raise TransitError("not a transit-key record")
+        pub = TransitPublicKey(int(d["partition"]), str(d["key_id"]),
+                               binascii.a2b_base64(str(d["public_key"]).encode("ascii"), strict_mode=True),
+                               float(d["created"]), float(d["use_until"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeEncodeError, binascii.Error) as exc:
+        if isinstance(exc, TransitError):
+            raise
+        raise TransitError(f"bad transit-key record: {exc}") from None
+    if len(pub.public_key) != PUBLIC_KEY_BYTES or pub.partition < 0:
+        raise TransitError("bad transit-key record: public key not 32 bytes, or negative partition")
+    return pub
