@@ -84,6 +84,7 @@ MATRIX: tuple[Grant, ...] = (
     _t("featurizer", "deadletter", "WRITE", why="refused requests"),
     _t("featurizer", "subject-keys.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
        why="the subject-keys family it creates and rotates"),
+    _t("featurizer", "transit-keys", "WRITE", "CREATE", why="the public halves of its transit keys"),
     _t("featurizer", "ledger-state.", "READ", prefixed=True,
        why="the ledger's checkpoint floors: when a deleted sample's key may be destroyed"),
     _g("featurizer", "featurizer", "READ",
@@ -102,7 +103,7 @@ MATRIX: tuple[Grant, ...] = (
        why="head-update generations (created and rotated by the ledger)"),
     _t("ledger", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
     *(_t("ledger", name, "DESCRIBE", why="at start it ensures every project topic exists (`create_topics`)")
-      for name in ("requests", "requests.by-head", "featurizer-cache", "client-registry")),
+      for name in ("requests", "requests.by-head", "featurizer-cache", "client-registry", "transit-keys")),
     _g("ledger", "ledger", "READ", why="its group `P ledger` and `P ledger-recovery-*`"),
     _g("ledger", "registry-", "READ", why="head-registry follower"),
     _g("ledger", "log-probe", "READ", prefixed=False, why="log-end probe (`infra/log_position.py`)"),
@@ -118,15 +119,20 @@ MATRIX: tuple[Grant, ...] = (
     _t("verifier", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
     _t("verifier", "featurizer-cache", "READ", why="`unlearn erasure-report`: no plaintext record of the subject"),
     _t("verifier", "deadletter", "READ", why="`unlearn erasure-report`: no readable original of the subject"),
+    *(_t("verifier", name, "READ", why="`unlearn erasure-report`: no readable raw input of the subject")
+      for name in ("requests", "requests.by-head")),
     _g("verifier", "verifier-", "READ", why="its readers"),
     # client
     _t("client", "requests", "WRITE", why="add, delete, delete_subject"),
     _t("client", "receipts", "READ", why="the SDK's receipt listener (`--wait`)"),
+    _t("client", "transit-keys", "READ", why="the SDK seals adds under the published transit keys"),
+    _t("client", "requests.by-head", "DESCRIBE", why="the SDK routes a head to its transit key's partition"),
     _t("client", "heads.", "READ", prefixed=True, why="`unlearn head`"),
     _t("client", "deltas", "DESCRIBE", why="`unlearn head` tells 'no such deployment' from 'no head yet'"),
     _g("client", "client-receipts-", "READ", why="receipt listener"),
     _g("client", "head-reader-", "READ", why="`unlearn head`"),
     _g("client", "head-follower-", "READ", why="`unlearn head --follow`"),
+    _g("client", "client-transit-", "READ", why="the SDK's transit key reader"),
 )
 """Every ALLOW rule of the deployment; nothing else is allowed (allow.everyone.if.no.acl.found=false)."""
 

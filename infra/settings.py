@@ -85,6 +85,10 @@ class Settings:
     shred_every_seconds: float = 2.0  # UNLEARN_SHRED_EVERY_SECONDS: at most one key rotation per partition per period
     # UNLEARN_REQUESTS_RETENTION_MS: retention.ms of requests and requests.by-head when created (-1: broker default)
     requests_retention_ms: int = -1
+    transit_rotate_seconds: float = 20.0  # UNLEARN_TRANSIT_ROTATE_SECONDS: a new transit key per partition this often
+    transit_grace_seconds: float = 15.0  # UNLEARN_TRANSIT_GRACE_SECONDS: a transit key outlives its use_until this long
+    require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
+    transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
 
     # Client SDK / CLI, serving, replay verifier
     client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
@@ -214,6 +218,11 @@ class Settings:
                              "subject-keys generation before it is deleted)")
         if self.shred_every_seconds < 0:
             raise ValueError("UNLEARN_SHRED_EVERY_SECONDS must be >= 0")
+        if self.transit_rotate_seconds < 2.0 or self.transit_grace_seconds < 2.0:
+            raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS and UNLEARN_TRANSIT_GRACE_SECONDS must be at least 2 "
+                             "(the SDK's delivery timeout stays below the grace)")
+        if self.transit_seal not in ("auto", "always", "off"):
+            raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
         if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
             raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
         if self.state_rotate_bytes < self.changelog_max_bytes:

@@ -33,6 +33,8 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
 # featurizer: the subject-keys family it creates and rotates
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --operation Create --operation Delete --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
+# featurizer: the public halves of its transit keys
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --operation Create --topic "${P}transit-keys" --resource-pattern-type LITERAL >/dev/null
 # featurizer: the ledger's checkpoint floors: when a deleted sample's key may be destroyed
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --topic "${P}ledger-state." --resource-pattern-type PREFIXED >/dev/null
 # featurizer: its group `P featurizer` (`.client` when federated) and `P featurizer-restore-*`
@@ -65,6 +67,8 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
 # ledger: at start it ensures every project topic exists (`create_topics`)
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}client-registry" --resource-pattern-type LITERAL >/dev/null
+# ledger: at start it ensures every project topic exists (`create_topics`)
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}transit-keys" --resource-pattern-type LITERAL >/dev/null
 # ledger: its group `P ledger` and `P ledger-recovery-*`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Read --group "${P}ledger" --resource-pattern-type PREFIXED >/dev/null
 # ledger: head-registry follower
@@ -91,12 +95,20 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
 # verifier: `unlearn erasure-report`: no readable original of the subject
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
+# verifier: `unlearn erasure-report`: no readable raw input of the subject
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}requests" --resource-pattern-type LITERAL >/dev/null
+# verifier: `unlearn erasure-report`: no readable raw input of the subject
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}requests.by-head" --resource-pattern-type LITERAL >/dev/null
 # verifier: its readers
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --group "${P}verifier-" --resource-pattern-type PREFIXED >/dev/null
 # client: add, delete, delete_subject
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Write --topic "${P}requests" --resource-pattern-type LITERAL >/dev/null
 # client: the SDK's receipt listener (`--wait`)
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --topic "${P}receipts" --resource-pattern-type LITERAL >/dev/null
+# client: the SDK seals adds under the published transit keys
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --topic "${P}transit-keys" --resource-pattern-type LITERAL >/dev/null
+# client: the SDK routes a head to its transit key's partition
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Describe --topic "${P}requests.by-head" --resource-pattern-type LITERAL >/dev/null
 # client: `unlearn head`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --topic "${P}heads." --resource-pattern-type PREFIXED >/dev/null
 # client: `unlearn head` tells 'no such deployment' from 'no head yet'
@@ -107,4 +119,6 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-reader-" --resource-pattern-type PREFIXED >/dev/null
 # client: `unlearn head --follow`
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-follower-" --resource-pattern-type PREFIXED >/dev/null
-echo "acls: 51 rules for prefix $P"
+# client: the SDK's transit key reader
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}client-transit-" --resource-pattern-type PREFIXED >/dev/null
+echo "acls: 58 rules for prefix $P"

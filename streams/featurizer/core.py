@@ -80,6 +80,7 @@ from .model import (
     OutMessage,
     RegistryEncoder,
 )
+from .transit_open import TransitGate, UnopenedRequest, open_sealed
 from .view import BatchView, Overlay, named_samples
 
 __all__ = [
@@ -453,6 +454,9 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
     delete x" in one batch works and a duplicate add within it is caught (``screened``: signed mode)."""
     j = Judgement(Overlay(cache))
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
+        if isinstance(r, UnopenedRequest):  # parsed, but its sealed input does not open (or is not sealed)
+            j.refuse(*refusal(m, r.request, r.reason, r.detail, config, ts))
+            continue
         if isinstance(r, InvalidRequest):  # signed mode answers no unauthenticated request with a receipt
             j.refuse(*refusal(m, None, r.reason, r.detail, config, ts,
                               salvage_delete_ids(m.value) if screened is None else None))
@@ -540,10 +544,12 @@ def featurize_batch(
     now: float | None = None,
     origins: Mapping[int, int] | None = None,
     auth: Authorizer | None = None,
+    transit: TransitGate | None = None,
 ) -> BatchOutcome:
     """Judge one micro-batch of ONE by-head partition against ``cache`` (read only);
     ``origins``: the last origin offset judged per requests partition (the cache's); ``auth``:
-    signed mode (``streams/featurizer/auth.py``; None: UNLEARN_AUTH_MODE=off).
+    signed mode (``streams/featurizer/auth.py``; None: UNLEARN_AUTH_MODE=off); ``transit``: the
+    partition's transit keys (``streams/featurizer/transit_open.py``; None: a sealed input is refused).
 
     Returns the deltas, dead letters, rejected receipts, cache mutations and new origin offsets;
     raises only for programming errors (messages of several partitions, offsets not ascending)
@@ -560,7 +566,7 @@ def featurize_batch(
         return BatchOutcome(partition, last, [], [], [], CacheMutations(), reforwarded=admitted.reforwarded,
                             gaps=admitted.gaps)
     ts = time.time() if now is None else float(now)
-    reqs = parse_batch(fresh)
+    reqs = open_sealed(parse_batch(fresh), transit, config.require_sealed_input)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
     view = BatchView(cache, named_samples(reqs))  # one cache lookup per batch, not per event

@@ -95,12 +95,17 @@ class KeyStore:
 
     def create(self, partition: int, head_id: str, sample_id: str) -> SampleKey:
         """A fresh key for an add; staged until :meth:`flush`."""
-        gen = self.gens[partition]
         key = new_key()
-        gen.keys[(head_id, sample_id, key.key_id)] = key
+        self.put(partition, (head_id, sample_id, key.key_id), key)
         self.current[(head_id, sample_id)] = key
-        self._staged.append((gen.topic, key_record_key(head_id, sample_id, key.key_id), encode_key_record(key)))
         return key
+
+    def put(self, partition: int, ref: SampleRef, key: SampleKey) -> None:
+        """Store ``key`` under ``ref`` in the partition's generation (staged until :meth:`flush`;
+        kept by every rotation until :meth:`destroy`): a sample key, or a transit key."""
+        gen = self.gens[partition]
+        gen.keys[ref] = key
+        self._staged.append((gen.topic, key_record_key(*ref), encode_key_record(key)))
 
     def forget_current(self, head_id: str, sample_id: str, key_id: str) -> None:
         """The sample was deleted: ``key_id`` stays stored (awaiting destruction) but is no longer

@@ -23,6 +23,7 @@ from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth import AUTH_REASONS
+from unlearn.streams.featurizer.transit_open import TRANSIT_REASONS
 
 STAGE = "featurizer"
 """``stage`` of every dead letter this service writes."""
@@ -52,6 +53,7 @@ FEATURIZER_REASONS: dict[str, str] = {
     "label_mismatch": "class-index vs vector label, or another vector width, than the head's contract or first add",
     "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
     **AUTH_REASONS,
+    **TRANSIT_REASONS,
 }
 """Every reason code the featurizer writes to ``deadletter`` (and rejected receipts)."""
 
@@ -220,6 +222,7 @@ class CoreConfig:
     max_classes: int = 1024
     gamma: float = 1.0
     head_gammas: Mapping[str, float] = field(default_factory=dict)
+    require_sealed_input: bool = False  # refuse plaintext adds (UNLEARN_REQUIRE_SEALED_INPUT)
 
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
@@ -266,6 +269,7 @@ class CoreConfig:
             max_classes=settings.max_classes,
             gamma=settings.gamma,
             head_gammas={h: settings.gamma_for(h) for h in _names(settings.head_gammas)},
+            require_sealed_input=settings.require_sealed_input,
         )
 
 

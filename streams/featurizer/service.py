@@ -75,6 +75,7 @@ from unlearn.streams.featurizer.model import (
 )
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 from unlearn.streams.featurizer.shredder import Erasure
+from unlearn.streams.featurizer.transit import router_committed
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
 
@@ -144,7 +145,7 @@ class FeaturizerService:
         self._consumer: Any = None
         self.topic_id = ""  # the by-head topic's id, read at start
         self.requests_topic_id = ""  # the requests topic's id, read at start
-        self.route_partitions = 0  # the by-head topic's partition count, read at start
+        self.route_partitions = self._request_partitions = 0  # by-head and requests partition counts, read at start
         self._router: RouterSession | None = None
         self._producer: Any = None
         self.registry: RegistryView | None = None  # the declared head contracts, followed while running
@@ -161,8 +162,10 @@ class FeaturizerService:
         stop = stop or threading.Event()
         self._producer = Producer(producer_config(self.settings, **{"linger.ms": 5}))
         self._consumer = Consumer(consumer_config(self.settings, self.group))
-        if self.settings.seal_rows and self.changelog_topic is not None:
-            self.erasure = Erasure(self.settings, self.config.deltas_topic)
+        if self.settings.seal_rows and self.changelog_topic is not None:  # with transit keys (docs/erasure.md s.5)
+            self.erasure = Erasure(self.settings, self.config.deltas_topic, self.requests_topic, self.topic,
+                                   lambda: router_committed(self._consumer, self.requests_topic,
+                                                            self._request_partitions, self.settings.admin_timeout))
         clean = False
         try:
             self._check_topics()
@@ -230,7 +233,7 @@ class FeaturizerService:
                          config=raw_input_config(self.settings))
             md = self._consumer.list_topics(timeout=self.settings.admin_timeout)
             routed = md.topics[self.topic]
-        self.route_partitions = len(routed.partitions)
+        self.route_partitions, self._request_partitions = len(routed.partitions), len(req.partitions)
         reg = md.topics.get(self.config.registry_topic)
         if reg is None or reg.error is not None:
             raise FeaturizerError(f"head registry topic {self.config.registry_topic!r} is missing: "
@@ -545,7 +548,8 @@ class FeaturizerService:
             cache = self.caches[p]
             origins = cache.origin_offsets()
             outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
-                                      auth=self.auth.authorizer(p))
+                                      auth=self.auth.authorizer(p),
+                                      transit=self.erasure.gate(p) if self.erasure is not None else None)
             if self.erasure is not None:
                 outcome = self.erasure.seal(p, outcome, cache)
             messages = outcome.messages(config)

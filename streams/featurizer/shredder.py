@@ -42,6 +42,8 @@ from .changelog import OpenSample
 from .keystore import KeyStore
 from .model import BatchOutcome
 from .sealing import open_sample_record, sample_sealer, seal_outcome
+from .transit import TransitKeys, is_transit_ref
+from .transit_open import TransitGate
 
 __all__ = ["Erasure", "ledger_floors"]
 
@@ -91,10 +93,14 @@ def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
 class Erasure:
     """Keys, sealing and shredding for one featurizer (module docstring)."""
 
-    def __init__(self, settings: Settings, deltas_topic: str) -> None:
+    def __init__(self, settings: Settings, deltas_topic: str, requests_topic: str = "", by_head_topic: str = "",
+                 committed: Callable[[], Mapping[int, int]] | None = None) -> None:
         self.settings = settings
         self.deltas_topic = deltas_topic
         self.keys = KeyStore(settings)
+        # transit keys of raw inputs (streams/featurizer/transit.py); committed: the router's offsets
+        self.transit = TransitKeys(settings, self.keys, requests_topic, by_head_topic) if committed else None
+        self._committed = committed or dict
         self.pending: dict[SampleRef, _Pending] = {}
         self._unchecked: set[int] = set()  # partitions whose orphan keys are not yet pending
         self._floors: dict[int, int] = {}
@@ -106,9 +112,13 @@ class Erasure:
     # ------------------------------------------------------------------ ownership
     def load(self, partition: int) -> None:
         self.keys.load(partition)
+        if self.transit is not None:
+            self.transit.load(partition)
         self._unchecked.add(partition)
 
     def drop(self, partition: int) -> None:
+        if self.transit is not None:
+            self.transit.drop(partition)
         self.keys.drop(partition)
         self._unchecked.discard(partition)
         self.pending = {r: p for r, p in self.pending.items() if p.partition != partition}
@@ -118,6 +128,10 @@ class Erasure:
         """Seal a batch judged against ``cache`` (a ``CacheView`` as it was before the batch)."""
         cached = None if cache is None else (lambda h, s: cache.get_sample(h, s) is not None)
         return seal_outcome(self.keys, partition, outcome, cached)
+
+    def gate(self, partition: int) -> TransitGate | None:
+        """The partition's transit keys, to open sealed inputs (None: no transit keys here)."""
+        return self.transit.gate(partition) if self.transit is not None else None
 
     def sample_sealer(self, partition: int) -> Callable[[str, str, bytes], bytes]:
         return sample_sealer(self.keys, partition)
@@ -160,6 +174,8 @@ class Erasure:
         for p in todo:
             cache = caches[p]
             for ref in self.keys.live(p):
+                if is_transit_ref(ref):  # a transit key has its own schedule (transit.py), not a sample's
+                    continue
                 h, s, kid = ref
                 cur = self.keys.key_of(h, s)
                 if ref not in self.pending and (cache.get_sample(h, s) is None or cur is None or cur.key_id != kid):
@@ -204,20 +220,28 @@ class Erasure:
             self._close_consumer()
 
     def tick(self, caches: Mapping[int, Any], force: bool = False) -> int:
-        """Destroy the keys that are due; returns how many. Cheap when nothing is pending."""
+        """Destroy the keys that are due (sample keys and superseded transit keys, one key-family
+        rotation per partition); returns how many. Cheap when nothing is pending."""
         self._check_orphans(caches)
         self.keys.retire_due()
-        if not self.pending:
+        transit_due: dict[int, list[SampleRef]] = {}
+        if self.transit is not None:
+            positions = {p: c.applied_offset + 1 for p, c in caches.items()}
+            try:
+                transit_due = self.transit.tick(self._consumer_, self._committed, positions)
+            finally:
+                self._close_consumer()
+        if not self.pending and not transit_due:
             return 0
         now = time.monotonic()
         every = self.settings.shred_every_seconds
-        if force or now - self._floors_at >= every:
+        if self.pending and (force or now - self._floors_at >= every):
             try:
                 self._floors = ledger_floors(self.settings, self._consumer_())
             finally:
                 self._close_consumer()
             self._floors_at = now
-        due: dict[int, list[SampleRef]] = {}
+        due: dict[int, list[SampleRef]] = {p: list(refs) for p, refs in transit_due.items()}
         for ref, pend in self.pending.items():
             if all(self._floors.get(q, 0) > o for q, o in pend.targets.items()):
                 due.setdefault(pend.partition, []).append(ref)
@@ -231,6 +255,8 @@ class Erasure:
             self._rotated[p] = now
             for ref in refs:
                 self.pending.pop(ref, None)
+            if self.transit is not None:
+                self.transit.forget(p, [r for r in refs if is_transit_ref(r)])
             cache = caches.get(p)
             if cache is not None and hasattr(cache, "purge_deleted"):
                 cache.purge_deleted()

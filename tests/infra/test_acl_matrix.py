@@ -175,6 +175,7 @@ WRITES = {  # logical topic -> the only principals that may write it
     "deadletter": {"featurizer", "ledger"},
     REGISTRY_TOPIC: {"operator", "featurizer"},
     CLIENT_REGISTRY_TOPIC: {"operator"},
+    "transit-keys": {"featurizer"},  # only the featurizer publishes transit keys: a forged one would be a decoy
 }
 
 

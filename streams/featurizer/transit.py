@@ -1,0 +1,261 @@
+"""Transit keys: raw inputs in ``requests`` / ``requests.by-head`` become unreadable after the
+featurizer took them over (docs/erasure.md section 5).
+
+Per by-head partition P, owned by the featurizer that owns P (the same ownership as its key-family
+partition and cache), an *epoch* key pair (X25519, ``schemas/transit.py``) is valid for new
+requests until ``use_until``; a new epoch starts every ``UNLEARN_TRANSIT_ROTATE_SECONDS`` (shortly
+before the current one's ``use_until``, so a producer always finds a valid key).
+
+- **Private half**: in key-family partition P (``subject-keys.p<P>.g<G>``) under the reserved
+  record key ``~transit/<created ms>.<use_until ms>/<key id>`` ("~" is outside the id grammar, so
+  no sample key can collide). It moves with the partition's ownership, and is destroyed by the
+  key family's rotation (``KeyStore.destroy``), like a sample key.
+- **Public half**: on ``<prefix>transit-keys`` (partition P modulo its partition count, record
+  key ``p<P>``), acknowledged *after* the private half is durable (:func:`publish`).
+- **Destruction** of a superseded epoch, in stages (:meth:`TransitKeys.due`): (a) wall time is
+  past ``use_until + UNLEARN_TRANSIT_GRACE_SECONDS`` (no producer starts sending under it after
+  ``use_until``; the SDK's delivery timeout is below the grace); then (b) the true end of every
+  ``requests`` partition is sampled, and the router's committed offsets (the featurizer group's)
+  must reach it: every record that could carry the key is routed; then (c) the end of by-head P
+  is sampled, and this featurizer's durable position on P (its cache's applied offset) must reach
+  it: every such record is judged, and its features are in the (sealed) system stores. Then the
+  key goes in the partition's next key-family rotation.
+- **Crash safety**: the stages are kept in memory only. Which epochs exist, and their
+  ``use_until``, are in the key family (durable): after a restart or takeover, every superseded
+  epoch starts again at stage (a), with targets sampled later than before. A crash only delays a
+  destruction, it never loses a key that a record still needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from unlearn.infra.key_family import SampleRef
+from unlearn.infra.log_position import log_bounds
+from unlearn.infra.settings import Settings
+from unlearn.infra.topics import TopicError, ensure_topic
+from unlearn.schemas.sealed import SampleKey
+from unlearn.schemas.transit import (
+    TransitKeyPair,
+    TransitPublicKey,
+    encode_public_record,
+    new_transit_key,
+)
+
+from .delivery import produce_acked
+from .keystore import KeyStore, KeyStoreError
+from .transit_open import TransitGate
+
+__all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "is_transit_ref", "router_committed"]
+
+log = logging.getLogger("unlearn.featurizer.transit")
+
+TRANSIT_HEAD = "~transit"
+"""The head part of a transit key's record key: outside the id grammar, so never a real head."""
+
+
+def is_transit_ref(ref: SampleRef) -> bool:
+    """Whether a key-family reference is a transit key (not a sample key)."""
+    return ref[0] == TRANSIT_HEAD
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One transit key of one partition."""
+
+    partition: int
+    pair: TransitKeyPair
+    created: float
+    use_until: float
+
+    @property
+    def ref(self) -> SampleRef:
+        return TRANSIT_HEAD, f"{round(self.created * 1000)}.{round(self.use_until * 1000)}", self.pair.key_id
+
+    @property
+    def public(self) -> TransitPublicKey:
+        return TransitPublicKey(self.partition, self.pair.key_id, self.pair.public_key, self.created, self.use_until)
+
+    @classmethod
+    def from_ref(cls, partition: int, ref: SampleRef, key: SampleKey) -> Epoch | None:
+        """The epoch a key-family record stores (None: not a transit key, or unreadable)."""
+        if not is_transit_ref(ref):
+            return None
+        try:
+            created, until = (int(x) / 1000 for x in ref[1].split("."))
+        except ValueError:
+            log.warning("unreadable transit key record %r skipped", ref)
+            return None
+        return cls(partition, TransitKeyPair(key.key_id, key.key), created, until)
+
+
+@dataclass
+class _Stage:
+    """Where a superseded epoch's destruction stands: waiting for the router to reach ``targets``
+    (requests partition -> end sampled after the grace), then for this featurizer to reach
+    ``by_head`` on the epoch's partition."""
+
+    targets: dict[int, int]
+    by_head: int | None = None
+
+
+@dataclass
+class TransitKeys:
+    """The transit keys of the partitions this featurizer owns (module docstring)."""
+
+    settings: Settings
+    keys: KeyStore
+    requests_topic: str
+    by_head_topic: str
+    epochs: dict[int, dict[str, Epoch]] = field(default_factory=dict)
+    destroyed: dict[int, set[str]] = field(default_factory=dict)
+    stages: dict[SampleRef, _Stage] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+    _advanced_at: float = 0.0
+
+    @property
+    def topic(self) -> str:
+        return self.settings.topic("transit-keys")
+
+    # ------------------------------------------------------------------ ownership
+    def load(self, partition: int) -> None:
+        """Partition taken over (after ``KeyStore.load``): its epochs from the key family; the
+        current one's public half published again (a crash may have cut the first publication)
+        or a new epoch started."""
+        gen = self.keys.gens[partition]
+        eps = [e for ref, k in gen.keys.items() if (e := Epoch.from_ref(partition, ref, k)) is not None]
+        self.epochs[partition] = {e.pair.key_id: e for e in eps}
+        self.destroyed.setdefault(partition, set())
+        current = max(eps, key=lambda e: e.use_until, default=None)
+        if current is None or current.use_until - self._lead() <= self.clock():
+            self.rotate(partition)
+        else:
+            self._publish(current)
+        log.info("transit keys of partition %d: %d epoch(s)", partition, len(self.epochs[partition]))
+
+    def drop(self, partition: int) -> None:
+        """Partition revoked: forget its epochs (the next owner loads them from the key family)."""
+        for e in self.epochs.pop(partition, {}).values():
+            self.stages.pop(e.ref, None)
+
+    # ------------------------------------------------------------------ keys
+    def lookup(self, partition: int, key_id: str) -> TransitKeyPair | None:
+        """The key pair of ``key_id`` if this partition holds it."""
+        e = self.epochs.get(partition, {}).get(key_id)
+        return None if e is None else e.pair
+
+    def gate(self, partition: int) -> TransitGate:
+        """What featurizing a batch of ``partition`` needs to open its sealed inputs."""
+        return TransitGate(lambda kid: self.lookup(partition, kid), lambda kid: self.was_destroyed(partition, kid))
+
+    def was_destroyed(self, partition: int, key_id: str) -> bool:
+        """Whether this featurizer destroyed ``key_id`` of ``partition`` (since it took it over)."""
+        return key_id in self.destroyed.get(partition, set())
+
+    def _lead(self) -> float:
+        # the next epoch is published this long before the current one's use_until
+        return min(5.0, self.settings.transit_rotate_seconds / 4)
+
+    def rotate(self, partition: int) -> Epoch:
+        """Start a new epoch: the private half made durable in the key family first, then the
+        public half published (both acknowledged; KeyStoreError if not)."""
+        now = self.clock()
+        until = now + self.settings.transit_rotate_seconds
+        epoch = Epoch(partition, new_transit_key(), round(now * 1000) / 1000, round(until * 1000) / 1000)
+        self.keys.put(partition, epoch.ref, SampleKey(epoch.pair.key_id, epoch.pair.private_key))
+        self.keys.flush()
+        self.epochs.setdefault(partition, {})[epoch.pair.key_id] = epoch
+        self._publish(epoch)
+        log.info("transit key %s of partition %d: use until %.3f", epoch.pair.key_id, partition, epoch.use_until)
+        return epoch
+
+    def _publish(self, epoch: Epoch) -> None:
+        # every topic listed, none named: naming one may auto-create it on some brokers
+        md = self.keys.admin.list_topics(timeout=self.settings.admin_timeout).topics.get(self.topic)
+        n = len(md.partitions) if md is not None and md.error is None and md.partitions else 0
+        if n == 0:  # a deployment older than transit keys: created like the by-head topic
+            try:
+                n = self.settings.partitions
+                ensure_topic(self.settings, self.topic, partitions=n, compacted=True, admin=self.keys.admin)
+            except TopicError as exc:
+                raise KeyStoreError(str(exc)) from None
+        produce_acked(self.keys.producer, [{"topic": self.topic, "key": f"p{epoch.partition}".encode(),
+                                            "value": encode_public_record(epoch.public),
+                                            "partition": epoch.partition % n}],
+                      timeout=self.settings.admin_timeout, error=KeyStoreError)
+
+    # ------------------------------------------------------------------ rotation and destruction
+    def tick(self, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
+             positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
+        """Start new epochs that are due; return, per partition, the superseded epochs whose key
+        may be destroyed now (stages advanced at most once per ``UNLEARN_SHRED_EVERY_SECONDS``).
+        ``consumer``: makes the reader that samples log ends; ``committed``: the router's committed
+        offset per requests partition; ``positions``: per owned by-head partition, one past the last
+        offset durably judged."""
+        now = self.clock()
+        due: dict[int, list[SampleRef]] = {}
+        advance = now - self._advanced_at >= max(0.2, self.settings.shred_every_seconds)
+        for p, eps in list(self.epochs.items()):
+            newest = max(eps.values(), key=lambda e: e.use_until, default=None)
+            if newest is None or newest.use_until - self._lead() <= now:
+                newest = self.rotate(p)
+            for e in list(eps.values()):
+                if not advance or e is newest or e.use_until + self.settings.transit_grace_seconds > now:
+                    continue
+                self._advanced_at = now
+                if self._advance(e, consumer, committed, positions):
+                    due.setdefault(p, []).append(e.ref)
+        return due
+
+    def _advance(self, e: Epoch, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
+                 positions: Mapping[int, int]) -> bool:
+        """One step of an epoch's destruction stages; True once it may be destroyed."""
+        st = self.stages.get(e.ref)
+        if st is None:  # (a) is met: sample the requests ends (every record that could carry the key is below)
+            self.stages[e.ref] = _Stage(self._ends(consumer, self.requests_topic))
+            return False
+        if st.by_head is None:
+            done = committed()
+            if any(done.get(q, 0) < end for q, end in st.targets.items()):
+                return False  # (b) the router has not routed every record yet
+            st.by_head = self._ends(consumer, self.by_head_topic, e.partition)[e.partition]
+        return positions.get(e.partition, 0) >= st.by_head  # (c)
+
+    def _ends(self, make: Callable[[], Any], topic: str, only: int | None = None) -> dict[int, int]:
+        """One past the true last offset of the topic's partitions (read to EOF, not ListOffsets)."""
+        from confluent_kafka import TopicPartition
+
+        consumer = make()
+        md = consumer.list_topics(timeout=self.settings.admin_timeout).topics.get(topic)
+        parts = sorted(md.partitions) if md is not None and md.error is None else []
+        out = {}
+        for q in parts if only is None else [only]:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=self.settings.admin_timeout)
+            out[q] = log_bounds(self.settings, consumer, topic, q, int(high) + 1)[1]
+        return out
+
+    def forget(self, partition: int, refs: list[SampleRef]) -> None:
+        """The key family destroyed ``refs``: forget the epochs, remember their ids."""
+        for ref in refs:
+            e = self.epochs.get(partition, {}).pop(ref[2], None)
+            self.stages.pop(ref, None)
+            if e is not None:
+                self.destroyed.setdefault(partition, set()).add(ref[2])
+                log.info("transit key %s of partition %d destroyed", ref[2], partition)
+
+
+def router_committed(consumer: Any, topic: str, partitions: int, timeout: float) -> dict[int, int]:
+    """The featurizer group's committed offset (the router's resume point) per ``requests``
+    partition; 0 where none is committed; empty when the broker does not answer (the caller waits)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        tps = consumer.committed([TopicPartition(topic, q) for q in range(partitions)], timeout=timeout)
+    except KafkaException as exc:
+        log.debug("committed offsets of %s: %s", topic, exc)
+        return {}
+    return {tp.partition: max(0, int(tp.offset)) for tp in tps if tp.error is None}

@@ -1,0 +1,82 @@
+"""Opening sealed inputs in the featurizer, without I/O (docs/erasure.md section 5).
+
+Right after parsing and before anything is judged, every add whose input is sealed for transit
+(``schemas/transit.py``) is opened under its by-head partition's transit key; one that cannot be
+opened becomes an :class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the parsed request,
+so its dead letter names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps
+the message as sent, i.e. the sealed bytes: noise once the transit key is destroyed. With
+``UNLEARN_REQUIRE_SEALED_INPUT`` a plaintext add is refused the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput
+from unlearn.schemas.transit import TransitError, TransitKeyPair, open_request
+
+__all__ = ["TRANSIT_REASONS", "TransitGate", "UnopenedRequest", "open_sealed"]
+
+TRANSIT_REASONS: dict[str, str] = {
+    "transit_key_unknown": "a sealed input names a transit key this featurizer does not hold for the head's by-head "
+                           "partition (never issued, issued for another partition, destroyed before this featurizer "
+                           "took the partition over, or no transit keys here: federated or UNLEARN_SEAL_ROWS off)",
+    "transit_key_destroyed": "a sealed input names a transit key this featurizer already destroyed (sealed after its "
+                             "use_until, or delivered after its grace period)",
+    "transit_open_failed": "a sealed input does not open under its transit key (moved to another event, head, "
+                           "subject or sample, or corrupt)",
+    "unsealed_input": "a plaintext add while UNLEARN_REQUIRE_SEALED_INPUT is on",
+}
+"""Reason codes of this module (part of ``FEATURIZER_REASONS``; ``bad_sealed_input`` is the envelope's)."""
+
+
+class UnopenedRequest(InvalidRequest):
+    """A parsed request refused before judging; ``request`` names its ids for the dead letter."""
+
+    def __init__(self, request: Request, reason: str, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.request = request
+
+
+@dataclass(frozen=True)
+class TransitGate:
+    """One by-head partition's transit keys, as the batch sees them."""
+
+    lookup: Callable[[str], TransitKeyPair | None]
+    was_destroyed: Callable[[str], bool]
+
+
+def _open(r: Request, gate: TransitGate | None) -> Request:
+    assert isinstance(r.input, SealedInput)
+    kid = r.input.key_id
+    pair = gate.lookup(kid) if gate is not None else None
+    if pair is None:
+        if gate is not None and gate.was_destroyed(kid):
+            raise UnopenedRequest(r, "transit_key_destroyed", f"transit key {kid} was destroyed")
+        raise UnopenedRequest(r, "transit_key_unknown", f"transit key {kid} is not held for this head's partition")
+    try:
+        return open_request(r, pair)
+    except TransitError as exc:
+        raise UnopenedRequest(r, "transit_open_failed", str(exc)) from None
+    except InvalidRequest as exc:  # the opened input is not a valid inner input
+        raise UnopenedRequest(r, exc.reason, f"opened sealed input: {exc.detail}") from None
+
+
+def open_sealed(reqs: Sequence[Request | InvalidRequest], gate: TransitGate | None,
+                require_sealed: bool = False) -> list[Request | InvalidRequest]:
+    """``reqs`` with every sealed input opened (or the request refused: :class:`UnopenedRequest`);
+    with ``require_sealed``, plaintext adds are refused (``unsealed_input``)."""
+    out: list[Request | InvalidRequest] = []
+    for r in reqs:
+        if isinstance(r, Request) and r.op == "add":
+            try:
+                if isinstance(r.input, SealedInput):
+                    r = _open(r, gate)
+                elif require_sealed:
+                    raise UnopenedRequest(r, "unsealed_input", "this featurizer accepts only adds sealed for transit")
+            except UnopenedRequest as exc:
+                out.append(exc)
+                continue
+        out.append(r)
+    return out
