@@ -5,7 +5,9 @@ One generation topic per (by-head partition P, generation G), one partition each
 - ``<len(head)>:<head>/<sample>/<key id>`` -> ``schemas.sealed.encode_key_record`` (the key), or a
   tombstone once the key is destroyed (for a compacting broker; the embedded one needs the
   rotation);
-- ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation.
+- ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation;
+- transit keys (``streams/featurizer/transit.py``) under the head :data:`TRANSIT_HEAD`, outside
+  the id grammar: ``8:~transit/<created ms>.<use_until ms>/<key id>`` -> the X25519 private key.
 
 A writer rotates a partition by writing every live key into G+1, then the completion record, then
 deleting G after a grace period. A reader takes the newest *complete* generation of each partition
@@ -30,12 +32,14 @@ from unlearn.infra.topic_family import TopicFamily, keys_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
 
-__all__ = ["COMPLETE_KEY", "READ_IDLE_S", "KeyGeneration", "KeyRing", "KeysUnavailable", "fold_keys", "key_record_key",
-           "parse_key_record_key", "read_partition_keys"]
+__all__ = ["COMPLETE_KEY", "READ_IDLE_S", "TRANSIT_HEAD", "KeyGeneration", "KeyRing", "KeysUnavailable", "fold_keys",
+           "key_record_key", "parse_key_record_key", "read_partition_keys"]
 
 log = logging.getLogger("unlearn.keys")
 
 COMPLETE_KEY = b"\x00complete"
+TRANSIT_HEAD = "~transit"
+"""The head part of a transit key's record key: outside the id grammar, so never a real head."""
 SampleRef = tuple[str, str, str]  # (head id, sample id, key id)
 
 

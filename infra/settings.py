@@ -218,9 +218,10 @@ class Settings:
                              "subject-keys generation before it is deleted)")
         if self.shred_every_seconds < 0:
             raise ValueError("UNLEARN_SHRED_EVERY_SECONDS must be >= 0")
-        if self.transit_rotate_seconds < 2.0 or self.transit_grace_seconds < 2.0:
-            raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS and UNLEARN_TRANSIT_GRACE_SECONDS must be at least 2 "
-                             "(the SDK's delivery timeout stays below the grace)")
+        if self.transit_rotate_seconds < 4.0 or self.transit_grace_seconds < 2.0:
+            raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS must be at least 4 (a successor is published ahead of "
+                             "use_until) and UNLEARN_TRANSIT_GRACE_SECONDS at least 2 (the SDK's delivery timeout "
+                             "stays below it)")
         if self.transit_seal not in ("auto", "always", "off"):
             raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
         if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:

@@ -26,6 +26,11 @@ Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exac
 its start offsets are fixed, *before* the first delete is produced, and every delete's event id
 is registered before its request is produced, so a receipt can never slip past unseen however
 fast the pipeline answers. See docs/client.md.
+
+Transit sealing (``UNLEARN_TRANSIT_SEAL``, default ``auto``): an add's input is sealed under the
+transit key the featurizer of the head's by-head partition publishes
+(``services/client/transit_keys.py``), so it becomes unreadable in ``requests`` once that key is
+destroyed (docs/erasure.md section 5). Signatures cover the sealed bytes.
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ from unlearn.schemas.envelope import (
 )
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.schemas.signature import Signer
+from unlearn.services.client.transit_keys import (
+    TransitKeyCache,
+    TransitUnavailable,
+    seal_for_transit,
+    transit_producer_overrides,
+)
 
 __all__ = [
     "FEATURES_ENCODINGS",
@@ -331,7 +342,9 @@ class UnlearnClient:
         self.client_id = client_id or settings.client_id
         self.requests_topic = settings.topic("requests")
         self.receipts_topic = settings.topic("receipts")
-        self._producer = Producer(producer_config(settings, **{"linger.ms": 5, **(producer_overrides or {})}))
+        self._producer = Producer(producer_config(settings, **{"linger.ms": 5, **transit_producer_overrides(settings),
+                                                               **(producer_overrides or {})}))
+        self.transit = TransitKeyCache(settings) if settings.transit_seal != "off" else None
         self._listener: ReceiptListener | None = None
         self._listener_lock = threading.Lock()
         self._closed = False
@@ -371,6 +384,10 @@ class UnlearnClient:
         """Produce any validated :class:`Request` (InvalidRequest if it does not conform to v1)."""
         if self._closed:
             raise ClientError("client is closed")
+        try:
+            req = seal_for_transit(req, self.transit, self.settings.transit_seal)
+        except TransitUnavailable as exc:
+            raise ClientError(str(exc)) from None
         value = encode_request(req)  # validates: a bad request fails here, not in deadletter
         headers = self.signer.headers(value) if self.signer is not None else None
         handle = RequestHandle(req.event_id, req.op, req.head_id, req.subject_id, req.sample_id, self)
@@ -428,6 +445,8 @@ class UnlearnClient:
         finally:
             if self._listener is not None:
                 self._listener.close()
+            if self.transit is not None:
+                self.transit.close()
 
     def __enter__(self) -> UnlearnClient:
         return self

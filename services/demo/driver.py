@@ -39,6 +39,7 @@ from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
+from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit, transit_producer_overrides
 
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
 WARMUP_HEAD = "demo-warmup"  # the head of the one warm-up add (not part of the report)
@@ -178,8 +179,9 @@ class Demo:
         return Request(f"ev{self.seq}", "delete", self.head, client, subject, f"sample{i}", ts=time.time())
 
     def produce(self, req: Request, key: bytes) -> None:
-        """Produce one request, signed by its client's key in signed mode."""
-        value = encode_request(req)
+        """Produce one request, sealed for transit like the SDK does (UNLEARN_TRANSIT_SEAL) and
+        signed by its client's key in signed mode."""
+        value = encode_request(seal_for_transit(req, self.transit, self.settings.transit_seal))
         signer = self.signers.get(req.client_id)
         self.producer.produce(self.settings.topic("requests"), key=key, value=value,
                               headers=signer.headers(value) if signer is not None else None)
@@ -285,12 +287,17 @@ class Demo:
         before the services and the broker stop, so no client is left reconnecting to a gone broker."""
         self.receipts = ReceiptWatcher(self.settings)
         self.heads = HeadFollower(self.settings, [self.head, WARMUP_HEAD])
-        self.producer = Producer(producer_config(self.settings))
+        self.producer = Producer(producer_config(self.settings, **transit_producer_overrides(self.settings)))
+        self.transit = TransitKeyCache(self.settings) if self.settings.transit_seal != "off" else None
         try:
             self.receipts.start(30)
             self.heads.start(30)
+            if self.transit is not None and self.transit.wait_for(self.head, 60) is None:  # published on assignment
+                print("      note: no transit key published yet: adds go in plaintext", file=sys.stderr)
             yield
         finally:
+            if self.transit is not None:
+                self.transit.close()
             self.receipts.stop()
             self.heads.stop()
             self.producer.flush(10)

@@ -11,7 +11,11 @@ excluded all of its samples, and a check of every store the system controls:
   no longer exists;
 - ``featurizer-cache``: no plaintext sample record of the subject (a sealed record names no subject
   in clear), every sealed one under a destroyed key;
-- ``deadletter``: no original request of the subject (dead letters are not sealed yet).
+- ``deadletter``: no readable original request of the subject (one sealed under a sample key
+  names no subject in clear; a refused add sealed for transit is clear once its transit key is gone);
+- ``requests`` and ``requests.by-head`` (read in full): no add of the subject whose raw input can
+  still be read: plaintext (a plain producer, or UNLEARN_TRANSIT_SEAL=off) is never clear, a
+  sealed one is clear once its transit key is destroyed (docs/erasure.md section 5).
 
 Exit 0 only if every check is clear; 1 otherwise (or when a topic cannot be read), 2 for usage.
 On a secured cluster it runs as the ``verifier`` principal (docs/security.md).
@@ -30,12 +34,13 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
-from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key
+from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
+from unlearn.schemas.envelope import InvalidRequest, SealedInput, parse_request
 from unlearn.schemas.receipts import decode_receipt
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
@@ -137,6 +142,7 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     topics = _all_topics(settings)
     held: list[str] = []
     live_kids: set[str] = set()
+    transit_kids: set[str] = set()  # transit keys still stored: their sealed inputs still open
     for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
         gens = fam.generations(topics, p)
         held += [f"superseded generation {fam.topic(p, g)} not yet deleted (it may hold keys)" for g in gens[:-1]]
@@ -147,7 +153,9 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
                 h, s, kid = parse_key_record_key(r.key)
             except (ValueError, UnicodeDecodeError):
                 continue
-            if h == head_id and s in rep.samples:
+            if h == TRANSIT_HEAD:
+                transit_kids.add(kid)
+            elif h == head_id and s in rep.samples:
                 live_kids.add(kid)
                 held.append(f"key {kid} of sample {s!r} in {fam.topic(p, gens[-1])} at offset {r.offset}")
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
@@ -163,20 +171,45 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
           for r in _read(settings, settings.topic("featurizer-cache"), timeout) if r.value and needle in r.value]
     rep.checks.append(StoreCheck("featurizer-cache", not cl, "no plaintext record of the subject" if not cl
                                  else f"{len(cl)} plaintext records of the subject", cl))
-    # deadletter originals (not sealed: a refused request of the subject stays readable)
-    dl_needle = b'"subject_id":' + orjson.dumps(subject_id)
+    # deadletter originals: readable unless sealed (under a sample key, or for transit under a destroyed key)
     dls = []
     for r in _read(settings, settings.topic("deadletter"), timeout):
         try:
             dl = decode_deadletter(r.value or b"")
         except (CodecError, ValueError):
             continue
-        if dl_needle in dl.original.replace(b": ", b":"):
-            dls.append(f"dead letter {dl.reason} at {r.partition}/{r.offset}")
-    rep.checks.append(StoreCheck("deadletter", not dls, "no original request of the subject" if not dls
-                                 else f"{len(dls)} refused requests of the subject keep their original bytes", dls))
+        why = _readable(dl.original, head_id, subject_id, transit_kids, any_op=True)
+        if why:
+            dls.append(f"dead letter {dl.reason} at {r.partition}/{r.offset}: {why}")
+    rep.checks.append(StoreCheck("deadletter", not dls, "no readable original request of the subject" if not dls
+                                 else f"{len(dls)} refused requests of the subject keep readable bytes", dls))
+    raw_topics = (settings.topic("requests"), settings.topic("requests.by-head"))
+    raw = [f"{t} {r.partition}/{r.offset}: {why}" for t in raw_topics for r in _read(settings, t, timeout)
+           if (why := _readable(r.value, head_id, subject_id, transit_kids))]
+    rep.checks.append(StoreCheck("requests", not raw, "no readable raw input of the subject" if not raw
+                                 else f"{len(raw)} raw inputs of the subject can still be read", raw))
     rep.checks.append(_check_caches(settings, head_id, subject_id))
     return rep
+
+
+def _readable(value: bytes | None, head_id: str, subject_id: str, transit_kids: set[str],
+               any_op: bool = False) -> str | None:
+    """Why a request of the subject (in this head) can still be read, or None: an add whose
+    input is plaintext or sealed under a transit key that still exists (``any_op``: any request of
+    the subject that is not sealed, as dead letters were judged before transit sealing)."""
+    if not value or b'"' + subject_id.encode() + b'"' not in value:
+        return None
+    try:
+        req = parse_request(value)
+    except InvalidRequest:  # unparsable, but it names the subject: its bytes are plain
+        compact = value.replace(b": ", b":")
+        return "unparsable plaintext request" if b'"subject_id":' + orjson.dumps(subject_id) in compact else None
+    if req.subject_id != subject_id or req.head_id != head_id or (req.op != "add" and not any_op):
+        return None
+    if isinstance(req.input, SealedInput):
+        return f"sealed under transit key {req.input.key_id}, which still exists" \
+            if req.input.key_id in transit_kids else None
+    return f"plaintext {req.op} {req.event_id!r}"
 
 
 def _check_caches(settings: Settings, head_id: str, subject_id: str) -> StoreCheck:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from unlearn.infra.key_family import SampleRef
+from unlearn.infra.key_family import TRANSIT_HEAD, SampleRef
 from unlearn.infra.log_position import log_bounds
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import TopicError, ensure_topic
@@ -53,10 +53,6 @@ from .transit_open import TransitGate
 __all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "is_transit_ref", "router_committed"]
 
 log = logging.getLogger("unlearn.featurizer.transit")
-
-TRANSIT_HEAD = "~transit"
-"""The head part of a transit key's record key: outside the id grammar, so never a real head."""
-
 
 def is_transit_ref(ref: SampleRef) -> bool:
     """Whether a key-family reference is a transit key (not a sample key)."""
@@ -157,8 +153,9 @@ class TransitKeys:
         return key_id in self.destroyed.get(partition, set())
 
     def _lead(self) -> float:
-        # the next epoch is published this long before the current one's use_until
-        return min(5.0, self.settings.transit_rotate_seconds / 4)
+        # the next epoch is published this long before the current one's use_until: at least 2 s
+        # (rotate >= 4 s), more than the SDK's 1 s margin, so a producer always finds a valid key
+        return min(5.0, self.settings.transit_rotate_seconds / 2)
 
     def rotate(self, partition: int) -> Epoch:
         """Start a new epoch: the private half made durable in the key family first, then the

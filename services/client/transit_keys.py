@@ -1,0 +1,161 @@
+"""Sealing adds for transit in our own producers (SDK, CLI, demo): docs/client.md, docs/erasure.md s.5.
+
+The featurizer owning by-head partition P publishes P's current transit key on
+``<prefix>transit-keys`` (record key ``p<P>``, partition P modulo the topic's partition count).
+:class:`TransitKeyCache` finds a head's partition exactly as the router does
+(``router.head_partition`` over the by-head topic's partition count from topic metadata), reads
+the tail of that partition of ``transit-keys`` and keeps the newest key whose ``use_until`` is
+still ahead; it reads again once that has passed. :func:`seal_for_transit` applies
+``UNLEARN_TRANSIT_SEAL``: ``auto`` seals when a key is published (else sends plaintext and warns
+once), ``always`` raises :class:`TransitUnavailable` when none is, ``off`` never seals.
+
+A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
+bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
+delivery fails loudly at the producer instead of arriving after the destruction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from unlearn.infra.profiles import consumer_config
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.schemas.envelope import Request, SealedInput
+from unlearn.schemas.transit import TransitError, TransitPublicKey, decode_public_record, seal_request
+from unlearn.streams.featurizer.router import head_partition, routed_topic_name
+
+__all__ = ["TransitKeyCache", "TransitUnavailable", "seal_for_transit", "transit_producer_overrides"]
+
+log = logging.getLogger("unlearn.client.transit")
+
+_TAIL = 32  # records read back from the end of a transit-keys partition (a few epochs per by-head partition)
+_MARGIN_S = 1.0  # a key is used only while its use_until is at least this far ahead
+_RETRY_S = 1.0  # at most one read per partition this often while none is published
+
+
+class TransitUnavailable(RuntimeError):
+    """UNLEARN_TRANSIT_SEAL=always, and no transit key is published for the head's partition."""
+
+
+def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
+    """librdkafka settings of a producer that seals: ``message.timeout.ms`` at three quarters of
+    the grace (the rest covers clock skew), so a sealed request is delivered or fails before its
+    key can be destroyed. Empty when sealing is off."""
+    if settings.transit_seal == "off":
+        return {}
+    return {"message.timeout.ms": max(1000, int(settings.transit_grace_seconds * 750))}
+
+
+class TransitKeyCache:
+    """The published transit keys, per by-head partition, as a producer needs them (thread-safe)."""
+
+    def __init__(self, settings: Settings, requests_topic: str | None = None) -> None:
+        self.settings = settings
+        self.topic = settings.topic("transit-keys")
+        self.by_head = routed_topic_name(requests_topic or settings.topic("requests"))
+        self.keys: dict[int, TransitPublicKey] = {}
+        self._partitions: tuple[int, int] | None = None  # (by-head count, transit-keys count)
+        self._tried: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._consumer: Any = None
+
+    def key_for(self, head_id: str) -> TransitPublicKey | None:
+        """The key to seal an add of ``head_id`` with now, or None if none is published."""
+        with self._lock:
+            counts = self._counts()
+            if counts is None:
+                return None
+            p = head_partition(head_id, counts[0])
+            key = self.keys.get(p)
+            now = time.time()
+            if key is None or key.use_until - _MARGIN_S <= now:
+                if now - self._tried.get(p, 0.0) < _RETRY_S:
+                    return None
+                self._tried[p] = now
+                key = self._read(p, counts[1])
+            return key if key is not None and key.use_until - _MARGIN_S > now else None
+
+    def wait_for(self, head_id: str, timeout: float) -> TransitPublicKey | None:
+        """:meth:`key_for`, retried until a key is published or ``timeout`` passes (None)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            key = self.key_for(head_id)
+            if key is not None or time.monotonic() >= deadline:
+                return key
+            time.sleep(0.5)
+
+    def _counts(self) -> tuple[int, int] | None:
+        if self._partitions is None:
+            md = self._consumer_().list_topics(timeout=self.settings.admin_timeout).topics  # all: never creates
+            by_head = md.get(self.by_head) or md.get(self.settings.topic("requests"))  # the router copies its count
+            keys = md.get(self.topic)
+            if by_head is None or keys is None or by_head.error is not None or keys.error is not None \
+                    or not by_head.partitions or not keys.partitions:
+                return None  # not learnt yet: asked again next time
+            self._partitions = (len(by_head.partitions), len(keys.partitions))
+        return self._partitions
+
+    def _read(self, partition: int, n_keys: int) -> TransitPublicKey | None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        c = self._consumer_()
+        q = partition % n_keys
+        try:
+            low, high = c.get_watermark_offsets(TopicPartition(self.topic, q), timeout=self.settings.admin_timeout)
+            recs = read_range(c, self.topic, q, max(int(low), int(high) - _TAIL, 0), None, 5.0) if high > 0 else []
+        except (TopicReadError, KafkaException) as exc:  # a broker hiccup: plaintext or retry, never a crash
+            log.warning("reading transit keys of partition %d: %s", partition, exc)
+            return None
+        best: TransitPublicKey | None = None
+        for _, _, value in recs:
+            try:
+                k = decode_public_record(value or b"")
+            except TransitError:
+                continue
+            if k.partition == partition and (best is None or k.use_until > best.use_until):
+                best = k
+        if best is not None:
+            self.keys[partition] = best
+        return best
+
+    def _consumer_(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(consumer_config(
+                self.settings, f"{self.settings.topic_prefix}client-transit-{uuid.uuid4().hex}",
+                **{"enable.partition.eof": True, "enable.auto.commit": False}))
+        return self._consumer
+
+    def close(self) -> None:
+        """Close the reader (before the broker goes away)."""
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+
+_warned: set[str] = set()
+
+
+def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> Request:
+    """``req`` sealed for transit per ``mode`` (UNLEARN_TRANSIT_SEAL: auto | always | off); only
+    adds are sealed. ``auto`` without a published key sends plaintext and warns once per head."""
+    if mode == "off" or keys is None or req.op != "add" or isinstance(req.input, SealedInput):
+        return req
+    key = keys.key_for(req.head_id)
+    if key is None:
+        if mode == "always":
+            raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
+                                     "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
+        if req.head_id not in _warned:
+            _warned.add(req.head_id)
+            log.warning("no transit key published for head %r on %s: sending adds in plaintext (they stay "
+                        "readable in requests; docs/erasure.md section 5)", req.head_id, keys.topic)
+        return req
+    return seal_request(req, key)
