@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
 
 __all__ = ["COMPLETE_KEY", "READ_IDLE_S", "TRANSIT_HEAD", "KeyGeneration", "KeyRing", "KeysUnavailable", "fold_keys",
-           "key_record_key", "parse_key_record_key", "read_partition_keys"]
+           "key_record_key", "parse_key_record_key", "read_partition_keys", "superseded_left"]
 
 log = logging.getLogger("unlearn.keys")
 
@@ -130,6 +131,27 @@ def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterabl
     finally:
         if consumer is None:
             c.close()
+
+
+def superseded_left(settings: Settings, family: TopicFamily, below: Mapping[int, int], timeout: float) -> list[str]:
+    """The generation topics g < ``below[p]`` of each partition p still listed after waiting up to
+    ``timeout`` seconds (empty: all deleted). A generation is superseded for good once a newer one
+    is complete, and its writer deletes it ``UNLEARN_KEYS_RETIRE_SECONDS`` later; generations
+    created meanwhile are newer and copy only the live keys, so once these are gone, a key absent
+    from generation ``below[p]`` is in no topic. Transit keys rotate the family every
+    ``UNLEARN_TRANSIT_ROTATE_SECONDS``, so "a single generation" is no stable state to wait for."""
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.profiles import admin_config
+
+    admin = AdminClient(admin_config(settings))
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = list(admin.list_topics(timeout=settings.admin_timeout).topics)
+        left = [family.topic(p, g) for p, n in sorted(below.items()) for g in family.generations(topics, p) if g < n]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
 
 
 class KeyRing:

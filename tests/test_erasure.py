@@ -1,12 +1,14 @@
 """Verifiable erasure on a real broker (docs/erasure.md): after a subject's delete and its
-receipt, its features are nowhere the system controls (every topic except the upstream-owned
-``requests`` and ``requests.by-head``, the data dir, the worker logs), and ``unlearn verify``
-still certifies the head."""
+receipt, its features are nowhere the system controls (every topic, the data dir, the worker
+logs), and ``unlearn verify`` still certifies the head. Its raw inputs in ``requests`` and
+``requests.by-head`` were sealed for transit by the SDK, and are noise once the transit key is
+destroyed; a plain producer's input stays readable there (the documented limitation)."""
 
 from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +16,13 @@ import pytest
 
 from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
-from unlearn.infra.key_family import read_partition_keys
+from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys, superseded_left
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family, keys_family, state_family
 from unlearn.infra.topic_reader import TopicReadError, read_topic
-from unlearn.schemas.deadletter import decode_deadletter
+from unlearn.schemas.deadletter import DeadLetter, decode_deadletter
+from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput, TextInput, encode_request, parse_request
+from unlearn.schemas.transit import seal_request
 from unlearn.services.cli import main
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
@@ -89,8 +93,20 @@ def file_bytes(*roots: Path) -> dict[str, bytes]:
 
 def wait_shredded(s: Settings, head: str, samples: set[str], timeout: float = 90.0) -> None:
     """No live key of ``samples`` in the key family, and one generation per partition (the
-    superseded ones deleted). Only a partition's single generation is read: reading one that is
-    about to be deleted is what crashes librdkafka (infra.topic_reader.source_partitions)."""
+    superseded ones deleted)."""
+    wait_keys_gone(s, lambda ref: ref[0] == head and ref[1] in samples, timeout)
+
+
+def wait_transit_destroyed(s: Settings, key_ids: set[str], timeout: float = 90.0) -> None:
+    """The transit keys ``key_ids`` are in no generation of the key family."""
+    wait_keys_gone(s, lambda ref: ref[0] == TRANSIT_HEAD and ref[2] in key_ids, timeout)
+
+
+def wait_keys_gone(s: Settings, gone: Callable[[tuple[str, str, str]], bool], timeout: float) -> None:
+    """No live key ``gone`` selects in any partition's newest generation, and every older
+    generation deleted (``superseded_left``). Only a partition's newest generation is read:
+    reading one that is about to be deleted is what crashes librdkafka
+    (infra.topic_reader.source_partitions)."""
     from confluent_kafka.admin import AdminClient
 
     from unlearn.infra.profiles import admin_config
@@ -101,58 +117,96 @@ def wait_shredded(s: Settings, head: str, samples: set[str], timeout: float = 90
     while True:
         topics = list(admin.list_topics(timeout=30).topics)
         parts = {pg[0] for t in topics if (pg := fam.parse(t)) is not None}
+        newest = {p: fam.generations(topics, p)[-1] for p in parts}
         live: list[tuple[str, str, str]] = []
-        single = bool(parts) and all(len(fam.generations(topics, p)) == 1 for p in parts)
-        if single:
-            for p in parts:
-                try:
-                    gen = read_partition_keys(s, fam, topics, p)
-                except TopicReadError:  # rotated and deleted meanwhile: look again
-                    single = False
-                    break
-                live += [ref for ref in (gen.keys if gen else {}) if ref[0] == head and ref[1] in samples]
-        if single and not live:
+        left: list[str] = ["(not read)"]
+        try:
+            for p, g in newest.items():
+                gen = read_partition_keys(s, fam, [fam.topic(p, g)], p)
+                live += [ref for ref in (gen.keys if gen else {}) if gone(ref)]
+            if newest and not live:
+                left = superseded_left(s, fam, newest, max(0.0, deadline - time.monotonic()))
+        except TopicReadError:  # rotated and deleted meanwhile: look again
+            pass
+        if newest and not live and not left:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"keys not destroyed in {timeout}s: live={live[:3]}, single generation={single}")
+            raise AssertionError(f"keys not destroyed in {timeout}s: live={live[:3]}, older generations left={left}")
         time.sleep(1.0)
+
+
+def transit_key_ids(s: Settings, subject: str) -> set[str]:
+    """The transit key ids of the subject's sealed adds in ``requests``."""
+    out = set()
+    for r in read_topic(s, s.topic("requests"), timeout=60):
+        try:
+            req = parse_request(r.value or b"")
+        except InvalidRequest:
+            continue
+        if req.subject_id == subject and isinstance(req.input, SealedInput):
+            out.add(req.input.key_id)
+    return out
+
+
+# short transit epochs: a sealed raw input becomes noise within seconds (docs/erasure.md section 5)
+TRANSIT = {"transit_rotate_seconds": 4.0, "transit_grace_seconds": 3.0, "transit_seal": "always"}
+# a plain producer's distinctive values: they stay readable in requests (the documented limitation)
+PLAIN = np.array([0.1928374655, -0.5647382910, 0.3344556677, -0.2233445566, 0.6677889900, 0.1122334455])
 
 
 def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: Settings, tmp_path: Path) -> None:
     s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
-                                                    checkpoint_every_messages=1)
+                                                    checkpoint_every_messages=1, **TRANSIT)
     rng = np.random.default_rng(5)
     feat, led = services(s, tmp_path)
     try:
-        with UnlearnClient(s, client_id="erasure-test") as client:
+        with UnlearnClient(s, client_id="erasure-test") as client, \
+                UnlearnClient(s.with_(transit_seal="off"), client_id="plain-app") as plain:
+            assert client.transit is not None and client.transit.wait_for("er", 60) is not None
             others = rng.normal(size=(8, D))
             for i in range(8):  # other subjects keep the head alive (and share the secret's class)
                 client.add("er", f"other{i % 3}", f"o{i}", i % 2, features=others[i]).wait_delivered(30)
             client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)
             client.add("er", "alice", "a2", 1, features=SECRET[::-1].copy()).wait_delivered(30)
             client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)  # refused: duplicate_add
+            plain.add("er", "zed", "z1", 1, features=PLAIN).wait_delivered(30)  # plaintext on the wire
             receipt = client.delete_subject("er", "alice").wait_receipt(120)
+            assert plain.delete_subject("er", "zed").wait_receipt(120).status == "applied"
+            stale = client.transit.key_for("er")
         assert receipt.status == "applied" and sorted(receipt.sample_ids) == ["a1", "a2"]
-        wait_shredded(s, "er", {"a1", "a2"})
+        wait_shredded(s, "er", {"a1", "a2", "z1"})
+        kids = transit_key_ids(s, "alice")
+        assert kids  # the SDK sealed alice's adds
+        wait_transit_destroyed(s, kids)
+        # a request sealed under a destroyed transit key is refused with the documented reason,
+        # and its dead letter keeps only the sealed bytes
+        assert stale is not None
+        late = Request("late-1", "add", "er", "erasure-test", "mallory", "m1", 0, TextInput("late secret"), 1.0)
+        late = seal_request(late, stale)
+        wait_transit_destroyed(s, {stale.key_id})
+        _produce_raw(s, encode_request(late))
+        dls = wait_deadletters(s, 2)
+        assert sorted(d.reason for d in dls) == ["duplicate_add", "transit_key_destroyed"]
+        assert all(b"late secret" not in d.original for d in dls)
         time.sleep(2.0)  # let the broker's metadata settle after the superseded key generation's deletion
         pats = {**needles(SECRET, s.frac_bits), **{f"rev_{k}": v for k, v in
                                                    needles(SECRET[::-1].copy(), s.frac_bits).items()}}
-        skip = {s.topic("requests"), s.topic("requests.by-head")}  # upstream-owned plaintext (docs/erasure.md)
-        found = scan(topic_bytes(s, skip), pats)
+        raw = topic_bytes(s, set())
+        found = scan(raw, pats)  # requests and requests.by-head included: alice's inputs were sealed
         files = file_bytes(Path(s.data_dir), tmp_path / "logs")
         found += scan(files, pats)
         assert not found, found[:10]
-        dls = [decode_deadletter(r.value or b"") for r in read_topic(s, s.topic("deadletter"), timeout=30)]
-        assert [d.reason for d in dls] == ["duplicate_add"] and dls[0].original.startswith(b"ULFZ")
+        dup = next(d for d in dls if d.reason == "duplicate_add")
+        assert dup.original.startswith(b"ULFZ")  # the duplicate add's original, sealed under a sample key
         # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
         assert scan(files, {"q_row": needles(others[0], s.frac_bits)["q_row"]})
-        # the raw input is still where the upstream producer put it (what the docs say)
-        raw_requests = b"".join(r.value or b"" for r in read_topic(s, s.topic("requests"), timeout=60))
-        assert needles(SECRET, s.frac_bits)["raw_text_0"] in raw_requests
+        # the plain producer's raw input is still where it put it (what the docs say)
+        assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests")]
+        assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]
         cert = verify_broker(s, "er", orders=2, partitionings=2)
         assert cert.ok, cert.summary()
         pairs = next(c for c in cert.checks if c.name == "erased_pairs")
-        assert pairs.status == "pass" and pairs.data["erased_pairs"] == 2, pairs.detail
+        assert pairs.status == "pass" and pairs.data["erased_pairs"] == 3, pairs.detail
         export_deltas(s, "er", tmp_path / "er.uldx")
         offline = verify_file(tmp_path / "er.uldx", "er", orders=1, partitionings=1, keys_from=s)
         assert offline.ok, offline.summary()
@@ -160,8 +214,11 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
                                                            partitionings=1).warnings)
         rep = wait_clear(s, "er", "alice")
         assert rep.clear, rep.summary()
+        assert next(c for c in rep.checks if c.store == "requests").clear
         assert rep.excluded_from_version == receipt.head_version and sorted(rep.samples) == ["a1", "a2"]
         assert not erasure_report(s, "er", "other0").clear  # a subject with live data is not clear
+        zed = erasure_report(s, "er", "zed")  # erased from every store but the plaintext requests
+        assert not zed.clear and [c.store for c in zed.checks if not c.clear] == ["requests"], zed.summary()
         cli = ["erasure-report", "--bootstrap", s.bootstrap, "--prefix", s.topic_prefix, "--head", "er",
                "--data-dir", s.data_dir, "--json", "--subject"]
         assert main([*cli, "alice"]) == 0
@@ -173,17 +230,39 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
     assert led.proc.returncode == 0, led.log_tail()
 
 
+def _produce_raw(s: Settings, value: bytes) -> None:
+    """One request as a producer in any language would send it."""
+    from confluent_kafka import Producer
+
+    from unlearn.infra.profiles import producer_config
+
+    p = Producer(producer_config(s))
+    p.produce(s.topic("requests"), value=value, key=b"mallory")
+    assert p.flush(30) == 0
+
+
+def wait_deadletters(s: Settings, n: int, timeout: float = 60.0) -> list[DeadLetter]:
+    deadline = time.monotonic() + timeout
+    while True:
+        dls = [decode_deadletter(r.value or b"") for r in read_topic(s, s.topic("deadletter"), timeout=30)]
+        if len(dls) >= n or time.monotonic() > deadline:
+            return dls
+        time.sleep(0.5)
+
+
 def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(settings: Settings, tmp_path: Path) -> None:
     """A delete right behind its add (both in flight), a re-add of an erased sample (fresh key id),
     and a featurizer killed between a delete and its key's destruction (the ledger is down, so
     the floor cannot pass the delete): the restarted featurizer destroys the key once the ledger
     is back, and the head still verifies."""
     s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
-                                                    checkpoint_every_messages=1)
+                                                    checkpoint_every_messages=1,
+                                                    **{**TRANSIT, "transit_grace_seconds": 8.0})
     rng = np.random.default_rng(7)
     feat, led = services(s, tmp_path)
     try:
         with UnlearnClient(s, client_id="erasure-test") as client:
+            assert client.transit is not None and client.transit.wait_for("er2", 60) is not None
             for i in range(6):
                 client.add("er2", f"other{i % 2}", f"o{i}", i % 2, features=rng.normal(size=D)).wait_delivered(30)
             # 1. the delete follows its add without waiting for anything
@@ -204,11 +283,16 @@ def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(setting
             d.wait_delivered(30)
             time.sleep(3.0)  # the featurizer judges both; the ledger is down: no floor passes them
             assert not _keys_gone(s, "er2", {"c1"})
+            # carol's transit key is superseded or about to be, not destroyed (grace 8 s): the kill
+            # falls between its rotation and its destruction
+            carol_kids = transit_key_ids(s, "carol")
+            assert carol_kids and not _keys_gone(s, "", set(), carol_kids)
             feat.kill9()
             feat.start()
             led.start()
             assert d.wait_receipt(120).status == "applied"
             wait_shredded(s, "er2", {"c1"})
+            wait_transit_destroyed(s, carol_kids)  # the restarted featurizer destroys it: only delayed
         feat.wait_for_log("await destruction", timeout=30)
         cert = verify_broker(s, "er2", orders=2, partitionings=2)
         assert cert.ok, cert.summary()
@@ -244,9 +328,12 @@ def wait_clear(s: Settings, head: str, subject: str, timeout: float = 30.0) -> E
         time.sleep(1.0)
 
 
-def _keys_gone(s: Settings, head: str, samples: set[str]) -> bool:
+def _keys_gone(s: Settings, head: str, samples: set[str], transit: set[str] | None = None) -> bool:
     try:
-        wait_shredded(s, head, samples, timeout=0.1)
+        if transit is not None:
+            wait_transit_destroyed(s, transit, timeout=0.1)
+        else:
+            wait_shredded(s, head, samples, timeout=0.1)
         return True
     except AssertionError:
         return False

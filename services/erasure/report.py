@@ -4,8 +4,9 @@ For one subject of one head (docs/erasure.md): its delete receipts, the head ver
 excluded all of its samples, and a check of every store the system controls:
 
 - ``subject-keys``: the newest generation of each partition holds no key of the subject's samples
-  and no superseded generation is left (a key record written and later tombstoned is still in
-  that generation's log until the topic is deleted);
+  and every older generation is deleted (a key record written and later tombstoned is still in
+  that generation's log until the topic is deleted): waited for up to the retire grace + 10 s,
+  since transit keys keep rotating the family;
 - the local sqlite feature caches under ``UNLEARN_DATA_DIR`` (this host): no row of the subject;
 - ``deltas``: every row of the subject is sealed (no plaintext ROWS entry of it) under a key that
   no longer exists;
@@ -34,7 +35,7 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
-from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key
+from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
@@ -143,9 +144,10 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     held: list[str] = []
     live_kids: set[str] = set()
     transit_kids: set[str] = set()  # transit keys still stored: their sealed inputs still open
+    newest: dict[int, int] = {}
     for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
         gens = fam.generations(topics, p)
-        held += [f"superseded generation {fam.topic(p, g)} not yet deleted (it may hold keys)" for g in gens[:-1]]
+        newest[p] = gens[-1]
         for r in _read(settings, fam.topic(p, gens[-1]), timeout):
             if r.key is None or r.key == COMPLETE_KEY or r.value is None:
                 continue
@@ -158,6 +160,9 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
             elif h == head_id and s in rep.samples:
                 live_kids.add(kid)
                 held.append(f"key {kid} of sample {s!r} in {fam.topic(p, gens[-1])} at offset {r.offset}")
+    # older generations may hold keys destroyed since: they must be deleted (within the grace)
+    held += [f"superseded generation {t} not yet deleted (it may hold keys)"
+             for t in superseded_left(settings, fam, newest, settings.keys_retire_seconds + 10.0)]
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
                                  if not held else f"{len(held)} key records still stored", held))
     undestroyed = [f"row of {s!r} sealed under key {k} which still exists" for s, k in sorted(sealed_refs)
