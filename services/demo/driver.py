@@ -34,7 +34,7 @@ from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas._binary import CodecError
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request
+from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput, encode_request
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
@@ -167,6 +167,7 @@ class Demo:
         self.pending_receipts: list[str] = []
         self.seq = 0
         self.signers: dict[str, Signer] = {}  # client id -> its key, in signed mode
+        self.sealed = 0  # adds sealed for transit (docs/erasure.md section 5)
 
     # ------------------------------------------------------------------ helpers
     def request(self, op: str, i: int, client: str) -> Request:
@@ -181,7 +182,9 @@ class Demo:
     def produce(self, req: Request, key: bytes) -> None:
         """Produce one request, sealed for transit like the SDK does (UNLEARN_TRANSIT_SEAL) and
         signed by its client's key in signed mode."""
-        value = encode_request(seal_for_transit(req, self.transit, self.settings.transit_seal))
+        req = seal_for_transit(req, self.transit, self.settings.transit_seal)
+        self.sealed += isinstance(req.input, SealedInput)
+        value = encode_request(req)
         signer = self.signers.get(req.client_id)
         self.producer.produce(self.settings.topic("requests"), key=key, value=value,
                               headers=signer.headers(value) if signer is not None else None)
@@ -430,7 +433,7 @@ class Demo:
             "delete_to_receipt_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
             "throughput_events_per_s": self.phases[0].extra.get("events_per_s"),
             "readd_restores_digest": exact_return, "backbone_bit_reproducible": reproducible,
-            "verifier": cert, "serving": served, "ok": ok,
+            "verifier": cert, "serving": served, "ok": ok, "adds_sealed_for_transit": self.sealed,
             "wall_seconds": time.time() - t_start,
         }
         (self.out / "report.json").write_text(json.dumps(rep, indent=2, default=str))

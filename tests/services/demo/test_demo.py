@@ -27,6 +27,7 @@ def test_demo_runs_every_phase_and_certifies(tmp_path: Path, capfd: pytest.Captu
     assert code == 0, report
     assert report["ok"] and report["verifier"]["ok"] and report["serving"]["ok"]
     assert report["readd_restores_digest"]  # passthrough features are bit-reproducible
+    assert report["adds_sealed_for_transit"] >= 200  # raw inputs sealed for transit by default
     names = [p["name"] for p in report["phases"]]
     assert names[0] == "initial adds" and len(names) == 5
     retained = [p["n_retained"] for p in report["phases"]]
