@@ -147,6 +147,7 @@ WORKER_GROUP_FILES = {
     "streams/ledger/state_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/shredder.py": {"featurizer"},
+    "services/client/transit_keys.py": {"client"},  # its reader of transit-keys (assign only)
 }
 
 
