@@ -49,9 +49,12 @@ from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadIn
 __all__ = ["CACHE_SCHEMA_VERSION", "PAGE_SIZE", "WAL_AUTOCHECKPOINT_PAGES", "CacheError", "FeatureCache", "OutboxRow",
            "cache_path"]
 
-CACHE_SCHEMA_VERSION = 3
+CACHE_SCHEMA_VERSION = 4
 """2: outbox rows carry a partition and a delivery phase; the ``lineage`` table. 3: the ``origins``
-table. Older files are upgraded in place on open."""
+table. 4: where the changelog backs the cache, a batch's outbox rows are its phase 0 only (phase 1
+is rebuilt from the txn, ``delivery.outbox_messages``); code of version 3 would re-send phase 0
+alone, so it must refuse the file (it does: the version differs). Older files are upgraded in
+place on open (their pending phase-1 rows are delivered as they are)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -106,9 +109,9 @@ CREATE TABLE IF NOT EXISTS origins (
 
 
 PAGE_SIZE = 65536
-"""sqlite page size of a new cache file. A batch writes megabytes (q travels in the samples, the
-changelog txn, the sample records and the deltas: about 30 KB per add at d=768), mostly as
-overflow pages: 64 KiB pages make a 190-add commit about 3x and its outbox delete about 5x
+"""sqlite page size of a new cache file. A batch writes megabytes (q is in the samples and twice in
+the changelog txn, its sample record and delta: about 18 KB per add at d=768; 30 KB before schema
+4), mostly as overflow pages: 64 KiB pages make a 190-add commit about 3x and its outbox delete about 5x
 cheaper than 4 KiB pages (measured, bench/results/pipeline_bench.md). Existing files keep theirs."""
 WAL_AUTOCHECKPOINT_PAGES = 256
 """Checkpoint the WAL at 16 MiB (256 pages of 64 KiB): a few batches per checkpoint, so outbox
@@ -184,13 +187,13 @@ class FeatureCache:
     def _upgrade(self) -> None:
         """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
         (changelog tombstones); its pending rows are kept. 2 -> 3: the ``origins`` table (created
-        empty by the schema script)."""
+        empty by the schema script). 3 -> 4: nothing to change (the outbox's meaning widens)."""
         with self._tx():
             has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
             if not has_meta:
                 return
             row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is not None and row[0] == "2":
+            if row is not None and row[0] in ("2", "3"):
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
             if row is not None and row[0] == "1":
                 self._db.execute("ALTER TABLE outbox RENAME TO outbox_v1")

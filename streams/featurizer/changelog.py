@@ -17,7 +17,8 @@ Keys (compaction keeps the last value of each):
 - ``delivered/<p>`` -> the last generation whose outbox was acknowledged (saves a re-send).
 
 Per batch the featurizer produces, in two acknowledged phases: (0) the txn pieces, then the
-position record; (1) the downstream messages plus the sample/head records. State records are
+position record; (1) the downstream messages plus the sample/head records. Its sqlite outbox keeps
+phase 0 only: :func:`outputs_of_txn` rebuilds phase 1 from the txn for a re-send. State records are
 written only after their batch's position is durable, so the log never holds a sample record of
 an uncommitted batch (which could shadow a committed value under compaction); txn pieces of an
 unfinished batch are harmless: they sit in the other slot and only a position record names them.
@@ -32,7 +33,7 @@ import hashlib
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import orjson
@@ -53,6 +54,7 @@ __all__ = [
     "encode_sample",
     "fold_changelog",
     "head_key",
+    "outputs_of_txn",
     "position_key",
     "resume_plan",
     "sample_key",
@@ -76,6 +78,16 @@ Record = tuple[bytes, bytes | None]  # (key, value); value None is a tombstone
 SealSample = Callable[[str, str, bytes], bytes]
 #: ``open(head, sample, record) -> plain_record`` (plaintext records pass through)
 OpenSample = Callable[[str, str, bytes], bytes]
+
+
+class Keyed(Protocol):
+    """A record with a key and a value (an ``OutMessage`` or an outbox row)."""
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
 
 
 class ChangelogError(RuntimeError):
@@ -291,6 +303,36 @@ def batch_records(partition: int, topic: str, mutations: CacheMutations, message
            for i, piece in enumerate(pieces)]
     out.append(OutMessage(topic, position_key(partition), pos.encode(), partition, PHASE_CHANGELOG))
     out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in records]
+    return out
+
+
+def outputs_of_txn(topic: str, partition: int, phase0: Sequence[Keyed]) -> list[OutMessage]:
+    """Phase 1 of the batches whose phase 0 is ``phase0`` (their txn pieces and position records,
+    in outbox order): the sample/head records, then the downstream messages, byte for byte what
+    :func:`batch_records` and the batch's outcome gave when it was committed (sealed values
+    included: the txn holds the sealed bytes). Why: the sqlite outbox keeps phase 0 only, so an
+    add's q is stored there once (in the txn), not twice (docs/featurizer.md, "Crash
+    consistency"). ChangelogError when a txn does not verify against its position."""
+    out: list[OutMessage] = []
+    pieces: list[bytes] = []
+    pos_key = position_key(partition)
+    for m in phase0:
+        if m.key == pos_key and m.value is not None:
+            pos = Position.decode(m.value)
+            txn = b"".join(pieces)
+            if len(pieces) != pos.pieces or hashlib.sha256(txn).hexdigest() != pos.sha256:
+                raise ChangelogError(f"outbox txn of partition {partition} (generation {pos.generation}) does not "
+                                     "verify against its position")
+            records, messages = decode_txn(txn)
+            out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in records]
+            out += [OutMessage(x.topic, x.key, x.value, None, PHASE_OUTPUT) for x in messages]
+            pieces = []
+        elif m.key is not None and m.key.startswith(b"txn/") and m.value is not None:
+            pieces.append(m.value)
+        else:
+            raise ChangelogError(f"not a phase-0 record of partition {partition}: {m.key!r}")
+    if pieces:
+        raise ChangelogError(f"outbox of partition {partition}: txn pieces without their position record")
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unlearn.streams.featurizer.cache import OutboxRow
+from unlearn.streams.featurizer.changelog import PHASE_CHANGELOG, outputs_of_txn
 from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.
@@ -54,3 +55,15 @@ def deliver_phases(producer: Any, messages: Sequence[OutMessage | OutboxRow],
                                  for m in messages if m.phase == phase], on_acked)
         if after_phase is not None:
             after_phase(phase)
+
+
+def outbox_messages(rows: Sequence[OutboxRow], changelog_topic: str | None,
+                    partition: int) -> list[OutboxRow | OutMessage]:
+    """What a crash left to deliver: the outbox rows, plus the phase 1 rebuilt from their txn
+    (``changelog.outputs_of_txn``) when they hold phase 0 only. Why: where the changelog backs
+    the cache, the outbox keeps a batch's phase 0 alone (its txn holds phase 1 byte for byte), so
+    q is stored once there; a schema-3 outbox (phase 1 stored too) or one without a changelog is
+    delivered as it is."""
+    if changelog_topic is None or not rows or any(r.phase != PHASE_CHANGELOG for r in rows):
+        return list(rows)
+    return [*rows, *outputs_of_txn(changelog_topic, partition, rows)]

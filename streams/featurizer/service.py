@@ -13,8 +13,8 @@ and all durable state in :mod:`streams.featurizer.cache`; this module moves byte
 
 1. decide the outcome (``featurize_batch``) against the partition's cache;
 2. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
-   rejected receipts and the batch's changelog records (``changelog.batch_records``) into the
-   outbox, record the batch's last input offset;
+   rejected receipts into the outbox (with the changelog: only the batch's txn and position,
+   ``changelog.batch_records``, which hold them), record the batch's last input offset;
 3. produce the outbox rows in two phases, each flushed and fully acknowledged: (0) the batch's
    txn and position records on ``featurizer-cache``, (1) the downstream messages and the
    sample/head records; then delete them;
@@ -46,6 +46,7 @@ from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
 from unlearn.streams.featurizer.changelog import (
+    PHASE_CHANGELOG,
     PHASE_OUTPUT,
     FoldedChangelog,
     Position,
@@ -63,7 +64,7 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
-from unlearn.streams.featurizer.delivery import deliver_phases, produce_acked
+from unlearn.streams.featurizer.delivery import deliver_phases, outbox_messages, produce_acked
 from unlearn.streams.featurizer.heads import with_registry
 from unlearn.streams.featurizer.model import (
     DeliveryError,
@@ -348,7 +349,8 @@ class FeaturizerService:
         """Upload a local cache the changelog lacks, as one batch that also carries whatever the
         local outbox still had to deliver."""
         assert self.changelog_topic is not None
-        downstream = [OutMessage(r.topic, r.key, r.value) for r in cache.pending_outbox()
+        downstream = [OutMessage(r.topic, r.key, r.value) for r in
+                      outbox_messages(cache.pending_outbox(), self.changelog_topic, p)
                       if r.topic != self.changelog_topic]
         gen = cache.generation + 1
         pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "",
@@ -358,7 +360,7 @@ class FeaturizerService:
                              self.erasure.sample_sealer(p) if self.erasure is not None else None) + downstream
         if self.erasure is not None:
             self.erasure.flush()  # keys of samples cached before sealing existed
-        seqs = cache.replace_outbox(msgs, gen)
+        seqs = cache.replace_outbox([m for m in msgs if m.phase == PHASE_CHANGELOG], gen)
         log.warning("partition %d: uploading the local feature cache (%d samples) to %s", p, cache.count(),
                     self.changelog_topic)
         self._deliver(msgs)
@@ -370,10 +372,11 @@ class FeaturizerService:
         """Re-produce the outbox rows a crash left (in their phases), then forget them."""
         rows = cache.pending_outbox()
         if rows:
-            log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(rows))
-            self._deliver(rows)
+            msgs = outbox_messages(rows, self.changelog_topic, p)  # phase 1 rebuilt from the txn
+            log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(msgs))
+            self._deliver(msgs)
             cache.ack_outbox(r.seq for r in rows)
-            self.stats["replayed"] += len(rows)
+            self.stats["replayed"] += len(msgs)
             if self.changelog_topic is not None:
                 self._mark_delivered(p, cache.generation)
 
@@ -554,6 +557,7 @@ class FeaturizerService:
                 outcome = self.erasure.seal(p, outcome, cache)
             messages = outcome.messages(config)
             generation: int | None = None
+            durable = messages  # what the outbox keeps: with the changelog, phase 0 (outputs_of_txn)
             if self.changelog_topic is not None:
                 # the changelog records ride in the same sqlite transaction, ahead of the outputs
                 generation = cache.generation + 1
@@ -562,9 +566,10 @@ class FeaturizerService:
                 messages = batch_records(p, self.changelog_topic, outcome.mutations, messages, pos,
                                          self.settings.changelog_max_bytes,
                                          self.erasure.sample_sealer(p) if self.erasure is not None else None) + messages
+                durable = [m for m in messages if m.phase == PHASE_CHANGELOG]
             if self.erasure is not None:
                 self.erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
-            seqs = cache.commit_batch(outcome.mutations, messages, outcome.last_offset, generation,
+            seqs = cache.commit_batch(outcome.mutations, durable, outcome.last_offset, generation,
                                       outcome.origin_offsets)
             done.append((p, cache, seqs, messages, outcome.last_offset))
             count_batch(self.stats, p, msgs, outcome)

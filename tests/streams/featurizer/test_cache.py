@@ -13,7 +13,7 @@ import pytest
 
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.cache import CacheError, FeatureCache, cache_path
+from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
 from unlearn.streams.featurizer.core import (
     CachedSample,
     CacheMutations,
@@ -109,7 +109,8 @@ def test_a_version_2_file_is_upgraded_in_place(tmp_path: Path) -> None:
     with FeatureCache(path) as cache:
         assert cache.count() == 1 and cache.applied_offset == 7 and len(cache.pending_outbox()) == 1
         assert cache.origin_offsets() == {}
-        assert cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        version = cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert version == (str(CACHE_SCHEMA_VERSION),) == ("4",)
 
 
 def test_identity_is_checked_on_open(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from unlearn.streams.featurizer.changelog import (
     delivered_record,
     encode_sample,
     fold_changelog,
+    outputs_of_txn,
     position_key,
     resume_plan,
     sample_key,
@@ -105,6 +106,30 @@ def test_replaying_the_changelog_gives_the_cache(tmp_path_factory: pytest.TempPa
     assert folded.position is not None and folded.position.generation == len(batches)
     assert folded.position.origins == {0: 10 * len(batches)}
     assert [m.value for m in folded.pending] == [f"delta {len(batches)}".encode()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=batches, piece_bytes=st.sampled_from([7, 100, 1_000_000]), n_out=st.integers(0, 4))
+def test_phase_one_is_rebuilt_byte_for_byte_from_the_outbox_txn(batches: list, piece_bytes: int, n_out: int) -> None:
+    """The outbox keeps phase 0 only (cache schema 4): ``outputs_of_txn`` of it is exactly the
+    phase 1 the batch was committed with (state records, then the downstream messages, keys,
+    values, tombstones, partitions and order), for any batch, piece size and number of batches
+    pending; a piece that does not verify is refused, never re-sent."""
+    phase0: list[OutMessage] = []
+    want: list[OutMessage] = []
+    for g, (puts, drops, with_heads) in enumerate(batches, start=1):
+        out = [OutMessage(f"t.{t}", None if i == 2 else f"k{i}".encode(), bytes([g, i]) * (i + 1))
+               for i, t in zip(range(n_out), ("deltas", "deadletter", "receipts", "head-registry"), strict=False)]
+        recs = batch_records(2, TOPIC, to_mutations(puts, drops, with_heads), out, pos(10 * g, g), piece_bytes)
+        phase0 += [m for m in recs if m.phase == PHASE_CHANGELOG]
+        want += [m for m in recs if m.phase == PHASE_OUTPUT] + out
+    assert outputs_of_txn(TOPIC, 2, phase0) == want
+    broken = [m if m.key != phase0[0].key or i else OutMessage(m.topic, m.key, (m.value or b"") + b"!", 2, 0)
+              for i, m in enumerate(phase0)]
+    with pytest.raises(ChangelogError):
+        outputs_of_txn(TOPIC, 2, broken)
+    with pytest.raises(ChangelogError):
+        outputs_of_txn(TOPIC, 2, phase0[:-1])  # the last batch's pieces without their position
 
 
 def test_delivered_record_clears_the_pending_batch() -> None:

@@ -262,11 +262,13 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     assert isinstance(err, LostCacheError) and "changelog" in str(err), err
 
 
-@pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_produce"])
+@pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog", "after_produce"])
 def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, crash_at: str) -> None:
-    """Crash between the sqlite commit and the produce (nothing sent) or between the produce and
-    the outbox ack (everything sent, then re-sent): the restarted featurizer re-produces the
-    outbox, seeks past the cached offset, and the source-id rule gives the exact ledger."""
+    """Crash between the sqlite commit and the produce (nothing sent), between phase 0 and phase 1
+    (txn and position durable, no output sent: the outbox holds phase 0 only, and the restart
+    rebuilds phase 1 from its txn) or between the produce and the outbox ack (everything sent,
+    then re-sent): the restarted featurizer re-produces the outbox, seeks past the cached offset,
+    and the source-id rule gives the exact ledger."""
     s = settings.with_(data_dir=str(tmp_path / "data"))
     reqs, retained, accepted, reasons = workload()
     produce(s, reqs)
@@ -282,9 +284,11 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
     assert isinstance(first.wait_dead(40), Crash)
     caches = list((tmp_path / "data" / "featurizer").glob("*/p*.sqlite"))
     assert caches, "the crashed batch was committed to the cache"
+    rebuilt = pending_phase_one(s, caches)  # what the crashed batch's phase 1 was, from its outbox txn
+    assert rebuilt  # every crash point here is before the outbox ack
 
     second = Running(s, group="fz-crash", max_batch=16)
-    reader = Reader(s)
+    reader = Reader(s, ("deltas", "deadletter", "receipts", "featurizer-cache"))
     try:
         got = reader.until(lambda g: len(g["deadletter"]) >= 5
                            and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
@@ -301,8 +305,20 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
         assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
     rows_expected = sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"])  # one row per deleted sample
     assert sorted(events) == rows_expected
-    if crash_at == "after_cache_commit":
-        # nothing was produced before the crash: every message exactly once, no re-judging
+    # sealing draws random nonces, so "identical" is checked where it must hold: the re-sent phase 1
+    # is the committed one, byte for byte (sealed rows, key ids, sample records), and the ledger exact
+    # (a seed, the restart after "after_cache_commit" of a first batch, seals its snapshot anew: only
+    # its downstream messages are the committed ones)
+    sent = [(m.topic(), m.key(), m.value()) for n in ("deltas", "deadletter", "receipts", "featurizer-cache")
+            for m in got[n]]
+    copies = 2 if crash_at == "after_produce" else 1
+    checked = [m for m in rebuilt if m.topic != s.topic("head-registry") and not (
+        crash_at == "after_cache_commit" and m.topic == s.topic("featurizer-cache"))]
+    assert checked  # every judged request gave a delta row or a dead letter
+    for m in checked:
+        assert sent.count((m.topic, m.key, m.value)) == copies, (m.topic, m.key)
+    if crash_at != "after_produce":
+        # nothing downstream was produced before the crash: every message exactly once, no re-judging
         assert dls == reasons
         assert sorted(ledgers_from(got["deltas"], dedup=False)[1]) == rows_expected
     else:
@@ -539,6 +555,23 @@ def test_crash_then_restart_on_another_host(settings: Settings, tmp_path: Path, 
     for head in ("h1", "h2"):
         assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
     assert sorted(decode_deadletter(m.value()).reason for m in got["deadletter"]) == reasons
+
+
+def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
+    """The phase-1 messages the crash left to deliver, rebuilt from the caches' outbox txns as the
+    service rebuilds them (``delivery.outbox_messages``; empty when nothing is pending)."""
+    from unlearn.streams.featurizer.cache import FeatureCache
+    from unlearn.streams.featurizer.changelog import PHASE_OUTPUT
+    from unlearn.streams.featurizer.delivery import outbox_messages
+
+    out = []
+    for path in caches:
+        with FeatureCache(path) as cache:
+            rows = cache.pending_outbox()
+            assert all(r.phase == 0 for r in rows)  # schema 4: the outbox keeps phase 0 only
+            p = int(path.stem[1:])
+            out += [m for m in outbox_messages(rows, settings.topic("featurizer-cache"), p) if m.phase == PHASE_OUTPUT]
+    return out
 
 
 def has_outbox(path: Path) -> bool:
