@@ -2,9 +2,10 @@
 
 The transactional outbox (``cache.py``) deletes a row only after its message is durable, and the
 changelog's txn and position records (phase 0) must be durable before the downstream messages
-(phase 1) exist: both rest on these two functions, which raise unless every message was
-acknowledged. ``on_acked`` sees each acknowledged message (the shredder learns where a delete
-landed in ``deltas``).
+(phase 1) exist: both rest on these functions, which raise unless every message was
+acknowledged (:class:`Acks` produces now and waits later, where a wait can overlap work).
+``on_acked`` sees each acknowledged message (the shredder learns where a delete landed in
+``deltas``).
 """
 
 from __future__ import annotations
@@ -20,28 +21,52 @@ from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 OnAcked = Callable[[str, int, int, "bytes | None"], None]
 
 
+class Acks:
+    """Messages produced now and awaited later: :meth:`wait` flushes and raises ``error`` unless
+    every message :meth:`send` produced was acknowledged. Why: a broker round trip can overlap
+    other work (the router's forwards overlap the featurizer's batch, a batch's new keys its
+    changelog records) while each guarantee still waits where it is needed."""
+
+    def __init__(self, producer: Any, on_acked: OnAcked | None = None, error: type[Exception] = DeliveryError) -> None:
+        self.producer, self.on_acked, self.error = producer, on_acked, error
+        self.sent = self.acked = 0
+        self.failures: list[str] = []
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failures.append(f"{msg.topic()}: {err.str()}")
+            return
+        self.acked += 1
+        if self.on_acked is not None:
+            self.on_acked(msg.topic(), msg.partition(), msg.offset(), msg.value())
+
+    def send(self, sends: Sequence[dict[str, Any]]) -> Acks:
+        """Produce each ``Producer.produce`` keyword set in order, without waiting."""
+        for send in sends:
+            while True:
+                try:
+                    self.producer.produce(**send, on_delivery=self._on_delivery)
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            self.sent += 1
+        return self
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Flush (within ``timeout`` seconds, or without bound); raise unless every message sent
+        so far was acknowledged. Returns how many were."""
+        remaining = self.producer.flush() if timeout is None else self.producer.flush(timeout)
+        if remaining or self.failures or self.acked != self.sent:
+            raise self.error(f"{self.sent - self.acked} message(s) unacknowledged ({remaining} in the queue), "
+                             f"{len(self.failures)} failed: {self.failures[:3]}")
+        return self.acked
+
+
 def produce_acked(producer: Any, sends: Sequence[dict[str, Any]], on_acked: OnAcked | None = None,
                   timeout: float | None = None, error: type[Exception] = DeliveryError) -> None:
     """Produce each ``Producer.produce`` keyword set in order and flush (within ``timeout``
     seconds, or without bound); raise ``error`` unless every message was acknowledged."""
-    failures: list[str] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            failures.append(f"{msg.topic()}: {err.str()}")
-        elif on_acked is not None:
-            on_acked(msg.topic(), msg.partition(), msg.offset(), msg.value())
-
-    for send in sends:
-        while True:
-            try:
-                producer.produce(**send, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    remaining = producer.flush() if timeout is None else producer.flush(timeout)
-    if remaining or failures:
-        raise error(f"{remaining} message(s) unacknowledged, {len(failures)} failed: {failures[:3]}")
+    Acks(producer, on_acked, error).send(sends).wait(timeout)
 
 
 def deliver_phases(producer: Any, messages: Sequence[OutMessage | OutboxRow],

@@ -29,7 +29,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
-from unlearn.streams.featurizer.delivery import produce_acked
+from unlearn.streams.featurizer.delivery import Acks, produce_acked
 
 __all__ = ["KeyStore", "KeyStoreError"]
 
@@ -53,6 +53,7 @@ class KeyStore:
         self.next_gen: dict[int, int] = {}  # partition -> next generation to write (above every existing one)
         self.current: dict[tuple[str, str], SampleKey] = {}  # (head, sample) -> its newest key
         self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
+        self._sending: Acks | None = None  # keys produced by send(), awaited by flush()
         self.retiring: list[tuple[float, list[str]]] = []
         self.producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
         self.admin = AdminClient(admin_config(self.settings))
@@ -114,13 +115,23 @@ class KeyStore:
         if cur is not None and cur.key_id == key_id:
             del self.current[(head_id, sample_id)]
 
-    def flush(self) -> int:
-        """Produce the staged keys and wait until every one is acknowledged (KeyStoreError if
-        not): call before the batch that uses them is committed. Returns how many."""
+    def send(self) -> None:
+        """Produce the staged keys without waiting for them: their round trip overlaps the work
+        before the batch's commit, where :meth:`flush` waits (docs/erasure.md: a key is durable
+        before any ciphertext under it is committed)."""
         staged, self._staged = self._staged, []
         if staged:
-            self._produce_acked(staged)
-        return len(staged)
+            if self._sending is None:
+                self._sending = Acks(self.producer, error=KeyStoreError)
+            self._sending.send([{"topic": t, "key": k, "value": v, "partition": 0} for t, k, v in staged])
+
+    def flush(self) -> int:
+        """Produce the staged keys and wait until every key produced since the last flush is
+        acknowledged (KeyStoreError if not): call before the batch that uses them is committed.
+        Returns how many."""
+        self.send()
+        sending, self._sending = self._sending, None
+        return 0 if sending is None else sending.wait(self.settings.admin_timeout)
 
     def live(self, partition: int) -> list[SampleRef]:
         gen = self.gens.get(partition)

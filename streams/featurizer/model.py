@@ -319,10 +319,10 @@ class BatchOutcome:
 
 # --------------------------------------------------------------------------- service types
 FaultHook = Callable[[str], None]
-"""Test hook, called at "after_route" (forwarded records acknowledged, requests offsets not
-committed), "after_cache_commit", "after_changelog" (phase 0 acknowledged, nothing else sent),
-"after_produce", "after_outbox_ack" and "after_offset_commit"; raising there simulates a crash at
-that point."""
+"""Test hook, called at "after_route" (forwarded records acknowledged, after the batch's by-head
+records were featurized, requests offsets not committed), "after_cache_commit", "after_changelog"
+(phase 0 acknowledged, nothing else sent), "after_produce", "after_outbox_ack" and
+"after_offset_commit"; raising there simulates a crash at that point."""
 
 ReadyHook = Callable[[], object]
 """Called once, after the first partition assignment is in place (caches opened, seeks done)."""

@@ -64,7 +64,7 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
-from unlearn.streams.featurizer.delivery import deliver_phases, outbox_messages, produce_acked
+from unlearn.streams.featurizer.delivery import Acks, deliver_phases, outbox_messages
 from unlearn.streams.featurizer.heads import with_registry
 from unlearn.streams.featurizer.model import (
     DeliveryError,
@@ -489,8 +489,11 @@ class FeaturizerService:
         offsets of both (the router's only after its forwards were acknowledged)."""
         from confluent_kafka import TopicPartition
 
-        forwarded = self._forward([m for m in batch if m.topic() == self.requests_topic])
+        forwarded, forwards = self._forward([m for m in batch if m.topic() == self.requests_topic])
         featurized = self._featurize([m for m in batch if m.topic() == self.topic])
+        if forwards is not None:  # awaited after the featurizing it overlapped, before any commit
+            self.stats["routed"] += forwards.wait()
+            self._hook("after_route")
         offsets = [TopicPartition(self.requests_topic, p, last + 1) for p, last in sorted(forwarded.items())]
         offsets += [TopicPartition(self.topic, p, last + 1) for p, last in sorted(featurized.items())]
         if not offsets:
@@ -502,15 +505,16 @@ class FeaturizerService:
         self.stats["batches"] += 1
         self._hook("after_offset_commit")
 
-    def _forward(self, records: list[Any]) -> dict[int, int]:
+    def _forward(self, records: list[Any]) -> tuple[dict[int, int], Acks | None]:
         """Forward requests records to their heads' by-head partitions (value, key, headers
         and timestamp kept, origin headers added); return requests partition -> last offset
-        forwarded once every forward is acknowledged (DeliveryError otherwise: the router then
-        dies before committing, and its next session forwards the same records again)."""
+        forwarded, and the forwards' acknowledgements to await before that offset is committed
+        (DeliveryError otherwise: the router then dies before committing, and its next session
+        forwards the same records again)."""
         from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
         if not records:
-            return {}
+            return {}, None
         assert self._router is not None
         sends: list[dict[str, Any]] = []
         last: dict[int, int] = {}
@@ -523,10 +527,7 @@ class FeaturizerService:
                 send["timestamp"] = ts
             sends.append(send)
             last[p] = off
-        produce_acked(self._producer, sends, self._on_acked)
-        self.stats["routed"] += len(sends)
-        self._hook("after_route")
-        return last
+        return last, Acks(self._producer, self._on_acked).send(sends)
 
     def _featurize(self, records: list[Any]) -> dict[int, int]:
         """Judge by-head records per partition through the outbox (module docstring, steps 1-3);

@@ -127,7 +127,9 @@ class Erasure:
     def seal(self, partition: int, outcome: BatchOutcome, cache: Any = None) -> BatchOutcome:
         """Seal a batch judged against ``cache`` (a ``CacheView`` as it was before the batch)."""
         cached = None if cache is None else (lambda h, s: cache.get_sample(h, s) is not None)
-        return seal_outcome(self.keys, partition, outcome, cached)
+        sealed = seal_outcome(self.keys, partition, outcome, cached)
+        self.keys.send()  # the new keys' round trip overlaps the batch's changelog records; flush() waits
+        return sealed
 
     def gate(self, partition: int) -> TransitGate | None:
         """The partition's transit keys, to open sealed inputs (None: no transit keys here)."""

@@ -1,0 +1,33 @@
+"""Produce now, wait later (``delivery.Acks``) against a REAL Kafka-protocol broker (conftest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from unlearn.infra.profiles import producer_config
+from unlearn.infra.settings import Settings
+from unlearn.streams.featurizer.delivery import Acks
+from unlearn.streams.featurizer.model import DeliveryError
+
+pytestmark = pytest.mark.broker
+
+
+def test_acks_count_only_their_own_messages_and_raise_on_any_failure(settings: Settings) -> None:
+    """Two overlapping sends on one producer (the router's forwards and a batch's phase 0): a
+    flush by one leaves the other's acknowledgements counted by the other; messages that are
+    never acknowledged (no broker reachable) fail their ``wait``."""
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(settings, **{"linger.ms": 5, "message.timeout.ms": 10_000}))
+    topic = settings.topic("deadletter")
+    seen: list[tuple[str, int]] = []
+    forwards = Acks(producer, lambda t, p, o, v: seen.append((t, p))).send(
+        [{"topic": topic, "value": b"f%d" % i, "partition": 0} for i in range(5)])
+    phase0 = Acks(producer).send([{"topic": topic, "value": b"p", "partition": 1}])
+    assert phase0.wait() == 1  # flushes the forwards too
+    assert forwards.acked == 5 and forwards.wait() == 5 and seen == [(topic, 0)] * 5
+    nowhere = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 300})
+    bad = Acks(nowhere).send([{"topic": topic, "value": b"lost", "partition": 0}] * 2)
+    with pytest.raises(DeliveryError, match=r"2 message\(s\) unacknowledged .* 2 failed"):
+        bad.wait(30)
+    assert Acks(producer).wait() == 0  # nothing sent, nothing owed
