@@ -12,6 +12,7 @@ import it from here and nowhere else. The contract covers: which backbone an inp
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
@@ -22,10 +23,13 @@ from unlearn.ledger.exact import MAX_CLASS_INDEX
 
 __all__ = [
     "DEFAULT_BACKBONES",
+    "BatchQuantizer",
     "FeatureRejected",
     "LabelKind",
+    "QuantizeRow",
     "fixed_dim",
     "quantize_feature_row",
+    "quantize_feature_rows",
     "quantize_label",
     "quantizer",
     "resolve_backbone",
@@ -78,6 +82,72 @@ def quantize_feature_row(f: np.ndarray, frac_bits: int, bound: float = 1.0, norm
         return quantizer(frac_bits, bound).quantize(x)[0]
     except QuantizationError as exc:
         raise FeatureRejected("feature_out_of_bound", str(exc)) from None
+
+
+_SAFE_SQUARED_NORM = 1e300
+"""Rows whose squared norm is above this take the per-row path: there the per-row overflow check
+(``np.dot``, another summation order) could in principle disagree with the batch's sum."""
+
+
+def quantize_feature_rows(F: np.ndarray, frac_bits: int, bound: float = 1.0,
+                          normalize: bool = True) -> list[np.ndarray | FeatureRejected]:
+    """:func:`quantize_feature_row` of every row of ``F`` (n, d): q, or the refusal it raises,
+    bit for bit (property-tested in tests/features/test_contract_batch.py). Why: the featurizer
+    quantizes a batch's rows in a few numpy calls instead of a dozen per row; the per-row function
+    stays the specification (clients reproduce q with it). Rows that are not finite, near
+    overflow, or out of bound take the per-row function itself, so refusals are its own."""
+    X = np.asarray(F, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"F must be 2-d (rows), got shape {X.shape}")
+    qz = quantizer(frac_bits, bound)
+    out: list[np.ndarray | FeatureRejected | None] = [None] * X.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.isfinite(X).all(axis=1)
+        if normalize:
+            ok &= np.einsum("ij,ij->i", X, X) <= _SAFE_SQUARED_NORM
+        fast = np.flatnonzero(ok)
+        Y = l2_normalize(X[fast]) if normalize else X[fast]
+        good = (np.abs(Y) <= qz.bound).all(axis=1)  # NaN compares False: per-row path
+        Q = np.rint(Y[good] * qz.scale).astype(np.int64)
+    for i, q in zip(fast[good].tolist(), Q, strict=True):
+        out[i] = q
+    for i, q in enumerate(out):
+        if q is None:
+            try:
+                out[i] = quantize_feature_row(X[i], frac_bits, bound, normalize)
+            except FeatureRejected as exc:
+                out[i] = exc
+    return [q for q in out if q is not None]
+
+
+QuantizeRow = Callable[[np.ndarray, int, float, bool], np.ndarray]
+"""``(f, frac_bits, bound, normalize) -> q``: :func:`quantize_feature_row` or a :class:`BatchQuantizer`."""
+
+
+class BatchQuantizer:
+    """``quantize_feature_row`` for the rows of one batch: the first row of a (grid, bound,
+    normalization, dimension) asking quantizes every row of that dimension in one
+    :func:`quantize_feature_rows` call; later rows look theirs up (rows are known by identity).
+    Same results and refusals as the per-row function; a row it was not built with takes it."""
+
+    def __init__(self, rows: Iterable[object]) -> None:
+        self._rows = [r for r in rows if isinstance(r, np.ndarray) and r.ndim == 1]
+        self._done: dict[tuple[int, float, bool, int], dict[int, np.ndarray | FeatureRejected]] = {}
+
+    def __call__(self, f: np.ndarray, frac_bits: int, bound: float = 1.0, normalize: bool = True) -> np.ndarray:
+        """q of ``f`` (a row given at construction, else computed now); raises FeatureRejected."""
+        key = (int(frac_bits), float(bound), bool(normalize), int(np.shape(f)[0]) if np.ndim(f) == 1 else -1)
+        done = self._done.get(key)
+        if done is None:
+            rows = [r for r in self._rows if r.shape[0] == key[3]]
+            qs = quantize_feature_rows(np.stack(rows), frac_bits, bound, normalize) if rows else []
+            done = self._done[key] = {id(r): q for r, q in zip(rows, qs, strict=True)}
+        got = done.get(id(f))
+        if got is None:
+            return quantize_feature_row(f, frac_bits, bound, normalize)
+        if isinstance(got, FeatureRejected):
+            raise FeatureRejected(got.reason, got.detail)
+        return got
 
 
 def quantize_label(label: int | tuple[float, ...], label_frac_bits: int) -> tuple[LabelKind, int, int | np.ndarray]:

@@ -41,7 +41,9 @@ import orjson
 from unlearn.features.backbones import BackboneError
 from unlearn.features.contract import (
     DEFAULT_BACKBONES,
+    BatchQuantizer,
     FeatureRejected,
+    QuantizeRow,
     fixed_dim,
     quantize_feature_row,
     quantize_label,
@@ -345,12 +347,13 @@ def encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarr
 
 # --------------------------------------------------------------------------- step 3: judge
 def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str | None, view: CacheView,
-              config: CoreConfig) -> tuple[CachedSample, HeadInfo, bool]:
+              config: CoreConfig, quantize: QuantizeRow = quantize_feature_row) -> tuple[CachedSample, HeadInfo, bool]:
     """(sample to cache, its head, whether the head is new) for an add; raises :class:`Rejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
     add, so every later row of the head is on the same grid and in the same space; the add must
     also fit the head's contract (declared, else auto: ``streams/featurizer/heads.py``), which
-    bounds its label space and gives a new head its grid."""
+    bounds its label space and gives a new head its grid. ``quantize`` is ``quantize_feature_row``
+    or the batch's ``BatchQuantizer`` (the same bits, proven by a property test)."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
     if view.get_sample(r.head_id, r.sample_id) is not None:
         raise Rejected("duplicate_add", f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
@@ -386,7 +389,7 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
         raise Rejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
     contract = judged_contract(r, head, dim, kind, width, config)
     check_contract(r, contract, head, backbone_key, dim, kind, width, label)
-    q = quantize_feature_row(feat, k, contract.feature_bound, contract.normalize)
+    q = quantize(feat, k, contract.feature_bound, contract.normalize)
     new_head = head is None
     if head is None:
         head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)
@@ -453,6 +456,7 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
     """Judge the requests in offset order against ``cache`` plus the batch so far, so "add x,
     delete x" in one batch works and a duplicate add within it is caught (``screened``: signed mode)."""
     j = Judgement(Overlay(cache))
+    quantize = BatchQuantizer(encoded.features.values())  # a head's rows in one call, not one each
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
         if isinstance(r, UnopenedRequest):  # parsed, but its sealed input does not open (or is not sealed)
             j.refuse(*refusal(m, r.request, r.reason, r.detail, config, ts))
@@ -473,7 +477,7 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
                                f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
             if r.op == "add":
                 j.accept_add(r.event_id, *judge_add(r, encoded.features.get(i), encoded.backbones.get(i),
-                                                    j.overlay, config))
+                                                    j.overlay, config, quantize))
             else:
                 gone = judge_delete(r, j.overlay) if r.op == "delete" else judge_delete_subject(r, j.overlay)
                 if client is not None:
