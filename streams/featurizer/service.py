@@ -15,9 +15,9 @@ and all durable state in :mod:`streams.featurizer.cache`; this module moves byte
 2. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
    rejected receipts into the outbox (with the changelog: only the batch's txn and position,
    ``changelog.batch_records``, which hold them), record the batch's last input offset;
-3. produce the outbox rows in two phases, each flushed and fully acknowledged: (0) the batch's
-   txn and position records on ``featurizer-cache``, (1) the downstream messages and the
-   sample/head records; then delete them;
+3. produce the outbox rows in two phases, each fully acknowledged: (0) the batch's txn and
+   position records on ``featurizer-cache``, (1) the downstream messages and the sample/head
+   records, awaited while the next batch is polled and judged (``_settle``); then delete them;
 4. commit the input offsets to Kafka (informational for by-head partitions: the cache is
    authoritative; the router's resume point for requests partitions).
 
@@ -41,7 +41,6 @@ from unlearn.infra.head_registry import RegistryView
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache, OutboxRow
@@ -64,7 +63,7 @@ from unlearn.streams.featurizer.core import (
     RegistryEncoder,
     featurize_batch,
 )
-from unlearn.streams.featurizer.delivery import Acks, deliver_phases, outbox_messages
+from unlearn.streams.featurizer.delivery import Acks, deliver_overlapped, deliver_phases, outbox_messages
 from unlearn.streams.featurizer.heads import with_registry
 from unlearn.streams.featurizer.model import (
     DeliveryError,
@@ -76,6 +75,7 @@ from unlearn.streams.featurizer.model import (
 )
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 from unlearn.streams.featurizer.shredder import Erasure
+from unlearn.streams.featurizer.topic_check import check_topics
 from unlearn.streams.featurizer.transit import router_committed
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
@@ -142,6 +142,7 @@ class FeaturizerService:
         self.changelog_topic: str | None = settings.topic("featurizer-cache") if shared else None
         self._reader = ChangelogReader(settings, self.changelog_topic) if self.changelog_topic else None
         self._pending: list[Any] = []
+        self._inflight: tuple[Acks, list[tuple[int, FeatureCache, list[int], int]], list[Any]] | None = None
         self._fatal: BaseException | None = None
         self._consumer: Any = None
         self.topic_id = ""  # the by-head topic's id, read at start
@@ -169,7 +170,9 @@ class FeaturizerService:
                                                             self._request_partitions, self.settings.admin_timeout))
         clean = False
         try:
-            self._check_topics()
+            self.route_partitions, self._request_partitions = check_topics(
+                self.settings, self._consumer, self.requests_topic, self.topic, self.config.registry_topic,
+                self.changelog_topic)
             self.registry = RegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
             self.auth.start()
             self.topic_id = topic_id(self.settings, self.topic)
@@ -185,14 +188,18 @@ class FeaturizerService:
                 batch = self._poll_batch(stop)
                 if batch:
                     self._process(batch)
+                else:
+                    self._settle()
                 if self.erasure is not None:
                     self.erasure.tick(self.caches)
                 if time.monotonic() - last_report > 30:
                     log.info("featurizer stats %s", self.stats)
                     last_report = time.monotonic()
+            self._settle()
             clean = True
             return 0
         finally:
+            self._inflight = self._inflight if clean else None  # a crash leaves its outbox, as kill -9 would
             try:
                 self._consumer.close()  # leaves the group; on_revoke closes the caches
             except Exception as exc:  # closing after a crash: report, do not mask the crash
@@ -220,39 +227,12 @@ class FeaturizerService:
             self.fault(point)
 
     # ------------------------------------------------------------------ rebalance
-    def _check_topics(self) -> None:
-        """The requests topic must exist; its by-head topic is created if missing (with the
-        requests topic's partition count), and its partition count is what heads are routed by;
-        the changelog must exist (never auto-created) with a partition per by-head partition."""
-        md = self._consumer.list_topics(timeout=self.settings.admin_timeout)  # all topics: never creates one
-        req = md.topics.get(self.requests_topic)
-        if req is None or req.error is not None or not req.partitions:
-            raise FeaturizerError(f"requests topic {self.requests_topic!r} is missing: run `unlearn topics create`")
-        routed = md.topics.get(self.topic)
-        if routed is None or routed.error is not None or not routed.partitions:
-            ensure_topic(self.settings, self.topic, partitions=len(req.partitions),
-                         config=raw_input_config(self.settings))
-            md = self._consumer.list_topics(timeout=self.settings.admin_timeout)
-            routed = md.topics[self.topic]
-        self.route_partitions, self._request_partitions = len(routed.partitions), len(req.partitions)
-        reg = md.topics.get(self.config.registry_topic)
-        if reg is None or reg.error is not None:
-            raise FeaturizerError(f"head registry topic {self.config.registry_topic!r} is missing: "
-                                  "run `unlearn topics create`")
-        if self.changelog_topic is None:
-            return
-        cl = md.topics.get(self.changelog_topic)
-        if cl is None or cl.error is not None:
-            raise FeaturizerError(f"changelog topic {self.changelog_topic!r} is missing: run `unlearn topics create`")
-        if len(cl.partitions) < self.route_partitions:
-            raise FeaturizerError(f"changelog topic {self.changelog_topic!r} has {len(cl.partitions)} partitions, "
-                                  f"{self.topic!r} has {self.route_partitions}: they must be co-partitioned")
-
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Requests partitions start a router session at the group's committed offset; by-head
         partitions bring their cache up and seek past its last offset."""
         origin_ends: dict[int, int] = {}  # requests partition -> log end, shared by the routing checks
         try:
+            self._settle()
             for tp in partitions:
                 if tp.topic == self.requests_topic:
                     assert self._router is not None
@@ -435,6 +415,10 @@ class FeaturizerService:
                                       f"drop its records as copies; {_STALE_FIX}")
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        try:  # before the caches close; on failure the next owner re-sends the outbox
+            self._settle()
+        except BaseException as exc:  # surfaced by the poll loop
+            self._fatal = exc
         gone = {(tp.topic, tp.partition) for tp in partitions}
         # Not-yet-processed messages of revoked partitions are dropped: the cache offset (or the
         # router's committed offset) says they are not done, so the next owner reads them again.
@@ -496,6 +480,14 @@ class FeaturizerService:
             self._hook("after_route")
         offsets = [TopicPartition(self.requests_topic, p, last + 1) for p, last in sorted(forwarded.items())]
         offsets += [TopicPartition(self.topic, p, last + 1) for p, last in sorted(featurized.items())]
+        if self._inflight is not None:  # committed once the batch's phase 1 is acknowledged (_settle)
+            self._inflight[2].extend(offsets)
+            if not featurized:
+                self._settle()
+        else:
+            self._commit(offsets)
+
+    def _commit(self, offsets: list[Any]) -> None:
         if not offsets:
             return
         try:
@@ -506,11 +498,9 @@ class FeaturizerService:
         self._hook("after_offset_commit")
 
     def _forward(self, records: list[Any]) -> tuple[dict[int, int], Acks | None]:
-        """Forward requests records to their heads' by-head partitions (value, key, headers
-        and timestamp kept, origin headers added); return requests partition -> last offset
-        forwarded, and the forwards' acknowledgements to await before that offset is committed
-        (DeliveryError otherwise: the router then dies before committing, and its next session
-        forwards the same records again)."""
+        """Forward requests records to their heads' by-head partitions (value, key, headers and timestamp
+        kept, origin headers added); return requests partition -> last offset forwarded, and the forwards'
+        acks to await before committing it (DeliveryError: the next session forwards them again)."""
         from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
         if not records:
@@ -570,18 +560,32 @@ class FeaturizerService:
                 durable = [m for m in messages if m.phase == PHASE_CHANGELOG]
             if self.erasure is not None:
                 self.erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
+            self._settle()  # the previous batch's phase 1 acknowledged before this batch's phase 0 exists
             seqs = cache.commit_batch(outcome.mutations, durable, outcome.last_offset, generation,
                                       outcome.origin_offsets)
             done.append((p, cache, seqs, messages, outcome.last_offset))
             count_batch(self.stats, p, msgs, outcome)
         self._hook("after_cache_commit")
-        self._deliver([m for _, _, _, msgs, _ in done for m in msgs], after_phase=self._after_phase)
-        self._hook("after_produce")
-        for p, cache, seqs, _, _ in done:
-            cache.ack_outbox(seqs)
-            self._mark_delivered(p, cache.generation)
-        self._hook("after_outbox_ack")
+        assert self._inflight is None  # settled before this batch's sqlite commit; this one's phase 1 by _settle
+        self._inflight = (deliver_overlapped(self._producer, [m for _, _, _, msgs, _ in done for m in msgs],
+                                             self._after_phase, self._on_acked),
+                          [(p, cache, seqs, cache.generation) for p, cache, seqs, _, _ in done], [])
         return {p: last for p, _, _, _, last in done}
+
+    def _settle(self) -> None:
+        """Await the last batch's phase 1 (sent while the next batch is polled and judged), then ack its
+        outbox and commit its offsets: before the next sqlite commit, when idle, on stop and rebalance."""
+        pending, self._inflight = self._inflight, None
+        if pending is None:
+            return
+        acks, done, offsets = pending
+        acks.wait()
+        self._hook("after_produce")
+        for p, cache, seqs, generation in done:
+            cache.ack_outbox(seqs)
+            self._mark_delivered(p, generation)
+        self._hook("after_outbox_ack")
+        self._commit(offsets)
 
     def _after_phase(self, phase: int) -> None:
         if phase == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -221,7 +222,8 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     reqs, retained, accepted, reasons = workload()
     produce(s, reqs)
     reader = Reader(s)
-    run = Running(s, group="fz-e2e")
+    points: list[str] = []
+    run = Running(s, group="fz-e2e", fault=points.append, max_batch=16)
     try:
         got = reader.until(lambda g: len(g["deadletter"]) >= 5 and len(g["receipts"]) >= 1
                            and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
@@ -229,6 +231,13 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     finally:
         reader.close()
         run.stop_event.set()
+    # a batch's phase 1 is awaited while the next batch is polled and judged, but always before
+    # the next sqlite commit (so before the next phase 0), and every batch is settled by the stop
+    commits = [i for i, p in enumerate(points) if p == "after_cache_commit"] + [len(points)]
+    assert len(commits) > 2 and points.count("after_produce") == points.count("after_cache_commit")
+    for a, b in itertools.pairwise(commits):
+        one = points[a:b]
+        assert one.index("after_changelog") < one.index("after_produce") < one.index("after_outbox_ack"), one
     ledgers, events = ledgers_from(got["deltas"], dedup=False)
     assert sorted(events) == sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"] * 1)  # one row per sample
     for head in ("h1", "h2"):
