@@ -9,7 +9,7 @@ and check each service's needs, named from the code's topic and group names, aga
 Names are relative to the deployment prefix ``P`` (``UNLEARN_TOPIC_PREFIX``): a grant of
 ``requests`` is the topic ``P requests``. ``prefixed`` grants are Kafka ``PREFIXED`` resource
 patterns: every name that starts with ``P`` + the name (the rotated topic families
-``heads.``, ``ledger-state.``, ``subject-keys.``, and consumer group ids that end in a random
+``heads.``, ``ledger-state.``, ``subject-keys.``, ``transit-private.``, and consumer group ids that end in a random
 suffix). Kafka's implication rules apply: READ, WRITE, DELETE and ALTER imply DESCRIBE.
 """
 
@@ -84,6 +84,8 @@ MATRIX: tuple[Grant, ...] = (
     _t("featurizer", "deadletter", "WRITE", why="refused requests"),
     _t("featurizer", "subject-keys.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
        why="the subject-keys family it creates and rotates"),
+    _t("featurizer", "transit-private.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
+       why="the private halves of its transit keys: a family it creates and rotates"),
     _t("featurizer", "transit-keys", "WRITE", "CREATE", why="the public halves of its transit keys"),
     _t("featurizer", "ledger-state.", "READ", prefixed=True,
        why="the ledger's checkpoint floors: when a deleted sample's key may be destroyed"),
@@ -118,6 +120,8 @@ MATRIX: tuple[Grant, ...] = (
     _t("verifier", "receipts", "READ", why="receipts it checks"),
     _t("verifier", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
     _t("verifier", "featurizer-cache", "READ", why="`unlearn erasure-report`: no plaintext record of the subject"),
+    _t("verifier", "transit-private.", "READ", prefixed=True,
+       why="`unlearn erasure-report`: which transit keys still exist"),
     _t("verifier", "deadletter", "READ", why="`unlearn erasure-report`: no readable original of the subject"),
     *(_t("verifier", name, "READ", why="`unlearn erasure-report`: no readable raw input of the subject")
       for name in ("requests", "requests.by-head")),

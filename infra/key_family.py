@@ -1,4 +1,5 @@
-"""Reading the per-sample key family ``<prefix>subject-keys.p<P>.g<G>`` (docs/erasure.md).
+"""Reading the per-sample key family ``<prefix>subject-keys.p<P>.g<G>`` (docs/erasure.md), and
+the private transit keys' family ``<prefix>transit-private.p<P>.g<G>`` (same records and rules).
 
 One generation topic per (by-head partition P, generation G), one partition each. Records:
 
@@ -6,8 +7,9 @@ One generation topic per (by-head partition P, generation G), one partition each
   tombstone once the key is destroyed (for a compacting broker; the embedded one needs the
   rotation);
 - ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation;
-- transit keys (``streams/featurizer/transit.py``) under the head :data:`TRANSIT_HEAD`, outside
-  the id grammar: ``8:~transit/<created ms>.<use_until ms>/<key id>`` -> the X25519 private key.
+- transit keys (``streams/featurizer/transit.py``), in ``transit-private`` (an older release kept
+  them in ``subject-keys``), under the head :data:`TRANSIT_HEAD`, outside the id grammar:
+  ``8:~transit/<created ms>.<use_until ms>/<key id>`` -> the X25519 private key.
 
 A writer rotates a partition by writing every live key into G+1, then the completion record, then
 deleting G after a grace period. A reader takes the newest *complete* generation of each partition
@@ -138,8 +140,9 @@ def superseded_left(settings: Settings, family: TopicFamily, below: Mapping[int,
     ``timeout`` seconds (empty: all deleted). A generation is superseded for good once a newer one
     is complete, and its writer deletes it ``UNLEARN_KEYS_RETIRE_SECONDS`` later; generations
     created meanwhile are newer and copy only the live keys, so once these are gone, a key absent
-    from generation ``below[p]`` is in no topic. Transit keys rotate the family every
-    ``UNLEARN_TRANSIT_ROTATE_SECONDS``, so "a single generation" is no stable state to wait for."""
+    from generation ``below[p]`` is in no topic. Deletes of other samples (and, in
+    ``transit-private``, every transit key's destruction) keep rotating a family, so "a single
+    generation" is no stable state to wait for."""
     from confluent_kafka.admin import AdminClient
 
     from unlearn.infra.profiles import admin_config

@@ -10,7 +10,8 @@ Readers follow the family: every topic whose name matches, added as they appear 
 they are deleted (``infra.topic_reader``). Each generation topic has one partition; P names the
 writer's input partition (a ``deltas`` partition), so ownership follows the consumer group.
 
-The ledger's state (``ledger-state``) and its head updates (``heads``) are families.
+The ledger's state (``ledger-state``) and its head updates (``heads``) are families, and so are the
+featurizer's sample keys (``subject-keys``) and private transit keys (``transit-private``).
 """
 
 from __future__ import annotations
@@ -82,3 +83,10 @@ def keys_family(prefix: str) -> TopicFamily:
     """Per-sample data keys, per by-head partition (the featurizer that owns partition P of
     ``requests.by-head`` writes ``subject-keys.p<P>``): docs/erasure.md."""
     return TopicFamily(prefix, "subject-keys")
+
+
+def transit_private_family(prefix: str) -> TopicFamily:
+    """Private halves of the transit keys, per by-head partition (same owner as ``subject-keys``):
+    a family of their own so that destroying one rewrites only the one or two live transit keys,
+    never every sample key (docs/erasure.md section 5)."""
+    return TopicFamily(prefix, "transit-private")

@@ -18,7 +18,13 @@ from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys, superseded_left
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, keys_family, state_family
+from unlearn.infra.topic_family import (
+    TopicFamily,
+    heads_family,
+    keys_family,
+    state_family,
+    transit_private_family,
+)
 from unlearn.infra.topic_reader import TopicReadError, read_topic
 from unlearn.schemas.deadletter import DeadLetter, decode_deadletter
 from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput, TextInput, encode_request, parse_request
@@ -69,7 +75,8 @@ def topic_bytes(s: Settings, skip: set[str]) -> dict[str, bytes]:
     # of a topic family, only each partition's newest generation: a superseded one is being deleted,
     # and reading a topic while it is deleted crashes librdkafka (infra.topic_reader.source_partitions);
     # the key family's superseded generations are already gone (wait_shredded)
-    for fam in (keys_family(s.topic_prefix), heads_family(s.topic_prefix), state_family(s.topic_prefix)):
+    for fam in (keys_family(s.topic_prefix), transit_private_family(s.topic_prefix), heads_family(s.topic_prefix),
+                state_family(s.topic_prefix)):
         for t in fam.select(names):
             part, gen = fam.parse(t) or (0, 0)
             if gen != fam.generations(names, part)[-1]:
@@ -94,16 +101,19 @@ def file_bytes(*roots: Path) -> dict[str, bytes]:
 def wait_shredded(s: Settings, head: str, samples: set[str], timeout: float = 90.0) -> None:
     """No live key of ``samples`` in the key family, and one generation per partition (the
     superseded ones deleted)."""
-    wait_keys_gone(s, lambda ref: ref[0] == head and ref[1] in samples, timeout)
+    wait_keys_gone(s, keys_family(s.topic_prefix), lambda ref: ref[0] == head and ref[1] in samples, timeout)
 
 
 def wait_transit_destroyed(s: Settings, key_ids: set[str], timeout: float = 90.0) -> None:
-    """The transit keys ``key_ids`` are in no generation of the key family."""
-    wait_keys_gone(s, lambda ref: ref[0] == TRANSIT_HEAD and ref[2] in key_ids, timeout)
+    """The transit keys ``key_ids`` are in no generation of the ``transit-private`` family (nor, as
+    an older release kept them, of the sample key family)."""
+    wait_keys_gone(s, transit_private_family(s.topic_prefix), lambda ref: ref[2] in key_ids, timeout)
+    wait_keys_gone(s, keys_family(s.topic_prefix), lambda ref: ref[0] == TRANSIT_HEAD and ref[2] in key_ids, timeout)
 
 
-def wait_keys_gone(s: Settings, gone: Callable[[tuple[str, str, str]], bool], timeout: float) -> None:
-    """No live key ``gone`` selects in any partition's newest generation, and every older
+def wait_keys_gone(s: Settings, fam: TopicFamily, gone: Callable[[tuple[str, str, str]], bool],
+                   timeout: float) -> None:
+    """No live key ``gone`` selects in any partition's newest generation of ``fam``, and every older
     generation deleted (``superseded_left``). Only a partition's newest generation is read:
     reading one that is about to be deleted is what crashes librdkafka
     (infra.topic_reader.source_partitions)."""
@@ -111,7 +121,6 @@ def wait_keys_gone(s: Settings, gone: Callable[[tuple[str, str, str]], bool], ti
 
     from unlearn.infra.profiles import admin_config
 
-    fam = keys_family(s.topic_prefix)
     admin = AdminClient(admin_config(s))
     deadline = time.monotonic() + timeout
     while True:

@@ -33,6 +33,8 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
 # featurizer: the subject-keys family it creates and rotates
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --operation Create --operation Delete --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
+# featurizer: the private halves of its transit keys: a family it creates and rotates
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Read --operation Write --operation Create --operation Delete --topic "${P}transit-private." --resource-pattern-type PREFIXED >/dev/null
 # featurizer: the public halves of its transit keys
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:featurizer --operation Write --operation Create --topic "${P}transit-keys" --resource-pattern-type LITERAL >/dev/null
 # featurizer: the ledger's checkpoint floors: when a deleted sample's key may be destroyed
@@ -93,6 +95,8 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
 # verifier: `unlearn erasure-report`: no plaintext record of the subject
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
+# verifier: `unlearn erasure-report`: which transit keys still exist
+kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}transit-private." --resource-pattern-type PREFIXED >/dev/null
 # verifier: `unlearn erasure-report`: no readable original of the subject
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:verifier --operation Read --topic "${P}deadletter" --resource-pattern-type LITERAL >/dev/null
 # verifier: `unlearn erasure-report`: no readable raw input of the subject
@@ -121,4 +125,4 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}head-follower-" --resource-pattern-type PREFIXED >/dev/null
 # client: the SDK's transit key reader
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:client --operation Read --group "${P}client-transit-" --resource-pattern-type PREFIXED >/dev/null
-echo "acls: 58 rules for prefix $P"
+echo "acls: 60 rules for prefix $P"

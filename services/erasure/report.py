@@ -6,7 +6,10 @@ excluded all of its samples, and a check of every store the system controls:
 - ``subject-keys``: the newest generation of each partition holds no key of the subject's samples
   and every older generation is deleted (a key record written and later tombstoned is still in
   that generation's log until the topic is deleted): waited for up to the retire grace + 10 s,
-  since transit keys keep rotating the family;
+  since deletes of other subjects keep rotating the family;
+- ``transit-private``: every superseded generation is deleted (it may still hold a destroyed
+  transit key, which opens raw inputs sealed under it); the newest generations name the transit
+  keys that still exist;
 - the local sqlite feature caches under ``UNLEARN_DATA_DIR`` (this host): no row of the subject;
 - ``deltas``: every row of the subject is sealed (no plaintext ROWS entry of it) under a key that
   no longer exists;
@@ -37,7 +40,7 @@ import orjson
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
 from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_family import TopicFamily, keys_family, transit_private_family
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
@@ -145,26 +148,24 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     live_kids: set[str] = set()
     transit_kids: set[str] = set()  # transit keys still stored: their sealed inputs still open
     newest: dict[int, int] = {}
-    for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
-        gens = fam.generations(topics, p)
-        newest[p] = gens[-1]
-        for r in _read(settings, fam.topic(p, gens[-1]), timeout):
-            if r.key is None or r.key == COMPLETE_KEY or r.value is None:
-                continue
-            try:
-                h, s, kid = parse_key_record_key(r.key)
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if h == TRANSIT_HEAD:
-                transit_kids.add(kid)
-            elif h == head_id and s in rep.samples:
-                live_kids.add(kid)
-                held.append(f"key {kid} of sample {s!r} in {fam.topic(p, gens[-1])} at offset {r.offset}")
+    for topic, (h, s, kid) in _newest_records(settings, fam, topics, newest, timeout):
+        if h == TRANSIT_HEAD:  # an older release kept transit keys here
+            transit_kids.add(kid)
+        elif h == head_id and s in rep.samples:
+            live_kids.add(kid)
+            held.append(f"key {kid} of sample {s!r} in {topic}")
     # older generations may hold keys destroyed since: they must be deleted (within the grace)
+    grace = settings.keys_retire_seconds + 10.0
     held += [f"superseded generation {t} not yet deleted (it may hold keys)"
-             for t in superseded_left(settings, fam, newest, settings.keys_retire_seconds + 10.0)]
+             for t in superseded_left(settings, fam, newest, grace)]
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
                                  if not held else f"{len(held)} key records still stored", held))
+    tfam, tnewest = transit_private_family(settings.topic_prefix), dict[int, int]()
+    transit_kids |= {ref[2] for _, ref in _newest_records(settings, tfam, topics, tnewest, timeout)}
+    old_transit = [f"superseded generation {t} not yet deleted (it may hold a destroyed transit key)"
+                   for t in superseded_left(settings, tfam, tnewest, grace)]
+    rep.checks.append(StoreCheck("transit-private", not old_transit, "no superseded generation left"
+                                 if not old_transit else f"{len(old_transit)} superseded generations", old_transit))
     undestroyed = [f"row of {s!r} sealed under key {k} which still exists" for s, k in sorted(sealed_refs)
                    if k in live_kids]
     rep.checks.append(StoreCheck("deltas", not plain and not undestroyed,
@@ -195,6 +196,25 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
                                  else f"{len(raw)} raw inputs of the subject can still be read", raw))
     rep.checks.append(_check_caches(settings, head_id, subject_id))
     return rep
+
+
+def _newest_records(settings: Settings, fam: TopicFamily, topics: list[str], newest: dict[int, int],
+                    timeout: float) -> list[tuple[str, tuple[str, str, str]]]:
+    """(topic, key reference) of every live key record in each partition's newest
+    generation of ``fam`` (recorded in ``newest``). Superseded generations are never read: reading
+    one about to be deleted crashes librdkafka (infra.topic_reader.source_partitions)."""
+    out = []
+    for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
+        newest[p] = fam.generations(topics, p)[-1]
+        topic = fam.topic(p, newest[p])
+        for r in _read(settings, topic, timeout):
+            if r.key is None or r.key == COMPLETE_KEY or r.value is None:
+                continue
+            try:
+                out.append((topic, parse_key_record_key(r.key)))
+            except (ValueError, UnicodeDecodeError):
+                continue
+    return out
 
 
 def _readable(value: bytes | None, head_id: str, subject_id: str, transit_kids: set[str],

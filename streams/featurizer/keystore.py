@@ -1,5 +1,8 @@
 """The featurizer's per-sample data keys: the ``subject-keys`` family partitions it owns.
 
+The same class keeps the private transit keys in their own family (``transit-private``,
+``streams/featurizer/transit.py``): one rotation code for both, each family rotated on its own.
+
 Partition P of the key family belongs to whoever owns partition P of the by-head topic (the same
 ownership as the feature cache partition). Every accepted add gets a fresh key (a new key id, even
 for a sample re-added after its erasure); its delete is sealed under the same key. New keys are
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from unlearn.infra.key_family import (
     COMPLETE_KEY,
@@ -26,7 +30,7 @@ from unlearn.infra.key_family import (
 )
 from unlearn.infra.profiles import admin_config, producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_family import TopicFamily, keys_family
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
@@ -41,22 +45,24 @@ class KeyStoreError(RuntimeError):
 
 
 class KeyStore:
-    """Keys of the by-head partitions this featurizer owns."""
+    """Keys of the by-head partitions this featurizer owns, in one key family (default: the
+    sample keys' ``subject-keys``). ``share``: a key store whose producer and admin client this one
+    uses (one set of librdkafka threads for both families)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, family: TopicFamily | None = None, share: KeyStore | None = None) -> None:
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient
 
         self.settings = settings
-        self.family = keys_family(settings.topic_prefix)
+        self.family = family or keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
         self.next_gen: dict[int, int] = {}  # partition -> next generation to write (above every existing one)
         self.current: dict[tuple[str, str], SampleKey] = {}  # (head, sample) -> its newest key
         self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
         self._sending: Acks | None = None  # keys produced by send(), awaited by flush()
         self.retiring: list[tuple[float, list[str]]] = []
-        self.producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
-        self.admin = AdminClient(admin_config(self.settings))
+        self.producer: Any = share.producer if share else Producer(producer_config(self.settings, **{"linger.ms": 0}))
+        self.admin: Any = share.admin if share else AdminClient(admin_config(self.settings))
 
     # ------------------------------------------------------------------ ownership
     def load(self, partition: int) -> None:
@@ -78,7 +84,8 @@ class KeyStore:
         self.gens[partition] = gen
         for (h, s, _), key in gen.keys.items():
             self.current[(h, s)] = key  # log order: the newest key of a sample wins
-        log.info("key partition %d: generation %d, %d live keys", partition, gen.generation, len(gen.keys))
+        log.info("%s partition %d: generation %d, %d live keys", self.family.name, partition, gen.generation,
+                 len(gen.keys))
 
     def drop(self, partition: int) -> None:
         """Partition revoked: forget its keys."""
@@ -161,8 +168,8 @@ class KeyStore:
                             + [(new.topic, COMPLETE_KEY, b"1")])
         self.gens[partition] = new
         self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, [gen.topic]))
-        log.info("key partition %d: %d key(s) destroyed, rotated to generation %d (%d live keys)", partition,
-                 len(gone), new.generation, len(new.keys))
+        log.info("%s partition %d: %d key(s) destroyed, rotated to generation %d (%d live keys)",
+                 self.family.name, partition, len(gone), new.generation, len(new.keys))
         return len(gone)
 
     def retire_due(self, force: bool = False) -> list[str]:

@@ -32,7 +32,7 @@ from typing import Any
 from unlearn.infra.key_family import READ_IDLE_S, SampleRef
 from unlearn.infra.log_position import log_bounds
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import state_family
+from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.delta_codec import CodecError, SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import SampleKey
@@ -99,7 +99,10 @@ class Erasure:
         self.deltas_topic = deltas_topic
         self.keys = KeyStore(settings)
         # transit keys of raw inputs (streams/featurizer/transit.py); committed: the router's offsets
-        self.transit = TransitKeys(settings, self.keys, requests_topic, by_head_topic) if committed else None
+        # (their private halves in a family of their own, sharing this store's producer)
+        private = transit_private_family(settings.topic_prefix)
+        self.transit = TransitKeys(settings, KeyStore(settings, private, self.keys), requests_topic,
+                                   by_head_topic) if committed else None
         self._committed = committed or dict
         self.pending: dict[SampleRef, _Pending] = {}
         self._unchecked: set[int] = set()  # partitions whose orphan keys are not yet pending
@@ -113,7 +116,7 @@ class Erasure:
     def load(self, partition: int) -> None:
         self.keys.load(partition)
         if self.transit is not None:
-            self.transit.load(partition)
+            self.transit.load(partition, legacy=self.keys)
         self._unchecked.add(partition)
 
     def drop(self, partition: int) -> None:
@@ -176,7 +179,7 @@ class Erasure:
         for p in todo:
             cache = caches[p]
             for ref in self.keys.live(p):
-                if is_transit_ref(ref):  # a transit key has its own schedule (transit.py), not a sample's
+                if is_transit_ref(ref):  # an older release's transit key: moved out by TransitKeys.load
                     continue
                 h, s, kid = ref
                 cur = self.keys.key_of(h, s)
@@ -222,19 +225,23 @@ class Erasure:
             self._close_consumer()
 
     def tick(self, caches: Mapping[int, Any], force: bool = False) -> int:
-        """Destroy the keys that are due (sample keys and superseded transit keys, one key-family
-        rotation per partition); returns how many. Cheap when nothing is pending."""
+        """Destroy the keys that are due (superseded transit keys: one ``transit-private`` rotation
+        per partition; sample keys: one ``subject-keys`` rotation per partition, only when some are
+        due); returns how many. Cheap when nothing is pending."""
         self._check_orphans(caches)
         self.keys.retire_due()
-        transit_due: dict[int, list[SampleRef]] = {}
+        n = 0
         if self.transit is not None:
+            self.transit.keys.retire_due()
             positions = {p: c.applied_offset + 1 for p, c in caches.items()}
             try:
                 transit_due = self.transit.tick(self._consumer_, self._committed, positions)
             finally:
                 self._close_consumer()
-        if not self.pending and not transit_due:
-            return 0
+            n += sum(self.transit.destroy(p, refs) for p, refs in transit_due.items())
+        if not self.pending:
+            self.destroyed += n
+            return n
         now = time.monotonic()
         every = self.settings.shred_every_seconds
         if self.pending and (force or now - self._floors_at >= every):
@@ -243,11 +250,10 @@ class Erasure:
             finally:
                 self._close_consumer()
             self._floors_at = now
-        due: dict[int, list[SampleRef]] = {p: list(refs) for p, refs in transit_due.items()}
+        due: dict[int, list[SampleRef]] = {}
         for ref, pend in self.pending.items():
             if all(self._floors.get(q, 0) > o for q, o in pend.targets.items()):
                 due.setdefault(pend.partition, []).append(ref)
-        n = 0
         for p, refs in due.items():
             if not force and now - self._rotated.get(p, 0.0) < every:
                 continue
@@ -257,8 +263,6 @@ class Erasure:
             self._rotated[p] = now
             for ref in refs:
                 self.pending.pop(ref, None)
-            if self.transit is not None:
-                self.transit.forget(p, [r for r in refs if is_transit_ref(r)])
             cache = caches.get(p)
             if cache is not None and hasattr(cache, "purge_deleted"):
                 cache.purge_deleted()
@@ -267,4 +271,4 @@ class Erasure:
 
     def close(self) -> None:
         self._close_consumer()
-        self.keys.close()
+        self.keys.close()  # flushes the producer the transit key store shares

@@ -6,10 +6,12 @@ partition and cache), an *epoch* key pair (X25519, ``schemas/transit.py``) is va
 requests until ``use_until``; a new epoch starts every ``UNLEARN_TRANSIT_ROTATE_SECONDS`` (shortly
 before the current one's ``use_until``, so a producer always finds a valid key).
 
-- **Private half**: in key-family partition P (``subject-keys.p<P>.g<G>``) under the reserved
-  record key ``~transit/<created ms>.<use_until ms>/<key id>`` ("~" is outside the id grammar, so
-  no sample key can collide). It moves with the partition's ownership, and is destroyed by the
-  key family's rotation (``KeyStore.destroy``), like a sample key.
+- **Private half**: in its own key family ``transit-private.p<P>.g<G>`` (``infra/topic_family``,
+  written by a :class:`KeyStore` like the sample keys' ``subject-keys``) under the record key
+  ``~transit/<created ms>.<use_until ms>/<key id>``. It moves with the partition's ownership, and
+  is destroyed by that family's rotation (``KeyStore.destroy``), which rewrites only the one or two
+  live transit keys: the sample key family rotates only when sample keys are due. Keys an older
+  release kept in ``subject-keys`` are moved over on load (:meth:`TransitKeys.load`).
 - **Public half**: on ``<prefix>transit-keys`` (partition P modulo its partition count, record
   key ``p<P>``), acknowledged *after* the private half is durable (:func:`publish`).
 - **Destruction** of a superseded epoch, in stages (:meth:`TransitKeys.due`): (a) wall time is
@@ -19,7 +21,7 @@ before the current one's ``use_until``, so a producer always finds a valid key).
   must reach it: every record that could carry the key is routed; then (c) the end of by-head P
   is sampled, and this featurizer's durable position on P (its cache's applied offset) must reach
   it: every such record is judged, and its features are in the (sealed) system stores. Then the
-  key goes in the partition's next key-family rotation.
+  key goes in the partition's next ``transit-private`` rotation.
 - **Crash safety**: the stages are kept in memory only. Which epochs exist, and their
   ``use_until``, are in the key family (durable): after a restart or takeover, every superseded
   epoch starts again at stage (a), with targets sampled later than before. A crash only delays a
@@ -101,7 +103,8 @@ class _Stage:
 
 @dataclass
 class TransitKeys:
-    """The transit keys of the partitions this featurizer owns (module docstring)."""
+    """The transit keys of the partitions this featurizer owns (module docstring). ``keys``: the
+    store of the ``transit-private`` family."""
 
     settings: Settings
     keys: KeyStore
@@ -118,10 +121,14 @@ class TransitKeys:
         return self.settings.topic("transit-keys")
 
     # ------------------------------------------------------------------ ownership
-    def load(self, partition: int) -> None:
-        """Partition taken over (after ``KeyStore.load``): its epochs from the key family; the
-        current one's public half published again (a crash may have cut the first publication)
-        or a new epoch started."""
+    def load(self, partition: int, legacy: KeyStore | None = None) -> None:
+        """Partition taken over: its epochs from the ``transit-private`` family (transit keys an
+        older release kept in ``legacy``, the sample key store, are moved over first); the current
+        one's public half published again (a crash may have cut the first publication) or a new
+        epoch started."""
+        self.keys.load(partition)
+        if legacy is not None:
+            self._migrate(partition, legacy)
         gen = self.keys.gens[partition]
         eps = [e for ref, k in gen.keys.items() if (e := Epoch.from_ref(partition, ref, k)) is not None]
         self.epochs[partition] = {e.pair.key_id: e for e in eps}
@@ -133,10 +140,24 @@ class TransitKeys:
             self._publish(current)
         log.info("transit keys of partition %d: %d epoch(s)", partition, len(self.epochs[partition]))
 
+    def _migrate(self, partition: int, legacy: KeyStore) -> None:
+        """Transit keys in the sample key family (written before ``transit-private`` existed):
+        made durable here first, then destroyed there (a crash in between leaves both copies,
+        and the next load moves them again)."""
+        old = [(ref, k) for ref, k in legacy.gens[partition].keys.items() if is_transit_ref(ref)]
+        if not old:
+            return
+        for ref, k in old:
+            self.keys.put(partition, ref, k)
+        self.keys.flush()
+        legacy.destroy(partition, [ref for ref, _ in old])
+        log.info("%d transit key(s) of partition %d moved out of the sample key family", len(old), partition)
+
     def drop(self, partition: int) -> None:
         """Partition revoked: forget its epochs (the next owner loads them from the key family)."""
         for e in self.epochs.pop(partition, {}).values():
             self.stages.pop(e.ref, None)
+        self.keys.drop(partition)
 
     # ------------------------------------------------------------------ keys
     def lookup(self, partition: int, key_id: str) -> TransitKeyPair | None:
@@ -234,6 +255,15 @@ class TransitKeys:
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=self.settings.admin_timeout)
             out[q] = log_bounds(self.settings, consumer, topic, q, int(high) + 1)[1]
         return out
+
+    def destroy(self, partition: int, refs: list[SampleRef]) -> int:
+        """Destroy superseded epochs ``refs`` (from :meth:`tick`): one ``transit-private``
+        rotation of the partition, then forget them. Returns how many keys were destroyed."""
+        if partition not in self.keys.gens:
+            return 0
+        n = self.keys.destroy(partition, refs)
+        self.forget(partition, refs)
+        return n
 
     def forget(self, partition: int, refs: list[SampleRef]) -> None:
         """The key family destroyed ``refs``: forget the epochs, remember their ids."""

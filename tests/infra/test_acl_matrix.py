@@ -17,7 +17,7 @@ from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs
 from unlearn.infra.client_registry import CLIENT_REGISTRY_TOPIC
 from unlearn.infra.head_registry import REGISTRY_TOPIC
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.topic_family import heads_family, state_family, transit_private_family
 from unlearn.infra.topics import TOPICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +189,9 @@ def test_every_topic_has_its_writers_and_only_them() -> None:
     assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", heads, P)} == {"ledger"}
     assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", state, P)} == {"ledger"}
     assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", f"{P}subject-keys.p3.g7", P)} == {"featurizer"}
+    transit = transit_private_family(P).topic(3, 7)  # private transit keys: the featurizer's, read by the verifier
+    assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", transit, P)} == {"featurizer"}
+    assert {p for p in PRINCIPALS if allows(p, "READ", "topic", transit, P)} == {"featurizer", "verifier"}
 
 
 NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, topic relative to P)
@@ -197,14 +200,16 @@ NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, to
                    ("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
                    ("WRITE", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"),
                    ("CREATE", "subject-keys.p0.g1"), ("DELETE", "subject-keys.p0.g0"),
-                   ("READ", "subject-keys.p0.g1"), ("WRITE", "subject-keys.p0.g1")],
+                   ("READ", "subject-keys.p0.g1"), ("WRITE", "subject-keys.p0.g1")]
+    + [(op, "transit-private.p0.g1") for op in ("READ", "WRITE", "CREATE", "DELETE")],
     # run_ledger_worker calls create_topics(settings): every project topic must be visible to it
     "ledger": [("DESCRIBE", t) for t in TOPICS]
     + [("READ", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"), ("READ", REGISTRY_TOPIC),
                ("READ", "subject-keys.p0.g0")]
     + [(op, t) for t in ("heads.p2.g5", "ledger-state.p2.g5") for op in ("READ", "WRITE", "CREATE", "DELETE")],
     "serving": [("READ", "heads.p0.g0"), ("READ", REGISTRY_TOPIC)],
-    "verifier": [("READ", "deltas"), ("READ", "heads.p1.g0"), ("READ", "receipts"), ("READ", "subject-keys.p1.g0")],
+    "verifier": [("READ", "deltas"), ("READ", "heads.p1.g0"), ("READ", "receipts"), ("READ", "subject-keys.p1.g0"),
+                 ("READ", "transit-private.p1.g0")],
     "client": [("WRITE", "requests"), ("READ", "receipts"), ("READ", "heads.p0.g3"), ("DESCRIBE", "deltas")],
     "operator": [("CREATE", t) for t in TOPICS] + [("DESCRIBE", t) for t in TOPICS]
     + [("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),

@@ -2,7 +2,8 @@
 public half is published after the private half is durable; a superseded key is destroyed only
 once its grace has passed AND the router (the group's committed requests offsets) and the
 featurizer (its durable by-head position) have passed every record that could carry it; a
-request sealed under it afterwards is refused with the documented reason. Time is a test clock:
+request sealed under it afterwards is refused with the documented reason; destroying it rotates
+only the ``transit-private`` family, never the sample keys' ``subject-keys``. Time is a test clock:
 nothing here waits for a rotation."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_family import keys_family, transit_private_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.transit import decode_public_record, seal_request
@@ -49,16 +50,17 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
     s = settings.with_(transit_rotate_seconds=10.0, transit_grace_seconds=5.0, shred_every_seconds=0.0)
     requests, by_head = s.topic("requests"), s.topic("requests.by-head")
     n_req = s.partitions
-    keys = KeyStore(s)
+    fam = transit_private_family(s.topic_prefix)
+    samples = KeyStore(s)
+    keys = KeyStore(s, fam, samples)
     clock = Clock(1_000_000.0)
     transit = TransitKeys(s, keys, requests, by_head, clock=clock)
     group = Consumer(consumer_config(s, f"{s.topic_prefix}featurizer", **{"enable.auto.commit": False}))
     try:
-        keys.load(0)
-        transit.load(0)
+        samples.load(0)
+        transit.load(0, legacy=samples)
         (first,) = transit.epochs[0].values()
-        # the private half is durable in the key family, the public half published
-        fam = keys_family(s.topic_prefix)
+        # the private half is durable in the transit-private family, the public half published
         stored = read_partition_keys(s, fam, [fam.topic(0, 0)], 0)
         assert stored is not None and first.ref in stored.keys and first.ref[0] == TRANSIT_HEAD
         pubs = [decode_public_record(r.value or b"") for r in read_topic(s, s.topic("transit-keys"), timeout=30)]
@@ -87,8 +89,7 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
         due = tick({0: 2})
         assert due == {0: [first.ref]}
         assert transit.lookup(0, first.pair.key_id) is not None  # nothing destroyed until the rotation
-        keys.destroy(0, due[0])
-        transit.forget(0, due[0])
+        assert transit.destroy(0, due[0]) == 1
         assert transit.lookup(0, first.pair.key_id) is None
         # a request sealed under the destroyed key gets the documented dead-letter reason
         (refused,) = open_sealed([sealed], transit.gate(0))
@@ -99,13 +100,44 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
         stored = read_partition_keys(s, fam, topics, 0)
         assert stored is not None and first.ref not in stored.keys
         assert [r for r in stored.keys if r[0] == TRANSIT_HEAD] == [e.ref for e in transit.epochs[0].values()]
+        # the sample key family was never rotated: it holds no transit key, still generation 0
+        assert samples.next_gen[0] == 1 and samples.live(0) == []
+        assert keys_family(s.topic_prefix).generations(list(samples.admin.list_topics(timeout=30).topics), 0) == [0]
         # a featurizer taking the partition over finds only the successor
-        again = TransitKeys(s, KeyStore(s), requests, by_head, clock=clock)
-        again.keys.load(0)
+        again = TransitKeys(s, KeyStore(s, fam), requests, by_head, clock=clock)
         again.load(0)
         assert set(again.epochs[0]) == set(transit.epochs[0])
         again.keys.close()
     finally:
         group.close()
         keys.retire_due(force=True)
-        keys.close()
+        samples.close()
+
+
+def test_transit_keys_an_older_release_kept_in_the_sample_key_family_are_moved_out(settings: Settings) -> None:
+    """Before ``transit-private`` existed, the private halves lived in ``subject-keys``: on load they
+    are made durable in ``transit-private`` first, then destroyed in ``subject-keys`` (one rotation)."""
+    from unlearn.schemas.sealed import SampleKey
+    from unlearn.schemas.transit import new_transit_key
+    from unlearn.streams.featurizer.transit import Epoch
+
+    s = settings.with_(transit_rotate_seconds=10.0)
+    clock = Clock(1_000_000.0)
+    samples = KeyStore(s)
+    try:
+        samples.load(0)
+        old = Epoch(0, new_transit_key(), clock.t - 4.0, clock.t + 6.0)  # still current
+        samples.put(0, old.ref, SampleKey(old.pair.key_id, old.pair.private_key))
+        samples.flush()
+        fam = transit_private_family(s.topic_prefix)
+        transit = TransitKeys(s, KeyStore(s, fam, samples), s.topic("requests"), s.topic("requests.by-head"),
+                              clock=clock)
+        transit.load(0, legacy=samples)
+        assert set(transit.epochs[0]) == {old.pair.key_id}  # kept as the current epoch, not replaced
+        assert samples.live(0) == [] and samples.gens[0].generation == 1  # gone from the sample family
+        stored = read_partition_keys(s, fam, [fam.topic(0, 0)], 0)
+        assert stored is not None and list(stored.keys) == [old.ref]
+        assert transit.lookup(0, old.pair.key_id) == old.pair
+    finally:
+        samples.retire_due(force=True)
+        samples.close()
