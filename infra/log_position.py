@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from unlearn.infra.settings import Settings
 
 log = logging.getLogger("unlearn.log_position")
 
-__all__ = ["StaleStateError", "check_resume", "log_bounds", "topic_id"]
+__all__ = ["StaleStateError", "check_resume", "log_bounds", "log_ends", "topic_id"]
 
 
 class StaleStateError(RuntimeError):
@@ -73,7 +74,7 @@ def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at
     """(first offset, one past the last offset) of a partition. ListOffsets can report an end that
     is too early on the embedded broker (after multi-record batches); when ``at_least`` lies beyond
     it, the true end is read from a fetch (partition EOF), so a correct state is never refused."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     from unlearn.infra.profiles import consumer_config
 
@@ -84,21 +85,45 @@ def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at
         return low, high
     probe = Consumer(consumer_config(settings, f"{settings.topic_prefix}log-probe", **{"enable.partition.eof": True}))
     try:
-        probe.assign([TopicPartition(topic, partition, high)])
-        end = high
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = probe.poll(0.2)
-            if m is None:
-                continue
-            err, off = m.error(), m.offset()
-            if off is None:  # set on every fetched message and partition-EOF event
-                continue
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return low, max(end, off)
-                continue
-            end = off + 1
-        return low, end
+        return low, _read_ends(probe, {(topic, partition): high}, timeout)[(topic, partition)]
     finally:
         probe.close()
+
+
+def log_ends(settings: Settings, consumer: Any, parts: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """One past the true last offset of each (topic, partition) in ``parts``, read to partition EOF
+    (ListOffsets can be early on the embedded broker) in one pass over all of them. ``consumer``
+    must be assign-only with ``enable.partition.eof`` (it is assigned here): one consumer for every
+    partition, where ``log_bounds`` starts a probe consumer per call."""
+    from confluent_kafka import TopicPartition
+
+    timeout = settings.admin_timeout
+    highs = {}
+    for t, q in dict.fromkeys(parts):
+        _, high = consumer.get_watermark_offsets(TopicPartition(t, q), timeout=timeout)
+        highs[(t, q)] = max(0, int(high))
+    return _read_ends(consumer, highs, timeout) if highs else {}
+
+
+def _read_ends(probe: Any, highs: dict[tuple[str, int], int], timeout: float) -> dict[tuple[str, int], int]:
+    """Assign ``probe`` at each partition's reported end and read on to partition EOF (or until
+    ``timeout``): the true ends."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    probe.assign([TopicPartition(t, q, h) for (t, q), h in highs.items()])
+    ends, waiting = dict(highs), set(highs)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        m = probe.poll(0.2)
+        if m is None:
+            continue
+        err, off, tp = m.error(), m.offset(), (m.topic(), m.partition())
+        if off is None or tp not in ends:  # set on every fetched message and partition-EOF event
+            continue
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                ends[tp] = max(ends[tp], off)
+                waiting.discard(tp)
+            continue
+        ends[tp] = max(ends[tp], off + 1)
+    return ends

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unlearn.infra.key_family import READ_IDLE_S, SampleRef
-from unlearn.infra.log_position import log_bounds
+from unlearn.infra.log_position import log_ends
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
@@ -210,17 +210,11 @@ class Erasure:
 
     def _deltas_ends(self) -> dict[int, int]:
         """One past the true last offset of every deltas partition (read to EOF, not ListOffsets)."""
-        from confluent_kafka import TopicPartition
-
         c = self._consumer_()
         try:
             md = c.list_topics(timeout=self.settings.admin_timeout).topics.get(self.deltas_topic)
-            out = {}
-            for q in sorted(md.partitions if md is not None else []):
-                _, high = c.get_watermark_offsets(TopicPartition(self.deltas_topic, q),
-                                                  timeout=self.settings.admin_timeout)
-                out[q] = log_bounds(self.settings, c, self.deltas_topic, q, int(high) + 1)[1]
-            return out
+            parts = [(self.deltas_topic, q) for q in sorted(md.partitions if md is not None else [])]
+            return {q: end for (_, q), end in log_ends(self.settings, c, parts).items()}
         finally:
             self._close_consumer()
 

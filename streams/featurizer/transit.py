@@ -26,6 +26,9 @@ before the current one's ``use_until``, so a producer always finds a valid key).
   ``use_until``, are in the key family (durable): after a restart or takeover, every superseded
   epoch starts again at stage (a), with targets sampled later than before. A crash only delays a
   destruction, it never loses a key that a record still needs.
+- **Probe cost**: once per tick, the committed offsets are read once and the log ends sampled
+  once for every epoch that needs them (the ``requests`` ends for those entering stage (b), the
+  by-head ends for those entering (c)), all with one consumer (``infra.log_position.log_ends``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unlearn.infra.key_family import TRANSIT_HEAD, SampleRef
-from unlearn.infra.log_position import log_bounds
+from unlearn.infra.log_position import log_ends
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import TopicError, ensure_topic
 from unlearn.schemas.sealed import SampleKey
@@ -211,50 +214,57 @@ class TransitKeys:
              positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
         """Start new epochs that are due; return, per partition, the superseded epochs whose key
         may be destroyed now (stages advanced at most once per ``UNLEARN_SHRED_EVERY_SECONDS``).
-        ``consumer``: makes the reader that samples log ends; ``committed``: the router's committed
-        offset per requests partition; ``positions``: per owned by-head partition, one past the last
-        offset durably judged."""
+        ``consumer``: makes the assign-only reader (``enable.partition.eof``) that samples log ends;
+        ``committed``: the router's committed offset per requests partition; ``positions``: per
+        owned by-head partition, one past the last offset durably judged."""
         now = self.clock()
-        due: dict[int, list[SampleRef]] = {}
         advance = now - self._advanced_at >= max(0.2, self.settings.shred_every_seconds)
+        ready: list[Epoch] = []
         for p, eps in list(self.epochs.items()):
             newest = max(eps.values(), key=lambda e: e.use_until, default=None)
             if newest is None or newest.use_until - self._lead() <= now:
                 newest = self.rotate(p)
-            for e in list(eps.values()):
-                if not advance or e is newest or e.use_until + self.settings.transit_grace_seconds > now:
-                    continue
-                self._advanced_at = now
-                if self._advance(e, consumer, committed, positions):
-                    due.setdefault(p, []).append(e.ref)
+            ready += [e for e in eps.values() if advance and e is not newest
+                      and e.use_until + self.settings.transit_grace_seconds <= now]
+        if not ready:
+            return {}
+        self._advanced_at = now
+        return self._advance(ready, consumer, committed, positions)
+
+    def _advance(self, ready: list[Epoch], consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
+                 positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
+        """One step of the destruction stages of every epoch past (a); the ones that may be
+        destroyed now. The committed offsets are read once, and the log ends sampled once for all
+        epochs that need them: ``requests`` for those entering (b), by-head for those entering (c)
+        (sampled after (b) is met: the committed offsets are read first)."""
+        to_b = [e for e in ready if e.ref not in self.stages]  # (a) is met: every record that could carry it is below
+        at_b = [e for e in ready if e.ref in self.stages and self.stages[e.ref].by_head is None]
+        done = committed() if at_b else {}
+        to_c = [e for e in at_b if all(done.get(q, 0) >= end for q, end in self.stages[e.ref].targets.items())]
+        ends = self._ends(consumer, bool(to_b), {e.partition for e in to_c})
+        for e in to_b:
+            self.stages[e.ref] = _Stage({q: end for (t, q), end in ends.items() if t == self.requests_topic})
+        for e in to_c:
+            self.stages[e.ref].by_head = ends[(self.by_head_topic, e.partition)]
+        due: dict[int, list[SampleRef]] = {}
+        for e in ready:
+            by_head = self.stages[e.ref].by_head
+            if by_head is not None and positions.get(e.partition, 0) >= by_head:  # (c)
+                due.setdefault(e.partition, []).append(e.ref)
         return due
 
-    def _advance(self, e: Epoch, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
-                 positions: Mapping[int, int]) -> bool:
-        """One step of an epoch's destruction stages; True once it may be destroyed."""
-        st = self.stages.get(e.ref)
-        if st is None:  # (a) is met: sample the requests ends (every record that could carry the key is below)
-            self.stages[e.ref] = _Stage(self._ends(consumer, self.requests_topic))
-            return False
-        if st.by_head is None:
-            done = committed()
-            if any(done.get(q, 0) < end for q, end in st.targets.items()):
-                return False  # (b) the router has not routed every record yet
-            st.by_head = self._ends(consumer, self.by_head_topic, e.partition)[e.partition]
-        return positions.get(e.partition, 0) >= st.by_head  # (c)
-
-    def _ends(self, make: Callable[[], Any], topic: str, only: int | None = None) -> dict[int, int]:
-        """One past the true last offset of the topic's partitions (read to EOF, not ListOffsets)."""
-        from confluent_kafka import TopicPartition
-
+    def _ends(self, make: Callable[[], Any], requests: bool, by_head: set[int]) -> dict[tuple[str, int], int]:
+        """One past the true last offset of every ``requests`` partition (if ``requests``) and of
+        the ``by_head`` partitions, read to EOF with one consumer (``log_position.log_ends``)."""
+        if not requests and not by_head:
+            return {}
         consumer = make()
-        md = consumer.list_topics(timeout=self.settings.admin_timeout).topics.get(topic)
-        parts = sorted(md.partitions) if md is not None and md.error is None else []
-        out = {}
-        for q in parts if only is None else [only]:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=self.settings.admin_timeout)
-            out[q] = log_bounds(self.settings, consumer, topic, q, int(high) + 1)[1]
-        return out
+        parts = [(self.by_head_topic, q) for q in sorted(by_head)]
+        if requests:
+            md = consumer.list_topics(timeout=self.settings.admin_timeout).topics.get(self.requests_topic)
+            parts += [(self.requests_topic, q) for q in sorted(md.partitions if md is not None and md.error is None
+                                                                else [])]
+        return log_ends(self.settings, consumer, parts)
 
     def destroy(self, partition: int, refs: list[SampleRef]) -> int:
         """Destroy superseded epochs ``refs`` (from :meth:`tick`): one ``transit-private``

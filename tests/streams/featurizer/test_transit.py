@@ -55,7 +55,8 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
     keys = KeyStore(s, fam, samples)
     clock = Clock(1_000_000.0)
     transit = TransitKeys(s, keys, requests, by_head, clock=clock)
-    group = Consumer(consumer_config(s, f"{s.topic_prefix}featurizer", **{"enable.auto.commit": False}))
+    group = Consumer(consumer_config(s, f"{s.topic_prefix}featurizer",
+                                     **{"enable.auto.commit": False, "enable.partition.eof": True}))
     try:
         samples.load(0)
         transit.load(0, legacy=samples)
