@@ -89,6 +89,8 @@ class Settings:
     transit_grace_seconds: float = 15.0  # UNLEARN_TRANSIT_GRACE_SECONDS: a transit key outlives its use_until this long
     require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
     transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
+    # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input in its dead letter
+    deadletter_inputs: str = "redact"
 
     # Client SDK / CLI, serving, replay verifier
     client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
@@ -224,6 +226,8 @@ class Settings:
                              "stays below it)")
         if self.transit_seal not in ("auto", "always", "off"):
             raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
+        if self.deadletter_inputs not in ("redact", "keep"):
+            raise ValueError(f"UNLEARN_DEADLETTER_INPUTS must be redact | keep, got {self.deadletter_inputs!r}")
         if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
             raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
         if self.state_rotate_bytes < self.changelog_max_bytes:

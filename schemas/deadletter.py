@@ -3,8 +3,9 @@
 Anything rejected anywhere (a malformed request, an unknown schema version, a delete of a sample
 that is not there, a corrupt delta) goes here instead of crashing the stage or being dropped
 silently. The record keeps the original key and value bytes (base64) and where they came from,
-so an operator can inspect, fix and replay them. JSON, because operators and other languages
-read it; the payload itself stays opaque bytes.
+so an operator can inspect, fix and replay them (the featurizer redacts a request's plaintext
+input first, ``schemas/redaction.py``: the full request is at the record's source). JSON, because
+operators and other languages read it; the payload itself stays opaque bytes.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from tests.test_pipeline import pipeline_settings, services
@@ -161,6 +162,9 @@ def transit_key_ids(s: Settings, subject: str) -> set[str]:
 TRANSIT = {"transit_rotate_seconds": 4.0, "transit_grace_seconds": 3.0, "transit_seal": "always"}
 # a plain producer's distinctive values: they stay readable in requests (the documented limitation)
 PLAIN = np.array([0.1928374655, -0.5647382910, 0.3344556677, -0.2233445566, 0.6677889900, 0.1122334455])
+# a refused plaintext add (wrong dimension) of a deleted subject: its values stay in requests (where
+# the plain producer put them) but not in its dead letter (UNLEARN_DEADLETTER_INPUTS=redact)
+WRONG = np.array([0.5463728190, -0.4637281956, 0.1357924680, -0.8642097531, 0.2468013579, 0.9753108642, 0.0192837465])
 
 
 def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: Settings, tmp_path: Path) -> None:
@@ -179,6 +183,7 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
             client.add("er", "alice", "a2", 1, features=SECRET[::-1].copy()).wait_delivered(30)
             client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)  # refused: duplicate_add
             plain.add("er", "zed", "z1", 1, features=PLAIN).wait_delivered(30)  # plaintext on the wire
+            plain.add("er", "zed", "z2", 0, features=WRONG).wait_delivered(30)  # refused: dimension_mismatch
             receipt = client.delete_subject("er", "alice").wait_receipt(120)
             assert plain.delete_subject("er", "zed").wait_receipt(120).status == "applied"
             stale = client.transit.key_for("er")
@@ -194,8 +199,8 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         late = seal_request(late, stale)
         wait_transit_destroyed(s, {stale.key_id})
         _produce_raw(s, encode_request(late))
-        dls = wait_deadletters(s, 2)
-        assert sorted(d.reason for d in dls) == ["duplicate_add", "transit_key_destroyed"]
+        dls = wait_deadletters(s, 3)
+        assert sorted(d.reason for d in dls) == ["dimension_mismatch", "duplicate_add", "transit_key_destroyed"]
         assert all(b"late secret" not in d.original for d in dls)
         time.sleep(2.0)  # let the broker's metadata settle after the superseded key generation's deletion
         pats = {**needles(SECRET, s.frac_bits), **{f"rev_{k}": v for k, v in
@@ -212,6 +217,14 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         # the plain producer's raw input is still where it put it (what the docs say)
         assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests")]
         assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]
+        # the refused plaintext add of zed left no value in deadletter, though it is in requests
+        wrong = needles(WRONG, s.frac_bits)
+        assert wrong["raw_text_0"] in raw[s.topic("requests")]
+        dl_topic = s.topic("deadletter")
+        assert not scan({t: raw[t] for t in (dl_topic, dl_topic + " (originals)")}, wrong)
+        refused = next(d for d in dls if d.reason == "dimension_mismatch")
+        assert orjson.loads(refused.original)["input"] == {"kind": "features", "redacted": True}
+        assert refused.topic == s.topic("requests") and refused.offset is not None
         cert = verify_broker(s, "er", orders=2, partitionings=2)
         assert cert.ok, cert.summary()
         pairs = next(c for c in cert.checks if c.name == "erased_pairs")

@@ -16,7 +16,8 @@ excluded all of its samples, and a check of every store the system controls:
 - ``featurizer-cache``: no plaintext sample record of the subject (a sealed record names no subject
   in clear), every sealed one under a destroyed key;
 - ``deadletter``: no readable original request of the subject (one sealed under a sample key
-  names no subject in clear; a refused add sealed for transit is clear once its transit key is gone);
+  names no subject in clear; a refused add sealed for transit is clear once its transit key is gone;
+  one whose plaintext input was redacted, ``schemas/redaction.py``, is clear);
 - ``requests`` and ``requests.by-head`` (read in full): no add of the subject whose raw input can
   still be read: plaintext (a plain producer, or UNLEARN_TRANSIT_SEAL=off) is never clear, a
   sealed one is clear once its transit key is destroyed (docs/erasure.md section 5).
@@ -46,6 +47,7 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
 from unlearn.schemas.envelope import InvalidRequest, SealedInput, parse_request
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.redaction import is_redacted
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
 
@@ -222,8 +224,8 @@ def _readable(value: bytes | None, head_id: str, subject_id: str, transit_kids: 
     """Why a request of the subject (in this head) can still be read, or None: an add whose
     input is plaintext or sealed under a transit key that still exists (``any_op``: any request of
     the subject that is not sealed, as dead letters were judged before transit sealing)."""
-    if not value or b'"' + subject_id.encode() + b'"' not in value:
-        return None
+    if not value or b'"' + subject_id.encode() + b'"' not in value or is_redacted(value):
+        return None  # (a redacted dead letter keeps the envelope, not the input)
     try:
         req = parse_request(value)
     except InvalidRequest:  # unparsable, but it names the subject: its bytes are plain

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from unlearn.features.backbones import BackboneError
 from unlearn.features.contract import (
@@ -58,7 +57,6 @@ from unlearn.schemas.envelope import (
     InvalidRequest,
     Request,
     TextInput,
-    is_valid_id,
     parse_request,
 )
 from unlearn.schemas.receipts import Receipt
@@ -67,7 +65,6 @@ from unlearn.schemas.source_id import format_source_id, parse_source, parse_sour
 from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from .heads import auto_contracts, check_contract, delta_contract, judged_contract
 from .model import (
-    _DELETE_OPS,
     FEATURIZER_REASONS,
     STAGE,
     BatchOutcome,
@@ -82,6 +79,7 @@ from .model import (
     OutMessage,
     RegistryEncoder,
 )
+from .refusal import refusal, salvage_delete_ids
 from .transit_open import TransitGate, UnopenedRequest, open_sealed
 from .view import BatchView, Overlay, named_samples
 
@@ -131,53 +129,6 @@ __all__ = [
 # --------------------------------------------------------------------------- refusals
 # The featurizer's refusals share the feature contract's error type (one reason-code carrier).
 Rejected = FeatureRejected
-
-
-def refusal(m: InMessage, r: Request | None, reason: str, detail: str, config: CoreConfig, ts: float,
-            raw_ids: Mapping[str, Any] | None = None) -> tuple[DeadLetter, Receipt | None]:
-    """The dead letter of a refused message, plus a rejected receipt when it names a delete: the
-    client that asked waits for one. ``raw_ids`` are the ids :func:`salvage_delete_ids` found in
-    an invalid request (``r`` is None then). The dead letter names the request's place in
-    ``requests`` (where its producer put it), not the by-head copy the featurizer read."""
-    if m.origin is not None:
-        topic, partition, offset = config.requests_topic, m.origin.partition, m.origin.offset
-    else:
-        topic, partition, offset = config.input_topic, m.partition, m.offset
-    dl = DeadLetter(
-        original=bytes(m.value) if m.value is not None else b"",
-        reason=reason, detail=detail, stage=STAGE, topic=topic,
-        partition=partition, offset=offset, key=m.key,
-        event_id=r.event_id if r is not None else (raw_ids or {}).get("event_id"), ts=ts,
-    )
-    ids: Mapping[str, Any] | None = raw_ids if r is None else {
-        "op": r.op, "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id,
-        "sample_ids": [r.sample_id] if r.sample_id else [],
-    }
-    receipt = None
-    if ids and ids.get("op") in _DELETE_OPS:
-        receipt = Receipt.rejected(ids["event_id"], ids["subject_id"], ids["head_id"], ids["sample_ids"], reason, ts)
-    return dl, receipt
-
-
-def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
-    """For an invalid request that still names a delete with usable ids: the receipt fields, so the
-    client that asked is told it was rejected. None otherwise."""
-    if raw is None:
-        return None
-    try:
-        d = orjson.loads(raw)
-    except (orjson.JSONDecodeError, TypeError):
-        return None
-    if type(d) is not dict or d.get("op") not in _DELETE_OPS:
-        return None
-
-    if not all(is_valid_id(d.get(k)) for k in ("event_id", "subject_id", "head_id")):
-        return None
-    sample = d.get("sample_id")
-    return {
-        "op": d["op"], "event_id": d["event_id"], "subject_id": d["subject_id"], "head_id": d["head_id"],
-        "sample_ids": [sample] if is_valid_id(sample) else [],
-    }
 
 
 # --------------------------------------------------------------------------- overlay

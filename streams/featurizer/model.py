@@ -223,6 +223,7 @@ class CoreConfig:
     gamma: float = 1.0
     head_gammas: Mapping[str, float] = field(default_factory=dict)
     require_sealed_input: bool = False  # refuse plaintext adds (UNLEARN_REQUIRE_SEALED_INPUT)
+    redact_deadletter_inputs: bool = True  # UNLEARN_DEADLETTER_INPUTS=redact (schemas/redaction.py)
 
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
@@ -270,6 +271,7 @@ class CoreConfig:
             gamma=settings.gamma,
             head_gammas={h: settings.gamma_for(h) for h in _names(settings.head_gammas)},
             require_sealed_input=settings.require_sealed_input,
+            redact_deadletter_inputs=settings.deadletter_inputs == "redact",
         )
 
 

@@ -22,6 +22,7 @@ from unlearn.schemas.envelope import (
     parse_request,
 )
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 from unlearn.streams.featurizer.core import (
     CachedSample,
@@ -300,8 +301,15 @@ def test_bad_events_go_to_deadletter_and_the_batch_proceeds() -> None:
                    (112, "label_out_of_range"), (113, "unexpected_field:label"), (114, "not_json")]
     for d in out.deadletters:
         assert d.stage == "featurizer" and d.topic == "t.requests" and d.partition == 0 and d.ts == 5.0
-        assert d.original == (values[d.offset - 100] or b"") and d.key == b"key%d" % (d.offset - 100)
+        assert d.original == redact_original(values[d.offset - 100] or b"") and d.key == b"key%d" % (d.offset - 100)
         assert d.detail
+    # a refused plaintext add keeps its envelope, not its input (UNLEARN_DEADLETTER_INPUTS=redact) ...
+    dim = orjson.loads(out.deadletters[3].original)
+    assert dim["input"] == {"kind": "features", "redacted": True} and dim["event_id"] == "dim"
+    assert out.deadletters[5].original == b"{not json"  # nothing to attribute: kept
+    # ... and all of it with UNLEARN_DEADLETTER_INPUTS=keep
+    kept = featurize_batch(batch(*values, start=100), cache, cfg(redact_deadletter_inputs=False), no_encoder, now=5.0)
+    assert [d.original for d in kept.deadletters] == [values[d.offset - 100] or b"" for d in kept.deadletters]
     assert out.deadletters[0].event_id == "dup" and out.deadletters[5].event_id is None
     # the good events went through
     (delta,) = out.deltas
