@@ -87,6 +87,8 @@ class Settings:
     requests_retention_ms: int = -1
     transit_rotate_seconds: float = 20.0  # UNLEARN_TRANSIT_ROTATE_SECONDS: a new transit key per partition this often
     transit_grace_seconds: float = 15.0  # UNLEARN_TRANSIT_GRACE_SECONDS: a transit key outlives its use_until this long
+    # UNLEARN_TRANSIT_OPEN_CACHE: AES keys the featurizer keeps per (transit key, producer epk), LRU (0: none)
+    transit_open_cache: int = 4096
     require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
     transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
     # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input in its dead letter
@@ -224,6 +226,8 @@ class Settings:
             raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS must be at least 4 (a successor is published ahead of "
                              "use_until) and UNLEARN_TRANSIT_GRACE_SECONDS at least 2 (the SDK's delivery timeout "
                              "stays below it)")
+        if self.transit_open_cache < 0:
+            raise ValueError("UNLEARN_TRANSIT_OPEN_CACHE must be >= 0 (0 = derive per request)")
         if self.transit_seal not in ("auto", "always", "off"):
             raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
         if self.deadletter_inputs not in ("redact", "keep"):

@@ -10,6 +10,14 @@ once the epoch's private half is destroyed, every copy of the sealed input left 
 - :func:`seal_input` / :func:`open_input`: ephemeral X25519 -> HKDF-SHA256 -> AES-256-GCM, the
   associated data :func:`transit_aad` binding a purpose string, the event, head, subject and
   sample ids and the transit key id, so a ciphertext cannot be moved to another request.
+- :class:`TransitSealer`: one ephemeral key (so one X25519 exchange and one HKDF) for many
+  requests under one transit key; each request still gets a fresh random 96-bit nonce and its
+  own associated data. The bytes are the same format. Bound relied on: at most
+  :data:`SEALER_MAX_MESSAGES` (2^20) messages per derived key, so the chance that two random
+  nonces collide is below 2^40 / 2^97 = 2^-57 (NIST SP 800-38D allows 2^32 random-nonce messages
+  per key, for 2^-32).
+- :func:`opening_key` / :func:`open_input`'s ``aead``: the featurizer derives a (transit key,
+  epk) pair's AES key once and caches it (``streams/featurizer/transit_open.DerivedKeys``).
 - :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
 
 Pure: no I/O, no Kafka. Random bytes come from the ``cryptography`` package / ``os.urandom``.
@@ -36,17 +44,20 @@ __all__ = [
     "KEY_ID_BYTES",
     "NONCE_BYTES",
     "PUBLIC_KEY_BYTES",
+    "SEALER_MAX_MESSAGES",
     "TAG_BYTES",
     "TRANSIT_KEY_SCHEMA",
     "TRANSIT_PURPOSE",
     "TransitError",
     "TransitKeyPair",
     "TransitPublicKey",
+    "TransitSealer",
     "decode_public_record",
     "encode_public_record",
     "new_transit_key",
     "open_input",
     "open_request",
+    "opening_key",
     "seal_input",
     "seal_request",
     "transit_aad",
@@ -61,6 +72,9 @@ TRANSIT_PURPOSE = "request-input"
 TRANSIT_KEY_SCHEMA = "unlearn.transit-key/v1"
 _AAD_TAG = b"unlearn-transit/v1\x00"
 _HKDF_INFO = b"unlearn-transit/v1 aes-256-gcm"
+SEALER_MAX_MESSAGES = 1 << 20
+"""Messages one :class:`TransitSealer` seals before a producer rolls a new ephemeral key (module
+docstring: random-nonce collision chance below 2^-57 per derived key)."""
 
 
 class TransitError(ValueError):
@@ -122,40 +136,88 @@ def transit_key(shared: bytes, epk: bytes, public_key: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=epk + public_key, info=_HKDF_INFO).derive(shared)
 
 
+class TransitSealer:
+    """One producer's ephemeral key for one transit key: the X25519 exchange and HKDF happen once
+    here, each :meth:`seal` is one AES-GCM encryption with a fresh random nonce. Only the derived
+    AES key is kept (the ephemeral private key is dropped at once). Roll a new one when
+    :attr:`exhausted` or when the transit key changes (``services/client/transit_keys.py`` does)."""
+
+    __slots__ = ("_aead", "epk", "max_messages", "public", "sealed")
+
+    def __init__(self, public: TransitPublicKey, max_messages: int = SEALER_MAX_MESSAGES) -> None:
+        if len(public.public_key) != PUBLIC_KEY_BYTES:
+            raise TransitError(f"a transit public key has {PUBLIC_KEY_BYTES} bytes, got {len(public.public_key)}")
+        eph = X25519PrivateKey.generate()
+        self.public = public
+        self.epk = _public_raw(eph.public_key())
+        try:
+            shared = eph.exchange(X25519PublicKey.from_public_bytes(public.public_key))
+        except ValueError as exc:  # a low-order public key: all-zero shared secret
+            raise TransitError(f"transit public key {public.key_id}: {exc}") from None
+        self._aead = AESGCM(transit_key(shared, self.epk, public.public_key))
+        self.max_messages = max_messages
+        self.sealed = 0  # approximate under threads: the bound has a 4096x margin (module docstring)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"TransitSealer(key_id={self.public.key_id!r}, sealed={self.sealed})"
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether this sealer has sealed its :attr:`max_messages` (use a new one)."""
+        return self.sealed >= self.max_messages
+
+    def seal(self, inner_json: bytes, event_id: str, head_id: str, subject_id: str, sample_id: str) -> SealedInput:
+        """The sealed input of ``inner_json`` bound to these ids, under a fresh random nonce."""
+        self.sealed += 1
+        nonce = os.urandom(NONCE_BYTES)
+        ct = self._aead.encrypt(nonce, inner_json,
+                                transit_aad(event_id, head_id, subject_id, sample_id, self.public.key_id))
+        return SealedInput(self.public.key_id, self.epk, nonce, ct)
+
+    def seal_request(self, req: Request) -> Request:
+        """``req`` with its input sealed (an add; anything else is returned as it is)."""
+        if req.op != "add" or req.input is None or req.sample_id is None or isinstance(req.input, SealedInput):
+            return req
+        inner = orjson.dumps(input_to_dict(req.input))
+        return replace(req, input=self.seal(inner, req.event_id, req.head_id, req.subject_id, req.sample_id))
+
+
 def seal_input(public: TransitPublicKey, inner_json: bytes, event_id: str, head_id: str, subject_id: str,
                sample_id: str) -> SealedInput:
     """The envelope's sealed input (``kind: sealed``) of ``inner_json`` (the JSON of the inner input
-    object) for ``public``'s partition, under a fresh ephemeral key and nonce."""
-    if len(public.public_key) != PUBLIC_KEY_BYTES:
-        raise TransitError(f"a transit public key has {PUBLIC_KEY_BYTES} bytes, got {len(public.public_key)}")
-    eph = X25519PrivateKey.generate()
-    epk = _public_raw(eph.public_key())
-    shared = eph.exchange(X25519PublicKey.from_public_bytes(public.public_key))
-    nonce = os.urandom(NONCE_BYTES)
-    ct = AESGCM(transit_key(shared, epk, public.public_key)).encrypt(
-        nonce, inner_json, transit_aad(event_id, head_id, subject_id, sample_id, public.key_id))
-    return SealedInput(public.key_id, epk, nonce, ct)
+    object) for ``public``'s partition, under a fresh ephemeral key and nonce (one-shot
+    :class:`TransitSealer`)."""
+    return TransitSealer(public, 1).seal(inner_json, event_id, head_id, subject_id, sample_id)
+
+
+def opening_key(pair: TransitKeyPair, epk: bytes) -> AESGCM:
+    """The AES-GCM key of everything sealed under ``pair`` with ephemeral key ``epk`` (what the
+    featurizer caches per (key id, epk)); TransitError for an epk that is not a usable key."""
+    if len(epk) != PUBLIC_KEY_BYTES:
+        raise TransitError("sealed input: epk must be 32 bytes")
+    try:
+        priv = X25519PrivateKey.from_private_bytes(pair.private_key)
+        shared = priv.exchange(X25519PublicKey.from_public_bytes(epk))
+    except ValueError as exc:  # e.g. an all-zero shared secret from a low-order epk
+        raise TransitError(f"sealed input under transit key {pair.key_id}: {exc}") from None
+    return AESGCM(transit_key(shared, epk, pair.public_key))
 
 
 def open_input(pair: TransitKeyPair, sealed: SealedInput, event_id: str, head_id: str, subject_id: str,
-               sample_id: str) -> bytes:
-    """The inner input's JSON bytes; TransitError unless it opens under exactly this context."""
+               sample_id: str, aead: AESGCM | None = None) -> bytes:
+    """The inner input's JSON bytes; TransitError unless it opens under exactly this context.
+    ``aead``: :func:`opening_key` of (``pair``, ``sealed.epk``) if the caller cached it."""
     epk, nonce, ciphertext = sealed.epk, sealed.nonce, sealed.ciphertext
     if sealed.key_id != pair.key_id:
         raise TransitError(f"sealed input names transit key {sealed.key_id}, not {pair.key_id}")
     if len(epk) != PUBLIC_KEY_BYTES or len(nonce) != NONCE_BYTES or len(ciphertext) < TAG_BYTES:
         raise TransitError("sealed input: epk must be 32 bytes, nonce 12, ciphertext at least the 16-byte tag")
+    key = aead if aead is not None else opening_key(pair, epk)
     try:
-        priv = X25519PrivateKey.from_private_bytes(pair.private_key)
-        shared = priv.exchange(X25519PublicKey.from_public_bytes(epk))
-        key = transit_key(shared, epk, _public_raw(priv.public_key()))
-        return AESGCM(key).decrypt(nonce, ciphertext, transit_aad(event_id, head_id, subject_id, sample_id,
-                                                                   pair.key_id))
+        return key.decrypt(nonce, ciphertext, transit_aad(event_id, head_id, subject_id, sample_id, pair.key_id))
     except InvalidTag:
         raise TransitError(f"sealed input of event {event_id!r} does not open under transit key {pair.key_id}: "
                            "moved to another event, head, subject or sample, or corrupt") from None
-    except ValueError as exc:  # e.g. an all-zero shared secret from a low-order epk
-        raise TransitError(f"sealed input of event {event_id!r}: {exc}") from None
 
 
 def seal_request(req: Request, public: TransitPublicKey) -> Request:
@@ -166,12 +228,13 @@ def seal_request(req: Request, public: TransitPublicKey) -> Request:
     return replace(req, input=seal_input(public, inner, req.event_id, req.head_id, req.subject_id, req.sample_id))
 
 
-def open_request(req: Request, pair: TransitKeyPair) -> Request:
+def open_request(req: Request, pair: TransitKeyPair, aead: AESGCM | None = None) -> Request:
     """``req`` with its sealed input opened and parsed (TransitError: does not open;
-    ``envelope.InvalidRequest``: the opened input is not a valid inner input)."""
+    ``envelope.InvalidRequest``: the opened input is not a valid inner input). ``aead``: the
+    cached :func:`opening_key` of (``pair``, its epk), if any."""
     if not isinstance(req.input, SealedInput) or req.sample_id is None:
         return req
-    inner = open_input(pair, req.input, req.event_id, req.head_id, req.subject_id, req.sample_id)
+    inner = open_input(pair, req.input, req.event_id, req.head_id, req.subject_id, req.sample_id, aead)
     return replace(req, input=parse_inner_input(inner))
 
 

@@ -9,6 +9,12 @@ still ahead; it reads again once that has passed. :func:`seal_for_transit` appli
 ``UNLEARN_TRANSIT_SEAL``: ``auto`` seals when a key is published (else sends plaintext and warns
 once), ``always`` raises :class:`TransitUnavailable` when none is, ``off`` never seals.
 
+Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
+``schemas/transit.TransitSealer`` per by-head partition): one X25519 exchange per producer session
+and epoch, not per request. A new one is made when the partition's transit key changes or after
+``SEALER_MAX_MESSAGES`` (2^20) requests; the old one's derived AES key is dropped then, and any
+whose key is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`.
+
 A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
 bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
 delivery fails loudly at the producer instead of arriving after the destruction.
@@ -26,7 +32,7 @@ from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.envelope import Request, SealedInput
-from unlearn.schemas.transit import TransitError, TransitPublicKey, decode_public_record, seal_request
+from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, decode_public_record
 from unlearn.streams.featurizer.router import head_partition, routed_topic_name
 
 __all__ = ["TransitKeyCache", "TransitUnavailable", "seal_for_transit", "transit_producer_overrides"]
@@ -59,6 +65,7 @@ class TransitKeyCache:
         self.topic = settings.topic("transit-keys")
         self.by_head = routed_topic_name(requests_topic or settings.topic("requests"))
         self.keys: dict[int, TransitPublicKey] = {}
+        self.sealers: dict[int, TransitSealer] = {}  # per by-head partition, for its current key
         self._partitions: tuple[int, int] | None = None  # (by-head count, transit-keys count)
         self._tried: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -67,18 +74,38 @@ class TransitKeyCache:
     def key_for(self, head_id: str) -> TransitPublicKey | None:
         """The key to seal an add of ``head_id`` with now, or None if none is published."""
         with self._lock:
-            counts = self._counts()
-            if counts is None:
-                return None
-            p = head_partition(head_id, counts[0])
-            key = self.keys.get(p)
+            found = self._key(head_id)
+            return None if found is None else found[1]
+
+    def sealer_for(self, head_id: str) -> TransitSealer | None:
+        """The sealer for an add of ``head_id`` now (None: no key published): the partition's
+        current one, or a new ephemeral key when its transit key changed or it is exhausted."""
+        with self._lock:
+            found = self._key(head_id)
             now = time.time()
-            if key is None or key.use_until - _MARGIN_S <= now:
-                if now - self._tried.get(p, 0.0) < _RETRY_S:
-                    return None
-                self._tried[p] = now
-                key = self._read(p, counts[1])
-            return key if key is not None and key.use_until - _MARGIN_S > now else None
+            for q in [q for q, s in self.sealers.items() if s.public.use_until <= now]:
+                del self.sealers[q]  # a derived key is kept no longer than its transit key is used
+            if found is None:
+                return None
+            p, key = found
+            sealer = self.sealers.get(p)
+            if sealer is None or sealer.public.key_id != key.key_id or sealer.exhausted:
+                sealer = self.sealers[p] = TransitSealer(key)
+            return sealer
+
+    def _key(self, head_id: str) -> tuple[int, TransitPublicKey] | None:
+        counts = self._counts()
+        if counts is None:
+            return None
+        p = head_partition(head_id, counts[0])
+        key = self.keys.get(p)
+        now = time.time()
+        if key is None or key.use_until - _MARGIN_S <= now:
+            if now - self._tried.get(p, 0.0) < _RETRY_S:
+                return None
+            self._tried[p] = now
+            key = self._read(p, counts[1])
+        return (p, key) if key is not None and key.use_until - _MARGIN_S > now else None
 
     def wait_for(self, head_id: str, timeout: float) -> TransitPublicKey | None:
         """:meth:`key_for`, retried until a key is published or ``timeout`` passes (None)."""
@@ -133,8 +160,9 @@ class TransitKeyCache:
         return self._consumer
 
     def close(self) -> None:
-        """Close the reader (before the broker goes away)."""
+        """Close the reader (before the broker goes away) and drop the derived sealing keys."""
         with self._lock:
+            self.sealers.clear()
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
@@ -148,8 +176,8 @@ def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> R
     adds are sealed. ``auto`` without a published key sends plaintext and warns once per head."""
     if mode == "off" or keys is None or req.op != "add" or isinstance(req.input, SealedInput):
         return req
-    key = keys.key_for(req.head_id)
-    if key is None:
+    sealer = keys.sealer_for(req.head_id)
+    if sealer is None:
         if mode == "always":
             raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
                                      "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
@@ -158,4 +186,4 @@ def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> R
             log.warning("no transit key published for head %r on %s: sending adds in plaintext (they stay "
                         "readable in requests; docs/erasure.md section 5)", req.head_id, keys.topic)
         return req
-    return seal_request(req, key)
+    return sealer.seal_request(req)

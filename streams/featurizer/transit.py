@@ -53,7 +53,7 @@ from unlearn.schemas.transit import (
 
 from .delivery import produce_acked
 from .keystore import KeyStore, KeyStoreError
-from .transit_open import TransitGate
+from .transit_open import DerivedKeys, TransitGate
 
 __all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "is_transit_ref", "router_committed"]
 
@@ -117,7 +117,12 @@ class TransitKeys:
     destroyed: dict[int, set[str]] = field(default_factory=dict)
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
+    derived: DerivedKeys | None = None  # AES keys per (key id, producer epk): UNLEARN_TRANSIT_OPEN_CACHE
     _advanced_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.derived is None:
+            self.derived = DerivedKeys(self.settings.transit_open_cache)
 
     @property
     def topic(self) -> str:
@@ -157,9 +162,12 @@ class TransitKeys:
         log.info("%d transit key(s) of partition %d moved out of the sample key family", len(old), partition)
 
     def drop(self, partition: int) -> None:
-        """Partition revoked: forget its epochs (the next owner loads them from the key family)."""
-        for e in self.epochs.pop(partition, {}).values():
+        """Partition revoked: forget its epochs and the AES keys derived from them (the next owner
+        loads them from the key family)."""
+        eps = self.epochs.pop(partition, {})
+        for e in eps.values():
             self.stages.pop(e.ref, None)
+        self._derived().drop(eps)
         self.keys.drop(partition)
 
     # ------------------------------------------------------------------ keys
@@ -170,7 +178,12 @@ class TransitKeys:
 
     def gate(self, partition: int) -> TransitGate:
         """What featurizing a batch of ``partition`` needs to open its sealed inputs."""
-        return TransitGate(lambda kid: self.lookup(partition, kid), lambda kid: self.was_destroyed(partition, kid))
+        return TransitGate(lambda kid: self.lookup(partition, kid), lambda kid: self.was_destroyed(partition, kid),
+                           self._derived())
+
+    def _derived(self) -> DerivedKeys:
+        assert self.derived is not None  # set in __post_init__
+        return self.derived
 
     def was_destroyed(self, partition: int, key_id: str) -> bool:
         """Whether this featurizer destroyed ``key_id`` of ``partition`` (since it took it over)."""
@@ -276,7 +289,9 @@ class TransitKeys:
         return n
 
     def forget(self, partition: int, refs: list[SampleRef]) -> None:
-        """The key family destroyed ``refs``: forget the epochs, remember their ids."""
+        """The key family destroyed ``refs``: forget the epochs and every AES key derived from them
+        (no derived key outlives its private key), remember their ids."""
+        self._derived().drop(ref[2] for ref in refs)
         for ref in refs:
             e = self.epochs.get(partition, {}).pop(ref[2], None)
             self.stages.pop(ref, None)

@@ -6,17 +6,27 @@ opened becomes an :class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the
 so its dead letter names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps
 the message as sent, i.e. the sealed bytes: noise once the transit key is destroyed. With
 ``UNLEARN_REQUIRE_SEALED_INPUT`` a plaintext add is refused the same way.
+
+A producer reuses one ephemeral key for many requests under one transit key
+(``schemas/transit.TransitSealer``), so the AES key derived for a (transit key id, epk) pair is
+kept in :class:`DerivedKeys`, a bounded LRU (``UNLEARN_TRANSIT_OPEN_CACHE`` entries): one X25519
+exchange and HKDF per producer session and epoch instead of per request. Its entries for a
+transit key are dropped when that key is destroyed or its partition revoked
+(``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its private key here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput
-from unlearn.schemas.transit import TransitError, TransitKeyPair, open_request
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["TRANSIT_REASONS", "TransitGate", "UnopenedRequest", "open_sealed"]
+from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput
+from unlearn.schemas.transit import TransitError, TransitKeyPair, open_request, opening_key
+
+__all__ = ["TRANSIT_REASONS", "DerivedKeys", "TransitGate", "UnopenedRequest", "open_sealed"]
 
 TRANSIT_REASONS: dict[str, str] = {
     "transit_key_unknown": "a sealed input names a transit key this featurizer does not hold for the head's by-head "
@@ -39,24 +49,68 @@ class UnopenedRequest(InvalidRequest):
         self.request = request
 
 
+class DerivedKeys:
+    """The AES keys derived per (transit key id, epk), least recently used dropped beyond
+    ``size`` (0: none kept, every request derives its own). Not thread-safe: one per featurizer,
+    used by its batch loop."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"DerivedKeys({len(self._keys)}/{self.size})"
+
+    def get(self, pair: TransitKeyPair, epk: bytes) -> AESGCM:
+        """The key for ``pair`` and ``epk``, derived on a miss (TransitError: unusable epk; not kept)."""
+        k = (pair.key_id, bytes(epk))
+        aead = self._keys.get(k)
+        if aead is not None:
+            self._keys.move_to_end(k)
+            return aead
+        aead = opening_key(pair, k[1])
+        if self.size > 0:
+            self._keys[k] = aead
+            while len(self._keys) > self.size:
+                self._keys.popitem(last=False)
+        return aead
+
+    def drop(self, key_ids: Iterable[str]) -> int:
+        """Forget every key derived from these transit keys (destroyed or handed over); how many."""
+        gone = set(key_ids)
+        stale = [k for k in self._keys if k[0] in gone]
+        for k in stale:
+            del self._keys[k]
+        return len(stale)
+
+    def key_ids(self) -> set[str]:
+        """The transit key ids with a derived key here (for tests and erasure checks)."""
+        return {kid for kid, _ in self._keys}
+
+
 @dataclass(frozen=True)
 class TransitGate:
-    """One by-head partition's transit keys, as the batch sees them."""
+    """One by-head partition's transit keys, as the batch sees them; ``derived``: the
+    featurizer's derived-key cache (None: derive per request)."""
 
     lookup: Callable[[str], TransitKeyPair | None]
     was_destroyed: Callable[[str], bool]
+    derived: DerivedKeys | None = None
 
 
 def _open(r: Request, gate: TransitGate | None) -> Request:
     assert isinstance(r.input, SealedInput)
     kid = r.input.key_id
     pair = gate.lookup(kid) if gate is not None else None
-    if pair is None:
+    if gate is None or pair is None:
         if gate is not None and gate.was_destroyed(kid):
             raise UnopenedRequest(r, "transit_key_destroyed", f"transit key {kid} was destroyed")
         raise UnopenedRequest(r, "transit_key_unknown", f"transit key {kid} is not held for this head's partition")
     try:
-        return open_request(r, pair)
+        return open_request(r, pair, gate.derived.get(pair, r.input.epk) if gate.derived is not None else None)
     except TransitError as exc:
         raise UnopenedRequest(r, "transit_open_failed", str(exc)) from None
     except InvalidRequest as exc:  # the opened input is not a valid inner input

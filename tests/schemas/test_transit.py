@@ -1,5 +1,8 @@
 """Transit sealing of raw inputs (schemas/transit.py): round trips, and a sealed input opens only
-under exactly its key and context (docs/formats.md, "Sealed inputs")."""
+under exactly its key and context (docs/formats.md, "Sealed inputs"). One ephemeral key for many
+requests (``TransitSealer``): the bytes are the ordinary format, each request opens exactly as a
+one-shot seal does (with or without a cached derived key), and every associated-data binding
+still fails when a ciphertext is moved, including onto another request of the same sealer."""
 
 from __future__ import annotations
 
@@ -22,13 +25,16 @@ from unlearn.schemas.envelope import (
     parse_request,
 )
 from unlearn.schemas.transit import (
+    SEALER_MAX_MESSAGES,
     TransitError,
     TransitPublicKey,
+    TransitSealer,
     decode_public_record,
     encode_public_record,
     new_transit_key,
     open_input,
     open_request,
+    opening_key,
     seal_input,
     seal_request,
 )
@@ -121,3 +127,77 @@ def test_deletes_are_not_sealed_and_the_public_record_round_trips() -> None:
                                                         "public_key": base64.b64encode(b"short").decode()})):
         with pytest.raises(TransitError):
             decode_public_record(bad)
+
+
+_f32 = (st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=8)
+        .flatmap(lambda v: st.sampled_from([FeaturesInput(v), FeaturesInput(v, "<f4")])))
+_adds = st.builds(lambda inp, ev, h, s, x: Request(ev, "add", h, "app", s, x, 1, inp, 5.0),
+                  _f32 | st.text(min_size=1, max_size=40).map(TextInput), _id, _id, _id, _id)
+
+
+@SLOW
+@given(st.lists(_adds, min_size=1, max_size=6))
+def test_a_reused_ephemeral_key_opens_every_request_like_a_one_shot_seal(reqs: list[Request]) -> None:
+    sealer = TransitSealer(PUB)
+    wires = [encode_request(sealer.seal_request(r)) for r in reqs]
+    parsed = [parse_request(w) for w in wires]
+    sealed = [p.input for p in parsed]
+    assert all(isinstance(s, SealedInput) and s.epk == sealer.epk and s.key_id == PAIR.key_id for s in sealed)
+    assert len({s.nonce for s in sealed if isinstance(s, SealedInput)}) == len(reqs)  # a fresh nonce each
+    assert sealer.sealed == len(reqs)
+    aead = opening_key(PAIR, sealer.epk)
+    for req, p in zip(reqs, parsed, strict=True):
+        assert open_request(p, PAIR) == req == open_request(p, PAIR, aead)
+        assert open_request(parse_request(encode_request(seal_request(req, PUB))), PAIR) == req  # one-shot alike
+        assert orjson.dumps(input_to_dict(req.input)) not in encode_request(p)  # type: ignore[arg-type]
+
+
+@SLOW
+@given(_adds, _adds, st.integers(0, 4))
+def test_every_binding_fails_when_moved_under_a_reused_key(a: Request, b: Request, which: int) -> None:
+    sealer = TransitSealer(PUB)
+    sa, sb = sealer.seal_request(a), sealer.seal_request(b)
+    assert isinstance(sa.input, SealedInput) and isinstance(sb.input, SealedInput)
+    aead = opening_key(PAIR, sealer.epk)
+    ids = [a.event_id, a.head_id, a.subject_id, a.sample_id or ""]
+    for key in (None, aead):
+        if which < 4:  # another event, head, subject or sample id
+            moved = list(ids)
+            moved[which] += "~"
+            with pytest.raises(TransitError):
+                open_input(PAIR, sa.input, *moved, aead=key)
+        else:  # the right private key under another key id: the AAD names the key id
+            relabelled = dataclasses.replace(PAIR, key_id=OTHER.key_id)
+            with pytest.raises(TransitError):
+                open_input(relabelled, dataclasses.replace(sa.input, key_id=OTHER.key_id), *ids, aead=key)
+        # b's ciphertext (same sealer, same epk, same derived key) moved onto a's ids
+        if (b.event_id, b.head_id, b.subject_id, b.sample_id) != (a.event_id, a.head_id, a.subject_id, a.sample_id):
+            with pytest.raises(TransitError):
+                open_input(PAIR, sb.input, *ids, aead=key)
+        assert open_input(PAIR, sa.input, *ids, aead=key) == orjson.dumps(input_to_dict(a.input))  # type: ignore
+
+
+def test_a_sealer_is_exhausted_after_its_bound_and_two_sealers_differ() -> None:
+    assert SEALER_MAX_MESSAGES == 1 << 20
+    small = TransitSealer(PUB, max_messages=2)
+    req = Request("e", "add", "h", "c", "s", "x", 1, TextInput("t"), 1.0)
+    assert not small.exhausted
+    small.seal_request(req)
+    small.seal_request(req)
+    assert small.exhausted
+    other = TransitSealer(PUB)
+    assert other.epk != small.epk  # a new ephemeral key, so a new derived key
+    delete = Request("e", "delete", "h", "c", "s", "x")
+    assert other.seal_request(delete) is delete and other.sealed == 0
+    assert "key_id" in repr(other) and PAIR.key_id in repr(other)
+
+
+def test_an_unusable_epk_or_public_key_is_a_transit_error() -> None:
+    with pytest.raises(TransitError):
+        opening_key(PAIR, b"short")
+    with pytest.raises(TransitError):
+        opening_key(PAIR, bytes(32))  # low order: all-zero shared secret
+    with pytest.raises(TransitError):
+        TransitSealer(dataclasses.replace(PUB, public_key=bytes(32)))
+    with pytest.raises(TransitError):
+        TransitSealer(dataclasses.replace(PUB, public_key=b"short"))
