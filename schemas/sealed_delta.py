@@ -93,8 +93,9 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             continue
         out.sealed_rows += e.n
         width = e.label_width
+        size = 8 * (delta.d + width)
         keep: list[int] = []
-        qs, labels = [], []
+        rows: list[bytes] = []
         for i in range(e.n):
             sample, kid = e.sample_ids[i], e.key_ids[i]
             key = lookup(delta.head_id, sample, kid)
@@ -104,15 +105,17 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             row = unseal(key, PURPOSE_ROW, delta.head_id, sample, e.ciphertexts[i])
             if commitment(key, delta.head_id, sample, row) != e.commitments[i]:
                 raise SealError(f"row of sample {sample!r} (head {delta.head_id!r}) does not match its commitment")
-            q, lab = parse_row(row, delta.d, width)
+            if len(row) != size:
+                parse_row(row, delta.d, width)  # raises SealError with the sizes
             keep.append(i)
-            qs.append(q)
-            labels.append(lab)
+            rows.append(row)
         if not keep:
             continue
-        lab_arr = np.stack(labels)
+        # parse_row of every kept row at once: one buffer, two copies (q, labels), both C-contiguous int64
+        flat = np.frombuffer(b"".join(rows), dtype="<i8").reshape(len(rows), delta.d + width)
+        q = flat[:, :delta.d].astype(np.int64)
+        labels = flat[:, delta.d].astype(np.int64) if e.label_kind == 0 else flat[:, delta.d:].astype(np.int64)
         entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
-                                 tuple(e.subject_ids[i] for i in keep),
-                                 lab_arr[:, 0].copy() if e.label_kind == 0 else lab_arr, np.stack(qs)))
+                                 tuple(e.subject_ids[i] for i in keep), labels, q))
     out.delta = replace(delta, entries=tuple(entries))  # the contract block (n_classes, version) stays
     return out
