@@ -166,18 +166,38 @@ class KeyRing:
         self.settings = settings
         self.family = keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
-        self.keys: dict[SampleRef, SampleKey] = {}
         self.refreshes = 0
         self.attempts = attempts
         self.role = role
         self._lock = threading.Lock()
 
+    @property
+    def keys(self) -> dict[SampleRef, SampleKey]:
+        """Every known key, merged over the partitions (a new dict: O(keys); :meth:`get` for one)."""
+        with self._lock:
+            return {ref: k for g in self.gens.values() for ref, k in g.keys.items()}
+
+    def get(self, ref: SampleRef) -> SampleKey | None:
+        """The key of ``ref`` if read so far, without reading: a few dict lookups, where merging
+        every partition's keys after each refresh cost O(all live keys) per refresh. A miss is
+        confirmed under the lock, so a refresh folding records meanwhile cannot hide a key."""
+        for g in reversed(tuple(self.gens.values())):  # a later partition wins, as in the merge
+            key = g.keys.get(ref)
+            if key is not None:
+                return key
+        with self._lock:
+            for g in reversed(tuple(self.gens.values())):
+                key = g.keys.get(ref)
+                if key is not None:
+                    return key
+        return None
+
     def lookup(self, head_id: str, sample_id: str, key_id: str) -> SampleKey | None:
         ref = (head_id, sample_id, key_id)
-        key = self.keys.get(ref)
+        key = self.get(ref)
         if key is None:
             self.refresh()
-            key = self.keys.get(ref)
+            key = self.get(ref)
         return key
 
     def refresh(self) -> None:
@@ -191,7 +211,6 @@ class KeyRing:
                 failed = self._refresh_once(failed or None)
                 if not failed:
                     break
-            self.keys = {ref: k for g in self.gens.values() for ref, k in g.keys.items()}
             if failed:
                 raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}")
 

@@ -51,12 +51,12 @@ class RowOpener:
         if self.ring is None:
             self.ring = KeyRing(self.settings, role=self.role)
         ref = (head_id, sample_id, key_id)
-        key = self.ring.keys.get(ref)
+        key = self.ring.get(ref)
         if key is None and self._refreshed_at < self._read_at:
             started = time.monotonic()
             self.ring.refresh()  # KeysUnavailable unless read to its end
             self._refreshed_at = started
-            key = self.ring.keys.get(ref)
+            key = self.ring.get(ref)
         return key
 
     def open(self, delta: Delta) -> Opened:

@@ -1,6 +1,6 @@
 """The optimised paths of sealing and opening (issue 12) against reference implementations
 written the slow way, straight from docs/formats.md: associated data, commitments, key id
-checks, opening a sealed delta row by row."""
+checks, opening a sealed delta row by row, and the key ring's lookup without a merged dict."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unlearn.infra.key_family import KeyGeneration, KeyRing
+from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry, decode_delta, encode_delta
 from unlearn.schemas.sealed import PURPOSE_ROW, SampleKey, SealError, aad, commitment, new_key, unseal
 from unlearn.schemas.sealed_delta import ErasedRow, open_delta, seal_delta
@@ -108,3 +110,17 @@ def test_open_delta_matches_row_by_row_reference(sizes: list[int], d: int, vecto
         for a, b in ((g.q, w.q), (np.asarray(g.labels), np.asarray(w.labels))):
             assert a.dtype == b.dtype == np.int64 and a.shape == b.shape and a.flags.c_contiguous
             assert np.array_equal(a, b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(parts=st.lists(st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from("xyz"), st.sampled_from("01")),
+                                max_size=8), max_size=4),
+       probe=st.tuples(st.sampled_from("abc"), st.sampled_from("xyz"), st.sampled_from("012")))
+def test_key_ring_get_matches_the_merged_keys(parts: list[list[tuple[str, str, str]]],
+                                              probe: tuple[str, str, str]) -> None:
+    ring = KeyRing(Settings())
+    for p, refs in enumerate(parts):  # the same ref may sit in two partitions: the later one wins
+        ring.gens[p] = KeyGeneration(p, 0, f"t{p}", {r: new_key() for r in refs})
+    merged = ring.keys
+    for ref in [*merged, probe]:
+        assert ring.get(ref) is merged.get(ref)
