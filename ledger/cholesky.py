@@ -25,14 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg as sla
 from numpy.typing import NDArray
 from scipy.linalg.blas import dtrsm, dtrsv
 from scipy.linalg.lapack import dpotrf
 
 from .exact import SufficientStatistics
 from .smw import DowndateCheck, lemma1_check, prepare_update, relative_deviation, residual_drift
-from .solve import cholesky_factor, single_threaded_blas, solve_with_factor
+from .solve import cholesky_factor, inverse_from_factor, solve_with_factor
 
 #: Columns of L per block of the update: small enough that the M_JJ products stay cheap for rank 1,
 #: large enough that the per-block overhead of the Python loop does not dominate.
@@ -170,9 +169,7 @@ class CholeskyTracker:
     def T(self) -> NDArray[np.float64]:
         """H^-1 from the factor, symmetrized -- computed on first use after each change."""
         if self._T is None:
-            with single_threaded_blas():
-                T = sla.cho_solve((self.L, True), np.eye(self.dim), check_finite=False)
-            self._T = (T + T.T) * 0.5
+            self._T = inverse_from_factor(self.L)
         return self._T
 
     def grow_outputs(self, n_outputs: int) -> None:

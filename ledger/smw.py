@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from scipy.linalg.lapack import dpotrf
 
 from .exact import SufficientStatistics
-from .solve import cholesky_factor, posterior_inverse, regularized_gram, solve_with_factor
+from .solve import cholesky_factor, inverse_from_factor, posterior_inverse, regularized_gram, solve_with_factor
 
 
 @dataclass(frozen=True)
@@ -124,9 +124,7 @@ class SMWTracker:
     def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8) -> SMWTracker:
         """Start from the canonical solve of a ledger (T and W exactly as Variant A gives them)."""
         L = cholesky_factor(stats, gamma)
-        T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
-        W = solve_with_factor(L, stats.moments())
-        return cls((T + T.T) * 0.5, W, gamma, min_pivot)
+        return cls(inverse_from_factor(L), solve_with_factor(L, stats.moments()), gamma, min_pivot)
 
     @property
     def dim(self) -> int:
@@ -190,8 +188,7 @@ class SMWTracker:
         W_canon = solve_with_factor(L, stats.moments())
         self.grow_outputs(W_canon.shape[1])
         drift = relative_deviation(self.W, W_canon) if self.W.shape == W_canon.shape else float("inf")
-        T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
-        self.T = (T + T.T) * 0.5
+        self.T = inverse_from_factor(L)
         self.W = W_canon
         self.updates_since_reset = 0
         self.last_reset_drift = drift

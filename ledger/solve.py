@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
+from scipy.linalg.lapack import dpotri
 
 from .errors import LedgerError
-from .exact import SufficientStatistics
+from .exact import SufficientStatistics, _mirror_upper
 
 _controller = None
 
@@ -72,9 +73,21 @@ def solve_head(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]
     return solve_with_factor(L, stats.moments())
 
 
+def inverse_from_factor(L: NDArray[np.float64]) -> NDArray[np.float64]:
+    """H^-1 from the lower Cholesky factor L of H, exactly symmetric, C-ordered.
+
+    LAPACK ``dpotri`` (inverts L, then forms L^-T L^-1 on one triangle): about d^3 flops against
+    about 2 d^3 for ``cho_solve`` with an identity right-hand side, at the same accuracy (tests
+    compare the two). It fills the lower triangle; the strict upper one is mirrored from it.
+    One BLAS thread, so the published posterior T is the same bits in every process.
+    """
+    with single_threaded_blas():
+        T, info = dpotri(L, lower=1)
+    if info != 0:
+        raise LedgerError(f"dpotri failed (info={info}): singular Cholesky factor")
+    return _mirror_upper(np.ascontiguousarray(T.T))  # LAPACK's lower triangle is C's upper one
+
+
 def posterior_inverse(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
     """T = (S + gamma*I)^-1: the SMW tracker's state and the posterior covariance up to sigma^2."""
-    L = cholesky_factor(stats, gamma)
-    with single_threaded_blas():
-        T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
-    return (T + T.T) * 0.5
+    return inverse_from_factor(cholesky_factor(stats, gamma))
