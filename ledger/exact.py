@@ -433,7 +433,11 @@ class ExactLedger:
         """Float64 S at real scale, S_int * 2^-2k, by a fixed sequence of operations (deterministic).
         Returns a fresh array (cached per state, copied out)."""
         scale = 2.0 ** (-2 * self.frac_bits)
-        return self._cached("gram", lambda: _mirror_upper(wide.to_float64(self._S_wide()) * scale)).copy()
+        return self._cached("gram", lambda: _mirror_upper(self._gram_upper(scale))).copy()
+
+    def _gram_upper(self, scale: float) -> NDArray[np.float64]:
+        self.fold()
+        return wide.upper_to_float64([(self._AA, 30), (self._X, 15), (self._BB, 0)], scale)
 
     def moments(self) -> NDArray[np.float64]:
         """Float64 G at real scale, G_int * 2^-(k + k_y)."""

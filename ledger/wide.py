@@ -69,6 +69,56 @@ def to_float64(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> NDArray[np.fl
     return (hi + top).astype(np.float64) * 18446744073709551616.0 + lo_signed.astype(np.float64)
 
 
+def upper_to_float64(terms: list[tuple[NDArray[np.int64], int]], scale: float,
+                     rows: int = 32) -> NDArray[np.float64]:
+    """``to_float64(combine(terms)) * scale`` for square terms that are upper triangular (strict lower
+    part zero), on the upper triangle only; the strict lower part of the result is 0. ``scale``
+    must be a power of two (so that it commutes with the rounding: the same bits as the formula).
+
+    Why: ``ExactLedger.gram`` runs at every reset. Same 128-bit words and the same two roundings
+    (low word to float64, then the sum), but ``rows`` rows at a time in reused buffers that stay in
+    cache, with in-place ufuncs, on half the entries -- instead of a dozen fresh (d, d) temporaries.
+    """
+    n = terms[0][0].shape[0]
+    if np.frexp(scale)[0] != 0.5:
+        raise ValueError("scale must be a power of two")
+    out = np.zeros((n, n))
+    hi = np.empty(rows * n, dtype=np.int64)
+    lo = np.empty(rows * n, dtype=np.uint64)
+    t = np.empty(rows * n, dtype=np.uint64)
+    carry = np.empty(rows * n, dtype=bool)
+    f = np.empty(rows * n)
+    hi_scale = 18446744073709551616.0 * scale
+    for i0 in range(0, n, rows):
+        i1 = min(n, i0 + rows)
+        shape = (i1 - i0, n - i0)
+        k = shape[0] * shape[1]
+        h, lw, tu, c, fb = (b[:k].reshape(shape) for b in (hi, lo, t, carry, f))
+        ti = tu.view(np.int64)
+        h.fill(0)
+        for j, (v, shift) in enumerate(terms):
+            if not 0 <= shift < 64:
+                raise ValueError("shift must be in 0..63")
+            vb = v[i0:i1, i0:]
+            if j == 0:
+                np.left_shift(vb.view(np.uint64), np.uint64(shift), out=lw)
+            else:
+                np.left_shift(vb.view(np.uint64), np.uint64(shift), out=tu)
+                lw += tu  # wraps modulo 2^64
+                np.less(lw, tu, out=c)  # carry out of the low word
+                h += c
+            np.right_shift(vb, np.int64(63 if shift == 0 else 64 - shift), out=ti)
+            h += ti
+        # to_float64: the low word read as signed, borrowing from the high word when its top bit is set
+        np.right_shift(lw, np.uint64(63), out=tu)
+        h += ti
+        blk = out[i0:i1, i0:]
+        np.multiply(h, hi_scale, out=blk)
+        np.multiply(lw.view(np.int64), scale, out=fb)
+        blk += fb
+    return out
+
+
 def to_le_bytes(w: tuple[NDArray[np.int64], NDArray[np.uint64]]) -> bytes:
     """Signed two's-complement little-endian 16-byte encoding of every element, in order."""
     hi, lo = w
