@@ -99,3 +99,11 @@ def test_posterior_inverse_of_a_ledger() -> None:
     H = led.gram() + np.eye(d)
     assert np.array_equal(T, T.T)
     assert np.linalg.norm(H @ T - np.eye(d)) < 1e-10
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 100), block=st.integers(1, 40))
+def test_mirror_upper_copies_the_upper_triangle(seed: int, d: int, block: int) -> None:
+    M = np.random.default_rng(seed).standard_normal((d, d))
+    want = np.triu(M) + np.triu(M, 1).T
+    assert np.array_equal(_mirror_upper(M, block=block), want)
