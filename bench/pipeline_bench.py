@@ -12,7 +12,9 @@ Starts tansu, one featurizer and one ledger worker as real processes (as `make d
    share of the time);
 2. delete-to-head latency: deletes produced one by one at a steady rate (--rate per second); for
    each, the time from its produce call to the arrival of the first head update whose version
-   excludes it (the receipt's version, or the first later one published) -- p50/p99;
+   excludes it (the receipt's version, or the first later one published) -- p50/p99; for the
+   slowest tenth, each one's hops (featurizer, ledger, delivery) and whether an exact head (a
+   ledger reset) was published while it waited;
 3. the same for a burst (all deletes produced at once), where queueing dominates.
 Then the featurizer's backbone throughput (text, image) from bench.featurizer_bench. Prints the
 machine and settings with the numbers; asserts nothing.
@@ -60,6 +62,7 @@ class Watcher(threading.Thread):
         self.receipt: dict[str, int] = {}
         self.delta_ts: dict[str, float] = {}  # event id -> produce timestamp of the delta covering it
         self.head_ts: dict[int, float] = {}  # version -> produce timestamp of its first update
+        self.exact_ts: list[float] = []  # produce timestamps of exact head updates (ledger resets)
         self.ready = threading.Event()
         self.halt = threading.Event()
 
@@ -70,6 +73,8 @@ class Watcher(threading.Thread):
         if h.head_id == self.head:
             self.version_at.setdefault(h.version, now)
             self.head_ts.setdefault(h.version, r.timestamp_ms / 1000.0)
+            if h.mode == "exact":
+                self.exact_ts.append(r.timestamp_ms / 1000.0)
 
     def run(self) -> None:
         c = Consumer(consumer_config(self.s, f"{self.s.topic_prefix}bench-watch"))
@@ -163,7 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for enc in encodings:
                 out["throughput"][enc] = throughput(p, s, w, f"bench-{enc}", FEATURES_ENCODINGS[enc], X, y, args)
 
-            def deletes(ids: list[int], gap: float) -> dict[str, float]:
+            def deletes(ids: list[int], gap: float) -> dict[str, Any]:
                 sent: dict[str, float] = {}
                 for i in ids:
                     key, val = request(int(i), "delete", head)
@@ -184,6 +189,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     med = np.median(np.array(hops), axis=0) * 1000
                     out.update({"hop_featurizer_ms": float(med[0]), "hop_ledger_ms": float(med[1]),
                                 "hop_head_delivery_ms": float(med[2])})
+                # the slowest tenth, hop by hop, and whether a ledger reset's exact head was published
+                # while each waited (the timer's resets, issue 12)
+                lat = sorted(((w.version_at[first[e]] - t, e) for e, t in sent.items()), reverse=True)
+                slow = []
+                for dt, e in lat[:max(1, len(lat) // 10)]:
+                    done = w.head_ts.get(first[e], w.version_at[first[e]])
+                    hop = ([1000 * (w.delta_ts[e] - sent[e]), 1000 * (done - w.delta_ts[e]),
+                            1000 * (w.version_at[first[e]] - done)] if e in w.delta_ts else None)
+                    slow.append({"ms": 1000 * dt, "hops_ms": hop,
+                                 "reset_while_waiting": any(sent[e] <= x <= done for x in w.exact_ts)})
+                out["slowest"] = slow
                 return out
 
             ids = list(rng.permutation(args.n))
@@ -196,6 +212,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  median hops: request->delta (featurizer) {steady['hop_featurizer_ms']:.1f} ms, "
                       f"delta->head (ledger) {steady['hop_ledger_ms']:.1f} ms, "
                       f"head->consumer {steady['hop_head_delivery_ms']:.1f} ms")
+            if "slowest" in steady:
+                print("  slowest tenth, ms (featurizer/ledger/delivery hops; R: a reset's exact head was "
+                      "published meanwhile): " + ", ".join(
+                          f"{x['ms']:.0f} ({'/'.join(f'{h:.0f}' for h in x['hops_ms'] or [])}"
+                          f"{' R' if x['reset_while_waiting'] else ''})" for x in steady["slowest"]))
             burst = deletes(ids[args.deletes:2 * args.deletes], 0.0)
             out["delete_to_head_burst"] = burst
             print(f"delete->head latency, burst of {args.deletes}: "
