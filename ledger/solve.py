@@ -91,3 +91,13 @@ def inverse_from_factor(L: NDArray[np.float64]) -> NDArray[np.float64]:
 def posterior_inverse(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
     """T = (S + gamma*I)^-1: the SMW tracker's state and the posterior covariance up to sigma^2."""
     return inverse_from_factor(cholesky_factor(stats, gamma))
+
+
+def posterior_inverse_cho_solve(stats: SufficientStatistics, gamma: float) -> NDArray[np.float64]:
+    """T as exact heads published before ``inverse_from_factor`` (dpotri) computed it: ``cho_solve``
+    with an identity right-hand side, symmetrized. Why kept: a head that has not been reset since
+    an upgrade still carries that T, and the verifier must accept it bit for bit."""
+    L = cholesky_factor(stats, gamma)
+    with single_threaded_blas():
+        T = sla.cho_solve((L, True), np.eye(L.shape[0]), check_finite=False)
+    return (T + T.T) * 0.5

@@ -15,6 +15,7 @@ from tests.services.verifier.support import (
     status,
 )
 from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.ledger.solve import posterior_inverse_cho_solve
 from unlearn.schemas.delta_codec import PackedEntry
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
@@ -75,7 +76,7 @@ def test_fast_latest_head_is_checked_at_the_latest_exact_version() -> None:
 def test_tampering_is_detected() -> None:
     b = anomalous_stream(seed=3, n_msgs=15)
     recs = records_of(b.msgs)
-    ups, _rt, _ = simulate(recs, "h", final_reset=True)
+    ups, rt, _ = simulate(recs, "h", final_reset=True)
     last = ups[-1]
     assert last.mode == "exact"
 
@@ -93,6 +94,15 @@ def test_tampering_is_detected() -> None:
     cert = verify(recs, forged(posterior=T), "h", orders=0, partitionings=0, seed=1)
     assert status(cert, "canonical_head") == "fail" and "posterior" in next(
         c.detail for c in cert.checks if c.name == "canonical_head")
+    # T as heads published before the dpotri inverse computed it (cho_solve) verifies; one ulp off it does not
+    legacy = posterior_inverse_cho_solve(rt.ledger, last.gamma)  # rt: the live head at the last version
+    assert not np.array_equal(legacy, np.asarray(last.posterior))  # the two forms differ in their bits
+    cert = verify(recs, forged(posterior=legacy), "h", orders=0, partitionings=0, seed=1)
+    canon = next(c for c in cert.checks if c.name == "canonical_head")
+    assert canon.status == "pass" and canon.data["posterior_form"] == "cho_solve"
+    legacy[2, 2] = np.nextafter(legacy[2, 2], 0)
+    cert = verify(recs, forged(posterior=legacy), "h", orders=0, partitionings=0, seed=1)
+    assert status(cert, "canonical_head") == "fail"
     cert = verify(recs, forged(digest="0" * 64), "h", orders=0, partitionings=0, seed=1)
     assert status(cert, "live_digest") == "fail" and not cert.ok
     # a delta the live head claims but the log does not have (a lost/hidden message)
