@@ -61,6 +61,15 @@ def _triu_flat(d: int) -> NDArray[np.intp]:
     return iu[0] * d + iu[1]
 
 
+#: Rows of S's upper triangle per step of the digest.
+_DIGEST_ROWS = 32
+
+
+def _triu_start(d: int, i: int) -> int:
+    """Where row i starts in the row-major upper triangle (incl. diagonal) of a d x d matrix."""
+    return i * d - i * (i - 1) // 2
+
+
 @lru_cache(maxsize=8)
 def _strict_lower(d: int) -> NDArray[np.bool_]:
     """Mask of the strict lower triangle: where ``_mirror_upper`` copies S^T into S."""
@@ -471,8 +480,15 @@ class ExactLedger:
         h = hashlib.sha256()
         h.update(DIGEST_DOMAIN)
         h.update(struct.pack("<qqqqq", self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count))
-        upper = self._upper_limbs()
-        h.update(wide.to_le_bytes(wide.combine([(upper[0], 30), (upper[1], 15), (upper[2], 0)])))
+        # S's upper triangle, row-major, fed to the hash 32 rows at a time: the same byte stream as
+        # one encoding of the whole triangle, without its (d^2 / 2)-entry temporaries (every reset)
+        self.fold()
+        d = self.dim
+        idx = _triu_flat(d)
+        limbs = [(M.ravel(), shift) for M, shift in ((self._AA, 30), (self._X, 15), (self._BB, 0))]
+        for i0 in range(0, d, _DIGEST_ROWS):
+            seg = idx[_triu_start(d, i0):_triu_start(d, min(d, i0 + _DIGEST_ROWS))]
+            h.update(wide.to_le_bytes(wide.combine([(v.take(seg), shift) for v, shift in limbs])))
         h.update(wide.to_le_bytes(self._G_wide()))
         return h.hexdigest()
 

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import numpy as np
 import pytest
 import scipy.linalg as sla
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from unlearn.ledger import ExactLedger, wide
+from unlearn.ledger import exact as exact_mod
 from unlearn.ledger.errors import LedgerError
 from unlearn.ledger.exact import _mirror_upper
 from unlearn.ledger.solve import inverse_from_factor, posterior_inverse
@@ -107,3 +111,17 @@ def test_mirror_upper_copies_the_upper_triangle(seed: int, d: int, block: int) -
     M = np.random.default_rng(seed).standard_normal((d, d))
     want = np.triu(M) + np.triu(M, 1).T
     assert np.array_equal(_mirror_upper(M, block=block), want)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.sampled_from([1, 2, 31, 32, 33, 65, 97]), n=st.integers(1, 40))
+def test_digest_in_row_blocks_hashes_the_same_bytes(seed: int, d: int, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    led = ExactLedger.from_rows(rng.integers(-(1 << 30), (1 << 30) + 1, size=(n, d)), rng.integers(0, 3, n),
+                                n_outputs=3)
+    h = hashlib.sha256(exact_mod.DIGEST_DOMAIN)
+    h.update(struct.pack("<qqqqq", d, 3, led.frac_bits, led.label_frac_bits, n))
+    up = led._upper_limbs()  # the whole triangle in one encoding, as before
+    h.update(wide.to_le_bytes(wide.combine([(up[0], 30), (up[1], 15), (up[2], 0)])))
+    h.update(wide.to_le_bytes(led._G_wide()))
+    assert led.digest() == h.hexdigest()
