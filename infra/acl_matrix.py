@@ -104,7 +104,9 @@ MATRIX: tuple[Grant, ...] = (
     _t("ledger", "heads.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
        why="head-update generations (created and rotated by the ledger)"),
     _t("ledger", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
-    *(_t("ledger", name, "DESCRIBE", why="at start it ensures every project topic exists (`create_topics`)")
+    *(_t("ledger", name, "DESCRIBE", why="at start it ensures every project topic exists (`create_topics`)"
+         + ("; its partition count names a head's key partition (`streams/ledger/unseal.py`)"
+            if name == "requests.by-head" else ""))
       for name in ("requests", "requests.by-head", "featurizer-cache", "client-registry", "transit-keys")),
     _g("ledger", "ledger", "READ", why="its group `P ledger` and `P ledger-recovery-*`"),
     _g("ledger", "registry-", "READ", why="head-registry follower"),

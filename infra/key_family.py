@@ -25,7 +25,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +36,8 @@ from unlearn.infra.topic_family import TopicFamily, keys_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
 
-__all__ = ["COMPLETE_KEY", "READ_IDLE_S", "TRANSIT_HEAD", "KeyGeneration", "KeyRing", "KeysUnavailable", "fold_keys",
-           "key_record_key", "parse_key_record_key", "read_partition_keys", "superseded_left"]
+__all__ = ["COMPLETE_KEY", "READ_IDLE_S", "TRANSIT_HEAD", "KeyGeneration", "KeyRing", "KeysUnavailable", "Locate",
+           "fold_keys", "key_record_key", "parse_key_record_key", "read_partition_keys", "superseded_left"]
 
 log = logging.getLogger("unlearn.keys")
 
@@ -44,6 +45,9 @@ COMPLETE_KEY = b"\x00complete"
 TRANSIT_HEAD = "~transit"
 """The head part of a transit key's record key: outside the id grammar, so never a real head."""
 SampleRef = tuple[str, str, str]  # (head id, sample id, key id)
+Locate = Callable[[Mapping[str, Any]], int | None]
+"""Picks the one partition a refresh reads from the broker's topic metadata (name -> metadata),
+or None when it cannot tell (then nothing is read)."""
 
 
 def key_record_key(head_id: str, sample_id: str, key_id: str) -> bytes:
@@ -160,13 +164,15 @@ def superseded_left(settings: Settings, family: TopicFamily, below: Mapping[int,
 class KeyRing:
     """The keys of every partition, for the ledger worker and the verifier (``streams.ledger.unseal``).
     :meth:`refresh` reads the family to its current end (the featurizer acknowledged a key before
-    any ciphertext under it was produced) or raises :class:`KeysUnavailable`."""
+    any ciphertext under it was produced) or raises :class:`KeysUnavailable`;
+    :meth:`refresh_partition` reads one partition to its end."""
 
     def __init__(self, settings: Settings, attempts: int = 5, role: str = "keys") -> None:
         self.settings = settings
         self.family = keys_family(settings.topic_prefix)
         self.gens: dict[int, KeyGeneration] = {}
         self.refreshes = 0
+        self.reads: Counter[int] = Counter()  # partition -> reads of it (refreshes and their retries)
         self.attempts = attempts
         self.role = role
         self._lock = threading.Lock()
@@ -204,23 +210,42 @@ class KeyRing:
         """Read every partition's newest complete generation to its end (incrementally). A read
         that stalls (a generation deleted under it) is retried on a fresh listing; KeysUnavailable
         when a partition cannot be read after ``attempts`` tries."""
+        self._refresh(None)
+
+    def refresh_partition(self, locate: Locate) -> int | None:
+        """Read only the partition ``locate`` picks from the topic metadata, to its end (as
+        :meth:`refresh`, KeysUnavailable if it cannot): a deltas message's keys are all in its
+        head's partition, and reading one costs a fraction of reading every one. Returns the
+        partition read, or None (nothing read) when ``locate`` picks none the family lists."""
+        return self._refresh(locate)
+
+    def _refresh(self, locate: Locate | None) -> int | None:
         with self._lock:
             self.refreshes += 1
             failed: dict[int, str] = {}
+            picked: set[int] | None = None
             for _ in range(self.attempts):
-                failed = self._refresh_once(failed or None)
+                # with locate, each try picks again on its fresh listing rather than retrying
+                # the failed partitions of the previous one
+                picked, failed = self._refresh_once(None if locate is not None else failed or None, locate)
                 if not failed:
                     break
             if failed:
                 raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}")
+            return None if locate is None or not picked else min(picked)
 
-    def _refresh_once(self, only: dict[int, str] | None) -> dict[int, str]:
+    def _refresh_once(self, only: dict[int, str] | None, locate: Locate | None) -> tuple[set[int], dict[int, str]]:
         c = _consumer(self.settings, self.role)
         failed: dict[int, str] = {}
         try:
-            topics = list(c.list_topics(timeout=self.settings.admin_timeout).topics)
+            listed = c.list_topics(timeout=self.settings.admin_timeout).topics
+            topics = list(listed)
             parts = {pg[0] for t in topics if (pg := self.family.parse(t)) is not None}
+            if locate is not None:
+                p = locate(listed)
+                parts = {p} if p in parts else set()
             for p in sorted(parts if only is None else set(only) & parts):
+                self.reads[p] += 1
                 have = self.gens.get(p)
                 newest = self.family.generations(topics, p)[-1]
                 try:
@@ -236,4 +261,4 @@ class KeyRing:
                     self.gens[p] = gen
         finally:
             c.close()
-        return failed
+        return parts, failed

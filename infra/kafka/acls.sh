@@ -63,7 +63,7 @@ kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Read --topic "${P}subject-keys." --resource-pattern-type PREFIXED >/dev/null
 # ledger: at start it ensures every project topic exists (`create_topics`)
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}requests" --resource-pattern-type LITERAL >/dev/null
-# ledger: at start it ensures every project topic exists (`create_topics`)
+# ledger: at start it ensures every project topic exists (`create_topics`); its partition count names a head's key partition (`streams/ledger/unseal.py`)
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}requests.by-head" --resource-pattern-type LITERAL >/dev/null
 # ledger: at start it ensures every project topic exists (`create_topics`)
 kafka-acls.sh --bootstrap-server "${BOOTSTRAP}" --command-config "${ADMIN_CONFIG}" --add --allow-principal User:ledger --operation Describe --topic "${P}featurizer-cache" --resource-pattern-type LITERAL >/dev/null
