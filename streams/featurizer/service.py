@@ -76,7 +76,7 @@ from unlearn.streams.featurizer.model import (
 from unlearn.streams.featurizer.router import RouterSession, read_origin
 from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.topic_check import check_topics
-from unlearn.streams.featurizer.transit import router_committed
+from unlearn.streams.featurizer.transit import group_committed
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
 
@@ -166,8 +166,8 @@ class FeaturizerService:
         self._consumer = Consumer(consumer_config(self.settings, self.group))
         if self.settings.seal_rows and self.changelog_topic is not None:  # with transit keys (docs/erasure.md s.5)
             self.erasure = Erasure(self.settings, self.config.deltas_topic, self.requests_topic, self.topic,
-                                   lambda: router_committed(self._consumer, self.requests_topic,
-                                                            self._request_partitions, self.settings.admin_timeout))
+                                   lambda: group_committed(self.settings, self.group, self.requests_topic,
+                                                           self._request_partitions))
         clean = False
         try:
             self.route_partitions, self._request_partitions = check_topics(

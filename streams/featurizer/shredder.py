@@ -16,9 +16,10 @@
   assignment those keys get a conservative target: the current end of every ``deltas``
   partition (the re-sent outbox of a crashed batch is delivered before it is measured), so a
   crash anywhere between a delete and its key's destruction only delays the destruction;
-- :meth:`Erasure.tick`, from the poll loop: reads the ledger's floors (at most once per
-  ``UNLEARN_SHRED_EVERY_SECONDS``), destroys the due keys per partition (one key-family rotation
-  for all of them) and checkpoints the cache's WAL so deleted rows are overwritten on disk.
+- :meth:`Erasure.tick`, from the poll loop: asks for the ledger's floors (at most once per
+  ``UNLEARN_SHRED_EVERY_SECONDS``, read on the probes' thread, ``probes.py``, and taken a later
+  tick), destroys the due keys per partition (one key-family rotation for all of them, on the
+  poll loop) and checkpoints the cache's WAL so deleted rows are overwritten on disk.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from unlearn.streams.ledger.checkpoint import latest_checkpoint
 from .changelog import OpenSample
 from .keystore import KeyStore
 from .model import BatchOutcome
+from .probes import Probes, run_with_consumers
 from .sealing import open_sample_record, sample_sealer, seal_outcome
 from .transit import TransitKeys, is_transit_ref
 from .transit_open import TransitGate
@@ -49,6 +51,7 @@ __all__ = ["Erasure", "ledger_floors"]
 
 log = logging.getLogger("unlearn.featurizer.shred")
 
+FLOORS = "floors"  # the probes' name of the ledger floors' read
 _SCAN = 64  # first backward window (records) when looking for a ledger checkpoint
 
 
@@ -101,15 +104,16 @@ class Erasure:
         # transit keys of raw inputs (streams/featurizer/transit.py); committed: the router's offsets
         # (their private halves in a family of their own, sharing this store's producer)
         private = transit_private_family(settings.topic_prefix)
+        self.probes = Probes(self._new_consumer)  # the tick's reads, off the poll loop (probes.py)
         self.transit = TransitKeys(settings, KeyStore(settings, private, self.keys), requests_topic,
-                                   by_head_topic) if committed else None
+                                   by_head_topic, probes=self.probes) if committed else None
         self._committed = committed or dict
         self.pending: dict[SampleRef, _Pending] = {}
         self._unchecked: set[int] = set()  # partitions whose orphan keys are not yet pending
         self._floors: dict[int, int] = {}
-        self._floors_at = 0.0
+        self._floors_at = -float("inf")  # when the floors were last asked for
+        self._floors_asked = -float("inf")  # when the floors in _floors were asked for (read after)
         self._rotated: dict[int, float] = {}
-        self._consumer: Any = None
         self.destroyed = 0
 
     # ------------------------------------------------------------------ ownership
@@ -192,31 +196,24 @@ class Erasure:
                 self.pending[ref] = _Pending(p, {q: end - 1 for q, end in ends.items()}, time.monotonic())
             log.info("%d key(s) of deleted samples await destruction (after a restart or takeover)", len(orphans))
 
-    def _consumer_(self) -> Any:
-        if self._consumer is None:
-            from confluent_kafka import Consumer
+    def _new_consumer(self) -> Any:
+        """An assign-only reader; every read closes its own (``probes.run_with_consumers``)."""
+        from confluent_kafka import Consumer
 
-            from unlearn.infra.profiles import consumer_config
+        from unlearn.infra.profiles import consumer_config
 
-            self._consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
-                                                      **{"enable.partition.eof": True, "enable.auto.commit": False}))
-        return self._consumer
-
-    def _close_consumer(self) -> None:
-        # closed after every read: it must not hold a ledger-state generation its writer deletes
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        return Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
+                                        **{"enable.partition.eof": True, "enable.auto.commit": False}))
 
     def _deltas_ends(self) -> dict[int, int]:
         """One past the true last offset of every deltas partition (read to EOF, not ListOffsets)."""
-        c = self._consumer_()
-        try:
+        def read(make: Callable[[], Any]) -> dict[int, int]:
+            c = make()
             md = c.list_topics(timeout=self.settings.admin_timeout).topics.get(self.deltas_topic)
             parts = [(self.deltas_topic, q) for q in sorted(md.partitions if md is not None else [])]
             return {q: end for (_, q), end in log_ends(self.settings, c, parts).items()}
-        finally:
-            self._close_consumer()
+        result: dict[int, int] = run_with_consumers(self._new_consumer, read)
+        return result
 
     def tick(self, caches: Mapping[int, Any], force: bool = False) -> int:
         """Destroy the keys that are due (superseded transit keys: one ``transit-private`` rotation
@@ -228,25 +225,17 @@ class Erasure:
         if self.transit is not None:
             self.transit.keys.retire_due()
             positions = {p: c.applied_offset + 1 for p, c in caches.items()}
-            try:
-                transit_due = self.transit.tick(self._consumer_, self._committed, positions)
-            finally:
-                self._close_consumer()
+            transit_due = self.transit.tick(self._new_consumer, self._committed, positions)
             n += sum(self.transit.destroy(p, refs) for p, refs in transit_due.items())
         if not self.pending:
             self.destroyed += n
             return n
         now = time.monotonic()
         every = self.settings.shred_every_seconds
-        if self.pending and (force or now - self._floors_at >= every):
-            try:
-                self._floors = ledger_floors(self.settings, self._consumer_())
-            finally:
-                self._close_consumer()
-            self._floors_at = now
+        self._read_floors(now, force)
         due: dict[int, list[SampleRef]] = {}
         for ref, pend in self.pending.items():
-            if all(self._floors.get(q, 0) > o for q, o in pend.targets.items()):
+            if pend.since <= self._floors_asked and all(self._floors.get(q, 0) > o for q, o in pend.targets.items()):
                 due.setdefault(pend.partition, []).append(ref)
         for p, refs in due.items():
             if not force and now - self._rotated.get(p, 0.0) < every:
@@ -263,6 +252,25 @@ class Erasure:
         self.destroyed += n
         return n
 
+    def _read_floors(self, now: float, force: bool) -> None:
+        """Ask for the ledger's floors at most once per ``UNLEARN_SHRED_EVERY_SECONDS`` while
+        shreds are pending, and take them a later tick (``force``: read now, on this thread).
+        A pending shred counts floors only if they were asked for after it started (``since``):
+        a floor cannot pass an offset not yet written, but the rule costs one read at most and
+        holds whatever the broker does to the topic."""
+        if force:
+            self.probes.wait(FLOORS, self.settings.admin_timeout * 4)  # one in flight: not mixed up with this read
+            asked = time.monotonic()
+            self._floors = run_with_consumers(self._new_consumer, lambda make: ledger_floors(self.settings, make()))
+            self._floors_at, self._floors_asked = now, asked
+            return
+        answer = self.probes.take(FLOORS)
+        if answer is not None:
+            self._floors, self._floors_asked = answer.result(), answer.asked
+        if now - self._floors_at >= self.settings.shred_every_seconds and self.probes.ask(
+                FLOORS, lambda make: ledger_floors(self.settings, make())):
+            self._floors_at = now
+
     def close(self) -> None:
-        self._close_consumer()
+        self.probes.close()
         self.keys.close()  # flushes the producer the transit key store shares

@@ -29,6 +29,9 @@ before the current one's ``use_until``, so a producer always finds a valid key).
 - **Probe cost**: once per tick, the committed offsets are read once and the log ends sampled
   once for every epoch that needs them (the ``requests`` ends for those entering stage (b), the
   by-head ends for those entering (c)), all with one consumer (``infra.log_position.log_ends``).
+  With ``probes`` (the featurizer's), those reads run on its background thread: the tick asks for
+  them once (a)/(b) hold and applies the answer on a later tick (``probes.py``), so a reading is
+  always sampled after the condition it serves; rotations and destruction stay on the tick.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ from unlearn.schemas.transit import (
 
 from .delivery import produce_acked
 from .keystore import KeyStore, KeyStoreError
+from .probes import Probes
 from .transit_open import DerivedKeys, TransitGate
 
-__all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "is_transit_ref", "router_committed"]
+__all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "group_committed", "is_transit_ref", "router_committed"]
 
 log = logging.getLogger("unlearn.featurizer.transit")
 
@@ -104,6 +108,21 @@ class _Stage:
     by_head: int | None = None
 
 
+@dataclass(frozen=True)
+class _Plan:
+    to_b: tuple[Epoch, ...]  # entering (b): the requests ends to sample
+    at_b: tuple[tuple[Epoch, _Stage], ...]  # waiting on (b): the committed offsets to read
+
+
+@dataclass(frozen=True)
+class _Reading:
+    to_b: tuple[tuple[Epoch, dict[int, int]], ...]  # epoch, requests ends sampled after (a)
+    to_c: tuple[tuple[Epoch, _Stage, int], ...]  # (b) met: epoch, its stage, by-head end sampled after
+
+
+PROBE = "transit"  # the probes' name of the stages' reads
+
+
 @dataclass
 class TransitKeys:
     """The transit keys of the partitions this featurizer owns (module docstring). ``keys``: the
@@ -118,6 +137,7 @@ class TransitKeys:
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     derived: DerivedKeys | None = None  # AES keys per (key id, producer epk): UNLEARN_TRANSIT_OPEN_CACHE
+    probes: Probes | None = None  # the reads run off the poll loop (streams/featurizer/probes.py)
     _advanced_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -227,9 +247,11 @@ class TransitKeys:
              positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
         """Start new epochs that are due; return, per partition, the superseded epochs whose key
         may be destroyed now (stages advanced at most once per ``UNLEARN_SHRED_EVERY_SECONDS``).
-        ``consumer``: makes the assign-only reader (``enable.partition.eof``) that samples log ends;
-        ``committed``: the router's committed offset per requests partition; ``positions``: per
-        owned by-head partition, one past the last offset durably judged."""
+        ``consumer``: makes the assign-only reader (``enable.partition.eof``) that samples log ends
+        (with ``probes`` set, the reads run on its thread with its consumers instead, and their
+        answer is applied on a later tick); ``committed``: the router's committed offset per
+        requests partition; ``positions``: per owned by-head partition, one past the last offset
+        durably judged."""
         now = self.clock()
         advance = now - self._advanced_at >= max(0.2, self.settings.shred_every_seconds)
         ready: list[Epoch] = []
@@ -239,31 +261,59 @@ class TransitKeys:
                 newest = self.rotate(p)
             ready += [e for e in eps.values() if advance and e is not newest
                       and e.use_until + self.settings.transit_grace_seconds <= now]
-        if not ready:
-            return {}
-        self._advanced_at = now
-        return self._advance(ready, consumer, committed, positions)
+        if self.probes is None:
+            if not ready:
+                return {}
+            self._advanced_at = now
+            self._apply(self._read(consumer, committed, self._plan(ready)))
+            return self._due(positions)
+        answer = self.probes.take(PROBE)
+        if answer is not None:
+            self._apply(answer.result())
+        if ready and not self.probes.busy(PROBE):
+            self._advanced_at = now
+            plan = self._plan(ready)
+            if plan.to_b or plan.at_b:  # asked now, so sampled after (a) / (b) held
+                self.probes.ask(PROBE, lambda make: self._read(make, committed, plan))
+        return self._due(positions) if ready or answer is not None else {}
 
-    def _advance(self, ready: list[Epoch], consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
-                 positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
-        """One step of the destruction stages of every epoch past (a); the ones that may be
-        destroyed now. The committed offsets are read once, and the log ends sampled once for all
-        epochs that need them: ``requests`` for those entering (b), by-head for those entering (c)
-        (sampled after (b) is met: the committed offsets are read first)."""
-        to_b = [e for e in ready if e.ref not in self.stages]  # (a) is met: every record that could carry it is below
-        at_b = [e for e in ready if e.ref in self.stages and self.stages[e.ref].by_head is None]
-        done = committed() if at_b else {}
-        to_c = [e for e in at_b if all(done.get(q, 0) >= end for q, end in self.stages[e.ref].targets.items())]
-        ends = self._ends(consumer, bool(to_b), {e.partition for e in to_c})
-        for e in to_b:
-            self.stages[e.ref] = _Stage({q: end for (t, q), end in ends.items() if t == self.requests_topic})
-        for e in to_c:
-            self.stages[e.ref].by_head = ends[(self.by_head_topic, e.partition)]
+    def _plan(self, ready: list[Epoch]) -> _Plan:
+        """What one step of the stages must read: ``requests`` ends for the epochs entering (b),
+        the committed offsets for those waiting on (b)."""
+        to_b = tuple(e for e in ready if e.ref not in self.stages)  # (a) met: every record carrying it is below
+        at_b = tuple((e, st) for e in ready if (st := self.stages.get(e.ref)) is not None and st.by_head is None)
+        return _Plan(to_b, at_b)
+
+    def _read(self, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]], plan: _Plan) -> _Reading:
+        """The reads of one step (no state changed: it may run on the probes' thread). The
+        committed offsets are read once, and the log ends sampled once for all epochs that need
+        them: ``requests`` for those entering (b), by-head for those entering (c) (sampled after
+        (b) is met: the committed offsets are read first)."""
+        done = committed() if plan.at_b else {}
+        to_c = [(e, st) for e, st in plan.at_b if all(done.get(q, 0) >= end for q, end in st.targets.items())]
+        ends = self._ends(consumer, bool(plan.to_b), {e.partition for e, _ in to_c})
+        requests = {q: end for (t, q), end in ends.items() if t == self.requests_topic}
+        return _Reading(tuple((e, requests) for e in plan.to_b),
+                        tuple((e, st, ends[(self.by_head_topic, e.partition)]) for e, st in to_c))
+
+    def _apply(self, reading: _Reading) -> None:
+        """Advance the stages by a reading, skipping epochs destroyed or dropped since it was asked
+        (a re-loaded partition's stages start again: their ``_Stage`` objects are new)."""
+        for e, targets in reading.to_b:
+            if e.pair.key_id in self.epochs.get(e.partition, {}) and e.ref not in self.stages:
+                self.stages[e.ref] = _Stage(targets)
+        for e, st, end in reading.to_c:
+            if self.stages.get(e.ref) is st and st.by_head is None:
+                st.by_head = end
+
+    def _due(self, positions: Mapping[int, int]) -> dict[int, list[SampleRef]]:
+        """Per partition, the epochs past (c): this featurizer's position reached the by-head end."""
         due: dict[int, list[SampleRef]] = {}
-        for e in ready:
-            by_head = self.stages[e.ref].by_head
-            if by_head is not None and positions.get(e.partition, 0) >= by_head:  # (c)
-                due.setdefault(e.partition, []).append(e.ref)
+        for p, eps in self.epochs.items():
+            for e in eps.values():
+                st = self.stages.get(e.ref)
+                if st is not None and st.by_head is not None and positions.get(p, 0) >= st.by_head:  # (c)
+                    due.setdefault(p, []).append(e.ref)
         return due
 
     def _ends(self, make: Callable[[], Any], requests: bool, by_head: set[int]) -> dict[tuple[str, int], int]:
@@ -311,3 +361,18 @@ def router_committed(consumer: Any, topic: str, partitions: int, timeout: float)
         log.debug("committed offsets of %s: %s", topic, exc)
         return {}
     return {tp.partition: max(0, int(tp.offset)) for tp in tps if tp.error is None}
+
+
+def group_committed(settings: Settings, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """:func:`router_committed` of ``group`` read with a consumer of its own, closed after: the
+    shred tick's reads run on the probes' thread, never with the poll loop's consumer (it only
+    fetches offsets; it never subscribes, so it never joins the group)."""
+    from confluent_kafka import Consumer
+
+    from unlearn.infra.profiles import consumer_config
+
+    consumer = Consumer(consumer_config(settings, group, **{"enable.auto.commit": False}))
+    try:
+        return router_committed(consumer, topic, partitions, settings.admin_timeout)
+    finally:
+        consumer.close()
