@@ -14,7 +14,7 @@ encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
   origin offsets (re-forwarded copies of records already judged are dropped first:
   :func:`admit_routed`).
 
-Nothing here touches Kafka or sqlite; ``streams/featurizer/service.py`` applies the outcome
+Nothing here touches Kafka or sqlite; ``streams/featurizer/batch_pipeline.py`` applies the outcome
 through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
 are judged sequentially against an in-memory overlay of the cache, so "add x, delete x" in one
 batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
