@@ -5,20 +5,22 @@ Prints (never asserts) medians of several repeats, measured side by side in one 
 1. per-event update cost, ``ExactLedger.add`` vs ``FloatLedger.add`` (float64) at rank 1/64/1024;
 2. Variant A solve (``solve_head``) and its parts;
 3. Variant B rank-r SMW update (``SMWTracker.add`` / ``.delete``);
-4. one deletion (exact ledger delete + Variant A solve, or + SMW rank-1 downdate) vs a
-   centralized retrain from scratch (float64 S, G build + solve; scikit-learn Ridge);
+4. one deletion (exact ledger delete + Variant A solve, or + a rank-1 downdate of the fast head:
+   SMW, or the Cholesky factor with the default kernel) vs a centralized retrain from scratch
+   (float64 S, G build + solve; scikit-learn Ridge);
 5. the drift study: float64 / float32 ledgers vs the exact ledger over a long add/churn/delete
    stream, against a from-scratch retrain on what is retained, plus digest equality;
 6. Variant B drift on a rank-1 churn stream: TrackedHead without resets vs with periodic resets
    (SMW tracker, and the Cholesky-factor tracker without resets);
 7. the exact update kernel: float64 X^T X of a batch vs ExactLedger.add of the same batch (rows/s,
    ratio), and the per-event exact update at ranks 1/8/32 (add, delete, and the fold a reader pays);
-8. the fast head's two forms side by side: SMWTracker vs CholeskyTracker, ranks 1/8/64, add and delete.
+8. the fast head's forms side by side: SMWTracker vs CholeskyTracker with each factor kernel
+   (the blocked numpy update, the compiled hyhound one where installed), ranks 1/8/64, add and delete.
 
 Features are synthetic (class means plus power-law noise, L2-normalized, quantized at k=30), not
 backbone features: the costs depend on d, c, r and n only, and the drift depends on the arithmetic.
 
-    python -m bench.ledger_bench [--quick] [--json PATH] [--threads N|all]
+    python -m bench.ledger_bench [--quick] [--json PATH] [--threads N|all] [--sections 4,8]
 
 BLAS threads default to 1 (see the "BLAS threading" table the run prints: on a shared 2-core
 machine a 2-thread OpenBLAS call on a small operand can wait a scheduler tick for the busy core).
@@ -52,6 +54,7 @@ from unlearn.ledger import (
     SMWTracker,
     TrackedHead,
     centralized_retrain,
+    cholesky,
     l2_normalize,
     one_hot,
     relative_deviation,
@@ -97,6 +100,7 @@ class Config:
     head_d: int = 768  # section 8
     head_ranks: tuple[int, ...] = (1, 8, 64)
     head_repeats: int = 15
+    sections: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 FULL = Config("full")
@@ -360,7 +364,8 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
     Q, y, F = syn.batch((K_RETRAIN,), n + 1)
     q0, y0 = Q[:1], y[:1]
     U0 = F[:1]
-    dG0 = U0.T @ one_hot(y0, c)
+    Y0 = one_hot(y0, c)  # the trackers get the rows' labels, as TrackedHead passes them
+    dG0 = U0.T @ Y0
     Fr, yr = F[1:], y[1:]  # the retained rows after deleting row 0
     Yr = one_hot(yr, c)
 
@@ -369,6 +374,7 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
     ex.add(Q, y)
     build_exact_s = time.perf_counter() - t0
     tracker = SMWTracker.from_ledger(ex, GAMMA)
+    factor = CholeskyTracker.from_ledger(ex, GAMMA)  # the default factor kernel (hyhound where installed)
 
     def retrain_float64() -> NDArray[np.float64]:
         fl = FloatLedger(d, c)
@@ -378,25 +384,31 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
     # Correctness of what is being timed: the deletion heads vs the retrain heads.
     ex.delete(q0, y0)
     W_a = solve_head(ex, GAMMA)
-    chk = tracker.delete(U0, dG0)
+    chk = tracker.delete(U0, dG0, Y0)
     W_b = tracker.W.copy()
+    chk_f = factor.delete(U0, dG0, Y0)
+    W_bf = factor.W.copy()
     W_f = retrain_float64()
     W_sk = centralized_retrain(Fr, Yr, GAMMA)
     sanity = {
         "dev_A_vs_float64_retrain": relative_deviation(W_a, W_f),
         "dev_B_vs_float64_retrain": relative_deviation(W_b, W_f),
+        "dev_B_factor_vs_float64_retrain": relative_deviation(W_bf, W_f),
         "dev_sklearn_vs_float64_retrain": relative_deviation(W_sk, W_f),
         "smw_downdate_feasible": chk.feasible,
+        "factor_downdate_feasible": chk_f.feasible,
+        "factor_kernel": factor.kernel,
     }
     ex.add(q0, y0)
-    tracker.add(U0, dG0)
+    tracker.add(U0, dG0, Y0)
+    factor.add(U0, dG0, Y0)
 
     def restore_ex() -> None:
         ex.add(q0, y0)
 
     def restore_both() -> None:
         ex.add(q0, y0)
-        tracker.add(U0, dG0)
+        tracker.add(U0, dG0, Y0)
 
     def del_a() -> None:
         ex.delete(q0, y0)
@@ -404,7 +416,15 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
 
     def del_b() -> None:
         ex.delete(q0, y0)
-        tracker.delete(U0, dG0)
+        tracker.delete(U0, dG0, Y0)
+
+    def restore_factor() -> None:
+        ex.add(q0, y0)
+        factor.add(U0, dG0, Y0)
+
+    def del_b_factor() -> None:
+        ex.delete(q0, y0)
+        factor.delete(U0, dG0, Y0)
 
     settings = []
     for th in thread_settings:
@@ -412,9 +432,11 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
             res = side_by_side({
                 "ledger_delete_1row": (lambda: ex.delete(q0, y0), restore_ex),
                 "solve_head": lambda: solve_head(ex, GAMMA),
-                "smw_downdate_r1": (lambda: tracker.delete(U0, dG0), lambda: tracker.add(U0, dG0)),
+                "smw_downdate_r1": (lambda: tracker.delete(U0, dG0, Y0), lambda: tracker.add(U0, dG0, Y0)),
                 "deletion_A": (del_a, restore_ex),
                 "deletion_B": (del_b, restore_both),
+                "factor_downdate_r1": (lambda: factor.delete(U0, dG0, Y0), lambda: factor.add(U0, dG0, Y0)),
+                "deletion_B_factor": (del_b_factor, restore_factor),
                 "retrain_float64": retrain_float64,
                 "retrain_sklearn": lambda: centralized_retrain(Fr, Yr, GAMMA),
                 "digest": lambda: ex.digest(),
@@ -428,6 +450,7 @@ def bench_delete_vs_retrain(n: int, d: int, c: int, repeats: int, seed: int,
             "speedup_float64_over_B": med["retrain_float64"] / med["deletion_B"],
             "speedup_sklearn_over_A": med["retrain_sklearn"] / med["deletion_A"],
             "speedup_sklearn_over_B": med["retrain_sklearn"] / med["deletion_B"],
+            "speedup_float64_over_B_factor": med["retrain_float64"] / med["deletion_B_factor"],
             "speedup_float64_over_B_with_digest": med["retrain_float64"] / (med["deletion_B"] + med["digest"]),
         })
     return {"n_retained": n, "d": d, "c": c, "gamma": GAMMA, "repeats": repeats,
@@ -704,24 +727,34 @@ def bench_fast_heads(d: int, c: int, ranks: Iterable[int], n_rows: int, repeats:
     Yx = one_hot(yx, c)
     ex.add(Qx, yx)  # the trackers hold these rows too, so a delete removes a member
     smw = SMWTracker.from_ledger(ex, GAMMA)
-    chol = CholeskyTracker.from_ledger(ex, GAMMA)
+    chol = CholeskyTracker.from_ledger(ex, GAMMA, kernel="blocked")
+    hyh = CholeskyTracker.from_ledger(ex, GAMMA, kernel="hyhound") if cholesky.hyhound is not None else None
     H = ex.gram()
     H[np.diag_indices_from(H)] += GAMMA
     rows = []
     for r in ranks:
         U, Y = Fx[:r], Yx[:r]
         dG = U.T @ Y
-        res = side_by_side({
+        cases: dict[str, Case] = {
             "smw_add": (lambda: smw.add(U, dG, Y), lambda: smw.delete(U, dG, Y)),
             "chol_add": (lambda: chol.add(U, dG, Y), lambda: chol.delete(U, dG, Y)),
             "smw_delete": (lambda: smw.delete(U, dG, Y), lambda: smw.add(U, dG, Y)),
             "chol_delete": (lambda: chol.delete(U, dG, Y), lambda: chol.add(U, dG, Y)),
-        }, repeats)
-        rows.append({"r": r, **{f"{k}_us": _med(res, k) * 1e6 for k in res},
-                     "add_smw_over_chol": _med(res, "smw_add") / _med(res, "chol_add"),
-                     "delete_smw_over_chol": _med(res, "smw_delete") / _med(res, "chol_delete")})
+        }
+        if hyh is not None:
+            cases["hyh_add"] = (lambda: hyh.add(U, dG, Y), lambda: hyh.delete(U, dG, Y))
+            cases["hyh_delete"] = (lambda: hyh.delete(U, dG, Y), lambda: hyh.add(U, dG, Y))
+        res = side_by_side(cases, repeats)
+        row = {"r": r, **{f"{k}_us": _med(res, k) * 1e6 for k in res},
+               "add_smw_over_chol": _med(res, "smw_add") / _med(res, "chol_add"),
+               "delete_smw_over_chol": _med(res, "smw_delete") / _med(res, "chol_delete")}
+        if hyh is not None:
+            row["add_smw_over_hyh"] = _med(res, "smw_add") / _med(res, "hyh_add")
+            row["delete_smw_over_hyh"] = _med(res, "smw_delete") / _med(res, "hyh_delete")
+        rows.append(row)
     W_ref = solve_head(ex, GAMMA)
     sanity = {"smw_dev": relative_deviation(smw.W, W_ref), "chol_dev": relative_deviation(chol.W, W_ref),
+              "hyh_dev": relative_deviation(hyh.W, W_ref) if hyh is not None else None,
               "updates_each": smw.updates_since_reset}
     res = side_by_side({
         "cholesky": lambda: sla.cholesky(H, lower=True, check_finite=False),
@@ -859,6 +892,8 @@ def render(results: dict[str, Any]) -> str:
             ("smw_downdate_r1", "SMWTracker.delete (rank 1)"),
             ("deletion_A", "**deletion A** = ledger delete + solve_head"),
             ("deletion_B", "**deletion B** = ledger delete + SMW rank-1 downdate"),
+            ("factor_downdate_r1", f"CholeskyTracker.delete (rank 1, kernel {dv['sanity']['factor_kernel']})"),
+            ("deletion_B_factor", "**deletion B, factor** = ledger delete + Cholesky-factor rank-1 downdate"),
             ("retrain_float64", "**retrain float64** = S, G from the retained rows + solve_head"),
             ("retrain_sklearn", "**retrain sklearn** Ridge(solver=cholesky).fit"),
             ("digest", "ExactLedger.digest (what a receipt carries; not in deletion A/B)"),
@@ -876,6 +911,7 @@ def render(results: dict[str, Any]) -> str:
                            ("speedup_float64_over_B", "speedup: retrain float64 / deletion B"),
                            ("speedup_sklearn_over_A", "speedup: retrain sklearn / deletion A"),
                            ("speedup_sklearn_over_B", "speedup: retrain sklearn / deletion B"),
+                           ("speedup_float64_over_B_factor", "speedup: retrain float64 / deletion B, factor"),
                            ("speedup_float64_over_B_with_digest", "speedup: retrain float64 / (deletion B + digest)")):
             body.append([label] + [_x(s[key]) for s in dv["settings"]])
         out.append(_table(header, body))
@@ -883,8 +919,9 @@ def render(results: dict[str, Any]) -> str:
         out.append("")
         out.append(f"Sanity (what is timed gives the right head): relative deviation from the float64 retrain: "
                    f"deletion A {_g(sa['dev_A_vs_float64_retrain'])}, deletion B {_g(sa['dev_B_vs_float64_retrain'])}, "
+                   f"deletion B factor {_g(sa['dev_B_factor_vs_float64_retrain'])}, "
                    f"sklearn {_g(sa['dev_sklearn_vs_float64_retrain'])}; "
-                   f"SMW downdate feasible: {sa['smw_downdate_feasible']}.")
+                   f"downdates feasible: SMW {sa['smw_downdate_feasible']}, factor {sa['factor_downdate_feasible']}.")
         out.append("")
 
     if "drift" in results:
@@ -974,19 +1011,27 @@ def render(results: dict[str, Any]) -> str:
         out.append("")
         out.append(f"Median of {fh['repeats']} side-by-side rounds, µs; each update gets the rows' labels, as "
                    "TrackedHead passes them. SMW: inverse T, Sherman-Morrison-Woodbury. Cholesky: factor L, "
-                   "blocked rank-r update/downdate (ledger/cholesky.py). Ratio > 1: the factor is faster.")
+                   "rank-r update/downdate (ledger/cholesky.py) with the blocked numpy kernel, and with the "
+                   "compiled hyhound kernel where installed. Ratio > 1: the factor is faster.")
         out.append("")
-        out.append(_table(["rank r", "SMW add", "Cholesky add", "SMW / Cholesky (add)", "SMW delete",
-                           "Cholesky delete", "SMW / Cholesky (delete)"],
-                          [[r["r"], _t(r["smw_add_us"]), _t(r["chol_add_us"]), _x(r["add_smw_over_chol"]),
-                            _t(r["smw_delete_us"]), _t(r["chol_delete_us"]), _x(r["delete_smw_over_chol"])]
+        hy = "hyh_add_us" in fh["ranks"][0]
+        header = ["rank r", "SMW add", "Cholesky blocked add", "Cholesky hyhound add", "SMW delete",
+                  "Cholesky blocked delete", "Cholesky hyhound delete", "SMW / hyhound (add, delete)"]
+        out.append(_table(header if hy else header[:3] + header[4:6] + ["SMW / blocked (add, delete)"],
+                          [[r["r"], _t(r["smw_add_us"]), _t(r["chol_add_us"])]
+                           + ([_t(r["hyh_add_us"])] if hy else [])
+                           + [_t(r["smw_delete_us"]), _t(r["chol_delete_us"])]
+                           + ([_t(r["hyh_delete_us"])] if hy else [])
+                           + [f"{_x(r['add_smw_over_hyh'])}, {_x(r['delete_smw_over_hyh'])}" if hy else
+                              f"{_x(r['add_smw_over_chol'])}, {_x(r['delete_smw_over_chol'])}"]
                            for r in fh["ranks"]]))
         sa = fh["sanity"]
         out.append("")
         out.append(f"Resets (ms): SMW {_t(fh['smw_reset_ms'])} (Cholesky + explicit inverse), Cholesky tracker "
                    f"{_t(fh['chol_reset_ms'])} (Cholesky + two solves); a plain Cholesky of S + gamma I: "
                    f"{_t(fh['cholesky_ms'])}. After the timed updates ({sa['updates_each']} per tracker), "
-                   f"deviation from solve_head: SMW {_g(sa['smw_dev'])}, Cholesky {_g(sa['chol_dev'])}.")
+                   f"deviation from solve_head: SMW {_g(sa['smw_dev'])}, Cholesky blocked {_g(sa['chol_dev'])}"
+                   + (f", Cholesky hyhound {_g(sa['hyh_dev'])}" if sa.get("hyh_dev") is not None else "") + ".")
         out.append("")
     return "\n".join(out)
 
@@ -997,32 +1042,42 @@ def run(cfg: Config, command: str = "") -> dict[str, Any]:
     results: dict[str, Any] = {"config": asdict(cfg), "command": command,
                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                "machine": machine_info(cfg.threads)}
-    _log(f"config {cfg.name}: BLAS threads {cfg.threads}")
+    _log(f"config {cfg.name}: BLAS threads {cfg.threads}, sections {cfg.sections}")
     results["blas_threads"] = bench_blas_threads(cfg.blas_probe_d)
+    on = set(cfg.sections)
     with _Threads(cfg.threads):
-        _log("1. update cost")
-        results["updates"] = bench_updates(cfg.dims, cfg.c, cfg.ranks, cfg.repeats, cfg.seed)
-        _log("2. Variant A solve")
-        results["solve"] = bench_solve(cfg.dims, cfg.c, cfg.ledger_rows, cfg.repeats, cfg.seed)
-        _log("3. Variant B update")
-        results["smw"] = bench_smw(cfg.dims, cfg.c, cfg.smw_ranks, cfg.ledger_rows, cfg.repeats, cfg.seed)
+        if 1 in on:
+            _log("1. update cost")
+            results["updates"] = bench_updates(cfg.dims, cfg.c, cfg.ranks, cfg.repeats, cfg.seed)
+        if 2 in on:
+            _log("2. Variant A solve")
+            results["solve"] = bench_solve(cfg.dims, cfg.c, cfg.ledger_rows, cfg.repeats, cfg.seed)
+        if 3 in on:
+            _log("3. Variant B update")
+            results["smw"] = bench_smw(cfg.dims, cfg.c, cfg.smw_ranks, cfg.ledger_rows, cfg.repeats, cfg.seed)
+    if 4 in on:
         _log("4. deletion vs retrain (exact ledger build first)")
-    results["delete_vs_retrain"] = bench_delete_vs_retrain(
-        cfg.retrain_n, cfg.retrain_d, cfg.c, cfg.retrain_repeats, cfg.seed,
-        thread_settings=(1, None) if cfg.threads is not None else (None,))
+        results["delete_vs_retrain"] = bench_delete_vs_retrain(
+            cfg.retrain_n, cfg.retrain_d, cfg.c, cfg.retrain_repeats, cfg.seed,
+            thread_settings=(1, None) if cfg.threads is not None else (None,))
     with _Threads(cfg.threads):
-        _log("5. drift study")
-        results["drift"] = drift_study(cfg.drift_d, cfg.c, cfg.drift_bulk, cfg.drift_batch, cfg.drift_delete_chunk,
-                                       cfg.drift_retained, cfg.drift_churn, cfg.seed, cfg.drift_f32)
-        _log("6. SMW drift")
-        results["smw_drift"] = [smw_drift(cfg.smw_d, cfg.c, cfg.smw_n0, cfg.smw_events, cfg.smw_checkpoints, cfg.seed,
-                                          gamma=g) for g in cfg.smw_gammas]
-        _log("7. exact update kernel")
-        results["kernel"] = bench_kernel(cfg.kernel_d, cfg.c, cfg.kernel_rows, cfg.kernel_ranks, cfg.kernel_repeats,
-                                         cfg.seed)
-        _log("8. fast head: SMW vs Cholesky factor")
-        results["fast_heads"] = bench_fast_heads(cfg.head_d, cfg.c, cfg.head_ranks, cfg.ledger_rows,
-                                                 cfg.head_repeats, cfg.seed)
+        if 5 in on:
+            _log("5. drift study")
+            results["drift"] = drift_study(cfg.drift_d, cfg.c, cfg.drift_bulk, cfg.drift_batch,
+                                           cfg.drift_delete_chunk, cfg.drift_retained, cfg.drift_churn, cfg.seed,
+                                           cfg.drift_f32)
+        if 6 in on:
+            _log("6. SMW drift")
+            results["smw_drift"] = [smw_drift(cfg.smw_d, cfg.c, cfg.smw_n0, cfg.smw_events, cfg.smw_checkpoints,
+                                              cfg.seed, gamma=g) for g in cfg.smw_gammas]
+        if 7 in on:
+            _log("7. exact update kernel")
+            results["kernel"] = bench_kernel(cfg.kernel_d, cfg.c, cfg.kernel_rows, cfg.kernel_ranks,
+                                             cfg.kernel_repeats, cfg.seed)
+        if 8 in on:
+            _log("8. fast head: SMW vs Cholesky factor")
+            results["fast_heads"] = bench_fast_heads(cfg.head_d, cfg.c, cfg.head_ranks, cfg.ledger_rows,
+                                                     cfg.head_repeats, cfg.seed)
     results["loadavg_end"] = list(os.getloadavg())
     results["wall_s"] = time.perf_counter() - t0
     return results
@@ -1048,11 +1103,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", default="1",
                     help="BLAS threads for the timing sections: a number or 'all' (default 1)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--sections", default=None, help="comma-separated section numbers to run (default: all)")
     args = ap.parse_args(argv)
     cfg = TINY if args.tiny else QUICK if args.quick else FULL
     cfg = replace(cfg, threads=None if args.threads == "all" else int(args.threads))
     if args.seed is not None:
         cfg = replace(cfg, seed=args.seed)
+    if args.sections:
+        cfg = replace(cfg, sections=tuple(sorted({int(x) for x in args.sections.split(",")})))
     command = "python -m bench.ledger_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     results = run(cfg, command.strip())
     print(render(results), flush=True)

@@ -18,11 +18,18 @@ r x r matrix (S <- S - B_J^T B_J) and B_J = M_JJ^-1 P_J S_J. So the new column b
 
 one forward sweep over small matrices and one backward sweep with one GEMM and one matrix-vector
 product per block: O(d^2 (nb + r)) flops, no d x d temporary, L updated in place.
+
+Two kernels do the update. ``hyhound`` (the compiled hyperbolic-Householder update/downdate of the
+``hyhound`` package, where its wheel exists: Linux x86_64) is the default: 0.25 ms for a rank-1
+update at d = 768 against 4 ms for the blocked sweep above in numpy (``blocked``, the fallback
+everywhere else); bench/results/ledger_kernel.md section 8 has both side by side with SMW.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,6 +39,21 @@ from scipy.linalg.lapack import dpotrf
 from .exact import SufficientStatistics
 from .smw import DowndateCheck, lemma1_check, prepare_update, relative_deviation, residual_drift
 from .solve import cholesky_factor, inverse_from_factor, solve_with_factor
+
+hyhound: ModuleType | None
+try:  # compiled factor update/downdate; its wheels exist for Linux x86_64 only (pyproject marker)
+    import hyhound
+except ImportError:  # pragma: no cover - exercised on platforms without the wheel
+    hyhound = None
+
+FactorKernel = Literal["hyhound", "blocked"]
+#: The factor update the tracker uses unless told otherwise: the compiled one where installed.
+DEFAULT_FACTOR_KERNEL: FactorKernel = "hyhound" if hyhound is not None else "blocked"
+
+#: A downdate whose Lemma-1 pivot is below this keeps a copy of L first: hyhound works in place and
+#: leaves NaNs where a downdate at the margin of positive definiteness fails, and a refused
+#: downdate must leave the factor as it was. Pivots of ordinary deletes are near 1 - leverage.
+BACKUP_BELOW_PIVOT = 1e-3
 
 #: Columns of L per block of the update: small enough that the M_JJ products stay cheap for rank 1,
 #: large enough that the per-block overhead of the Python loop does not dominate.
@@ -129,6 +151,22 @@ def chol_rank_update(L: NDArray[np.float64], V: NDArray[np.float64], sigma: int,
     return gen
 
 
+def hyperbolic_rank_update(L: NDArray[np.float64], V: NDArray[np.float64], sigma: int) -> bool:
+    """In place with ``hyhound``: L <- L~, L~ L~^T = L L^T + sigma V V^T (L lower, Fortran order).
+
+    False when the result is not a valid factor (a downdate past positive definiteness): L then
+    holds NaNs and must be restored or rebuilt by the caller. Only L's lower triangle is touched.
+    """
+    if hyhound is None:  # pragma: no cover - platforms without the wheel
+        raise RuntimeError("the hyhound factor kernel is not installed: use kernel='blocked'")
+    if not L.flags.f_contiguous:
+        raise ValueError("hyperbolic_rank_update needs L in Fortran order")
+    A = np.array(V, dtype=np.float64, order="F")  # hyhound overwrites it
+    (hyhound.update_cholesky_inplace if sigma > 0 else hyhound.downdate_cholesky_inplace)(L, A)
+    diag = np.diagonal(L)
+    return bool(np.isfinite(diag).all() and diag.min() > 0.0)
+
+
 class CholeskyTracker:
     """Fast head from a maintained Cholesky factor L of H = S + gamma*I (drop-in for SMWTracker).
 
@@ -138,7 +176,7 @@ class CholeskyTracker:
     """
 
     def __init__(self, L: NDArray[np.float64], W: NDArray[np.float64], gamma: float,
-                 min_pivot: float = 1e-8) -> None:
+                 min_pivot: float = 1e-8, kernel: FactorKernel = DEFAULT_FACTOR_KERNEL) -> None:
         L = np.array(L, dtype=np.float64, order="F")  # LAPACK's order: no copies in the solves
         W = np.array(W, dtype=np.float64)
         if L.ndim != 2 or L.shape[0] != L.shape[1] or W.ndim != 2 or W.shape[0] != L.shape[0]:
@@ -147,15 +185,21 @@ class CholeskyTracker:
         self.W = W
         self.gamma = float(gamma)
         self.min_pivot = float(min_pivot)
+        if kernel not in ("hyhound", "blocked"):
+            raise ValueError(f"kernel must be 'hyhound' or 'blocked', got {kernel!r}")
+        if kernel == "hyhound" and hyhound is None:
+            raise ValueError("kernel 'hyhound' needs the hyhound package (Linux x86_64 wheels)")
+        self.kernel: FactorKernel = kernel
         self.updates_since_reset = 0
         self.last_reset_drift = 0.0
         self._T: NDArray[np.float64] | None = None
 
     @classmethod
-    def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8) -> CholeskyTracker:
+    def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8,
+                    kernel: FactorKernel = DEFAULT_FACTOR_KERNEL) -> CholeskyTracker:
         """Start from the canonical factor of a ledger (L and W exactly as Variant A gives them)."""
         L = cholesky_factor(stats, gamma)
-        return cls(L, solve_with_factor(L, stats.moments()), gamma, min_pivot)
+        return cls(L, solve_with_factor(L, stats.moments()), gamma, min_pivot, kernel)
 
     @property
     def dim(self) -> int:
@@ -178,16 +222,27 @@ class CholeskyTracker:
             self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
 
     def _apply(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
-               sign: int, P: NDArray[np.float64]) -> bool:
-        gen = chol_rank_update(self.L, U.T, sign, P)
-        if gen is None:
-            return False
+               sign: int, P: NDArray[np.float64] | None) -> bool:
+        L = self.L
+        if self.kernel == "hyhound":
+            if not hyperbolic_rank_update(L, U.T, sign):
+                return False
+
+            def inverse_times_rows() -> NDArray[np.float64]:  # H~^-1 U^T = L~^-T L~^-1 U^T
+                return tri_solve(L, tri_solve(L, U.T), transpose=True)
+        else:
+            P0 = tri_solve(L, U.T) if P is None else P  # L^-1 U^T on the factor before the update
+            gen = chol_rank_update(L, U.T, sign, P0)
+            if gen is None:
+                return False
+
+            def inverse_times_rows() -> NDArray[np.float64]:  # = L~^-T M^-1 L^-1 U^T, M from the update
+                return tri_solve(L, gen.solve(P0), transpose=True)
         if Y is not None and U.shape[0] < self.n_outputs:
-            K = tri_solve(self.L, gen.solve(P), transpose=True)  # H~^-1 U^T = L~^-T M^-1 L^-1 U^T
-            self.W += (sign * K) @ (Y - U @ self.W)
+            self.W += (sign * inverse_times_rows()) @ (Y - U @ self.W)
         else:
             R = dG - U.T @ (U @ self.W)
-            R = tri_solve(self.L, tri_solve(self.L, R), transpose=True)
+            R = tri_solve(L, tri_solve(L, R), transpose=True)
             self.W += R if sign > 0 else -R
         self._T = None
         self.updates_since_reset += 1
@@ -196,7 +251,7 @@ class CholeskyTracker:
     def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
         """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails."""
         U, dG, Y = prepare_update(self, U, dG, Y)
-        if not self._apply(U, dG, Y, +1, tri_solve(self.L, U.T)):  # pragma: no cover - non-finite input only
+        if not self._apply(U, dG, Y, +1, None):  # pragma: no cover - non-finite input only
             raise FloatingPointError("Cholesky update failed: non-finite rows or factor")
 
     def _downdate_check(self, U: NDArray[np.float64]) -> tuple[DowndateCheck, NDArray[np.float64]]:
@@ -213,9 +268,16 @@ class CholeskyTracker:
         check says why (the caller must reset from the ledger)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
         chk, P = self._downdate_check(U)
+        in_place = self.kernel == "hyhound" and chk.feasible and chk.min_pivot < BACKUP_BELOW_PIVOT
+        backup = self.L.copy(order="F") if in_place else None
         if chk.feasible and not self._apply(U, dG, Y, -1, P):
-            # A diagonal block of I - P P^T failed although the r x r test passed (rounding at the
-            # margin): the factor is untouched; refuse like an infeasible downdate.
+            # The r x r test passed but the factor's downdate failed (rounding at the margin): refuse
+            # like an infeasible downdate. The blocked kernel fails before touching L; hyhound fails
+            # in place, so L comes back from the copy taken at a small pivot. (A hyhound failure
+            # far from the margin, never observed, leaves NaNs in L: a caller resets from the
+            # ledger on any refused downdate, as TrackedHead does.)
+            if backup is not None:
+                self.L = backup
             return DowndateCheck(False, chk.min_pivot, "infeasible: factor downdate lost positive definiteness")
         return chk
 
@@ -236,4 +298,5 @@ class CholeskyTracker:
         return residual_drift(stats, self.gamma, self.W)
 
 
-__all__ = ["BLOCK", "CholeskyTracker", "Generators", "chol_rank_update", "tri_solve"]
+__all__ = ["BLOCK", "DEFAULT_FACTOR_KERNEL", "CholeskyTracker", "FactorKernel", "Generators",
+           "chol_rank_update", "hyperbolic_rank_update", "tri_solve"]

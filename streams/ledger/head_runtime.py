@@ -210,8 +210,9 @@ class HeadRuntime:
     def sync(self) -> str:
         """Bring the fast head up to the ledger, once per poll: the rows of every message applied
         since the last sync in one tracker update, or a reset when one is due (a packed entry) or
-        cheaper (at least ``d / 2`` rows: an SMW update of rank r costs O(r d^2), and at d = 768 a
-        rank-384 update costs about as much as a reset). Returns why a reset ran ("" when none)."""
+        cheaper (at least ``d / 2`` rows: a tracker update of rank r costs O(r d^2), and at d = 768 a
+        rank-384 update costs about as much as the processor's reset with its digest). Returns why a
+        reset ran ("" when none)."""
         lagging, reason = self._lagging, self._reset_due
         self.tracked.ledger_outputs_sync()  # columns a contract declared (declare_outputs) serve as zeros
         rows = sum(Q.shape[0] for Q, _, _ in lagging)

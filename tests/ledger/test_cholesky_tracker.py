@@ -1,5 +1,6 @@
-"""The Cholesky-factor fast head (ledger/cholesky.py): the blocked rank-r update/downdate against a
-fresh factorization, the tracker against solve_head on the exact ledger, and its refusals."""
+"""The Cholesky-factor fast head (ledger/cholesky.py): both factor kernels (the blocked numpy
+update/downdate and the compiled hyhound one) against a fresh factorization, the tracker with
+either kernel against solve_head on the exact ledger, and its refusals."""
 
 from __future__ import annotations
 
@@ -13,19 +14,24 @@ from unlearn.ledger import (
     ExactLedger,
     Quantizer,
     TrackedHead,
+    cholesky,
     l2_normalize,
     one_hot,
     posterior_inverse,
     relative_deviation,
     solve_head,
 )
-from unlearn.ledger.cholesky import chol_rank_update, tri_solve
+from unlearn.ledger.cholesky import FactorKernel, chol_rank_update, hyperbolic_rank_update, tri_solve
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 #: Documented tolerance of the fast head (docs/design.md section 2): after a long update stream without
 #: resets the factor-form W stays within this relative Frobenius distance of solve_head on the ledger.
 FAST_HEAD_TOL = 1e-9
+
+#: Every factor kernel the tracker can run; hyhound's wheel is installed where it exists (Linux x86_64).
+KERNELS = ["blocked", pytest.param("hyhound", marks=pytest.mark.skipif(
+    cholesky.hyhound is None, reason="hyhound has no wheel for this platform"))]
 
 
 def spd(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -55,6 +61,33 @@ def test_rank_update_and_downdate_match_a_fresh_factorization(seed: int, d: int,
     assert np.allclose(L, L0, rtol=0, atol=1e-12 * np.abs(L0).max())
 
 
+@pytest.mark.skipif(cholesky.hyhound is None, reason="hyhound has no wheel for this platform")
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 70), r=st.integers(1, 12))
+def test_hyperbolic_update_and_downdate_match_a_fresh_factorization(seed: int, d: int, r: int) -> None:
+    rng = np.random.default_rng(seed)
+    H = spd(rng, d)
+    V = rng.standard_normal((d, r)) * 0.5
+    L0 = np.linalg.cholesky(H)
+    L = np.array(L0, order="F")
+    V_before = V.copy()
+    assert hyperbolic_rank_update(L, V, +1)
+    assert np.array_equal(V, V_before)  # the kernel overwrites its argument: it gets a copy
+    ref = np.linalg.cholesky(H + V @ V.T)
+    assert np.allclose(np.tril(L), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert hyperbolic_rank_update(L, V, -1)
+    assert np.allclose(np.tril(L), L0, rtol=0, atol=1e-12 * np.abs(L0).max())
+
+
+@pytest.mark.skipif(cholesky.hyhound is None, reason="hyhound has no wheel for this platform")
+def test_hyperbolic_downdate_past_positive_definiteness_is_reported() -> None:
+    rng = np.random.default_rng(1)
+    L = np.array(np.linalg.cholesky(spd(rng, 30)), order="F")
+    assert not hyperbolic_rank_update(L, rng.standard_normal((30, 3)) * 50, -1)
+    with pytest.raises(ValueError, match="Fortran"):
+        hyperbolic_rank_update(np.ascontiguousarray(np.linalg.cholesky(spd(rng, 5))), np.ones((5, 1)), 1)
+
+
 def test_downdate_past_positive_definiteness_leaves_the_factor_untouched() -> None:
     rng = np.random.default_rng(1)
     L = np.linalg.cholesky(spd(rng, 30))
@@ -69,8 +102,9 @@ def clustered(rng: np.random.Generator, n: int, d: int, c: int) -> tuple[np.ndar
     return l2_normalize(F + rng.normal(size=(n, d)) * 0.3), y
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("gamma", [1.0, 1e-2])
-def test_random_stream_without_resets_stays_on_solve_head(gamma: float) -> None:
+def test_random_stream_without_resets_stays_on_solve_head(gamma: float, kernel: FactorKernel) -> None:
     """Adds and deletes of ranks 1..40 (both W paths: r < c uses the labels, r >= c the c-column
     solve), no resets: W stays within FAST_HEAD_TOL of solve_head, and a reset restores its bits."""
     rng = np.random.default_rng(3)
@@ -78,8 +112,8 @@ def test_random_stream_without_resets_stays_on_solve_head(gamma: float) -> None:
     F, y = clustered(rng, 900, d, c)
     Q = Quantizer().quantize(F)
     head = TrackedHead(ExactLedger(d, c), gamma=gamma, reset_every=10**9, drift_threshold=np.inf,
-                       tracker="cholesky")
-    assert isinstance(head.tracker, CholeskyTracker)
+                       tracker="cholesky", factor_kernel=kernel)
+    assert isinstance(head.tracker, CholeskyTracker) and head.tracker.kernel == kernel
     held: list[int] = []
     free = list(range(len(Q)))
     for _ in range(400):
@@ -102,11 +136,12 @@ def test_random_stream_without_resets_stays_on_solve_head(gamma: float) -> None:
     assert np.array_equal(head.tracker.T, posterior_inverse(head.ledger, gamma))  # what exact heads publish
 
 
-def test_infeasible_downdate_is_refused_and_state_unchanged() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_infeasible_downdate_is_refused_and_state_unchanged(kernel: FactorKernel) -> None:
     rng = np.random.default_rng(6)
     F, y = clustered(rng, 40, 6, 2)
     led = ExactLedger.from_rows(Quantizer().quantize(F), y, n_outputs=2)
-    tr = CholeskyTracker.from_ledger(led, gamma=0.1)
+    tr = CholeskyTracker.from_ledger(led, gamma=0.1, kernel=kernel)
     L0, W0 = tr.L.copy(), tr.W.copy()
     U = np.full((1, 6), 5.0)  # never added, far too large: H - U^T U is indefinite
     chk = tr.delete(U, U.T @ one_hot([0], 2))
@@ -115,13 +150,41 @@ def test_infeasible_downdate_is_refused_and_state_unchanged() -> None:
     assert not tr.check_downdate(U).feasible
 
 
-def test_tracked_head_falls_back_to_a_reset_on_a_lost_downdate() -> None:
+@pytest.mark.skipif(cholesky.hyhound is None, reason="hyhound has no wheel for this platform")
+def test_a_failed_in_place_downdate_at_the_margin_restores_the_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hyhound downdates in place: where the Lemma-1 pivot is small, the tracker keeps a copy of L, so
+    a factor downdate that fails anyway (rounding at the margin; simulated here) leaves L and W as
+    they were and is refused, and the head resets from the ledger."""
+    d = 6
+    Q = Quantizer().quantize(l2_normalize(np.arange(1, d + 1, dtype=float)))
+    head = TrackedHead(ExactLedger(d, 2), gamma=1e-5, reset_every=10**6, drift_threshold=np.inf,
+                       tracker="cholesky", factor_kernel="hyhound")
+    head.add(Q, [1])
+    tr = head.tracker
+    assert isinstance(tr, CholeskyTracker)
+    U = Q.astype(float) * 2.0 ** -head.ledger.frac_bits
+    chk = tr.check_downdate(U)
+    assert chk.feasible and chk.min_pivot < cholesky.BACKUP_BELOW_PIVOT  # 1 - leverage ~ gamma
+    L0, W0 = tr.L.copy(), tr.W.copy()
+
+    def failing(L: np.ndarray, V: np.ndarray, sigma: int) -> bool:
+        L[np.diag_indices_from(L)] = np.nan
+        return False
+
+    monkeypatch.setattr(cholesky, "hyperbolic_rank_update", failing)
+    chk = tr.delete(U, U.T @ one_hot([1], 2), one_hot([1], 2))
+    assert not chk.feasible and "lost positive definiteness" in chk.reason
+    assert np.array_equal(tr.L, L0) and np.array_equal(tr.W, W0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tracked_head_falls_back_to_a_reset_on_a_lost_downdate(kernel: FactorKernel) -> None:
     """With a tiny gamma, deleting the only sample leaves I - u H^-1 u^T ~ gamma: the tracker refuses
     (ill-conditioned), the head resets from the exact ledger instead of serving garbage."""
     d = 6
     Q = Quantizer().quantize(l2_normalize(np.arange(1, d + 1, dtype=float)))
     head = TrackedHead(ExactLedger(d, 2), gamma=1e-12, reset_every=10**6, drift_threshold=np.inf,
-                       tracker="cholesky")
+                       tracker="cholesky", factor_kernel=kernel)
     head.add(Q, [1])
     r = head.delete(Q, [1])
     assert r.mode == "exact" and r.reset_reason.startswith("downdate") and "ill-conditioned" in r.reset_reason
@@ -146,6 +209,8 @@ def test_policies_are_the_trackers_common_ones() -> None:
     assert np.array_equal(head.weights, solve_head(head.ledger, 1.0))
 
 
-def test_unknown_tracker_is_refused() -> None:
+def test_unknown_tracker_or_kernel_is_refused() -> None:
     with pytest.raises(ValueError, match="tracker"):
         TrackedHead(ExactLedger(3, 1), tracker="qr")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kernel"):
+        TrackedHead(ExactLedger(3, 1), tracker="cholesky", factor_kernel="lapack")  # type: ignore[arg-type]
