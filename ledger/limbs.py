@@ -17,6 +17,14 @@ derived from it (AA, X, BB) stay below 2^50 in magnitude, which the conversion b
 The accumulators live *pending* in float64 (``PendingProducts``) and are folded into the int64
 limbs only when a reader needs exact values or the row budget is spent: an update of S is three in-place
 ``dsyrk`` calls and nothing else, and the float->int conversion is paid once per read, not per update.
+
+Small updates (fewer than ``DEFER_ROWS`` rows: a delete, a trickle of adds) are not even multiplied
+at once: their split rows wait in the accumulator and go into one ``dsyrk`` per sign with the rows
+deferred after them, once ``DEFER_ROWS`` are waiting or at the next read. Every product is an exact
+integer whatever the grouping, so the limbs are the same bits; the O(d^2) memory pass of a rank-1
+update (three d x d triangles) is paid once per ``DEFER_ROWS`` rows instead of once per row, and a
+small update costs O(r d). A delete's membership check reads the diagonals, which the deferred rows
+give directly (``diagonals``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from scipy.linalg.blas import dsyr, dsyrk
 EXACT_ROWS = 1 << 20
 #: Rows split and multiplied per BLAS call: keeps the float halves of a chunk in cache.
 ROW_BLOCK = 512
+#: Updates of fewer rows are deferred, and the deferred rows multiplied once this many wait: one
+#: rank-64 ``dsyrk`` at d = 768 costs about what 3-4 rank-1 updates do (each a pass over 3 x 4.7 MB).
+DEFER_ROWS = 64
 
 # x + 1.5*2^52 has the integer x in its low mantissa bits for |x| < 2^51: the float->int64
 # conversion becomes one float add and one int subtract (SIMD), instead of a scalar cast.
@@ -93,8 +104,9 @@ class PendingProducts:
 
     The strict lower triangles are never written (they stay zero), so a fold adds zeros there and the
     int64 limbs stay upper-triangular. ``rows`` counts the rows accumulated since the last fold (adds
-    and deletes alike: the bound is on sum |product|); when it is 0 the buffers hold stale values and
-    the next ``accumulate`` overwrites them (BLAS beta = 0) instead of paying for a reset.
+    and deletes alike, multiplied or deferred: the bound is on sum |product|). While no row has been
+    multiplied since the last fold the buffers hold stale values, and the next product overwrites
+    them (BLAS beta = 0) instead of paying for a reset.
     """
 
     def __init__(self, dim: int) -> None:
@@ -102,43 +114,82 @@ class PendingProducts:
         self.BB = np.zeros((dim, dim))
         self.KK = np.zeros((dim, dim))
         self.rows = 0
+        self._multiplied = 0  # rows whose products are in AA, BB, KK since the last fold
+        self._deferred: dict[int, list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]]] = {
+            1: [], -1: []}
+        self._n_deferred = 0
+        self._deferred_diag = np.zeros((3, dim), np.int64)  # the deferred rows' (aa, bb, kk) diagonals
 
     @property
     def room(self) -> int:
         """Rows that can still be accumulated exactly before a fold."""
         return EXACT_ROWS - self.rows
 
+    @property
+    def deferred(self) -> int:
+        """Rows waiting to be multiplied (small updates since the last flush)."""
+        return self._n_deferred
+
     def accumulate(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
-        """Add sign * (a^T a, b^T b, s^T s) for at most ``room`` rows (upper triangles, in place)."""
+        """Add sign * (a^T a, b^T b, s^T s) for at most ``room`` rows: now (upper triangles, in place),
+        or, for fewer than ``DEFER_ROWS`` rows, with later rows (the arrays are kept, not copied)."""
         r = a.shape[0]
         if r > self.room:
             raise ValueError(f"{r} rows exceed the exact budget ({self.room} left): fold first")
-        acc = self.rows > 0
+        self.rows += r
+        if r < DEFER_ROWS:
+            self._deferred[sign].append((a, b, s))
+            self._n_deferred += r
+            for i, v in enumerate((a, b, s)):  # each sum is below 2^53 (fewer than DEFER_ROWS rows): exact
+                diag = exact_int(np.einsum("ij,ij->j", v, v))
+                if sign > 0:
+                    self._deferred_diag[i] += diag
+                else:
+                    self._deferred_diag[i] -= diag
+            if self._n_deferred >= DEFER_ROWS:
+                self.flush()
+            return
+        self._multiply(a, b, s, sign)
+
+    def _multiply(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
+        acc = self._multiplied > 0
         alpha = float(sign)
         syrk_upper(alpha, a, self.AA, acc)
         syrk_upper(alpha, b, self.BB, acc)
         syrk_upper(alpha, s, self.KK, acc)
-        self.rows += r
+        self._multiplied += a.shape[0]
+
+    def flush(self) -> None:
+        """Multiply the deferred rows: one ``dsyrk`` per limb and sign."""
+        for sign, parts in self._deferred.items():
+            if parts:
+                a, b, s = (np.concatenate([p[i] for p in parts]) for i in range(3))
+                self._multiply(a, b, s, sign)
+                parts.clear()
+        self._n_deferred = 0
+        self._deferred_diag[:] = 0
 
     def diagonals(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """Pending diagonals of (AA, X, BB) as int64 (zeros when nothing is pending)."""
-        d = self.AA.shape[0]
-        if not self.rows:
-            z = np.zeros(d, np.int64)
-            return z, z.copy(), z.copy()
-        aa, bb, kk = (np.diagonal(P).astype(np.int64) for P in (self.AA, self.BB, self.KK))
+        """Pending diagonals of (AA, X, BB) as int64, deferred rows included (zeros when nothing is
+        pending): O(d), the deferred rows' diagonals are summed as they arrive."""
+        aa, bb, kk = self._deferred_diag.copy()
+        if self._multiplied:
+            aa += exact_int(np.diagonal(self.AA))
+            bb += exact_int(np.diagonal(self.BB))
+            kk += exact_int(np.diagonal(self.KK))
         return aa, kk - aa - bb, bb
 
     def fold_into(self, AA: NDArray[np.int64], X: NDArray[np.int64], BB: NDArray[np.int64]) -> None:
         """Add the pending products to the int64 limbs exactly, then mark the buffers stale."""
-        if not self.rows:
-            return
-        self.KK -= self.AA  # X = KK - AA - BB: integers below 2^51 at every step, so exact
-        self.KK -= self.BB
-        _fold_exact(AA, self.AA)
-        _fold_exact(BB, self.BB)
-        _fold_exact(X, self.KK)
+        self.flush()
+        if self._multiplied:
+            self.KK -= self.AA  # X = KK - AA - BB: integers below 2^51 at every step, so exact
+            self.KK -= self.BB
+            _fold_exact(AA, self.AA)
+            _fold_exact(BB, self.BB)
+            _fold_exact(X, self.KK)
         self.rows = 0
+        self._multiplied = 0
 
 
 def row_diagonals(Q: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:

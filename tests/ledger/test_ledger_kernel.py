@@ -93,11 +93,12 @@ def test_limbs_equal_python_int_reference(seed: int, d: int, r: int, kind: str, 
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 10), n_ops=st.integers(1, 25), row_block=st.integers(1, 9),
-       exact_rows=st.integers(1, 40))
+       exact_rows=st.integers(1, 40), defer_rows=st.integers(1, 40))
 def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int, row_block: int,
-                                                  exact_rows: int) -> None:
-    """Tiny ROW_BLOCK / EXACT_ROWS force chunk splits and budget folds mid-batch; reads at random
-    points force folds between updates. The result equals one plain add of the retained rows."""
+                                                  exact_rows: int, defer_rows: int) -> None:
+    """Tiny ROW_BLOCK / EXACT_ROWS force chunk splits and budget folds mid-batch; DEFER_ROWS decides
+    which updates wait to be multiplied with later ones and when they are; reads at random points
+    force folds between updates. The result equals one plain add of the retained rows."""
     rng = np.random.default_rng(seed)
     pool = rows(rng, 40, d, 0.3)
     ys = rng.integers(0, 4, 40)
@@ -105,6 +106,7 @@ def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int,
         m.setattr(exact_mod, "ROW_BLOCK", row_block)
         m.setattr(limbs, "ROW_BLOCK", row_block)
         m.setattr(limbs, "EXACT_ROWS", exact_rows)
+        m.setattr(limbs, "DEFER_ROWS", defer_rows)
         led = ExactLedger(d, 4)
         held: list[int] = []
         for _ in range(n_ops):
@@ -221,6 +223,33 @@ def test_copy_and_absorb_see_pending_products() -> None:
     assert both.to_bytes() == a.to_bytes()
     g = a.gram()
     assert np.array_equal(g, g.T)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 12), sizes=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+       signs=st.lists(st.sampled_from([1, -1]), min_size=8, max_size=8))
+def test_deferred_rows_show_in_the_diagonals_and_fold_to_the_same_limbs(seed: int, d: int, sizes: list[int],
+                                                                         signs: list[int]) -> None:
+    """Small updates wait unmultiplied (DEFER_ROWS); the diagonals the delete check reads include
+    them exactly, and the fold gives the limbs of the Python-int reference whatever was deferred."""
+    rng = np.random.default_rng(seed)
+    pend = limbs.PendingProducts(d)
+    ref = [np.zeros((d, d), dtype=object) for _ in range(3)]
+    for r, sign in zip(sizes, signs):
+        Q = rows(rng, r, d, 0.3)
+        pend.accumulate(*limbs.split_rows(Q), sign)
+        a, b = halves(Q)
+        for acc, part in zip(ref, (a.T @ a, a.T @ b + b.T @ a, b.T @ b)):
+            acc += sign * part
+    assert pend.deferred < limbs.DEFER_ROWS  # flushed once that many wait
+    diag = pend.diagonals()
+    for got, want in zip(diag, ref):
+        assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
+    out = [np.zeros((d, d), np.int64) for _ in range(3)]
+    pend.fold_into(*out)
+    for got, want in zip(out, ref):
+        assert (upper(got).astype(object) == upper(want)).all()
+    assert pend.rows == 0 and pend.deferred == 0
 
 
 def test_delete_check_sees_pending_diagonal() -> None:
