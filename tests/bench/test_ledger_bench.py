@@ -73,10 +73,13 @@ def test_delete_vs_retrain_section() -> None:
     # What is timed computes the right heads.
     assert sa["dev_A_vs_float64_retrain"] < 1e-10 and sa["dev_B_vs_float64_retrain"] < 1e-10
     assert sa["dev_sklearn_vs_float64_retrain"] < 1e-10
+    assert sa["factor_downdate_feasible"] and sa["dev_B_factor_vs_float64_retrain"] < 1e-10
     (st,) = dv["settings"]
     for k in ("ledger_delete_1row", "solve_head", "smw_downdate_r1", "deletion_A", "deletion_B",
-              "retrain_float64", "retrain_sklearn", "digest"):
+              "factor_downdate_r1", "deletion_B_factor", "retrain_float64", "retrain_sklearn", "digest"):
         assert _finite_positive(st["median_s"][k])
+    assert st["speedup_float64_over_B_factor"] == pytest.approx(
+        st["median_s"]["retrain_float64"] / st["median_s"]["deletion_B_factor"])
     assert st["speedup_float64_over_A"] == pytest.approx(
         st["median_s"]["retrain_float64"] / st["median_s"]["deletion_A"])
 
@@ -120,3 +123,16 @@ def test_main_tiny_prints_all_sections_and_writes_json(tmp_path, capsys) -> None
     assert data["config"]["name"] == "tiny"
     assert data["machine"]["numpy"] == np.__version__
     assert all(c["exact_digest_equal"] for c in data["drift"]["checkpoints"])
+
+
+def test_sections_runs_only_the_named_ones(capsys) -> None:
+    """``--sections 4,8``: the deletion section and the fast heads (with the hyhound columns where
+    hyhound is installed), nothing else."""
+    from unlearn.ledger import cholesky
+
+    lb.main(["--tiny", "--sections", "4,8"])
+    text = capsys.readouterr().out
+    assert "## 4." in text and "## 8." in text
+    assert not any(h in text for h in ("## 1.", "## 2.", "## 3.", "## 5.", "## 6a.", "## 7."))
+    assert "deletion B, factor" in text
+    assert ("Cholesky hyhound delete" in text) == (cholesky.hyhound is not None)
