@@ -169,21 +169,29 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     heads = {"enc-json": "json", "enc-f64": None, "enc-f32": "f32"}  # None: the client's encoding
     with pytest.raises(ValueError, match="features_encoding"):
         UnlearnClient(s, features_encoding="f16")  # type: ignore[arg-type]
+    rows: dict[str, dict[str, np.ndarray]] = {head: {} for head in heads}
+
+    def read_added_rows() -> bool:
+        for r in read_topic(s, s.topic("deltas"), keep=keys_in(heads), timeout=30):
+            assert r.value is not None
+            delta = plain_delta(r.value, r.topic)
+            for e in delta.entries:
+                assert isinstance(e, RowsEntry)
+                if e.sign > 0:
+                    rows[delta.head_id].update(zip(e.sample_ids, e.q, strict=True))
+        return all(len(rows[head]) == 5 for head in heads)
+
     with UnlearnClient(s, client_id="enc-test", features_encoding="f64") as client:
-        deletes = {}
         for head, enc in heads.items():
             for i in range(5):
                 client.add(head, "u", f"x{i}", labels[i], features=F[i], features_encoding=enc)  # type: ignore[arg-type]
-            deletes[head] = client.delete(head, "x1", "u")
+        # The rows are read before x1 is deleted: once it is, its key may be destroyed (crypto-
+        # shredding) before this test reads the topic, and x1's rows are then unreadable by design.
+        deadline = time.monotonic() + 60
+        while not read_added_rows() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        deletes = {head: client.delete(head, "x1", "u") for head in heads}
         receipts = {head: h.wait_receipt(120) for head, h in deletes.items()}
-    rows: dict[str, dict[str, np.ndarray]] = {head: {} for head in heads}
-    for r in read_topic(s, s.topic("deltas"), keep=keys_in(heads), timeout=30):
-        assert r.value is not None
-        delta = plain_delta(r.value, r.topic)
-        for e in delta.entries:
-            assert isinstance(e, RowsEntry)
-            if e.sign > 0:
-                rows[delta.head_id].update(zip(e.sample_ids, e.q, strict=True))
     for head in heads:
         assert sorted(rows[head]) == [f"x{i}" for i in range(5)]
         assert receipts[head].status == "applied"
