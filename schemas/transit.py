@@ -15,7 +15,8 @@ once the epoch's private half is destroyed, every copy of the sealed input left 
   own associated data. The bytes are the same format. Bound relied on: at most
   :data:`SEALER_MAX_MESSAGES` (2^20) messages per derived key, so the chance that two random
   nonces collide is below 2^40 / 2^97 = 2^-57 (NIST SP 800-38D allows 2^32 random-nonce messages
-  per key, for 2^-32).
+  per key, for 2^-32). Safe to share between threads: each seal takes its slot under a lock
+  (an exact count, never past the bound; past it :class:`SealerExhausted`).
 - :func:`opening_key` / :func:`open_input`'s ``aead``: the featurizer derives a (transit key,
   epk) pair's AES key once and caches it (``streams/featurizer/transit_open.DerivedKeys``).
 - :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
@@ -29,6 +30,7 @@ import base64
 import binascii
 import os
 import struct
+import threading
 from dataclasses import dataclass, replace
 
 import orjson
@@ -52,6 +54,7 @@ __all__ = [
     "TransitKeyPair",
     "TransitPublicKey",
     "TransitSealer",
+    "SealerExhausted",
     "decode_public_record",
     "encode_public_record",
     "new_transit_key",
@@ -80,6 +83,11 @@ docstring: random-nonce collision chance below 2^-57 per derived key)."""
 class TransitError(ValueError):
     """A sealed input that does not open (wrong key, moved, tampered, truncated), or a malformed
     transit key or public record."""
+
+
+class SealerExhausted(TransitError):
+    """A :class:`TransitSealer` has sealed its ``max_messages``: seal under a new ephemeral key
+    (another thread may have taken the last slot between a check of ``exhausted`` and the seal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +148,11 @@ class TransitSealer:
     """One producer's ephemeral key for one transit key: the X25519 exchange and HKDF happen once
     here, each :meth:`seal` is one AES-GCM encryption with a fresh random nonce. Only the derived
     AES key is kept (the ephemeral private key is dropped at once). Roll a new one when
-    :attr:`exhausted` or when the transit key changes (``services/client/transit_keys.py`` does)."""
+    :attr:`exhausted` or when the transit key changes (``services/client/transit_keys.py`` does).
+    Thread-safe: the count is taken under a lock, so at most ``max_messages`` seals ever succeed
+    (the next raise :class:`SealerExhausted`); the encryption itself runs outside it."""
 
-    __slots__ = ("_aead", "epk", "max_messages", "public", "sealed")
+    __slots__ = ("_aead", "_lock", "epk", "max_messages", "public", "sealed")
 
     def __init__(self, public: TransitPublicKey, max_messages: int = SEALER_MAX_MESSAGES) -> None:
         if len(public.public_key) != PUBLIC_KEY_BYTES:
@@ -156,7 +166,8 @@ class TransitSealer:
             raise TransitError(f"transit public key {public.key_id}: {exc}") from None
         self._aead = AESGCM(transit_key(shared, self.epk, public.public_key))
         self.max_messages = max_messages
-        self.sealed = 0  # approximate under threads: the bound has a 4096x margin (module docstring)
+        self.sealed = 0  # messages sealed (or being sealed) under the derived key; exact under threads
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:  # never print key material
         return f"TransitSealer(key_id={self.public.key_id!r}, sealed={self.sealed})"
@@ -167,8 +178,13 @@ class TransitSealer:
         return self.sealed >= self.max_messages
 
     def seal(self, inner_json: bytes, event_id: str, head_id: str, subject_id: str, sample_id: str) -> SealedInput:
-        """The sealed input of ``inner_json`` bound to these ids, under a fresh random nonce."""
-        self.sealed += 1
+        """The sealed input of ``inner_json`` bound to these ids, under a fresh random nonce;
+        :class:`SealerExhausted` once ``max_messages`` were sealed (no more under this key)."""
+        with self._lock:  # a read-modify-write: unlocked, two threads could both take the last slot
+            if self.sealed >= self.max_messages:
+                raise SealerExhausted(f"transit sealer for key {self.public.key_id} has sealed its "
+                                      f"{self.max_messages} messages: use a new ephemeral key")
+            self.sealed += 1
         nonce = os.urandom(NONCE_BYTES)
         ct = self._aead.encrypt(nonce, inner_json,
                                 transit_aad(event_id, head_id, subject_id, sample_id, self.public.key_id))

@@ -13,7 +13,10 @@ Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_
 ``schemas/transit.TransitSealer`` per by-head partition): one X25519 exchange per producer session
 and epoch, not per request. A new one is made when the partition's transit key changes or after
 ``SEALER_MAX_MESSAGES`` (2^20) requests; the old one's derived AES key is dropped then, and any
-whose key is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`.
+whose key is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`. Safe for
+threads producing through one client: the cache's lock makes one sealer per partition and key,
+the sealer's lock counts its seals exactly, and a seal that finds its sealer exhausted by another
+thread (``SealerExhausted``) asks the cache again, which rolls a new one.
 
 A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
 bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
@@ -32,7 +35,14 @@ from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.envelope import Request, SealedInput
-from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, decode_public_record
+from unlearn.schemas.transit import (
+    SEALER_MAX_MESSAGES,
+    SealerExhausted,
+    TransitError,
+    TransitPublicKey,
+    TransitSealer,
+    decode_public_record,
+)
 from unlearn.streams.featurizer.router import head_partition, routed_topic_name
 
 __all__ = ["TransitKeyCache", "TransitUnavailable", "seal_for_transit", "transit_producer_overrides"]
@@ -60,8 +70,10 @@ def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
 class TransitKeyCache:
     """The published transit keys, per by-head partition, as a producer needs them (thread-safe)."""
 
-    def __init__(self, settings: Settings, requests_topic: str | None = None) -> None:
+    def __init__(self, settings: Settings, requests_topic: str | None = None,
+                 max_messages: int = SEALER_MAX_MESSAGES) -> None:
         self.settings = settings
+        self.max_messages = max_messages  # per ephemeral key (tests set it low)
         self.topic = settings.topic("transit-keys")
         self.by_head = routed_topic_name(requests_topic or settings.topic("requests"))
         self.keys: dict[int, TransitPublicKey] = {}
@@ -90,7 +102,7 @@ class TransitKeyCache:
             p, key = found
             sealer = self.sealers.get(p)
             if sealer is None or sealer.public.key_id != key.key_id or sealer.exhausted:
-                sealer = self.sealers[p] = TransitSealer(key)
+                sealer = self.sealers[p] = TransitSealer(key, self.max_messages)
             return sealer
 
     def _key(self, head_id: str) -> tuple[int, TransitPublicKey] | None:
@@ -176,14 +188,18 @@ def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> R
     adds are sealed. ``auto`` without a published key sends plaintext and warns once per head."""
     if mode == "off" or keys is None or req.op != "add" or isinstance(req.input, SealedInput):
         return req
-    sealer = keys.sealer_for(req.head_id)
-    if sealer is None:
-        if mode == "always":
-            raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
-                                     "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
-        if req.head_id not in _warned:
-            _warned.add(req.head_id)
-            log.warning("no transit key published for head %r on %s: sending adds in plaintext (they stay "
-                        "readable in requests; docs/erasure.md section 5)", req.head_id, keys.topic)
-        return req
-    return sealer.seal_request(req)
+    while True:
+        sealer = keys.sealer_for(req.head_id)
+        if sealer is None:
+            if mode == "always":
+                raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
+                                         "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
+            if req.head_id not in _warned:
+                _warned.add(req.head_id)
+                log.warning("no transit key published for head %r on %s: sending adds in plaintext (they stay "
+                            "readable in requests; docs/erasure.md section 5)", req.head_id, keys.topic)
+            return req
+        try:
+            return sealer.seal_request(req)
+        except SealerExhausted:  # another thread took its last slot: the cache rolls a new one
+            continue

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import sys
+import threading
 
 import orjson
 import pytest
@@ -26,6 +28,7 @@ from unlearn.schemas.envelope import (
 )
 from unlearn.schemas.transit import (
     SEALER_MAX_MESSAGES,
+    SealerExhausted,
     TransitError,
     TransitPublicKey,
     TransitSealer,
@@ -201,3 +204,51 @@ def test_an_unusable_epk_or_public_key_is_a_transit_error() -> None:
         TransitSealer(dataclasses.replace(PUB, public_key=bytes(32)))
     with pytest.raises(TransitError):
         TransitSealer(dataclasses.replace(PUB, public_key=b"short"))
+
+
+def _hammer(sealer: TransitSealer, threads: int, each: int) -> tuple[list[tuple[tuple[str, ...], SealedInput]], int]:
+    """``threads`` threads sealing ``each`` messages through one sealer at once, switching as often
+    as the interpreter allows: (ids, sealed input) of every seal that succeeded, and the refusals."""
+    barrier = threading.Barrier(threads)
+    done: list[list[tuple[tuple[str, ...], SealedInput]]] = [[] for _ in range(threads)]
+    refused = [0] * threads
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(each):
+            ids = (f"ev-{t}-{i}", "faces", "alice", f"img-{t}-{i}")
+            try:
+                done[t].append((ids, sealer.seal(b'{"kind":"text","text":"x"}', *ids)))
+            except SealerExhausted:
+                refused[t] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes is then likely
+    try:
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return [x for d in done for x in d], sum(refused)
+
+
+@pytest.mark.parametrize("cap", [1, 37, 10_000])
+def test_a_sealer_shared_by_threads_counts_exactly_and_never_seals_past_its_bound(cap: int) -> None:
+    """Every seal takes its slot under the sealer's lock: no increment is lost (the count is exact
+    when under the cap) and no thread seals past it (SealerExhausted instead); every message opens
+    under its own ids with a fresh nonce."""
+    threads, each = 8, 300
+    sealer = TransitSealer(PUB, max_messages=cap)
+    sealed, refused = _hammer(sealer, threads, each)
+    assert len(sealed) == min(cap, threads * each) == sealer.sealed
+    assert refused == threads * each - len(sealed)
+    assert sealer.exhausted == (cap <= threads * each)
+    assert len({s.nonce for _, s in sealed}) == len(sealed)
+    aead = opening_key(PAIR, sealer.epk)
+    for ids, s in sealed:
+        assert open_input(PAIR, s, *ids, aead=aead) == b'{"kind":"text","text":"x"}'
+    with pytest.raises(SealerExhausted):  # a TransitError, like every other refusal of this module
+        TransitSealer(PUB, max_messages=0).seal(b"{}", *IDS)
