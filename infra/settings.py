@@ -91,7 +91,8 @@ class Settings:
     transit_open_cache: int = 4096
     require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
     transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
-    # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input in its dead letter
+    # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input, and a refused
+    # delta's plaintext rows (the ledger), in their dead letters (schemas/redaction.py)
     deadletter_inputs: str = "redact"
 
     # Client SDK / CLI, serving, replay verifier

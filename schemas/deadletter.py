@@ -4,7 +4,8 @@ Anything rejected anywhere (a malformed request, an unknown schema version, a de
 that is not there, a corrupt delta) goes here instead of crashing the stage or being dropped
 silently. The record keeps the original key and value bytes (base64) and where they came from,
 so an operator can inspect, fix and replay them (the featurizer redacts a request's plaintext
-input first, ``schemas/redaction.py``: the full request is at the record's source). JSON, because
+input first, the ledger a delta's plaintext rows, ``schemas/redaction.py``: the full message is at
+the record's source). JSON, because
 operators and other languages read it; the payload itself stays opaque bytes.
 """
 

@@ -17,7 +17,20 @@ destruction. No hash of the input is kept: a short text could be guessed from on
 - An object with a repeated key is written again from what the parser kept (the last value of
   each key), so an earlier plaintext ``input`` cannot hide behind a later sealed or null one.
 
-Pure, and never raises: the featurizer calls it on every refused request.
+The ledger's dead letters of refused ``deltas`` messages (every reason: ``bad_delta``,
+``wrong_partition``, ``unknown_head`` and the per-entry rejections) go through
+:func:`redact_delta` under the same setting:
+
+- A message that decodes and holds only sealed entries (rows sealed per sample) is kept as sent:
+  ciphertext, noise once the samples' keys are destroyed, and an operator can replay it.
+- Anything else (plaintext rows, a packed entry, whose ledger blob is a Gram matrix of rows, or
+  bytes that do not decode: a corrupt or truncated message still holds its rows) becomes a JSON
+  summary (``"schema": "unlearn.redacted-delta/v1"``) of what decodes: head, source, grid, and
+  per entry its kind, sign, row count and event, sample and subject ids; no row, label, blob or
+  hash bytes. The full message is at the dead letter's ``source`` in ``deltas``.
+
+Pure, and never raises: the featurizer calls it on every refused request, the ledger on every
+refused delta.
 """
 
 from __future__ import annotations
@@ -25,7 +38,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["SEALED_FIELDS", "is_redacted", "redact_original"]
+from unlearn.schemas.delta_codec import DELTA_MAGIC, PackedEntry, RowsEntry, SealedRowsEntry, decode_delta
+
+__all__ = ["REDACTED_DELTA_SCHEMA", "SEALED_FIELDS", "is_redacted", "readable_delta", "redact_delta",
+           "redact_original"]
+
+REDACTED_DELTA_SCHEMA = "unlearn.redacted-delta/v1"
+"""The ``schema`` of :func:`redact_delta`'s summary of a refused ``deltas`` message."""
 
 SEALED_FIELDS = frozenset({"kind", "key_id", "epk", "nonce", "ciphertext"})
 """The fields of a sealed input (docs/formats.md, "Sealed inputs"): one with more is redacted."""
@@ -68,12 +87,54 @@ def redact_original(raw: bytes) -> bytes:
         return raw
 
 
+_KINDS = {RowsEntry: "rows", PackedEntry: "packed", SealedRowsEntry: "sealed"}
+
+
+def redact_delta(raw: bytes) -> bytes:
+    """``raw`` when it is a delta of sealed entries only, else a JSON summary without a single
+    row, label or ledger value (module docstring): what the ledger's dead letter keeps."""
+    summary: dict[str, Any] = {"schema": REDACTED_DELTA_SCHEMA, "bytes": len(raw)}
+    try:
+        delta = decode_delta(raw)
+    except Exception as exc:  # never raise: CodecError is expected, anything else is redacted alike
+        summary["decoded"] = False
+        summary["error"] = type(exc).__name__
+        return json.dumps(summary, separators=(",", ":")).encode()
+    if delta.entries and all(isinstance(e, SealedRowsEntry) for e in delta.entries):
+        return raw
+    summary.update(decoded=True, head_id=delta.head_id, source_id=delta.source_id, d=delta.d,
+                   frac_bits=delta.frac_bits, label_frac_bits=delta.label_frac_bits,
+                   entries=[{"kind": _KINDS.get(type(e), "unknown"), "sign": e.sign, "n": e.n,
+                             "event_ids": list(e.event_ids), "sample_ids": list(e.sample_ids),
+                             "subject_ids": list(e.subject_ids)} for e in delta.entries])
+    return json.dumps(summary, separators=(",", ":")).encode()
+
+
+def readable_delta(raw: bytes, head_id: str, subject_id: str) -> str | None:
+    """Why a dead letter's original ``raw`` (a refused delta kept as sent:
+    UNLEARN_DEADLETTER_INPUTS=keep) still holds readable rows of the subject in this head, or
+    None (what ``erasure-report`` checks). Undecodable bytes count when they name the subject."""
+    if raw[:4] != DELTA_MAGIC:
+        return None
+    try:
+        delta = decode_delta(raw)
+    except Exception:  # never raise: a corrupt delta still holds its rows
+        return "an undecodable delta naming the subject" if subject_id.encode() in raw else None
+    if delta.head_id != head_id:
+        return None
+    n = sum(e.subject_ids.count(subject_id) for e in delta.entries if not isinstance(e, SealedRowsEntry))
+    return f"a plaintext delta with {n} rows of the subject" if n else None
+
+
 def is_redacted(raw: bytes) -> bool:
-    """Whether ``raw`` is a request whose ``input`` :func:`redact_original` took out (what
-    ``erasure-report`` counts as clear: no raw input left to read)."""
+    """Whether ``raw`` is a request whose ``input`` :func:`redact_original` took out, or
+    :func:`redact_delta`'s summary of a delta (what ``erasure-report`` counts as clear: no raw
+    input or row left to read)."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError, TypeError):
         return False
+    if type(doc) is dict and doc.get("schema") == REDACTED_DELTA_SCHEMA:
+        return True
     inp = doc.get("input") if type(doc) is dict else None
     return type(inp) is dict and inp.get("redacted") is True and set(inp) <= {"kind", "redacted"}

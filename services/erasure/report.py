@@ -17,7 +17,9 @@ excluded all of its samples, and a check of every store the system controls:
   in clear), every sealed one under a destroyed key;
 - ``deadletter``: no readable original request of the subject (one sealed under a sample key
   names no subject in clear; a refused add sealed for transit is clear once its transit key is gone;
-  one whose plaintext input was redacted, ``schemas/redaction.py``, is clear);
+  one whose plaintext input was redacted, ``schemas/redaction.py``, is clear), nor a refused delta
+  kept as sent (UNLEARN_DEADLETTER_INPUTS=keep) with plaintext rows of the subject
+  (``redaction.readable_delta``; a redacted one is a summary of ids);
 - ``requests`` and ``requests.by-head`` (read in full): no add of the subject whose raw input can
   still be read: plaintext (a plain producer, or UNLEARN_TRANSIT_SEAL=off) is never clear, a
   sealed one is clear once its transit key is destroyed (docs/erasure.md section 5).
@@ -47,7 +49,7 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
 from unlearn.schemas.envelope import InvalidRequest, SealedInput, parse_request
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.schemas.redaction import is_redacted
+from unlearn.schemas.redaction import is_redacted, readable_delta
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
 
@@ -186,11 +188,12 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
             dl = decode_deadletter(r.value or b"")
         except (CodecError, ValueError):
             continue
-        why = _readable(dl.original, head_id, subject_id, transit_kids, any_op=True)
+        why = (_readable(dl.original, head_id, subject_id, transit_kids, any_op=True)
+               or readable_delta(dl.original, head_id, subject_id))
         if why:
             dls.append(f"dead letter {dl.reason} at {r.partition}/{r.offset}: {why}")
     rep.checks.append(StoreCheck("deadletter", not dls, "no readable original request of the subject" if not dls
-                                 else f"{len(dls)} refused requests of the subject keep readable bytes", dls))
+                                 else f"{len(dls)} refused messages of the subject keep readable bytes", dls))
     raw_topics = (settings.topic("requests"), settings.topic("requests.by-head"))
     raw = [f"{t} {r.partition}/{r.offset}: {why}" for t in raw_topics for r in _read(settings, t, timeout)
            if (why := _readable(r.value, head_id, subject_id, transit_kids))]

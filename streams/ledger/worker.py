@@ -47,6 +47,7 @@ from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
+from unlearn.schemas.redaction import redact_delta
 from unlearn.schemas.sealed import SealError
 
 from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
@@ -303,8 +304,8 @@ class LedgerWorker:
             creates = creates_head(delta)
             delta = self.opener.open(delta).delta
         except (CodecError, SealError) as exc:
-            self._deadletter(DeadLetter(raw, "bad_delta", str(exc), STAGE, self.deltas_topic, part, offset, key,
-                                        None, time.time()))
+            self._deadletter(DeadLetter(self._dead_original(raw), "bad_delta", str(exc), STAGE, self.deltas_topic,
+                                        part, offset, key, None, time.time()))
             return
         owner = self.head_partition.get(delta.head_id)
         if owner is not None and owner != part:
@@ -329,8 +330,9 @@ class LedgerWorker:
         if outcome.skipped:
             log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)
             return
+        original = self._dead_original(raw) if outcome.rejections else raw
         for rej in outcome.rejections:
-            self._rejected(head.head_id, rej, raw, part, offset, key)
+            self._rejected(head.head_id, rej, original, part, offset, key)
         poll.add(head, outcome)
 
     # ---------------------------------------------------------------- outputs
@@ -397,18 +399,26 @@ class LedgerWorker:
                                         retained_hash=outcome.retained_hash)
                     self._produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
 
+    def _dead_original(self, raw: bytes) -> bytes:
+        """What a dead letter of the refused deltas message ``raw`` keeps: under
+        UNLEARN_DEADLETTER_INPUTS=redact (the default) no plaintext row, label or ledger bytes,
+        which no delete could reach there (``schemas/redaction.redact_delta``); ``keep``: ``raw``."""
+        return redact_delta(raw) if self.settings.deadletter_inputs == "redact" else raw
+
     def _reject_all(self, delta: Delta, raw: bytes, part: int, offset: int, key: bytes | None, reason: str,
                     detail: str) -> None:
+        original = self._dead_original(raw)
         for i, e in enumerate(delta.entries):
             rej = Rejection(i, e.sign, reason, detail, e.event_ids, e.sample_ids, e.subject_ids)
-            self._rejected(delta.head_id, rej, raw, part, offset, key)
+            self._rejected(delta.head_id, rej, original, part, offset, key)
 
-    def _rejected(self, head_id: str, rej: Rejection, raw: bytes, part: int, offset: int, key: bytes | None) -> None:
+    def _rejected(self, head_id: str, rej: Rejection, original: bytes, part: int, offset: int,
+                  key: bytes | None) -> None:
         first_event = rej.event_ids[0] if rej.event_ids else None
         kind = "add" if rej.sign > 0 else "delete"
         detail = f"entry {rej.entry_index} ({kind}, {len(rej.event_ids)} rows): {rej.detail}"
-        self._deadletter(DeadLetter(raw, rej.reason, detail, STAGE, self.deltas_topic, part, offset, key, first_event,
-                                    time.time()))
+        self._deadletter(DeadLetter(original, rej.reason, detail, STAGE, self.deltas_topic, part, offset, key,
+                                    first_event, time.time()))
         if rej.sign < 0:
             for d in group_by_event(rej.event_ids, rej.sample_ids, rej.subject_ids):
                 r = Receipt.rejected(d.event_id, d.subject_id, head_id, d.sample_ids, rej.reason, time.time())

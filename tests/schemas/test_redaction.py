@@ -1,7 +1,8 @@
 """Property tests of dead-letter redaction (schemas/redaction.py, docs/erasure.md section 10):
 never raises on any bytes; never leaves a value of a plaintext input (a feature value, the text,
 the base64 data) in the output; keeps the ids, op, label and ts; keeps sealed inputs and bytes
-that are no JSON object as they are."""
+that are no JSON object as they are. The ledger's refused deltas (``redact_delta``): no row,
+label or ledger-blob value survives, intact or corrupt; the ids do; sealed-only deltas are kept."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request, parse_request
-from unlearn.schemas.redaction import is_redacted, redact_original
+from unlearn.schemas.redaction import (
+    REDACTED_DELTA_SCHEMA,
+    is_redacted,
+    readable_delta,
+    redact_delta,
+    redact_original,
+)
+from unlearn.schemas.sealed import new_key
+from unlearn.schemas.sealed_delta import seal_delta
 from unlearn.schemas.transit import TransitPublicKey, new_transit_key, seal_request
 
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,3 +115,92 @@ def test_sealed_inputs_and_non_objects_are_kept_as_they_are() -> None:
     # integers beyond 64 bits (refused as invalid by the featurizer's parser) do not keep it readable
     big = b'{"n": 123456789012345678901234567890, "input": {"kind": "text", "text": "SECRET"}}'
     assert b"SECRET" not in redact_original(big)
+
+
+# ---------------------------------------------------------------- refused deltas (the ledger)
+_letters = st.text(alphabet="abcdefghXYZ", min_size=1, max_size=10)  # ids without digits: no value hides in one
+_big = st.integers(2**31, 2**62).flatmap(lambda v: st.sampled_from([v, -v]))  # 10+ digits, 8 bytes
+
+
+@st.composite
+def _plain_deltas(draw: st.DrawFn) -> Delta:
+    d, n = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    ids = [draw(st.lists(_letters, min_size=n, max_size=n)) for _ in range(3)]
+    q = np.array(draw(st.lists(_big, min_size=n * d, max_size=n * d)), dtype=np.int64).reshape(n, d)
+    labels = (np.array(draw(st.lists(_big, min_size=n * 2, max_size=n * 2)), dtype=np.int64).reshape(n, 2)
+              if draw(st.booleans()) else np.array(draw(st.lists(st.integers(2**31, 2**40), min_size=n, max_size=n))))
+    entries: list[RowsEntry | PackedEntry] = [RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q)]
+    if draw(st.booleans()):  # a packed entry's blob is a Gram matrix of rows: it goes too
+        entries.append(PackedEntry(1, ["pe"], ["ps"], ["pu"], b"BLOB-SECRET" * 3, b"H" * 4096))
+    return Delta(draw(_letters), "src", d, 30, 0, tuple(entries))
+
+
+def _values(delta: Delta) -> list[bytes]:
+    """Every row and label value of ``delta``, as int64 LE bytes and as decimal text."""
+    out = [b"BLOB-SECRET"]
+    for e in delta.entries:
+        if isinstance(e, RowsEntry):
+            for v in (*e.q.ravel(), *e.labels.ravel()):
+                out += [np.int64(v).astype("<i8").tobytes(), str(int(v)).encode()]
+    return out
+
+
+@SLOW
+@given(_plain_deltas(), st.sampled_from(["intact", "flip", "truncate"]), st.integers(0, 10**6))
+def test_a_refused_plaintext_delta_keeps_its_ids_and_no_value(delta: Delta, how: str, where: int) -> None:
+    raw = encode_delta(delta)
+    if how == "flip":  # a corrupt message (checksum mismatch) still holds its rows
+        i = where % len(raw)
+        raw = raw[:i] + bytes([raw[i] ^ 0x5A]) + raw[i + 1:]
+    elif how == "truncate":
+        raw = raw[:where % len(raw)]
+    out = redact_delta(raw)
+    for v in _values(delta):
+        assert v not in out
+    doc = json.loads(out)
+    assert doc["schema"] == REDACTED_DELTA_SCHEMA and doc["bytes"] == len(raw) and is_redacted(out)
+    if how == "intact":  # (refused for its message key, head or an entry: it decodes)
+        assert doc["decoded"] is True and doc["head_id"] == delta.head_id and doc["d"] == delta.d
+        assert [(e["kind"], e["sign"], e["n"], e["event_ids"], e["sample_ids"], e["subject_ids"])
+                for e in doc["entries"]] == [
+            ("rows" if isinstance(e, RowsEntry) else "packed", e.sign, e.n, list(e.event_ids), list(e.sample_ids),
+             list(e.subject_ids)) for e in delta.entries]
+
+
+@SLOW
+@given(st.binary(max_size=300), st.booleans())
+def test_delta_redaction_never_raises_and_keeps_only_sealed_deltas(raw: bytes, framed: bool) -> None:
+    if framed:  # past the magic, into the decoder
+        raw = b"ULDT" + raw
+    out = redact_delta(raw)
+    assert isinstance(out, bytes)
+    assert is_redacted(out) or (out == raw and all(e.__class__.__name__ == "SealedRowsEntry"
+                                                   for e in decode_delta(raw).entries))
+
+
+def test_a_sealed_only_delta_is_kept_as_sent_and_a_mixed_one_is_summarized() -> None:
+    q = np.array([[2**33 + 7, -(2**34) - 3]], dtype=np.int64)
+    plain = Delta("h", "src", 2, 30, 0, (RowsEntry(1, ["e"], ["s"], ["u"], np.array([2**32 + 5]), q),))
+    key = new_key()
+    sealed = encode_delta(seal_delta(plain, lambda h, s: key))
+    assert redact_delta(sealed) == sealed and not is_redacted(sealed)  # ciphertext: noise once the key is gone
+    packed = PackedEntry(1, ["p"], ["ps"], ["pu"], b"BLOB-SECRET")
+    mixed = encode_delta(seal_delta(Delta("h", "src", 2, 30, 0, (*plain.entries, packed)), lambda h, s: key))
+    out = redact_delta(mixed)
+    assert b"BLOB-SECRET" in mixed and b"BLOB-SECRET" not in out
+    assert [e["kind"] for e in json.loads(out)["entries"]] == ["sealed", "packed"]
+    for raw in (b"", b"ULDT", encode_delta(plain)):
+        assert is_redacted(redact_delta(raw)) and json.loads(redact_delta(raw))["bytes"] == len(raw)
+
+
+def test_erasure_report_finds_plaintext_rows_of_the_subject_in_a_delta_kept_as_sent() -> None:
+    q = np.array([[5, 6], [7, 8]], dtype=np.int64)
+    plain = Delta("h", "src", 2, 30, 0, (RowsEntry(1, ["e1", "e2"], ["s1", "s2"], ["alice", "bob"], np.arange(2), q),))
+    raw = encode_delta(plain)
+    assert readable_delta(raw, "h", "alice") == "a plaintext delta with 1 rows of the subject"
+    assert readable_delta(raw, "h", "carol") is None and readable_delta(raw, "other", "alice") is None
+    assert readable_delta(raw[:-1], "h", "alice") == "an undecodable delta naming the subject"
+    key = new_key()
+    assert readable_delta(encode_delta(seal_delta(plain, lambda h, s: key)), "h", "alice") is None
+    assert readable_delta(redact_delta(raw), "h", "alice") is None  # a summary: ids, no rows
+    assert readable_delta(b'{"subject_id": "alice"}', "h", "alice") is None  # a request: judged elsewhere
