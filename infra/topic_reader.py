@@ -330,7 +330,7 @@ class TopicFollower:
             at_end: set[TP] = set()
             last_lag = last_list = time.monotonic()
             while not self._stop.is_set():
-                for m in f.consumer.consume(num_messages=500, timeout=self.poll_interval):
+                for m in _consume_ready(f.consumer, 500, self.poll_interval):
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
@@ -371,6 +371,15 @@ class TopicFollower:
         except Exception:  # metrics only
             return
         self._lag = lag
+
+
+def _consume_ready(consumer: Any, most: int, timeout: float) -> list[Any]:
+    """Up to ``most`` messages: wait at most ``timeout`` for the first, then take only what is
+    already fetched. Why: librdkafka's batch consume holds what it has until the batch is full
+    or the timeout is up, so ``consume(500, 0.1)`` kept a lone head update from serving for up to
+    0.1 s (every follower's delivery latency; the ledger worker polls the same way)."""
+    first = consumer.consume(num_messages=1, timeout=timeout)
+    return first + consumer.consume(num_messages=most - 1, timeout=0) if first else first
 
 
 def keys_in(keys: Iterable[str]) -> Callable[[bytes | None], bool]:

@@ -74,3 +74,19 @@ def test_follower_follows_a_rotation(settings: Settings) -> None:
     finally:
         f.stop()
     assert [r.value for r in seen] == [b"old-1", b"old-2", b"new-1", b"new-2"]  # each once, in order
+
+
+def test_a_follower_hands_a_record_over_without_waiting_out_its_poll_interval(settings: Settings) -> None:
+    """librdkafka's batch consume holds a lone record until the batch is full or the timeout is
+    up: a follower must not (serving's head updates). With a poll interval longer than the wait
+    below, the record still arrives."""
+    topic = settings.topic("deltas")
+    seen = threading.Event()
+    f = TopicFollower(settings, topic, lambda r: seen.set(), start_at="end", role="test-prompt",
+                      poll_interval=120.0).start(wait_assigned=20)
+    try:
+        time.sleep(0.5)  # the first consume is waiting (for up to the poll interval)
+        put(settings, topic, b"lone")
+        assert seen.wait(30), "the record waited for the poll interval"
+    finally:
+        f.stop(timeout=0.1)  # the thread is a daemon blocked in its consume: not joined
