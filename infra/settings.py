@@ -68,6 +68,9 @@ class Settings:
     # Featurizer
     batch_max_events: int = 256  # UNLEARN_BATCH_MAX_EVENTS
     batch_max_ms: int = 10  # UNLEARN_BATCH_MAX_MS: window after the first event (latency vs batch size)
+    # UNLEARN_BATCH_CLOSE_ON_DELETE: a batch holding a delete closes once what was already
+    # fetched is in, instead of waiting out the window (delete->head latency; false: always wait)
+    batch_close_on_delete: bool = True
     device: str = "auto"  # UNLEARN_DEVICE: auto | cpu | cuda
     data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: the featurizer's local cache (rebuilt from Kafka if lost)
     head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"

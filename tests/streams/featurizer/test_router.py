@@ -17,6 +17,7 @@ from unlearn.streams.featurizer.router import (
     PREVIOUS_HEADER,
     RouterSession,
     head_partition,
+    might_delete,
     read_origin,
     route_partition,
     routed_topic_name,
@@ -47,6 +48,22 @@ def test_the_head_is_read_from_the_request_and_nothing_else() -> None:
     # neighbours of the origin partition
     assert route_partition(req("alice"), 3, 4) == head_partition("alice", 4)
     assert route_partition(b"{not json", 6, 4) == 2 and route_partition(None, 1, 4) == 1
+
+
+@given(st.sampled_from(["delete", "delete_subject"]), st.from_regex(r"[a-z0-9_.-]{1,12}", fullmatch=True),
+       st.booleans())
+@settings(max_examples=50, deadline=None)
+def test_every_delete_is_seen_by_the_batch_window_hint(op: str, head: str, sdk: bool) -> None:
+    # the hint may say "delete" of an add (a smaller batch), never miss a delete the SDK or a
+    # plain JSON encoder writes (a delete that waits out the batch window)
+    value = (encode_request(Request("e", op, "h", "c", "s", None if op == "delete_subject" else head))
+             if sdk else orjson.dumps({"op": op, "head_id": head}, option=orjson.OPT_INDENT_2))
+    assert might_delete(value)
+
+
+def test_the_batch_window_hint_passes_ordinary_adds() -> None:
+    assert not might_delete(encode_request(Request("e1", "add", "h", "c", "s", "x", 3, FeaturesInput((0.5, 1.0)))))
+    assert not might_delete(None)
 
 
 def test_router_headers_chain_each_origin_partition_per_target() -> None:

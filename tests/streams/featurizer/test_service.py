@@ -87,7 +87,7 @@ class Running:
     """A FeaturizerService in a thread; ``stop()`` returns run()'s result or raises its error."""
 
     def __init__(self, settings: Settings, **kw) -> None:
-        self.service = FeaturizerService(settings, max_ms=20, **kw)
+        self.service = FeaturizerService(settings, **{"max_ms": 20, **kw})
         self.stop_event = threading.Event()
         self.result: object = None
         self.error: BaseException | None = None
@@ -269,6 +269,26 @@ def test_end_to_end_requests_to_deltas_deadletter_receipts(settings: Settings, t
     lost = Running(s, group="fz-e2e")
     err = lost.wait_dead(30)
     assert isinstance(err, LostCacheError) and "changelog" in str(err), err
+
+
+def test_a_delete_closes_the_batch_window(settings: Settings, tmp_path: Path) -> None:
+    """A batch holding a delete goes on once what was already fetched is in (routing and
+    featurizing both), instead of waiting out the window: with a two-minute window the delete's
+    receipt still comes within the reader's patience; with the hint off it would not."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    assert s.batch_close_on_delete  # the default
+    run = Running(s, group="fz-window", max_ms=120_000)
+    reader = Reader(s)
+    try:
+        assert run.service.ready.wait(30)
+        produce(s, [delete("d1", "h1", "alice", "never-added")])
+        got = reader.until(lambda g: len(g["receipts"]) >= 1, timeout=40)
+        (receipt,) = [decode_receipt(m.value()) for m in got["receipts"]]
+        assert (receipt.event_id, receipt.reason) == ("d1", "unknown_sample")
+        assert run.stop() == 0
+    finally:
+        reader.close()
+        run.stop_event.set()
 
 
 @pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog", "after_produce"])
