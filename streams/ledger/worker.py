@@ -112,7 +112,9 @@ class LedgerWorker:
             # rebuilt from its checkpoint. Simple to reason about; rebuilding costs the state size.
             "partition.assignment.strategy": "roundrobin",
         }))
-        self.producer = Producer(producer_config(settings, **{"client.id": worker_id}))
+        # linger.ms=0: a poll's head update and receipts go out at once (librdkafka's default
+        # 5 ms linger was on every delete->head path; each poll produces a few messages anyway)
+        self.producer = Producer(producer_config(settings, **{"client.id": worker_id, "linger.ms": 0}))
         self.store = ChangelogStore(settings)
         self.contracts = ContractGammas(settings)  # a new head's gamma: its contract's
         self.opener = RowOpener(settings)  # sealed rows -> rows (docs/erasure.md)
