@@ -93,7 +93,9 @@ def deliver_overlapped(producer: Any, messages: Sequence[OutMessage | OutboxRow]
     last = Acks(producer, on_acked).send([{"topic": m.topic, "value": m.value, "key": m.key,
                                            **({} if m.partition is None else {"partition": m.partition})}
                                           for m in messages if m.phase == phases[-1]])
-    producer.flush(0)  # send now, not after linger.ms: a lone delete is not held back
+    # Serves delivery reports; it does not beat linger.ms (librdkafka drops the flush's "no linger"
+    # flag when the call returns), which is why the featurizer's producer has linger.ms=0.
+    producer.flush(0)
     return last
 
 

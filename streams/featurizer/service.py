@@ -126,7 +126,12 @@ class FeaturizerService(PartitionAssignment):
         from confluent_kafka import Consumer, Producer
 
         stop = stop or threading.Event()
-        self._producer = Producer(producer_config(self.settings, **{"linger.ms": 5}))
+        # linger.ms=0: a batch's phase 1 (the deltas) leaves when produced. The flush(0) after it did
+        # not beat librdkafka's linger (the flush's "no linger" flag is dropped when the call
+        # returns, usually before the broker thread looks): with linger.ms=5 the delete's deltas
+        # hop was 10 ms median, 5 without. Batches still form behind the one request in flight;
+        # adds throughput showed no difference (bench/results/pipeline_bench.md section 15).
+        self._producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
         self._consumer = Consumer(consumer_config(self.settings, self.group))
         if self.settings.seal_rows and self.changelog_topic is not None:  # with transit keys (docs/erasure.md s.5)
             self.erasure = Erasure(self.settings, self.config.deltas_topic, self.requests_topic, self.topic,
