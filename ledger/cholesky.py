@@ -27,6 +27,7 @@ everywhere else); bench/results/ledger_kernel.md section 8 has both side by side
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
@@ -40,9 +41,8 @@ from .exact import SufficientStatistics
 from .smw import DowndateCheck, lemma1_check, prepare_update, relative_deviation, residual_drift
 from .solve import cholesky_factor, inverse_from_factor, solve_with_factor
 
-hyhound: ModuleType | None
 try:  # compiled factor update/downdate; its wheels exist for Linux x86_64 only (pyproject marker)
-    import hyhound
+    hyhound: ModuleType | None = importlib.import_module("hyhound")
 except ImportError:  # pragma: no cover - exercised on platforms without the wheel
     hyhound = None
 
