@@ -83,7 +83,8 @@ class ExactRidgeB(ExactRidgeA):
     A federated fit follows the paper's Algorithm 2: the server starts from T = (gamma I)^-1 and
     applies one SMW add per client (in blocks of <= 512 rows). Reset policy defaults are
     ``TrackedHead``'s: every 1000 updates, on a refused downdate, or when the residual drift
-    estimate (checked every 64 updates) exceeds 1e-9.
+    estimate (checked every 64 updates) exceeds 1e-9. The tracker is SMW, as in the paper (the
+    product's default fast head is the Cholesky factor: docs/design.md, "Fast head").
     """
 
     name: ClassVar[str] = "exact-b"
@@ -107,7 +108,7 @@ class ExactRidgeB(ExactRidgeA):
         if self.federated_fit and np.unique(clients).size > 1:
             # Algorithm 2: SMW adds from the empty ledger, one client (block) at a time.
             led = ExactLedger(F.shape[1], self.n_classes, self.quantizer.frac_bits)
-            self.head = TrackedHead(led, self.gamma, self.reset_every, self.drift_threshold)
+            self.head = TrackedHead(led, self.gamma, self.reset_every, self.drift_threshold, tracker="smw")
             for k in np.unique(clients):
                 rows = np.flatnonzero(clients == k)
                 for s in range(0, rows.size, SMW_BLOCK_ROWS):
@@ -115,7 +116,7 @@ class ExactRidgeB(ExactRidgeA):
                     self.head.add(Q[b], y[b])
         else:
             led = ExactLedger.from_rows(Q, y, self.n_classes, self.quantizer.frac_bits)
-            self.head = TrackedHead(led, self.gamma, self.reset_every, self.drift_threshold)
+            self.head = TrackedHead(led, self.gamma, self.reset_every, self.drift_threshold, tracker="smw")
         self.ledger = self.head.ledger
 
     def _apply(self, F: NDArray[np.float64], y: NDArray[np.int64], sign: int) -> None:
