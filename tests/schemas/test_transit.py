@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import sys
 import threading
 
 import orjson
@@ -16,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.thread_support import run_racing
 from unlearn.schemas.envelope import (
     FeaturesInput,
     InvalidRequest,
@@ -222,16 +222,7 @@ def _hammer(sealer: TransitSealer, threads: int, each: int) -> tuple[list[tuple[
             except SealerExhausted:
                 refused[t] += 1
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes is then likely
-    try:
-        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_racing(work, threads)
     return [x for d in done for x in d], sum(refused)
 
 

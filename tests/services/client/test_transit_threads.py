@@ -6,11 +6,11 @@ threads roll many ephemeral keys. No broker: topic metadata and the published ke
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import Counter
 
+from tests.thread_support import run_racing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
 from unlearn.schemas.transit import TransitPublicKey, new_transit_key, open_request
@@ -32,16 +32,7 @@ def test_threads_sharing_a_client_never_seal_past_the_bound_of_one_derived_key()
             req = Request(f"ev{t}-{i}", "add", "faces", "app", "alice", f"x{t}-{i}", 1, TextInput(f"s{t}-{i}"), 1.0)
             out[t].append((req, seal_for_transit(req, cache, "always")))
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
-    try:
-        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_racing(work, threads)
     pairs = [p for o in out for p in o]
     assert len(pairs) == threads * each
     per_key = Counter(s.input.epk for _, s in pairs if isinstance(s.input, SealedInput))
