@@ -35,6 +35,7 @@ class UpdateReport:
     mode: HeadMode  # "exact" right after a reset, else "fast"
     reset_reason: str = ""  # why a reset ran ("" when none)
     drift: float = 0.0  # drift of the fast head measured at that reset
+    measured: bool = True  # False: the replaced fast head had not taken every row, so drift compares nothing
 
 
 class TrackedHead:
@@ -107,8 +108,8 @@ class TrackedHead:
                 self.tracker.add(U, dG, Yf)
             else:
                 chk = self.tracker.delete(U, dG, Yf)
-                if not chk.feasible:
-                    return self.reset(f"downdate {chk.reason}")
+                if not chk.feasible:  # the fast head did not take the delete: nothing to measure
+                    return self.reset(f"downdate {chk.reason}", measured=False)
         if self.tracker.updates_since_reset == before:
             return UpdateReport(self.mode)
         return self._after_update(before)
@@ -130,13 +131,15 @@ class TrackedHead:
                 return self.reset(f"drift estimate {est:.3g} > {self.drift_threshold:.3g}")
         return UpdateReport(self.mode)
 
-    def reset(self, reason: str = "requested") -> UpdateReport:
-        """Canonical head from the ledger (Variant A); the served head becomes exact."""
+    def reset(self, reason: str = "requested", measured: bool = True) -> UpdateReport:
+        """Canonical head from the ledger (Variant A); the served head becomes exact. ``measured``:
+        the caller knows the fast head had taken every row the ledger holds, so the drift reported
+        is the fast path's error (False: a stale head was replaced, the drift means nothing)."""
         self.ledger_outputs_sync()
         drift = self.tracker.reset(self.ledger)
         self.mode = "exact"
         self.resets += 1
-        return UpdateReport("exact", reason, drift)
+        return UpdateReport("exact", reason, drift, measured)
 
     def ledger_outputs_sync(self) -> None:
         self.tracker.grow_outputs(self.ledger.n_outputs)

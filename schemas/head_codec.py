@@ -8,7 +8,9 @@ updates always carry it, fast ones need not, since it costs O(d^2): flag bit 2),
 matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, the fingerprint of the multiset
 hash of the retained rows (docs/design.md section 6) when the head knows it, and the version of
 the head contract the head was built under (the one named by its latest delta: flag bit 3), which
-serving quantizes predict inputs with. Same frame and
+serving quantizes predict inputs with, and, for a head of class-index labels, which class columns
+hold retained samples (flag bit 4: a bitmap from the ledger's exact per-class counts), the only
+classes a prediction may name. Same frame and
 robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
 """
 
@@ -34,6 +36,7 @@ __all__ = [
     "decode_head",
     "encode_head",
     "head_to_json",
+    "retained_class_list",
 ]
 
 HEAD_MAGIC = b"ULHD"
@@ -43,7 +46,8 @@ _FLAG_POSTERIOR = 0x0001
 _FLAG_RETAINED_HASH = 0x0002
 _FLAG_NO_DIGEST = 0x0004  # a negative flag: updates written before it all carry a digest
 _FLAG_CONTRACT = 0x0008  # the contract version (u64) follows the retained hash
-_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST | _FLAG_CONTRACT
+_FLAG_CLASSES = 0x0010  # the retained-classes bitmap (ceil(c / 8) bytes) follows the contract version
+_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST | _FLAG_CONTRACT | _FLAG_CLASSES
 _CONTRACT = struct.Struct("<Q")
 _NO_DIGEST = bytes(32)
 
@@ -63,8 +67,11 @@ class HeadUpdate:
     always on an exact update, None on a fast one that does not carry it. ``retained_hash``: hex
     fingerprint of the multiset hash of the retained rows (section 6), None when the head does not
     know it. ``contract_version``: the head contract version its latest delta was judged under
-    (docs/registry.md), None for a head whose deltas name none. Decoded arrays are read-only views
-    into the message bytes.
+    (docs/registry.md), None for a head whose deltas name none. ``retained_classes``: bool (c,),
+    True where the class column holds at least one retained sample (the ledger's exact per-class
+    counts), for a head whose retained rows all have class-index labels; None for a head of target
+    vectors, where every column is an output. A prediction names only classes marked True
+    (``schemas/head_scores.py``). Decoded arrays are read-only views into the message bytes.
     """
 
     head_id: str
@@ -81,6 +88,7 @@ class HeadUpdate:
     posterior: np.ndarray | None = None
     retained_hash: str | None = None
     contract_version: int | None = None
+    retained_classes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         offsets = tuple(sorted((int(p), int(o)) for p, o in self.offsets))
@@ -122,9 +130,38 @@ class HeadUpdate:
             == struct.pack("<ddd", other.drift, other.gamma, other.created_ts)
             and same_bits(self.weights, other.weights)
             and same_bits(self.posterior, other.posterior)
+            and _same_mask(self.retained_classes, other.retained_classes)
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _same_mask(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _classes_bitmap(mask: Any, c: int, n_retained: int) -> bytes:
+    """The retained-classes bitmap of ``mask`` (bool (c,)): bit j % 8 of byte j // 8 is class j."""
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_ or arr.shape != (c,):
+        raise CodecError(f"retained_classes must be a bool array of shape ({c},), got {arr.dtype} {arr.shape}")
+    if int(arr.sum()) > n_retained:
+        raise CodecError(f"retained_classes marks {int(arr.sum())} classes, more than n_retained={n_retained} samples")
+    return np.packbits(arr, bitorder="little").tobytes()
+
+
+def _read_classes(r: Reader, c: int, n_retained: int) -> np.ndarray:
+    raw = np.frombuffer(r.raw((c + 7) // 8, "retained_classes"), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little")
+    if bits[c:].any():
+        raise r.fail(f"retained_classes sets bits past class {c - 1} (the last byte's unused bits must be 0)")
+    mask = bits[:c].astype(bool)
+    if int(mask.sum()) > n_retained:
+        raise r.fail(f"retained_classes marks {int(mask.sum())} classes, more than n_retained={n_retained} samples")
+    mask.flags.writeable = False
+    return mask
 
 
 def _digest_bytes(digest: str, what: str = "digest") -> bytes:
@@ -193,6 +230,10 @@ def encode_head(h: HeadUpdate) -> bytes:
         if not isinstance(cv, int) or not 1 <= cv <= 2**63 - 1:
             raise CodecError(f"contract_version must be an int in 1..2^63-1, got {cv!r}")
         flags |= _FLAG_CONTRACT
+    classes = None
+    if h.retained_classes is not None:
+        classes = _classes_bitmap(h.retained_classes, c, h.n_retained)
+        flags |= _FLAG_CLASSES
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
@@ -204,6 +245,8 @@ def encode_head(h: HeadUpdate) -> bytes:
         w.put(retained)
     if cv is not None:
         w.pack(_CONTRACT, cv)
+    if classes is not None:
+        w.put(classes)
     w.array(np.array([p for p, _ in h.offsets], dtype="<i4"), align=False)
     w.array(np.array([o for _, o in h.offsets], dtype="<i8"))
     w.array(np.asarray(w_arr, dtype="<f8"))
@@ -241,6 +284,7 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
         (contract_version,) = r.unpack(_CONTRACT, "contract_version")
         if not 1 <= contract_version <= 2**63 - 1:
             raise r.fail(f"contract_version {contract_version} out of range 1..2^63-1")
+    classes = _read_classes(r, c, n_retained) if flags & _FLAG_CLASSES else None
     parts = r.array("<i4", n_off, "offset partitions", align=False)
     offs = r.array("<i8", n_off, "offsets")
     offsets = tuple(zip(parts.tolist(), offs.tolist()))
@@ -251,13 +295,19 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
     return HeadUpdate(
         head_id, h_version, MODES[mode_i], None if flags & _FLAG_NO_DIGEST else digest.hex(), n_retained, events,
         offsets,
-        drift, gamma, ts, weights, posterior, retained, contract_version,
+        drift, gamma, ts, weights, posterior, retained, contract_version, classes,
     )
+
+
+def retained_class_list(h: HeadUpdate) -> list[int] | None:
+    """The classes with retained samples, ascending (None: a head of target vectors)."""
+    return None if h.retained_classes is None else np.flatnonzero(h.retained_classes).tolist()
 
 
 def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, Any]:
     """A JSON-ready dict for HTTP serving, logs and non-Python clients (weights as d x c lists;
-    ``digest`` null on a fast update that carries none)."""
+    ``digest`` null on a fast update that carries none; ``retained_classes`` the ascending class
+    indices with retained samples, null on a head of target vectors)."""
     out: dict[str, Any] = {
         "schema": "unlearn.head/v1",
         "head_id": h.head_id,
@@ -276,6 +326,7 @@ def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, An
         "has_posterior": h.posterior is not None,
         "retained_hash": h.retained_hash,
         "contract_version": h.contract_version,
+        "retained_classes": retained_class_list(h),
     }
     if include_posterior and h.posterior is not None:
         out["posterior"] = np.asarray(h.posterior, dtype=np.float64).tolist()

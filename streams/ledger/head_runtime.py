@@ -100,7 +100,7 @@ class HeadRuntime:
         self.multiset = multiset
         self.tracked = TrackedHead(ledger, config.gamma, reset_every=config.reset_every,
                                    drift_threshold=config.drift_threshold)
-        self.tracked.tracker.last_reset_drift = last_reset_drift
+        self.fast_drift = float(last_reset_drift)
         self.version = version
         self.events_covered = events_covered
         self.applied_offset = applied_offset
@@ -155,7 +155,21 @@ class HeadRuntime:
 
     @property
     def last_reset_drift(self) -> float:
-        return self.tracked.last_reset_drift
+        """The fast path's error as last measured (snapshots keep it under this name): ``fast_drift``."""
+        return self.fast_drift
+
+    def retained_classes(self) -> np.ndarray | None:
+        """bool (c,) over the served head's columns: True where the ledger's exact per-class count
+        is > 0. None when some retained row has a target-vector label (the class counts then do
+        not describe every row: every column is an output)."""
+        counts = self.ledger.class_counts
+        if int(counts.sum()) != self.ledger.count:
+            return None
+        c = int(self.weights.shape[1])
+        mask = np.zeros(c, dtype=bool)
+        k = min(c, counts.shape[0])
+        mask[:k] = counts[:k] > 0
+        return mask
 
     def digest(self) -> str:
         """Ledger digest, cached per version (it costs O(d^2): exact head updates only carry it)."""
@@ -225,6 +239,8 @@ class HeadRuntime:
         rep = self.tracked.track(lagging)
         if rep.reset_reason:
             self.last_reset_at = time.monotonic()
+            if rep.measured:
+                self.fast_drift = rep.drift
         return rep.reset_reason
 
     def timed_reset_due(self, every_seconds: float, now: float | None = None) -> bool:
@@ -233,9 +249,14 @@ class HeadRuntime:
 
     def reset(self, reason: str) -> None:
         """Canonical head now, from the ledger (which also covers any rows the fast head has not
-        taken). The version is unchanged: same ledger."""
+        taken). The version is unchanged: same ledger. ``fast_drift`` takes the replaced head's
+        deviation only when that was a fast head that had taken every row (a timer, a rotation):
+        a head rebuilt instead of tracked (coalesced rows, packed statistics) measured nothing."""
+        measured = self.mode == "fast" and not self._lagging and not self._reset_due
         self._lagging, self._reset_due = [], ""
-        self.tracked.reset(reason)
+        rep = self.tracked.reset(reason, measured)
+        if measured:
+            self.fast_drift = rep.drift
         self.last_reset_at = time.monotonic()
 
 

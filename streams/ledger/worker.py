@@ -352,16 +352,20 @@ class LedgerWorker:
 
     def head_update(self, head: HeadRuntime, mode: HeadMode | None = None) -> HeadUpdate:
         """The head's update at its version. Only an exact update carries the ledger digest (the
-        certificate, O(d^2)); a fast one carries the retained-rows hash alone."""
+        certificate, O(d^2)); a fast one carries the retained-rows hash alone. ``drift`` is this
+        W's deviation from the canonical solve as the ledger knows it: 0.0 on an exact update (it
+        is the canonical solve), the fast path's last measured deviation on a fast one.
+        ``retained_classes`` comes from the ledger's exact per-class counts."""
         mode = mode or head.mode
         exact = mode == "exact"
         posterior = head.tracked.tracker.T if (exact and self.settings.publish_posterior) else None
         return HeadUpdate(
             head_id=head.head_id, version=head.version, mode=mode, digest=head.digest() if exact else None,
             n_retained=head.ledger.count, events_covered=head.events_covered,
-            offsets=((head.input_partition, head.applied_offset),), drift=float(head.last_reset_drift),
+            offsets=((head.input_partition, head.applied_offset),), drift=0.0 if exact else float(head.fast_drift),
             gamma=head.config.gamma, created_ts=time.time(), weights=head.weights, posterior=posterior,
-            retained_hash=head.retained_hash(), contract_version=head.contract_version)
+            retained_hash=head.retained_hash(), contract_version=head.contract_version,
+            retained_classes=head.retained_classes())
 
     def publish_head(self, head: HeadRuntime, mode: HeadMode | None = None) -> bool:
         """Produce the head's update; False if it cannot fit in a message even without the

@@ -75,12 +75,14 @@ def heads(draw: st.DrawFn) -> HeadUpdate:
     parts = draw(st.lists(st.integers(0, 2**31 - 1), unique=True, max_size=4))
     mode = draw(st.sampled_from(["exact", "fast"]))
     digest = st.binary(min_size=32, max_size=32).map(bytes.hex)
+    classes = draw(st.none() | hnp.arrays(np.bool_, (c,)))
     return HeadUpdate(
         head_id=draw(_ids),
         version=draw(st.integers(0, 2**64 - 1)),
         mode=mode,
         digest=draw(digest if mode == "exact" else st.none() | digest),  # fast updates may carry none
-        n_retained=draw(st.integers(0, 2**64 - 1)),
+        # a class with retained samples needs a retained sample
+        n_retained=draw(st.integers(0 if classes is None else int(classes.sum()), 2**64 - 1)),
         events_covered=draw(st.integers(0, 2**64 - 1)),
         offsets=[(p, draw(st.integers(0, 2**63 - 1))) for p in parts],
         drift=draw(_nonneg),
@@ -90,6 +92,7 @@ def heads(draw: st.DrawFn) -> HeadUpdate:
         posterior=draw(st.none() | hnp.arrays(np.float64, (d, d), elements=_f64)),
         retained_hash=draw(st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex)),
         contract_version=draw(st.none() | st.integers(1, 2**63 - 1)),
+        retained_classes=classes,
     )
 
 
@@ -479,3 +482,40 @@ def test_forged_ids_do_not_decode(bad: str) -> None:
         return
     with pytest.raises(CodecError, match="not an id"):
         decode_head(raw)
+
+
+def test_head_retained_classes_are_flag_bit_4_after_the_contract_version() -> None:
+    """The retained-classes bitmap is optional (flag bit 4): ceil(c / 8) bytes right after the
+    contract version, bit j % 8 (least significant first) of byte j // 8 for class j; a head
+    update without it is byte-identical to what encoders before it wrote."""
+    base = HeadUpdate("h", 7, "fast", None, 5, 3, [(0, 9)], 1e-12, 0.5, 1.0, np.ones((2, 11)),
+                      retained_hash="cd" * 32, contract_version=4)
+    fields = {f: getattr(base, f) for f in HeadUpdate.__slots__}
+    mask = np.zeros(11, dtype=bool)
+    mask[[0, 2, 9]] = True
+    marked = HeadUpdate(**{**fields, "retained_classes": mask})
+    raw, raw_m = encode_head(base), encode_head(marked)
+    assert struct.unpack_from("<H", raw, 6) == (14,) and struct.unpack_from("<H", raw_m, 6) == (30,)
+    back = decode_head(raw_m)
+    assert back == marked and back.retained_classes is not None and not back.retained_classes.flags.writeable
+    assert decode_head(raw).retained_classes is None and back != decode_head(raw)
+    at = PREFIX.size + 3 + struct.calcsize("<QB7s32sQQdddIII") + 32 + 8
+    assert raw_m[at:at + 2] == bytes([0b00000101, 0b00000010])
+    assert raw_m[PREFIX.size:at] == raw[PREFIX.size:at]  # every field before it in place
+    assert raw_m[at + 2:at + 6] == raw[at:at + 4] == struct.pack("<i", 0)  # then the partitions (pad8 follows)
+    assert head_to_json(marked)["retained_classes"] == [0, 2, 9] and head_to_json(base)["retained_classes"] is None
+    # malformed: the encoder refuses, and so does the decoder for the same bytes written by hand
+    for bad, match in ((np.ones(10, dtype=bool), "shape"), (mask.astype(np.int64), "bool"),
+                       (np.ones(11, dtype=bool), "more than n_retained")):
+        with pytest.raises(CodecError, match=match):
+            encode_head(HeadUpdate(**{**fields, "retained_classes": bad}))
+    body = bytearray(raw_m[PREFIX.size:-4])
+    for patch, match in ((bytes([5, 0b00001010]), "past class 10"), (bytes([0xFF, 0]), "more than n_retained")):
+        bad_body = bytearray(body)
+        bad_body[at - PREFIX.size:at - PREFIX.size + 2] = patch
+        with pytest.raises(CodecError, match=match):
+            decode_head(_reframe(raw_m, bytes(bad_body)))
+    with pytest.raises(CodecError):  # the bitmap cut short: every later field shifts, the body ends early
+        decode_head(_reframe(raw_m, bytes(body[:at - PREFIX.size + 1])))
+    empty = HeadUpdate(**{**fields, "weights": np.ones((2, 0)), "retained_classes": np.zeros(0, dtype=bool)})
+    assert decode_head(encode_head(empty)) == empty  # c = 0: no bitmap bytes at all
