@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data s3 clean
+.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data s3 kafka clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,18 @@ $(S3STAMP): infra/s3/package.json infra/s3/package-lock.json
 	npm ci --prefix infra/s3 --no-audit --no-fund --loglevel=error
 	@touch $(S3STAMP)
 
+# The Apache Kafka broker the tests run on (`unlearn broker --engine kafka`, infra/kafka_broker.py):
+# the jars pinned by infra/kafka/pom.xml, resolved from Maven Central into .cache/kafka/<version>/lib
+# and checked against infra/kafka/jars.sha256 (~6 s and 43 MB from an empty ~/.m2; needs java 17+
+# and mvn). `test` depends on it.
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' infra/kafka/pom.xml)
+KAFKA_STAMP   := .cache/kafka/$(KAFKA_VERSION)/.verified
+
+kafka: $(KAFKA_STAMP)
+
+$(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh
+	@sh infra/kafka/install-jars.sh
+
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.
 data:
 	@sh infra/ensure-data.sh
@@ -56,7 +68,7 @@ lint: dev
 typecheck: dev
 	@sh infra/typecheck.sh $(PY)
 
-test: dev data s3 lint typecheck
+test: dev data s3 kafka lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv
@@ -69,4 +81,4 @@ bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) infra/s3/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
+	rm -rf $(VENV) infra/s3/node_modules .cache/kafka .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out

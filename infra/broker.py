@@ -138,13 +138,14 @@ def _port_open(host: str, port: int) -> bool:
 
 
 def wait_for_broker(
-    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None
+    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None, *, brokers: int = 1
 ) -> None:
     """Block until ``bootstrap`` answers a Kafka metadata request, or raise BrokerError.
 
     A TCP accept is not enough (the listener can be up before the storage is); a metadata
-    response with at least one broker is what clients need before producing. ``alive`` lets a
-    caller that owns the process abort early when it died.
+    response with at least ``brokers`` brokers is what clients need before producing (a cluster
+    whose nodes have not all registered cannot create topics of its replication factor). ``alive``
+    lets a caller that owns the process abort early when it died.
     """
     from confluent_kafka.admin import AdminClient
 
@@ -172,7 +173,7 @@ def wait_for_broker(
         check_alive()
         try:
             md = admin.list_topics(timeout=min(remaining, 5.0))
-            if md.brokers:
+            if len(md.brokers) >= brokers:
                 check_alive()
                 return
         except Exception as exc:  # KafkaException while the broker boots

