@@ -3,7 +3,8 @@
 - ``requests``: JSON envelope ``unlearn.request/v1`` (request.v1.schema.json) -> :func:`parse_request`
 - ``deltas``: binary exact rows / packed ledgers -> :func:`encode_delta`, :func:`decode_delta`
 - ``heads``: binary head versions -> :func:`encode_head`, :func:`decode_head`, :func:`head_to_json`
-- ``receipts``: JSON ``unlearn.receipt/v2`` (receipt.v2.schema.json; v1 still decodes) -> :func:`encode_receipt`
+- ``receipts``: JSON ``unlearn.receipt/v2`` (receipt.v2.schema.json; v1 still decodes) -> :func:`encode_receipt`;
+  ``unlearn.receipt/v3`` (receipt.v3.schema.json) for a delete that removed nothing but left a tombstone
 - ``deadletter``: JSON ``unlearn.deadletter/v1`` -> :func:`encode_deadletter`
 
 Every decoder raises a ValueError subclass (InvalidRequest or CodecError) on bad input, never

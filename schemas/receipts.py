@@ -6,7 +6,18 @@ it, ``retained_hash``: the fingerprint of the multiset hash of that version's re
 is the certificate; it is carried by exact head updates, no longer by receipts (v2: ``digest``
 optional; the ledger worker writes none). Anyone holding the retained set can recompute both and
 check the claim. A rejected receipt says why (a deadletter reason code) so the client is never
-left waiting. Decoders read v1 (written before v2, ``digest`` required) and v2; encoders write v2.
+left waiting.
+
+A ``tombstoned`` receipt (v3) answers a delete that removed nothing: its sample (or the subject's
+samples) was not in the head when it was judged, or only with a later event time. It is written
+by the featurizer and says so honestly (``sample_ids``: the sample named, or none for a
+delete_subject), and that the delete's tombstone, dated ``tombstone_ts`` (its event time),
+refuses any add of it dated at or before then until ``tombstone_expires`` (absent: kept for
+ever; docs/featurizer.md "Remove wins"). Every delete that is not rejected leaves such a
+tombstone, applied or not.
+
+Decoders read v1 (written before v2, ``digest`` required), v2 and v3; encoders write v2 for
+applied and rejected receipts (byte-identical to before) and v3 only for tombstoned ones.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 __all__ = [
     "RECEIPT_SCHEMA_V1",
     "RECEIPT_SCHEMA_V2",
+    "RECEIPT_SCHEMA_V3",
     "Receipt",
     "decode_receipt",
     "encode_receipt",
@@ -34,12 +46,14 @@ __all__ = [
 
 RECEIPT_SCHEMA_V1 = "unlearn.receipt/v1"
 RECEIPT_SCHEMA_V2 = "unlearn.receipt/v2"
-_SCHEMAS = (RECEIPT_SCHEMA_V1, RECEIPT_SCHEMA_V2)
+RECEIPT_SCHEMA_V3 = "unlearn.receipt/v3"
+_SCHEMAS = (RECEIPT_SCHEMA_V1, RECEIPT_SCHEMA_V2, RECEIPT_SCHEMA_V3)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED = frozenset(
     ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts",
-     "retained_hash")
+     "retained_hash", "tombstone_ts", "tombstone_expires")
 )
+_TOMBSTONE_FIELDS = ("tombstone_ts", "tombstone_expires")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +64,14 @@ class Receipt:
     subject_id: str
     head_id: str
     sample_ids: tuple[str, ...]
-    status: Literal["applied", "rejected"]
+    status: Literal["applied", "rejected", "tombstoned"]
     ts: float
     head_version: int | None = None
     digest: str | None = None
     reason: str | None = None
     retained_hash: str | None = None
+    tombstone_ts: float | None = None  # tombstoned: the delete's event time (Unix seconds)
+    tombstone_expires: float | None = None  # tombstoned: when the tombstone may be dropped (None: never)
 
     def __post_init__(self) -> None:
         if not isinstance(self.sample_ids, tuple):
@@ -75,6 +91,19 @@ class Receipt:
                  reason: str, ts: float) -> Receipt:
         """The delete was not applied; ``reason`` is a machine-readable code."""
         return cls(event_id, subject_id, head_id, tuple(sample_ids), "rejected", ts, reason=reason)
+
+    @classmethod
+    def tombstoned(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
+                   tombstone_ts: float, tombstone_expires: float | None, ts: float) -> Receipt:
+        """Nothing was removed (nothing of it was in the head, or only with a later event time);
+        no add of it dated at or before ``tombstone_ts`` can enter until ``tombstone_expires``."""
+        return cls(event_id, subject_id, head_id, tuple(sample_ids), "tombstoned", ts,
+                   tombstone_ts=tombstone_ts, tombstone_expires=tombstone_expires)
+
+    @property
+    def removed(self) -> bool:
+        """Whether the delete removed something (an applied receipt names its samples)."""
+        return self.status == "applied" and bool(self.sample_ids)
 
 
 _is_id = is_valid_id
@@ -105,6 +134,11 @@ def receipt_from_dict(d: object) -> Receipt:
     status = d["status"]
     version, digest, reason = d.get("head_version"), d.get("digest"), d.get("reason")
     retained = d.get("retained_hash")
+    tomb_ts, tomb_expires = d.get("tombstone_ts"), d.get("tombstone_expires")
+    if (status == "tombstoned") != (schema == RECEIPT_SCHEMA_V3):
+        raise CodecError("receipt: status tombstoned is v3, and v3 is status tombstoned")
+    if status != "tombstoned" and any(k in d for k in _TOMBSTONE_FIELDS):
+        raise CodecError("receipt: only a tombstoned receipt has tombstone_ts or tombstone_expires")
     if status == "applied":
         if "head_version" not in d or (schema == RECEIPT_SCHEMA_V1 and "digest" not in d):
             raise CodecError("receipt: an applied receipt needs head_version (and, in v1, digest)")
@@ -122,16 +156,27 @@ def receipt_from_dict(d: object) -> Receipt:
             raise CodecError("receipt: a rejected receipt has no head_version, digest or retained_hash")
         if type(reason) is not str or not reason:
             raise CodecError("receipt: a rejected receipt needs a non-empty reason")
+    elif status == "tombstoned":
+        if any(k in d for k in ("head_version", "digest", "retained_hash", "reason")):
+            raise CodecError("receipt: a tombstoned receipt has no head_version, digest, retained_hash or reason")
+        if "tombstone_ts" not in d:
+            raise CodecError("receipt: a tombstoned receipt needs tombstone_ts")
+        for k in _TOMBSTONE_FIELDS:
+            v = d.get(k)
+            if k in d and (type(v) not in (int, float) or not 0 <= v < math.inf):
+                raise CodecError(f"receipt: {k} must be a finite number >= 0")
+        tomb_ts = float(tomb_ts)
+        tomb_expires = None if tomb_expires is None else float(tomb_expires)
     else:
-        raise CodecError(f"receipt: status must be applied | rejected, got {status!r:.80}")
+        raise CodecError(f"receipt: status must be applied | rejected | tombstoned, got {status!r:.80}")
     return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(samples), status, float(ts),
-                   version, digest, reason, retained)
+                   version, digest, reason, retained, tomb_ts, tomb_expires)
 
 
 def receipt_to_dict(r: Receipt) -> dict[str, Any]:
-    """The v2 JSON object for ``r`` (fields its status takes only)."""
+    """The JSON object for ``r`` (fields its status takes only): v3 when tombstoned, else v2."""
     d: dict[str, Any] = {
-        "schema": RECEIPT_SCHEMA_V2,
+        "schema": RECEIPT_SCHEMA_V3 if r.status == "tombstoned" else RECEIPT_SCHEMA_V2,
         "event_id": r.event_id,
         "subject_id": r.subject_id,
         "head_id": r.head_id,
@@ -147,6 +192,10 @@ def receipt_to_dict(r: Receipt) -> dict[str, Any]:
         d["reason"] = r.reason
     if r.retained_hash is not None:
         d["retained_hash"] = r.retained_hash
+    if r.tombstone_ts is not None:
+        d["tombstone_ts"] = r.tombstone_ts
+    if r.tombstone_expires is not None:
+        d["tombstone_expires"] = r.tombstone_expires
     return d
 
 

@@ -109,9 +109,10 @@ class PartitionAssignment(BatchPipeline):
                     f"changelog {self.changelog_topic}/{p} belongs to {pos.topic!r}, not {self.topic!r} (a changelog "
                     "written before requests were routed by head holds caches per requests partition, which "
                     "cannot be used): start over with a fresh ledger, featurizer-cache topic and consumer group")
-            cache.replace_all(folded.samples.values(), folded.heads.values(), pos)
-            log.warning("partition %d: feature cache rebuilt from %s (%d samples, offset %d) in %.2fs", p,
-                        self.changelog_topic, len(folded.samples), pos.applied_offset, time.monotonic() - t0)
+            cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values())
+            log.warning("partition %d: feature cache rebuilt from %s (%d samples, %d tombstones, offset %d) in %.2fs",
+                        p, self.changelog_topic, len(folded.samples), len(folded.tombstones), pos.applied_offset,
+                        time.monotonic() - t0)
         off = cache.applied_offset
         if off < 0:
             self._check_not_lost(
@@ -152,7 +153,8 @@ class PartitionAssignment(BatchPipeline):
         gen = cache.generation + 1
         pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "",
                        cache.origin_offsets(), cache.origin_topic_id, cache.route_partitions)
-        msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads()),
+        msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads(),
+                                                                          cache.all_tombstones()),
                              downstream, pos, self.settings.changelog_max_bytes,
                              self.erasure.sample_sealer(p) if self.erasure is not None else None) + downstream
         if self.erasure is not None:

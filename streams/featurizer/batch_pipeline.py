@@ -46,6 +46,17 @@ from unlearn.streams.featurizer.shredder import Erasure
 
 log = logging.getLogger("unlearn.featurizer")
 
+
+def record_timestamp_ms(m: Any) -> int | None:
+    """A consumed record's timestamp in ms (the producer's CreateTime, which the router forwards
+    unchanged; the broker's under LogAppendTime), None when it has none: an add's or delete's
+    event time when its request carries no ``ts`` (``tombstones.event_time_us``)."""
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+    kind, ts = m.timestamp()
+    return int(ts) if kind != TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None
+
+
 # the batch whose phase 1 is in flight: its acks, (partition, cache, outbox seqs, generation) per
 # partition, and the input offsets to commit once it is acknowledged
 Inflight = tuple[Acks, list[tuple[int, FeatureCache, list[int], int]], list[Any]]
@@ -149,7 +160,7 @@ class BatchPipeline:
                 continue  # revoked meanwhile, or already in the cache (never judged twice)
             by_partition.setdefault(p, []).append(
                 InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.origin_stream),
-                          tuple(m.headers() or ())))
+                          tuple(m.headers() or ()), record_timestamp_ms(m)))
         if not by_partition:
             return {}
         done: list[tuple[int, FeatureCache, list[int], list[OutMessage], int]] = []

@@ -21,6 +21,9 @@ another host rebuild it. Each file holds:
 - ``progress``: the last input offset whose outcome is in this file;
 - ``origins``: per requests partition, the last origin offset judged (drops the router's
   re-forwarded copies: ``core.admit_routed``);
+- ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
+  event time (us) and the delete's event id; adds are judged against them (``tombstones.py``,
+  remove wins), expired ones are dropped batch by batch;
 - ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
   and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 
@@ -45,16 +48,19 @@ import numpy as np
 
 from unlearn.streams.featurizer.changelog import LocalPosition, Position
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey
 
 __all__ = ["CACHE_SCHEMA_VERSION", "PAGE_SIZE", "WAL_AUTOCHECKPOINT_PAGES", "CacheError", "FeatureCache", "OutboxRow",
            "cache_path"]
 
-CACHE_SCHEMA_VERSION = 4
+CACHE_SCHEMA_VERSION = 5
 """2: outbox rows carry a partition and a delivery phase; the ``lineage`` table. 3: the ``origins``
 table. 4: where the changelog backs the cache, a batch's outbox rows are its phase 0 only (phase 1
 is rebuilt from the txn, ``delivery.outbox_messages``); code of version 3 would re-send phase 0
-alone, so it must refuse the file (it does: the version differs). Older files are upgraded in
-place on open (their pending phase-1 rows are delivered as they are)."""
+alone, so it must refuse the file (it does: the version differs). 5: the ``tombstones`` table and
+``samples.event_us`` (remove wins); code of version 4 would ignore the tombstones, so it refuses
+the file. Older files are upgraded in place on open (their pending phase-1 rows are delivered as
+they are; their cached samples get event time 0: any delete removes them)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -80,6 +86,7 @@ CREATE TABLE IF NOT EXISTS samples (
     label_class INTEGER,
     label_vec BLOB,
     q BLOB NOT NULL,
+    event_us INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (head_id, sample_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS samples_by_subject ON samples (subject_id, head_id, sample_id);
@@ -105,7 +112,20 @@ CREATE TABLE IF NOT EXISTS origins (
     partition INTEGER PRIMARY KEY,
     offset INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tombstones (
+    head_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    subject_id TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    event_us INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    PRIMARY KEY (head_id, kind, id, subject_id, client_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tombstones_by_time ON tombstones (event_us);
 """
+_SAMPLE_COLUMNS = "head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us"
+_TOMB_COLUMNS = "head_id, kind, id, subject_id, client_id, event_us, event_id"
 
 
 PAGE_SIZE = 65536
@@ -187,13 +207,17 @@ class FeatureCache:
     def _upgrade(self) -> None:
         """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
         (changelog tombstones); its pending rows are kept. 2 -> 3: the ``origins`` table (created
-        empty by the schema script). 3 -> 4: nothing to change (the outbox's meaning widens)."""
+        empty by the schema script). 3 -> 4: nothing to change (the outbox's meaning widens). 4 -> 5:
+        ``samples.event_us`` (0 for what was cached) and the ``tombstones`` table (the script)."""
         with self._tx():
             has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
             if not has_meta:
                 return
             row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is not None and row[0] in ("2", "3"):
+            columns = {str(c[1]) for c in self._db.execute("PRAGMA table_info(samples)").fetchall()}
+            if row is not None and columns and "event_us" not in columns:
+                self._db.execute("ALTER TABLE samples ADD COLUMN event_us INTEGER NOT NULL DEFAULT 0")
+            if row is not None and row[0] in ("2", "3", "4"):
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
             if row is not None and row[0] == "1":
                 self._db.execute("ALTER TABLE outbox RENAME TO outbox_v1")
@@ -231,8 +255,8 @@ class FeatureCache:
     # ------------------------------------------------------------------ CacheView
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         row = self._db.execute(
-            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
-            "FROM samples WHERE head_id = ? AND sample_id = ?", (head_id, sample_id)).fetchone()
+            f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE head_id = ? AND sample_id = ?",
+            (head_id, sample_id)).fetchone()
         return None if row is None else self._sample(row)
 
     def get_samples(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], CachedSample]:
@@ -246,8 +270,8 @@ class FeatureCache:
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 rows = self._db.execute(
-                    "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
-                    f"FROM samples WHERE head_id = ? AND sample_id IN ({','.join('?' * len(chunk))})",
+                    f"SELECT {_SAMPLE_COLUMNS} FROM samples "
+                    f"WHERE head_id = ? AND sample_id IN ({','.join('?' * len(chunk))})",
                     (head_id, *chunk)).fetchall()
                 for row in rows:
                     s = self._sample(row)
@@ -257,8 +281,8 @@ class FeatureCache:
     def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
         """The subject's cached samples in one head, ordered by sample id."""
         rows = self._db.execute(
-            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
-            "FROM samples WHERE subject_id = ? AND head_id = ? ORDER BY sample_id", (subject_id, head_id)).fetchall()
+            f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE subject_id = ? AND head_id = ? ORDER BY sample_id",
+            (subject_id, head_id)).fetchall()
         return [self._sample(r) for r in rows]
 
     def get_head(self, head_id: str) -> HeadInfo | None:
@@ -269,10 +293,76 @@ class FeatureCache:
 
     @staticmethod
     def _sample(row: Sequence[object]) -> CachedSample:
-        head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q = row
+        head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us = row
         label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type,call-overload]
         return CachedSample(str(head_id), str(sample_id), str(subject_id), str(client_id), str(event_id),
-                            label, _from_i64(q))  # type: ignore[arg-type]
+                            label, _from_i64(q), int(event_us))  # type: ignore[arg-type,call-overload]
+
+    # ------------------------------------------------------------------ tombstones (remove wins)
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        """The tombstones of (head, kind, id, subject), one per client ("" first)."""
+        rows = self._db.execute(
+            f"SELECT {_TOMB_COLUMNS} FROM tombstones WHERE head_id = ? AND kind = ? AND id = ? AND subject_id = ? "
+            "ORDER BY client_id", (head_id, kind, id_, subject_id)).fetchall()
+        return [self._tomb(r) for r in rows]
+
+    def get_tombstones(self, names: Iterable[tuple[str, str, str, str]]
+                       ) -> dict[tuple[str, str, str, str], list[Tombstone]]:
+        """The tombstones of many (head, kind, id, subject) names: one query per head and 500 ids
+        (``view.BatchView``)."""
+        wanted = set(names)
+        by_head: dict[str, set[str]] = {}
+        for head_id, _kind, id_, _subject in wanted:
+            by_head.setdefault(head_id, set()).add(id_)
+        found: dict[tuple[str, str, str, str], list[Tombstone]] = {n: [] for n in wanted}
+        for head_id, id_set in by_head.items():
+            ids = sorted(id_set)
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows = self._db.execute(
+                    f"SELECT {_TOMB_COLUMNS} FROM tombstones WHERE head_id = ? AND id IN ({','.join('?' * len(chunk))})"
+                    " ORDER BY client_id", (head_id, *chunk)).fetchall()
+                for row in rows:
+                    t = self._tomb(row)
+                    name = (t.head_id, t.kind, t.id, t.subject_id)
+                    if name in found:
+                        found[name].append(t)
+        return found
+
+    def expired_tombstones(self, before_us: int, limit: int) -> list[TombstoneKey]:
+        """Keys of up to ``limit`` tombstones dated before ``before_us`` (oldest first)."""
+        rows = self._db.execute(
+            "SELECT head_id, kind, id, subject_id, client_id FROM tombstones WHERE event_us < ? "
+            "ORDER BY event_us LIMIT ?", (int(before_us), int(limit))).fetchall()
+        return [(str(h), str(k), str(i), str(s), str(c)) for h, k, i, s, c in rows]
+
+    def all_tombstones(self) -> list[Tombstone]:
+        """Every tombstone (a seed of the changelog; tests)."""
+        rows = self._db.execute(f"SELECT {_TOMB_COLUMNS} FROM tombstones "
+                                "ORDER BY head_id, kind, id, subject_id, client_id").fetchall()
+        return [self._tomb(r) for r in rows]
+
+    @staticmethod
+    def _tomb(row: Sequence[object]) -> Tombstone:
+        head_id, kind, id_, subject_id, client_id, event_us, event_id = row
+        return Tombstone(str(head_id), "subject" if kind == "subject" else "sample", str(id_), str(subject_id),
+                         str(client_id), int(event_us), str(event_id))  # type: ignore[call-overload]
+
+    def _put_tombstones(self, tombs: Iterable[Tombstone]) -> None:
+        self._db.executemany(
+            f"INSERT INTO tombstones ({_TOMB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (head_id, kind, id, subject_id, client_id) DO UPDATE SET "
+            "event_us = excluded.event_us, event_id = excluded.event_id WHERE excluded.event_us > event_us",
+            [(t.head_id, t.kind, t.id, t.subject_id, t.client_id, int(t.event_us), t.event_id) for t in tombs])
+
+    def _put_samples(self, samples: Iterable[CachedSample], replace: bool) -> None:
+        self._db.executemany(
+            f"INSERT {'OR REPLACE ' if replace else ''}INTO samples ({_SAMPLE_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
+              s.label if isinstance(s.label, int) else None,
+              None if isinstance(s.label, int) else _i64(s.label), _i64(s.q), int(s.event_us))
+             for s in samples])
 
     # ------------------------------------------------------------------ more reads
     @property
@@ -332,8 +422,7 @@ class FeatureCache:
     def samples(self, head_id: str) -> list[CachedSample]:
         """Every cached sample of a head, ordered by sample id (audits, retrain references)."""
         rows = self._db.execute(
-            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
-            "FROM samples WHERE head_id = ? ORDER BY sample_id", (head_id,)).fetchall()
+            f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE head_id = ? ORDER BY sample_id", (head_id,)).fetchall()
         return [self._sample(r) for r in rows]
 
     def pending_outbox(self) -> list[OutboxRow]:
@@ -346,8 +435,7 @@ class FeatureCache:
     def all_samples(self) -> list[CachedSample]:
         """Every cached sample, by (head, sample) (a seed of the changelog)."""
         rows = self._db.execute(
-            "SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q "
-            "FROM samples ORDER BY head_id, sample_id").fetchall()
+            f"SELECT {_SAMPLE_COLUMNS} FROM samples ORDER BY head_id, sample_id").fetchall()
         return [self._sample(r) for r in rows]
 
     @property
@@ -391,13 +479,11 @@ class FeatureCache:
                      head.frac_bits, head.label_frac_bits))
             self._db.executemany(
                 "DELETE FROM samples WHERE head_id = ? AND sample_id = ?", list(mutations.drop_samples))
+            self._put_samples(mutations.put_samples, replace=True)
             self._db.executemany(
-                "INSERT OR REPLACE INTO samples (head_id, sample_id, subject_id, client_id, event_id, label_class, "
-                "label_vec, q) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
-                  s.label if isinstance(s.label, int) else None,
-                  None if isinstance(s.label, int) else _i64(s.label), _i64(s.q))
-                 for s in mutations.put_samples])
+                "DELETE FROM tombstones WHERE head_id = ? AND kind = ? AND id = ? AND subject_id = ? AND client_id = ?",
+                list(mutations.drop_tombstones))
+            self._put_tombstones(mutations.put_tombstones)
             seqs = self._append_outbox(messages)
             self._db.execute(
                 "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
@@ -434,14 +520,15 @@ class FeatureCache:
             "ON CONFLICT (partition) DO UPDATE SET offset = excluded.offset",
             [(int(p), int(o)) for p, o in origins.items()])
 
-    def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], position: Position) -> None:
-        """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents, and the
+    def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], position: Position,
+                    tombstones: Iterable[Tombstone] = ()) -> None:
+        """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents and tombstones, and the
         ``position``'s offset, topic id, generation and routing state) with a NEW lineage and an
         empty outbox: whatever this file held is superseded (its unsent batch, if any, never
         reached Kafka)."""
         applied_offset, generation = position.applied_offset, position.generation
         with self._tx():
-            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins"):
+            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins", "tombstones"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key IN ('topic_id', 'origin_topic_id', 'route_partitions')")
             for key, value in (("topic_id", position.topic_id), ("origin_topic_id", position.origin_topic_id),
@@ -455,12 +542,8 @@ class FeatureCache:
                     "frac_bits, label_frac_bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (head.head_id, head.backbone, head.input_kind, head.dim, head.label_kind, head.label_width,
                      head.frac_bits, head.label_frac_bits))
-            self._db.executemany(
-                "INSERT INTO samples (head_id, sample_id, subject_id, client_id, event_id, label_class, "
-                "label_vec, q) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
-                  s.label if isinstance(s.label, int) else None,
-                  None if isinstance(s.label, int) else _i64(s.label), _i64(s.q)) for s in samples])
+            self._put_samples(samples, replace=False)
+            self._put_tombstones(tombstones)
             if applied_offset >= 0:
                 self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?)", (int(applied_offset),))
             self._db.execute("INSERT INTO lineage (id, lineage, generation) VALUES (0, ?, ?)",

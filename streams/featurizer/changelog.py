@@ -8,6 +8,8 @@ Keys (compaction keeps the last value of each):
 - ``sample/<head>/<sample>`` -> :func:`encode_sample` (subject, client, add event id, label, q as
   int64 LE); a tombstone (value None) when a delete removes the sample;
 - ``head/<head>`` -> the head's first-add facts (JSON);
+- ``tomb/<head>/<kind>/<id>/<subject>/<client>`` -> a delete's tombstone (JSON: event time in us,
+  the delete's event id; ``tombstones.py``); a tombstone (value None) when it expires;
 - ``txn/<p>/<slot>/<i>`` -> piece i of the latest batch's *transaction*: its cache mutations and
   its outbox messages (deltas, dead letters, receipts), so a new owner can finish delivering it;
 - ``position/<p>`` -> :class:`Position` (JSON): applied offset, input topic (name and id),
@@ -39,6 +41,7 @@ import numpy as np
 import orjson
 
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey
 
 __all__ = [
     "PHASE_CHANGELOG",
@@ -59,7 +62,10 @@ __all__ = [
     "resume_plan",
     "sample_key",
     "snapshot_mutations",
+    "decode_tombstone",
+    "encode_tombstone",
     "state_records",
+    "tombstone_key",
 ]
 
 PHASE_CHANGELOG = 0
@@ -100,6 +106,43 @@ def sample_key(head_id: str, sample_id: str) -> bytes:
     return f"sample/{len(head_id)}:{head_id}/{sample_id}".encode()
 
 
+def tombstone_key(key: TombstoneKey) -> bytes:
+    """Key of a tombstone: every id length-prefixed but the last (ids may contain '/')."""
+    head_id, kind, id_, subject_id, client_id = key
+    return f"tomb/{len(head_id)}:{head_id}/{kind}/{len(id_)}:{id_}/{len(subject_id)}:{subject_id}/{client_id}".encode()
+
+
+def _parse_tombstone_key(key: bytes) -> TombstoneKey:
+    rest = key.decode()[len("tomb/"):]
+    parts: list[str] = []
+    for i in range(4):
+        if i == 1:  # the kind: no length prefix
+            kind, _, rest = rest.partition("/")
+            parts.append(kind)
+            continue
+        n, _, tail = rest.partition(":")
+        parts.append(tail[: int(n)])
+        rest = tail[int(n) + 1:]
+    if parts[1] not in ("sample", "subject"):
+        raise ValueError(f"unknown tombstone kind {parts[1]!r}")
+    return (parts[0], parts[1], parts[2], parts[3], rest)
+
+
+def encode_tombstone(t: Tombstone) -> bytes:
+    return orjson.dumps({"t": int(t.event_us), "event": t.event_id})
+
+
+def decode_tombstone(key: bytes, raw: bytes) -> Tombstone:
+    """A ``tomb/`` record back to its :class:`Tombstone`."""
+    try:
+        head_id, kind, id_, subject_id, client_id = _parse_tombstone_key(key)
+        v = orjson.loads(raw)
+        return Tombstone(head_id, "subject" if kind == "subject" else "sample", id_, subject_id, client_id,
+                         int(v["t"]), str(v["event"]))
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
+        raise ChangelogError(f"bad tombstone record {key[:200]!r}: {exc}") from None
+
+
 def head_key(head_id: str) -> bytes:
     return f"head/{head_id}".encode()
 
@@ -127,9 +170,12 @@ def encode_sample(s: CachedSample) -> bytes:
     """``ULFS\\x01`` + u32 header length + JSON header + q (int64 LE) [+ label vector (int64 LE)]."""
     vec = not isinstance(s.label, int)
     q = np.ascontiguousarray(s.q, dtype="<i8")
-    header = orjson.dumps({"subject": s.subject_id, "client": s.client_id, "event": s.event_id,
-                           "label": None if vec else int(s.label), "d": int(q.shape[0]),
-                           "label_width": int(np.asarray(s.label).shape[0]) if vec else 0})
+    fields = {"subject": s.subject_id, "client": s.client_id, "event": s.event_id,
+              "label": None if vec else int(s.label), "d": int(q.shape[0]),
+              "label_width": int(np.asarray(s.label).shape[0]) if vec else 0}
+    if s.event_us:  # the add's event time (remove wins); absent in records written before it was kept
+        fields["t"] = int(s.event_us)
+    header = orjson.dumps(fields)
     out = _SAMPLE_MAGIC + struct.pack("<I", len(header)) + header + q.tobytes()
     if vec:
         out += np.ascontiguousarray(s.label, dtype="<i8").tobytes()
@@ -151,7 +197,8 @@ def decode_sample(head_id: str, sample_id: str, raw: bytes) -> CachedSample:
         q = np.frombuffer(raw, dtype="<i8", count=d, offset=at).astype(np.int64)
         label: int | np.ndarray = (int(h["label"]) if h["label"] is not None else
                                    np.frombuffer(raw, dtype="<i8", count=c, offset=at + 8 * d).astype(np.int64))
-        return CachedSample(head_id, sample_id, str(h["subject"]), str(h["client"]), str(h["event"]), label, q)
+        return CachedSample(head_id, sample_id, str(h["subject"]), str(h["client"]), str(h["event"]), label, q,
+                            int(h.get("t", 0)))
     except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
         raise ChangelogError(f"bad sample record for ({head_id!r}, {sample_id!r}): {exc}") from None
 
@@ -225,6 +272,8 @@ def state_records(mutations: CacheMutations, seal_sample: SealSample | None = No
     """The sample/head records of a batch's cache mutations (drops are tombstones); sample values
     sealed with ``seal_sample`` when given (docs/erasure.md)."""
     out: list[Record] = [(head_key(h.head_id), _encode_head(h)) for h in mutations.put_heads]
+    out += [(tombstone_key(k), None) for k in mutations.drop_tombstones]
+    out += [(tombstone_key(t.key), encode_tombstone(t)) for t in mutations.put_tombstones]
     out += [(sample_key(h, s), None) for h, s in mutations.drop_samples]
     for s in mutations.put_samples:
         value = encode_sample(s)
@@ -350,6 +399,7 @@ class FoldedChangelog:
 
     samples: dict[tuple[str, str], CachedSample] = field(default_factory=dict)
     heads: dict[str, HeadInfo] = field(default_factory=dict)
+    tombstones: dict[TombstoneKey, Tombstone] = field(default_factory=dict)
     position: Position | None = None
     pending: list[OutMessage] = field(default_factory=list)
     pending_records: list[Record] = field(default_factory=list)  # the latest batch's sample/head records
@@ -369,6 +419,15 @@ def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[t
     elif key.startswith(b"head/") and value is not None:
         head_id = key.decode()[len("head/"):]
         folded.heads[head_id] = _decode_head(head_id, value)
+    elif key.startswith(b"tomb/"):
+        if value is None:
+            try:
+                folded.tombstones.pop(_parse_tombstone_key(key), None)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ChangelogError(f"bad tombstone key {key[:200]!r}: {exc}") from None
+        else:
+            t = decode_tombstone(key, value)
+            folded.tombstones[t.key] = t
 
 
 def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
@@ -387,7 +446,7 @@ def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenS
     raw: dict[tuple[str, str], bytes] = {}
     pos_key, done_key = position_key(partition), delivered_key(partition)
     for key, value in records:
-        if key.startswith((b"sample/", b"head/")):
+        if key.startswith((b"sample/", b"head/", b"tomb/")):
             _apply(folded, key, value, raw)
         else:
             latest[key] = value
@@ -449,6 +508,7 @@ def resume_plan(local: LocalPosition, changelog: Position | None) -> ResumePlan:
     return "rebuild"
 
 
-def snapshot_mutations(samples: Iterable[CachedSample], heads: Iterable[HeadInfo]) -> CacheMutations:
+def snapshot_mutations(samples: Iterable[CachedSample], heads: Iterable[HeadInfo],
+                       tombstones: Iterable[Tombstone] = ()) -> CacheMutations:
     """A whole cache as one batch of puts (the txn of a ``seed``)."""
-    return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads))
+    return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads), put_tombstones=tuple(tombstones))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from unlearn.features.contract import (
     resolve_backbone,
 )
 from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.envelope import (
@@ -80,8 +81,18 @@ from .model import (
     RegistryEncoder,
 )
 from .refusal import refusal, salvage_delete_ids
+from .tombstones import (
+    TombstoneKey,
+    TombstonePolicy,
+    add_event_time,
+    add_keys,
+    blocking_tombstone,
+    delete_event_time,
+    seconds_to_us,
+    tombstones_of,
+)
 from .transit_open import TransitGate, UnopenedRequest, open_sealed
-from .view import BatchView, Overlay, named_samples
+from .view import BatchView, Overlay, named_samples, named_tombstones
 
 __all__ = [
     "DEFAULT_BACKBONES",
@@ -115,6 +126,7 @@ __all__ = [
     "judge_batch",
     "judge_delete",
     "judge_delete_subject",
+    "judge_remove_wins",
     "parse_batch",
     "parse_source",
     "parse_source_id",
@@ -348,24 +360,40 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
     return cs, head, new_head
 
 
-def judge_delete(r: Request, view: CacheView) -> list[CachedSample]:
-    """The one cached sample a delete removes (its cached q and label, never a raw input); raises
-    :class:`Rejected` unless it is cached and was added by the same subject."""
+def judge_delete(r: Request, view: CacheView, event_us: int | None = None) -> list[CachedSample]:
+    """The cached sample a delete dated ``event_us`` removes (its cached q and label, never a raw
+    input): none when it is not cached, or was added later in event time (a re-add wins over an
+    older delete; None: any cached add is older); raises :class:`Rejected` when another subject
+    added it. Removing nothing is no refusal: the delete's tombstone still keeps the sample's
+    older adds out (:func:`judge_remove_wins`)."""
     cs = view.get_sample(r.head_id, r.sample_id)  # type: ignore[arg-type]
     if cs is None:
-        raise Rejected("unknown_sample", f"sample {r.sample_id!r} of head {r.head_id!r} is not in the feature cache")
+        return []
     if cs.subject_id != r.subject_id:
         raise Rejected("subject_mismatch", f"sample {r.sample_id!r} was added by another subject than {r.subject_id!r}")
-    return [cs]
+    return [cs] if event_us is None or cs.event_us <= event_us else []
 
 
-def judge_delete_subject(r: Request, view: CacheView) -> list[CachedSample]:
-    """Every cached sample of the subject in the head (by sample id); raises :class:`Rejected` if
-    none, so the client learns the request removed nothing."""
+def judge_delete_subject(r: Request, view: CacheView, event_us: int | None = None) -> list[CachedSample]:
+    """Every cached sample of the subject in the head (by sample id) added at or before
+    ``event_us`` (None: all); possibly none (the tombstone is what such a request leaves)."""
     found = view.subject_samples(r.head_id, r.subject_id)
-    if not found:
-        raise Rejected("unknown_subject", f"subject {r.subject_id!r} has no cached sample in head {r.head_id!r}")
-    return found
+    return [cs for cs in found if event_us is None or cs.event_us <= event_us]
+
+
+def judge_remove_wins(r: Request, m: InMessage, view: Overlay, policy: TombstonePolicy, now: float) -> int:
+    """An add's event time, checked against the clock bounds and the tombstones (remove wins,
+    ``tombstones.py``); raises :class:`Rejected` (``ts_in_future``, ``event_too_old``,
+    ``deleted_before_arrival``)."""
+    t_add = add_event_time(r, m.timestamp_ms, now, policy)
+    found = [t for name in add_keys(r) for t in view.tombstones(*name)]
+    block = blocking_tombstone(r, t_add, found)
+    if block is not None:
+        raise Rejected("deleted_before_arrival",
+                       f"sample {r.sample_id!r} of subject {r.subject_id!r} (head {r.head_id!r}) is dated "
+                       f"{t_add / 1e6:.6f}, not after the {'delete' if block.kind == 'sample' else 'delete_subject'} "
+                       f"{block.event_id!r} dated {block.event_us / 1e6:.6f}")
+    return t_add
 
 
 @dataclass
@@ -394,6 +422,10 @@ class Judgement:
             self.overlay.samples[(head_id, cs.sample_id)] = None
             hr.add(-1, event_id, cs)
         self.accepted += 1
+
+    def tombstone_only(self, receipt: Receipt) -> None:
+        """A delete that removed nothing: its tombstone is in the overlay, its receipt says so."""
+        self.receipts.append(receipt)
 
     def refuse(self, deadletter: DeadLetter, receipt: Receipt | None) -> None:
         """Record a refusal (see :func:`refusal`)."""
@@ -427,16 +459,40 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
                 raise Rejected("wrong_client",
                                f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
             if r.op == "add":
-                j.accept_add(r.event_id, *judge_add(r, encoded.features.get(i), encoded.backbones.get(i),
-                                                    j.overlay, config, quantize))
+                t_add = judge_remove_wins(r, m, j.overlay, config.tombstones, ts)
+                cs, head, new_head = judge_add(r, encoded.features.get(i), encoded.backbones.get(i), j.overlay,
+                                               config, quantize)
+                j.accept_add(r.event_id, replace(cs, event_us=t_add), head, new_head)
             else:
-                gone = judge_delete(r, j.overlay) if r.op == "delete" else judge_delete_subject(r, j.overlay)
-                if client is not None:
-                    Authorizer.check_owner(client, r, gone)
-                j.accept_deletes(r.head_id, r.event_id, gone)
+                judge_remove(j, r, m, config, ts, client)
         except Rejected as rej:
             j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
     return j
+
+
+def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now: float,
+                 client: ClientRecord | None) -> None:
+    """A delete or delete_subject: remove what was cached at or before its event time (a
+    ``-q`` row each, the ledger's applied receipt follows), and leave its tombstone (the
+    deleting client's only, unless it may delete others' samples; not kept when older than the
+    retention, when adds that old are refused anyway); when nothing was removed, a
+    ``tombstoned`` receipt says so. Raises :class:`Rejected` (``subject_mismatch``,
+    ``not_owner``): then nothing is removed and no tombstone left."""
+    policy = config.tombstones
+    t_del = delete_event_time(r, m.timestamp_ms, now, policy)
+    gone = judge_delete(r, j.overlay, t_del) if r.op == "delete" else judge_delete_subject(r, j.overlay, t_del)
+    if client is not None:
+        Authorizer.check_owner(client, r, gone)
+    horizon = policy.horizon_us(seconds_to_us(now))
+    for t in tombstones_of(r, "" if client is None or client.may_delete_others else client.client_id, t_del):
+        if horizon is None or t.event_us >= horizon:
+            j.overlay.put_tombstone(t)
+    if gone:
+        j.accept_deletes(r.head_id, r.event_id, gone)
+        return
+    expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
+    j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
+                                        t_del / 1e6, expires, now))
 
 
 # --------------------------------------------------------------------------- step 4: assemble
@@ -490,6 +546,20 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
 
 
 # --------------------------------------------------------------------------- the batch
+EXPIRE_PER_BATCH = 256
+"""Most expired tombstones one batch drops (retention is a storage bound, not a deadline)."""
+
+
+def expired_tombstones(cache: CacheView, policy: TombstonePolicy, now: float) -> tuple[TombstoneKey, ...]:
+    """Keys of tombstones past the retention (at most :data:`EXPIRE_PER_BATCH`), from a cache
+    that lists them (``FeatureCache.expired_tombstones``); none when nothing expires."""
+    horizon = policy.horizon_us(seconds_to_us(now))
+    lister = getattr(cache, "expired_tombstones", None)
+    if horizon is None or lister is None:
+        return ()
+    return tuple(lister(horizon, EXPIRE_PER_BATCH))
+
+
 def featurize_batch(
     messages: Sequence[InMessage],
     cache: CacheView,
@@ -524,8 +594,9 @@ def featurize_batch(
     reqs = open_sealed(parse_batch(fresh), transit, config.require_sealed_input)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
-    view = BatchView(cache, named_samples(reqs))  # one cache lookup per batch, not per event
+    view = BatchView(cache, named_samples(reqs), named_tombstones(reqs))  # one cache lookup per batch, not per event
     judged = judge_batch(fresh, reqs, encoded, view, config, ts, screened)
+    judged.overlay.expired = expired_tombstones(cache, config.tombstones, ts)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

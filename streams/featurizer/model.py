@@ -23,6 +23,7 @@ from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth import AUTH_REASONS
+from unlearn.streams.featurizer.tombstones import TOMBSTONE_REASONS, Tombstone, TombstoneKey, TombstonePolicy
 from unlearn.streams.featurizer.transit_open import TRANSIT_REASONS
 
 STAGE = "featurizer"
@@ -31,8 +32,10 @@ STAGE = "featurizer"
 FEATURIZER_REASONS: dict[str, str] = {
     **{k: f"request envelope: {v}" for k, v in REQUEST_REASONS.items()},
     "duplicate_add": "an add for a (head, sample) already in the feature cache (never a double count)",
-    "unknown_sample": "a delete for a (head, sample) not in the feature cache",
-    "unknown_subject": "a delete_subject for a subject with no cached sample in that head",
+    "unknown_sample": "a delete for a (head, sample) not in the feature cache (no longer written: such a delete "
+                      "leaves a tombstone and a 'tombstoned' receipt; kept for older dead letters)",
+    "unknown_subject": "a delete_subject for a subject with no cached sample in that head (no longer written, as "
+                       "unknown_sample)",
     "subject_mismatch": "a delete whose subject_id differs from the subject that added the sample",
     "wrong_client": "federated mode: the request's client_id is not this site's client",
     "dimension_mismatch": "the feature dimension differs from the head's contract or first add",
@@ -52,6 +55,7 @@ FEATURIZER_REASONS: dict[str, str] = {
     "contract_conflict": "the head's cached grid (fixed by its first add) differs from its declared contract",
     "label_mismatch": "class-index vs vector label, or another vector width, than the head's contract or first add",
     "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
+    **TOMBSTONE_REASONS,
     **AUTH_REASONS,
     **TRANSIT_REASONS,
 }
@@ -86,6 +90,7 @@ class InMessage:
     key: bytes | None = None
     origin: Origin | None = None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_ms: int | None = None  # the record's timestamp (the producer's, forwarded); None: not available
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class CachedSample:
     event_id: str  # the add's event id
     label: int | np.ndarray  # class index, or int64 quantized target vector (c,)
     q: np.ndarray  # int64 (d,)
+    event_us: int = 0  # the add's event time (tombstones.py; 0: cached before event times were kept)
 
     @property
     def label_kind(self) -> str:
@@ -128,8 +134,8 @@ class CachedSample:
                   and np.array_equal(self.label, other.label))
         )
         return (
-            (self.head_id, self.sample_id, self.subject_id, self.client_id, self.event_id)
-            == (other.head_id, other.sample_id, other.subject_id, other.client_id, other.event_id)
+            (self.head_id, self.sample_id, self.subject_id, self.client_id, self.event_id, self.event_us)
+            == (other.head_id, other.sample_id, other.subject_id, other.client_id, other.event_id, other.event_us)
             and same_label
             and np.array_equal(self.q, other.q)
         )
@@ -146,6 +152,8 @@ class CacheView(Protocol):
 
     def get_head(self, head_id: str) -> HeadInfo | None: ...
 
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]: ...
+
 
 @dataclass(frozen=True)
 class CacheMutations:
@@ -154,10 +162,13 @@ class CacheMutations:
     put_samples: tuple[CachedSample, ...] = ()
     drop_samples: tuple[tuple[str, str], ...] = ()  # (head_id, sample_id)
     put_heads: tuple[HeadInfo, ...] = ()
+    put_tombstones: tuple[Tombstone, ...] = ()
+    drop_tombstones: tuple[TombstoneKey, ...] = ()  # expired (tombstones.TombstonePolicy.retention)
 
     @property
     def empty(self) -> bool:
-        return not (self.put_samples or self.drop_samples or self.put_heads)
+        return not (self.put_samples or self.drop_samples or self.put_heads or self.put_tombstones
+                    or self.drop_tombstones)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +194,7 @@ class RegistryEncoder:
 
     def __init__(self, device: str = "auto") -> None:
         self.device = device
+        self._announced: set[str] = set()
 
     def __call__(self, name: str, items: Sequence[Any]) -> EncodeResult:
         from unlearn.features.backbones import get_backbone
@@ -193,6 +205,9 @@ class RegistryEncoder:
             raise
         except (ImportError, OSError, RuntimeError) as exc:  # package/weights missing, bad device
             raise BackboneError(f"cannot load backbone {name!r}: {type(exc).__name__}: {exc}") from exc
+        if name not in self._announced:  # "auto" resolves per machine: say where the model runs
+            self._announced.add(name)
+            logging.getLogger(__name__).info("backbone %s loaded on %s", backbone.cache_key, backbone.device)
         return backbone.encode_checked(items)
 
 
@@ -224,6 +239,7 @@ class CoreConfig:
     head_gammas: Mapping[str, float] = field(default_factory=dict)
     require_sealed_input: bool = False  # refuse plaintext adds (UNLEARN_REQUIRE_SEALED_INPUT)
     redact_deadletter_inputs: bool = True  # UNLEARN_DEADLETTER_INPUTS=redact (schemas/redaction.py)
+    tombstones: TombstonePolicy = field(default_factory=TombstonePolicy)  # remove wins (tombstones.py)
 
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
@@ -272,6 +288,7 @@ class CoreConfig:
             head_gammas={h: settings.gamma_for(h) for h in _names(settings.head_gammas)},
             require_sealed_input=settings.require_sealed_input,
             redact_deadletter_inputs=settings.deadletter_inputs == "redact",
+            tombstones=TombstonePolicy(settings.max_clock_skew_seconds, settings.tombstone_retention_seconds),
         )
 
 

@@ -18,8 +18,12 @@ from typing import Protocol, runtime_checkable
 from unlearn.schemas.envelope import InvalidRequest, Request
 
 from .model import CachedSample, CacheMutations, CacheView, HeadInfo
+from .tombstones import Tombstone, TombstoneKey, add_keys
 
-__all__ = ["BatchView", "BulkCacheView", "Overlay", "named_samples"]
+__all__ = ["BatchView", "BulkCacheView", "Overlay", "base_tombstones", "named_samples", "named_tombstones"]
+
+#: (head, kind, id, subject): the tombstones of every client under one name.
+TombName = tuple[str, str, str, str]
 
 
 def named_samples(reqs: Iterable[Request | InvalidRequest]) -> list[tuple[str, str]]:
@@ -28,11 +32,35 @@ def named_samples(reqs: Iterable[Request | InvalidRequest]) -> list[tuple[str, s
             if isinstance(r, Request) and r.op in ("add", "delete") and r.sample_id is not None]
 
 
+def named_tombstones(reqs: Iterable[Request | InvalidRequest]) -> list[TombName]:
+    """The tombstone names a batch's valid adds (what can refuse them) and deletes (what they
+    replace) look up."""
+    out: list[TombName] = []
+    for r in reqs:
+        if not isinstance(r, Request):
+            continue
+        if r.op == "add" and r.sample_id is not None:
+            out += add_keys(r)
+        elif r.op == "delete" and r.sample_id is not None:
+            out.append((r.head_id, "sample", r.sample_id, r.subject_id))
+        elif r.op == "delete_subject":
+            out.append((r.head_id, "subject", r.subject_id, r.subject_id))
+    return out
+
+
+def base_tombstones(base: object, name: TombName) -> list[Tombstone]:
+    """``base.tombstones(*name)``, or none when ``base`` keeps no tombstones (a test's cache)."""
+    get = getattr(base, "tombstones", None)
+    return [] if get is None else list(get(*name))
+
+
 @runtime_checkable
 class BulkCacheView(Protocol):
-    """A cache that can look up many samples at once."""
+    """A cache that can look up many samples (and tombstones) at once."""
 
     def get_samples(self, keys: Iterable[tuple[str, str]]) -> Mapping[tuple[str, str], CachedSample]: ...
+
+    def get_tombstones(self, names: Iterable[TombName]) -> Mapping[TombName, list[Tombstone]]: ...
 
 
 class BatchView:
@@ -40,14 +68,18 @@ class BatchView:
     when ``base`` is a :class:`BulkCacheView`), heads memoized; anything else is asked of
     ``base``. Only valid while ``base`` does not change (the judging of one batch)."""
 
-    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]]) -> None:
+    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = ()) -> None:
         self.base = base
         wanted = set(keys)
+        names = set(tombs)
         if isinstance(base, BulkCacheView):
             found = base.get_samples(wanted)
+            marks = base.get_tombstones(names)
         else:
             found = {k: s for k in wanted if (s := base.get_sample(*k)) is not None}
+            marks = {n: base_tombstones(base, n) for n in names}
         self._samples: dict[tuple[str, str], CachedSample | None] = {k: found.get(k) for k in wanted}
+        self._tombs: dict[TombName, list[Tombstone]] = {n: list(marks.get(n, ())) for n in names}
         self._heads: dict[str, HeadInfo | None] = {}
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
@@ -64,6 +96,12 @@ class BatchView:
             self._heads[head_id] = self.base.get_head(head_id)
         return self._heads[head_id]
 
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        name = (head_id, kind, id_, subject_id)
+        if name in self._tombs:
+            return self._tombs[name]
+        return base_tombstones(self.base, name)
+
 
 class Overlay:
     """The cache as seen after the events of this batch judged so far (a :class:`CacheView`), so
@@ -73,6 +111,8 @@ class Overlay:
         self.base = base
         self.samples: dict[tuple[str, str], CachedSample | None] = {}  # None: dropped in this batch
         self.heads: dict[str, HeadInfo] = {}
+        self.tombs: dict[TombstoneKey, Tombstone] = {}  # put in this batch
+        self.expired: tuple[TombstoneKey, ...] = ()  # dropped in this batch (retention)
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         key = (head_id, sample_id)
@@ -93,10 +133,27 @@ class Overlay:
     def get_head(self, head_id: str) -> HeadInfo | None:
         return self.heads.get(head_id) or self.base.get_head(head_id)
 
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        found = {t.key: t for t in base_tombstones(self.base, (head_id, kind, id_, subject_id))}
+        for key, t in self.tombs.items():
+            if key[:4] == (head_id, kind, id_, subject_id):
+                found[key] = t
+        return [found[k] for k in sorted(found)]
+
+    def put_tombstone(self, t: Tombstone) -> None:
+        """Keep ``t`` unless its key already holds a tombstone at least as late (a tombstone only
+        ever moves later)."""
+        for old in self.tombstones(t.head_id, t.kind, t.id, t.subject_id):
+            if old.key == t.key and old.event_us >= t.event_us:
+                return
+        self.tombs[t.key] = t
+
     def mutations(self) -> CacheMutations:
         """The batch's net effect on the cache."""
         return CacheMutations(
             put_samples=tuple(v for v in self.samples.values() if v is not None),
             drop_samples=tuple(k for k, v in self.samples.items() if v is None),
             put_heads=tuple(self.heads.values()),
+            put_tombstones=tuple(self.tombs.values()),
+            drop_tombstones=tuple(k for k in self.expired if k not in self.tombs),
         )

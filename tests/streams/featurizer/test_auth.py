@@ -329,9 +329,11 @@ def test_receipts_only_for_deletes_a_valid_key_vouches_for() -> None:
                    (req("e3", "delete", head="g", sample="x1"), SIGN_A), (req("e4", "delete", sample="zz"), SIGN_A)),
               clients)
     assert out.reasons() == {"unsigned": 1, "unknown_key": 1, "revoked_client": 1, "unknown_field:bogus": 1,
-                             "head_not_allowed": 1, "unknown_sample": 1}
-    assert sorted((r.event_id, r.reason) for r in out.receipts) == [("e3", "head_not_allowed"),
-                                                                   ("e4", "unknown_sample")]
+                             "head_not_allowed": 1}
+    assert sorted((r.event_id, r.status, r.reason) for r in out.receipts) == [
+        ("e3", "rejected", "head_not_allowed"), ("e4", "tombstoned", None)]
+    # a client that may delete only its own samples leaves a tombstone that blocks only its own adds
+    assert [(t.id, t.client_id) for t in out.mutations.put_tombstones] == [("zz", "alice")]
     # with auth off, an invalid delete still gets its rejected receipt (today's behaviour)
     bad = msgs((b'{"schema":"unlearn.request/v1","op":"delete","event_id":"v","head_id":"h","client_id":"a",'
                 b'"subject_id":"s","sample_id":"x","bogus":1}', None))

@@ -23,6 +23,7 @@ from unlearn.streams.featurizer.core import (
     OutMessage,
     featurize_batch,
 )
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAD = HeadInfo("h", "features", "features", 3, "class", 0, 30, 0)
@@ -110,7 +111,45 @@ def test_a_version_2_file_is_upgraded_in_place(tmp_path: Path) -> None:
         assert cache.count() == 1 and cache.applied_offset == 7 and len(cache.pending_outbox()) == 1
         assert cache.origin_offsets() == {}
         version = cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert version == (str(CACHE_SCHEMA_VERSION),) == ("4",)
+        assert version == (str(CACHE_SCHEMA_VERSION),) == ("5",)
+
+
+def test_a_version_4_file_gets_event_times_and_tombstones(tmp_path: Path) -> None:
+    """4 -> 5: ``samples.event_us`` (0 for what was cached: any delete removes it) and the
+    ``tombstones`` table, in place."""
+    path = tmp_path / "c.sqlite"
+    with FeatureCache(path) as cache:
+        cache.commit_batch(CacheMutations(put_heads=(HEAD,), put_samples=(sample("a", "s", [1, 2, 3]),)), [], 7)
+        db = cache._db
+        db.execute("DROP TABLE tombstones")
+        db.execute("CREATE TABLE s4 AS SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, "
+                   "label_vec, q FROM samples")
+        db.execute("DROP TABLE samples")
+        db.execute("ALTER TABLE s4 RENAME TO samples")
+        db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    with FeatureCache(path) as cache:
+        (got,) = cache.all_samples()
+        assert got.event_us == 0 and cache.all_tombstones() == []
+        t = Tombstone("h", "sample", "a", "s", "", 9, "d")
+        cache.commit_batch(CacheMutations(put_tombstones=(t,)), [], 8)
+        assert cache.tombstones("h", "sample", "a", "s") == [t]
+
+
+def test_tombstones_only_move_later_expire_and_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    early, late = Tombstone("h", "sample", "x", "s", "", 5, "d1"), Tombstone("h", "sample", "x", "s", "", 9, "d2")
+    subj = Tombstone("h", "subject", "s", "s", "c1", 7, "d3")
+    with FeatureCache(path) as cache:
+        cache.commit_batch(CacheMutations(put_tombstones=(late, subj)), [], 1)
+        cache.commit_batch(CacheMutations(put_tombstones=(early,)), [], 2)  # never moves back
+        assert cache.tombstones("h", "sample", "x", "s") == [late]
+        names = [("h", "sample", "x", "s"), ("h", "subject", "s", "s"), ("h", "sample", "y", "s")]
+        assert cache.get_tombstones(names) == {names[0]: [late], names[1]: [subj], names[2]: []}
+        assert cache.expired_tombstones(8, 10) == [subj.key]
+    with FeatureCache(path) as cache:
+        assert cache.all_tombstones() == [late, subj]
+        cache.commit_batch(CacheMutations(drop_tombstones=(subj.key,)), [], 3)
+        assert cache.all_tombstones() == [late] and cache.expired_tombstones(9, 10) == []
 
 
 def test_identity_is_checked_on_open(tmp_path: Path) -> None:

@@ -18,15 +18,19 @@ from unlearn.streams.featurizer.changelog import (
     Position,
     batch_records,
     decode_sample,
+    decode_tombstone,
     delivered_record,
     encode_sample,
+    encode_tombstone,
     fold_changelog,
     outputs_of_txn,
     position_key,
     resume_plan,
     sample_key,
+    tombstone_key,
 )
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 TOPIC = "t.featurizer-cache"
 HEADS = {"h": HeadInfo("h", "features", "features", 3, "class", 0, 30, 0),
@@ -41,13 +45,17 @@ def mk(head: str, sid: str, subj: str, seed: int) -> CachedSample:
     rng = np.random.default_rng(seed)
     q = rng.integers(-(2**30), 2**30, size=3, dtype=np.int64)
     label: int | np.ndarray = int(seed % 5) if head == "h" else rng.integers(-9, 9, size=2, dtype=np.int64)
-    return CachedSample(head, sid, subj, "c", f"e{seed}", label, q)
+    return CachedSample(head, sid, subj, "c", f"e{seed}", label, q, event_us=seed)
 
 
 def test_sample_record_roundtrip_keeps_q_bits() -> None:
     for s in (mk("h", "a/b", "s", 1), mk("v/w", "x", "s", 2)):
         assert decode_sample(s.head_id, s.sample_id, encode_sample(s)) == s
     assert sample_key("v/w", "x") != sample_key("v", "w/x")  # ids with '/' never collide
+    for t in (Tombstone("v/w", "sample", "x/1:y", "s/", "c/d", 3, "e"),
+              Tombstone("h", "subject", "s", "s", "", 0, "e")):
+        assert decode_tombstone(tombstone_key(t.key), encode_tombstone(t)) == t
+    assert tombstone_key(("v/w", "sample", "x", "s", "")) != tombstone_key(("v", "sample", "w/x", "s", ""))
     with pytest.raises(ChangelogError):
         decode_sample("h", "a", encode_sample(mk("h", "a", "s", 1))[:-3])
 
@@ -64,11 +72,16 @@ batches = st.lists(
 )
 
 
-def to_mutations(puts: list, drops: list, with_heads: bool) -> CacheMutations:
+def to_mutations(puts: list, drops: list, with_heads: bool, g: int = 1) -> CacheMutations:
+    """A batch's mutations; each dropped sample leaves a tombstone dated 10 g (later batches,
+    later tombstones, as the overlay's only ever move later), each put sample's tombstone expires."""
     put = {(h, s): mk(h, s, subj, seed) for h, s, subj, seed in puts}
     drop = tuple(k for k in dict.fromkeys(drops) if k not in put)  # a key is put or dropped, never both
     heads = tuple(HEADS[h] for h in sorted({h for h, _ in put})) if with_heads else ()
-    return CacheMutations(put_samples=tuple(put.values()), drop_samples=drop, put_heads=heads)
+    tombs = tuple(Tombstone(h, "sample", sid, "s", "", 10 * g, f"d{g}") for h, sid in drop)
+    expired = tuple((h, "sample", sid, "s", "") for h, sid in put)
+    return CacheMutations(put_samples=tuple(put.values()), drop_samples=drop, put_heads=heads,
+                          put_tombstones=tombs, drop_tombstones=expired)
 
 
 @settings(max_examples=60, deadline=None)
@@ -83,7 +96,7 @@ def test_replaying_the_changelog_gives_the_cache(tmp_path_factory: pytest.TempPa
     log: list[tuple[bytes, bytes | None]] = []
     with FeatureCache(path) as cache:
         for g, (puts, drops, with_heads) in enumerate(batches, start=1):
-            muts = to_mutations(puts, drops, with_heads)
+            muts = to_mutations(puts, drops, with_heads, g)
             out = [OutMessage("t.deltas", b"h", f"delta {g}".encode())]
             recs = batch_records(2, TOPIC, muts, out, pos(10 * g, g), piece_bytes)
             assert [m.phase for m in recs] == sorted(m.phase for m in recs)  # phase 0 first
@@ -93,6 +106,7 @@ def test_replaying_the_changelog_gives_the_cache(tmp_path_factory: pytest.TempPa
             log += [(m.key or b"", m.value) for m in recs]
         want = {(s.head_id, s.sample_id): s for s in cache.all_samples()}
         want_heads = {h.head_id: h for h in cache.heads()}
+        want_tombs = {t.key: t for t in cache.all_tombstones()}
     # a crash cut the last batch's phase-1 records short
     n_state = sum(m.phase == PHASE_OUTPUT for m in last)
     log = log[: len(log) - (cut % (n_state + 1))]
@@ -103,6 +117,7 @@ def test_replaying_the_changelog_gives_the_cache(tmp_path_factory: pytest.TempPa
     folded = fold_changelog(log, 2)
     assert folded.samples.keys() == want.keys() and all(folded.samples[k] == want[k] for k in want)
     assert folded.heads == want_heads
+    assert folded.tombstones == want_tombs  # the deletes' tombstones move with the cache (remove wins)
     assert folded.position is not None and folded.position.generation == len(batches)
     assert folded.position.origins == {0: 10 * len(batches)}
     assert [m.value for m in folded.pending] == [f"delta {len(batches)}".encode()]
@@ -120,7 +135,7 @@ def test_phase_one_is_rebuilt_byte_for_byte_from_the_outbox_txn(batches: list, p
     for g, (puts, drops, with_heads) in enumerate(batches, start=1):
         out = [OutMessage(f"t.{t}", None if i == 2 else f"k{i}".encode(), bytes([g, i]) * (i + 1))
                for i, t in zip(range(n_out), ("deltas", "deadletter", "receipts", "head-registry"), strict=False)]
-        recs = batch_records(2, TOPIC, to_mutations(puts, drops, with_heads), out, pos(10 * g, g), piece_bytes)
+        recs = batch_records(2, TOPIC, to_mutations(puts, drops, with_heads, g), out, pos(10 * g, g), piece_bytes)
         phase0 += [m for m in recs if m.phase == PHASE_CHANGELOG]
         want += [m for m in recs if m.phase == PHASE_OUTPUT] + out
     assert outputs_of_txn(TOPIC, 2, phase0) == want
@@ -169,7 +184,9 @@ def test_cache_rebuild_replaces_everything_with_a_new_lineage(tmp_path: Path) ->
                            [OutMessage("t.d", None, b"x")], 7, 1, {0: 70, 5: 9})
         cache.bind_routing("old-requests-id", 8)
         rebuilt = Position(2, 3, "t.requests.by-head", "tid", "L", 9, 0, "", {0: 40, 1: 12}, "rid", 4)
-        cache.replace_all([mk("h", "b", "s", 2)], [HEADS["h"]], rebuilt)
+        tomb = Tombstone("h", "subject", "s", "s", "c", 5, "d")
+        cache.replace_all([mk("h", "b", "s", 2)], [HEADS["h"]], rebuilt, [tomb])
+        assert cache.all_tombstones() == [tomb]
         assert cache.lineage != old and cache.generation == 9 and cache.applied_offset == 3
         assert cache.topic_id == "tid" and cache.pending_outbox() == []
         assert [s.sample_id for s in cache.all_samples()] == ["b"]

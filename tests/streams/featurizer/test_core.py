@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import orjson
@@ -47,6 +48,7 @@ from unlearn.streams.featurizer.core import (
     salvage_delete_ids,
     use_packed,
 )
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30
 
@@ -58,6 +60,7 @@ class MemCache:
     def __init__(self) -> None:
         self.samples: dict[tuple[str, str], CachedSample] = {}
         self.heads: dict[str, HeadInfo] = {}
+        self.tombs: dict[tuple[str, str, str, str, str], Tombstone] = {}
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         return self.samples.get((head_id, sample_id))
@@ -69,6 +72,9 @@ class MemCache:
     def get_head(self, head_id: str) -> HeadInfo | None:
         return self.heads.get(head_id)
 
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        return [t for k, t in sorted(self.tombs.items()) if k[:4] == (head_id, kind, id_, subject_id)]
+
     def apply(self, m: CacheMutations) -> None:
         for h in m.put_heads:
             self.heads[h.head_id] = h
@@ -76,6 +82,10 @@ class MemCache:
             self.samples.pop(key, None)
         for s in m.put_samples:
             self.samples[(s.head_id, s.sample_id)] = s
+        for k in m.drop_tombstones:
+            self.tombs.pop(k, None)
+        for t in m.put_tombstones:
+            self.tombs[t.key] = t
 
 
 def cfg(**kw: object) -> CoreConfig:
@@ -102,8 +112,14 @@ def raw(**d: object) -> bytes:
     return orjson.dumps({"schema": "unlearn.request/v1", **d})
 
 
-def batch(*values: bytes | None, start: int = 0, partition: int = 0) -> list[InMessage]:
-    return [InMessage(partition, start + i, v, b"key%d" % i) for i, v in enumerate(values)]
+T0_MS = int(time.time() * 1000) - 60_000  # record timestamps: a minute ago, one ms per offset
+
+
+def batch(*values: bytes | None, start: int = 0, partition: int = 0, stamped: bool = False) -> list[InMessage]:
+    """Records in offset order; ``stamped``: each timestamped one ms after the one before (the
+    event time of a request without ``ts``; unstamped records are dated at the batch's clock)."""
+    return [InMessage(partition, start + i, v, b"key%d" % i, timestamp_ms=T0_MS + start + i if stamped else None)
+            for i, v in enumerate(values)]
 
 
 def ref_q(values) -> np.ndarray:
@@ -224,7 +240,7 @@ def test_delete_and_delete_subject_use_the_cached_q_and_label() -> None:
 def test_add_then_delete_in_one_batch_and_delete_then_readd() -> None:
     cache = MemCache()
     out1 = featurize_batch(batch(add("e1", "h", "s", "x", [3, 4], 1), add("e2", "h", "s", "y", [1, 0], 0),
-                                 delete("e3", "h", "s", "x")), cache, cfg(), no_encoder)
+                                 delete("e3", "h", "s", "x"), stamped=True), cache, cfg(), no_encoder)
     assert out1.deadletters == []
     (d1,) = out1.deltas
     assert [(e.sign, e.sample_ids) for e in d1.entries] == [(1, ("x", "y")), (-1, ("x",))]
@@ -233,8 +249,8 @@ def test_add_then_delete_in_one_batch_and_delete_then_readd() -> None:
     assert set(cache.samples) == {("h", "y")}
     # delete y then add y again (new features) in one batch: -old q, +new q
     old_q = cache.samples[("h", "y")].q.copy()
-    out2 = featurize_batch(batch(delete("e4", "h", "s", "y"), add("e5", "h", "s", "y", [0, 2], 1), start=3),
-                           cache, cfg(), no_encoder)
+    out2 = featurize_batch(batch(delete("e4", "h", "s", "y"), add("e5", "h", "s", "y", [0, 2], 1), start=3,
+                                 stamped=True), cache, cfg(), no_encoder)
     assert out2.deadletters == []
     (d2,) = out2.deltas
     assert [(e.sign, e.event_ids) for e in d2.entries] == [(1, ("e5",)), (-1, ("e4",))]
@@ -271,20 +287,20 @@ def test_vector_labels_quantized_with_label_frac_bits_and_entry_order() -> None:
 # --------------------------------------------------------------------------- rejections
 def test_bad_events_go_to_deadletter_and_the_batch_proceeds() -> None:
     cache = MemCache()
-    first = featurize_batch(batch(add("e0", "h", "s1", "old", [1, 1, 0], 1)), cache, cfg(), no_encoder)
+    first = featurize_batch(batch(add("e0", "h", "s1", "old", [1, 1, 0], 1)), cache, cfg(), no_encoder, now=5.0)
     cache.apply(first.mutations)
     values = [
         add("ok1", "h", "s1", "n1", [0, 1, 0], 0),                      # 1 ok
         add("dup", "h", "s1", "old", [1, 0, 0], 0),                     # 2 duplicate_add (cached)
         add("ok2", "h", "s2", "n2", [0, 0, 2], 2),                      # 3 ok
         add("dup2", "h", "s2", "n2", [0, 0, 3], 2),                     # 4 duplicate_add (same batch)
-        delete("unk", "h", "s1", "nope"),                               # 5 unknown_sample
+        delete("unk", "h", "s1", "nope"),                               # 5 not cached: tombstoned
         add("dim", "h", "s1", "n3", [1, 2], 0),                         # 6 dimension_mismatch
         raw(event_id="neg", op="add", head_id="h", client_id="c1", subject_id="s1", sample_id="n4",
             label=-1, input={"kind": "features", "values": [1, 2, 3]}),  # 7 bad_label (envelope)
         b"{not json",                                                   # 8 not_json
         add("lab", "h", "s1", "n5", [1, 2, 3], [1.0, 0.0]),             # 9 label_mismatch
-        delete_subject("nosub", "h", "ghost"),                          # 10 unknown_subject
+        delete_subject("nosub", "h", "ghost"),                          # 10 nothing cached: tombstoned
         delete("wrongsub", "h", "s2", "old"),                           # 11 subject_mismatch
         add("huge", "h", "s1", "n6", [1e300, 1e300, 0], 0),             # 12 non_finite_feature (norm)
         add("cls", "h", "s1", "n7", [1, 0, 0], 2**20),                  # 13 label_out_of_range
@@ -295,37 +311,38 @@ def test_bad_events_go_to_deadletter_and_the_batch_proceeds() -> None:
     ]
     out = featurize_batch(batch(*values, start=100), cache, cfg(), no_encoder, now=5.0)
     got = [(d.offset, d.reason) for d in out.deadletters]
-    assert got == [(101, "duplicate_add"), (103, "duplicate_add"), (104, "unknown_sample"),
+    assert got == [(101, "duplicate_add"), (103, "duplicate_add"),
                    (105, "dimension_mismatch"), (106, "bad_label"), (107, "not_json"), (108, "label_mismatch"),
-                   (109, "unknown_subject"), (110, "subject_mismatch"), (111, "non_finite_feature"),
+                   (110, "subject_mismatch"), (111, "non_finite_feature"),
                    (112, "label_out_of_range"), (113, "unexpected_field:label"), (114, "not_json")]
     for d in out.deadletters:
         assert d.stage == "featurizer" and d.topic == "t.requests" and d.partition == 0 and d.ts == 5.0
         assert d.original == redact_original(values[d.offset - 100] or b"") and d.key == b"key%d" % (d.offset - 100)
         assert d.detail
     # a refused plaintext add keeps its envelope, not its input (UNLEARN_DEADLETTER_INPUTS=redact) ...
-    dim = orjson.loads(out.deadletters[3].original)
+    dim = orjson.loads(out.deadletters[2].original)
     assert dim["input"] == {"kind": "features", "redacted": True} and dim["event_id"] == "dim"
-    assert out.deadletters[5].original == b"{not json"  # nothing to attribute: kept
+    assert out.deadletters[4].original == b"{not json"  # nothing to attribute: kept
     # ... and all of it with UNLEARN_DEADLETTER_INPUTS=keep
     kept = featurize_batch(batch(*values, start=100), cache, cfg(redact_deadletter_inputs=False), no_encoder, now=5.0)
     assert [d.original for d in kept.deadletters] == [values[d.offset - 100] or b"" for d in kept.deadletters]
-    assert out.deadletters[0].event_id == "dup" and out.deadletters[5].event_id is None
+    assert out.deadletters[0].event_id == "dup" and out.deadletters[4].event_id is None
     # the good events went through
     (delta,) = out.deltas
     assert delta.source_id == "requests/0@115"
     assert [(e.sign, e.event_ids) for e in delta.entries] == [(1, ("ok1", "ok2")), (-1, ("ok3",))]
     assert out.accepted == 3
-    # rejected receipts for refused deletes (also the malformed one that names its ids)
+    # rejected receipts for refused deletes (also the malformed one that names its ids); deletes
+    # that removed nothing are tombstoned (their tombstones keep older adds out)
     assert [(r.event_id, r.status, r.reason, r.sample_ids) for r in out.receipts] == [
-        ("unk", "rejected", "unknown_sample", ("nope",)),
-        ("nosub", "rejected", "unknown_subject", ()),
+        ("unk", "tombstoned", None, ("nope",)),
+        ("nosub", "tombstoned", None, ()),
         ("wrongsub", "rejected", "subject_mismatch", ("old",)),
         ("bad-del", "rejected", "unexpected_field:label", ("x",)),
     ]
     # messages encode and decode; keys: head id / original key / subject id
     msgs = out.messages(cfg())
-    assert [m.topic for m in msgs] == ["t.deltas"] + ["t.deadletter"] * 13 + ["t.receipts"] * 4
+    assert [m.topic for m in msgs] == ["t.deltas"] + ["t.deadletter"] * 11 + ["t.receipts"] * 4
     assert msgs[0].key == b"h" and decode_delta(msgs[0].value).source_id == "requests/0@115"
     assert decode_deadletter(msgs[1].value).reason == "duplicate_add"
     assert msgs[-1].key == b"s9" and decode_receipt(msgs[-1].value).reason == "unexpected_field:label"
@@ -534,9 +551,11 @@ def test_steps_parse_encode_judge_assemble() -> None:
 
     judged = judge_batch(msgs, reqs, encoded, MemCache(), cfg(), ts=5.0)
     assert judged.accepted == 2  # the add, and the delete that sees it through the overlay
-    assert [(d.offset, d.reason) for d in judged.deadletters] == [(8, "not_json"), (10, "unknown_sample")]
-    assert [(r.event_id, r.reason) for r in judged.receipts] == [("d2", "unknown_sample")]
+    assert [(d.offset, d.reason) for d in judged.deadletters] == [(8, "not_json")]
+    assert [(r.event_id, r.status, r.tombstone_ts) for r in judged.receipts] == [("d2", "tombstoned", 5.0)]
     assert judged.overlay.mutations().drop_samples == (("h", "x"),)
+    assert sorted((t.id, t.event_us) for t in judged.overlay.mutations().put_tombstones) == [
+        ("gone", 5_000_000), ("x", 5_000_000)]
     assert len(judged.rows["h"]) == 2
 
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, "requests/0@10", cfg())
@@ -557,8 +576,14 @@ def test_judge_steps_are_pure_decisions() -> None:
         judge_delete(req(delete("d", "h", "other", "x")), cache)
     assert exc.value.reason == "subject_mismatch"
     assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache) == [cs]
-    with pytest.raises(Rejected, match="unknown_subject"):
-        judge_delete_subject(req(delete_subject("ds", "h", "nobody")), cache)
+    assert judge_delete_subject(req(delete_subject("ds", "h", "nobody")), cache) == []  # removes nothing
+    assert judge_delete(req(delete("d", "h", "s", "nope")), cache) == []
+    later = CachedSample("h", "x", "s", "c1", "add-x", 1, np.array([1, 2], np.int64), event_us=7_000_000)
+    cache.samples[("h", "x")] = later  # re-added after the delete's event time: the add wins
+    assert judge_delete(req(delete("d", "h", "s", "x")), cache, 6_999_999) == []
+    assert judge_delete(req(delete("d", "h", "s", "x")), cache, 7_000_000) == [later]
+    assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache, 6_999_999) == []
+    cache.samples[("h", "x")] = cs
     new, got_head, is_new = judge_add(req(add("a", "h", "s", "y", [0, 2], 0)), np.array([0.0, 2.0]), "features",
                                       cache, cfg())
     assert got_head is head and not is_new and new.q.tolist() == ref_q([0, 2]).tolist()
