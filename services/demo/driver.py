@@ -36,6 +36,7 @@ from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput, encode_request
 from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head_scores import score_rows
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
@@ -238,8 +239,8 @@ class Demo:
         """Test accuracy of the head's weights on the (quantized, normalized) test features."""
         q = Quantizer(self.settings.frac_bits)
         F = q.dequantize(q.quantize(l2_normalize(self.data.F_test)))
-        W = np.asarray(h.weights)
-        return float(np.mean(np.argmax(F @ W, axis=1) == self.data.y_test))
+        # over the classes with retained samples only, as serving predicts (schemas/head_scores.py)
+        return float(np.mean(score_rows(h, F).predicted == self.data.y_test))
 
     def record(self, name: str, events: int, t0: float, h: HeadUpdate, **extra: Any) -> None:
         p = Phase(name, events, time.time() - t0, h.n_retained, self.accuracy(h), h.digest, h.version, extra)
@@ -388,7 +389,7 @@ class Demo:
             return {"ok": False, "error": f"no prediction from the final head: {got}"}
         q = Quantizer(self.settings.frac_bits)
         k = len(got["predictions"])
-        local = np.argmax(q.dequantize(q.quantize(l2_normalize(self.data.F_test[:k]))) @ np.asarray(h.weights), axis=1)
+        local = score_rows(h, q.dequantize(q.quantize(l2_normalize(self.data.F_test[:k])))).predicted
         served = np.array([p["predicted_class"] for p in got["predictions"]])
         return {"ok": bool(got["digest"] == h.digest), "version": got["version"], "digest": got["digest"],
                 "mode": got["mode"], "agree_with_published_head": int((served == local).sum()), "probes": k,

@@ -20,13 +20,17 @@ import numpy as np
 
 from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer, resolve_backbone
 from unlearn.infra.settings import Settings
+from unlearn.schemas.head_codec import retained_class_list
 from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head_scores import score_rows
 from unlearn.services.serving.store import ServedHead
 
-__all__ = ["MAX_INPUTS", "PredictError", "parse_predict_body", "predict", "prepare_inputs"]
+__all__ = ["MAX_INPUTS", "MAX_TOP_K", "PredictError", "parse_predict_body", "predict", "prepare_inputs"]
 
 #: At most this many inputs per predict request.
 MAX_INPUTS = 1024
+#: Largest ``top_k`` of a predict request (the label space cap's format limit is far above it).
+MAX_TOP_K = 1024
 
 
 class PredictError(ValueError):
@@ -145,22 +149,18 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
     return quantizer(frac_bits, bound).dequantize(np.stack(rows))
 
 
-def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0) -> dict[str, Any]:
-    """Scores X @ W, predicted class, predictive variance sigma^2 f^T T f -- all from ``head``."""
+def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0, top_k: int = 1) -> dict[str, Any]:
+    """Scores X @ W, predicted class and top ``top_k`` classes, predictive variance sigma^2 f^T T f
+    -- all from ``head``. Classes are ranked over those with retained samples only; the others'
+    scores are null (``schemas/head_scores.py``)."""
     from unlearn.ledger.bayes import predictive_variance
 
     u = head.update
-    W = np.asarray(u.weights)
-    scores = X @ W
+    ranked = score_rows(u, X, top_k)
     var = predictive_variance(X, head.posterior, sigma2) if head.posterior is not None else None
     preds = []
     for i in range(X.shape[0]):
-        row = scores[i]
-        preds.append({
-            "scores": row.tolist(),
-            "predicted_class": int(np.argmax(row)) if row.shape[0] else None,
-            "variance": float(var[i]) if var is not None else None,
-        })
+        preds.append({**ranked.as_json(i), "variance": float(var[i]) if var is not None else None})
     src = head.posterior_source
     note = {
         "current_head": "posterior T of this head version",
@@ -175,6 +175,7 @@ def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0) -> dict[str, A
         "mode": u.mode,
         "digest": u.digest,
         "n_retained": u.n_retained,
+        "retained_classes": retained_class_list(u),
         "predictions": preds,
         "variance": {
             "available": var is not None,

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head_codec import HeadUpdate, retained_class_list
 
 __all__ = ["HeadStore", "OfferResult", "ServedHead"]
 
@@ -57,6 +57,7 @@ class ServedHead:
             "events_covered": u.events_covered,
             "d": u.d,
             "c": u.c,
+            "retained_classes": retained_class_list(u),
             "gamma": u.gamma,
             "contract_version": u.contract_version,
             "drift": u.drift,
