@@ -25,7 +25,7 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.head_codec import head_to_json
 from unlearn.services.serving.follower import HeadsFollower
 from unlearn.services.serving.metrics import Metrics
-from unlearn.services.serving.predict import PredictError, parse_predict_body, predict, prepare_inputs
+from unlearn.services.serving.predict import MAX_TOP_K, PredictError, parse_predict_body, predict, prepare_inputs
 from unlearn.services.serving.store import HeadStore
 
 __all__ = ["OPENAPI_RESOURCE", "ServingServer", "build_app", "follower_of", "listen", "metrics_of",
@@ -86,9 +86,39 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
         request.app[_METRICS].observe(route, request.method, status, time.perf_counter() - t0)
 
 
+#: The query parameters each route takes, and the values it accepts (openapi.json says the same).
+_WEIGHTS_VALUES = ("1", "true", "yes")
+
+
+def _query_error(request: web.Request, allowed: tuple[str, ...]) -> web.Response | None:
+    """400 ``bad_query`` for a parameter a route does not take or one given twice; None if fine."""
+    for name in request.query:
+        if name not in allowed:
+            return _error(400, "bad_query", f"unknown query parameter {name!r} (this route takes {list(allowed)})")
+        if len(request.query.getall(name)) > 1:
+            return _error(400, "bad_query", f"query parameter {name!r} given more than once")
+    return None
+
+
+def _top_k(request: web.Request) -> int | web.Response:
+    """The ``top_k`` query parameter of a predict request: an integer 1..MAX_TOP_K (default 1)."""
+    raw = request.query.get("top_k")
+    if raw is None:
+        return 1
+    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_TOP_K):
+        return _error(400, "bad_query", f"top_k must be an integer in 1..{MAX_TOP_K}, got {raw[:40]!r}")
+    return int(raw)
+
+
 async def _predict(request: web.Request) -> web.Response:
     settings = request.app[_SETTINGS]
     head_id = request.match_info["head"]
+    bad = _query_error(request, ("top_k",))
+    if bad is not None:
+        return bad
+    top_k = _top_k(request)
+    if isinstance(top_k, web.Response):
+        return top_k
     head = request.app[_STORE].get(head_id)  # the ONE reference this request uses
     if head is None:
         return _error(404, "unknown_head", f"no head {head_id!r} has been published (yet)")
@@ -107,7 +137,7 @@ async def _predict(request: web.Request) -> web.Response:
             X = await loop.run_in_executor(request.app[_POOL], prepare_inputs, settings, head, kind, items, contract)
     except PredictError as exc:
         return _error(exc.status, exc.reason, exc.detail)
-    out = predict(head, X, settings.serve_sigma2)
+    out = predict(head, X, settings.serve_sigma2, top_k)
     out["batched"] = batched
     out["contract_version"] = contract.version if contract is not None else None
     return _json(out)
@@ -115,16 +145,25 @@ async def _predict(request: web.Request) -> web.Response:
 
 async def _head(request: web.Request) -> web.Response:
     head_id = request.match_info["head"]
+    bad = _query_error(request, ("weights",))
+    if bad is not None:
+        return bad
+    weights = request.query.get("weights")
+    if weights is not None and weights not in _WEIGHTS_VALUES:
+        return _error(400, "bad_query", f"weights must be one of {list(_WEIGHTS_VALUES)}, got {weights[:40]!r}")
     head = request.app[_STORE].get(head_id)
     if head is None:
         return _error(404, "unknown_head", f"no head {head_id!r} has been published (yet)")
     out = head.summary()
-    if request.query.get("weights") in ("1", "true", "yes"):
+    if weights is not None:
         out["weights"] = head_to_json(head.update)["weights"]
     return _json(out)
 
 
 async def _heads(request: web.Request) -> web.Response:
+    bad = _query_error(request, ())
+    if bad is not None:
+        return bad
     now = time.time()
     return _json({"heads": [h.summary(now) for _, h in sorted(request.app[_STORE].all().items())]})
 
@@ -139,7 +178,7 @@ async def _healthz(request: web.Request) -> web.Response:
         "status": "ok" if running else "error",
         "ready": f.caught_up.is_set(),
         "heads": len(store),
-        "consumer": {"running": running, "topic": f.topic, "caught_up": f.caught_up.is_set(),
+        "consumer": {"running": running, "topic": f.topic.pattern, "caught_up": f.caught_up.is_set(),
                      "lag": sum(f.lag().values()), "error": f.error},
         "uptime_seconds": time.monotonic() - request.app[_STARTED],
     }
