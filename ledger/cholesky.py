@@ -287,7 +287,9 @@ class CholeskyTracker:
         W_canon = solve_with_factor(L, stats.moments())
         self.grow_outputs(W_canon.shape[1])
         drift = relative_deviation(self.W, W_canon) if self.W.shape == W_canon.shape else float("inf")
-        self.L, self.W = L, W_canon
+        # Fortran order as in __init__: hyhound updates L in place only in that order, and SciPy's
+        # cholesky does not promise it (a newer SciPy returned C order and the next add failed).
+        self.L, self.W = np.asfortranarray(L), W_canon
         self._T = None
         self.updates_since_reset = 0
         self.last_reset_drift = drift

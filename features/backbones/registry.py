@@ -64,6 +64,20 @@ def resolve_device(device: Any = "auto") -> torch.device:
     return dev
 
 
+def full_fp32_on_cuda() -> None:
+    """Turn TF32 off for cuDNN convolutions and CUDA matmuls in this process.
+
+    cuDNN's default TF32 convolutions moved EfficientNet-Lite0 features by up to 1 % against the
+    CPU, and by as much between batch sizes on the GPU (bench/results/gpu.md); in full float32
+    they agree to a few 1e-6, like the CPU's own batch effects. Serving re-encodes inputs that the
+    featurizer encoded, so both must compute in the same precision; the cost was 5 % throughput.
+    """
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 # --------------------------------------------------------------------------------------------
 # factories (lazy imports live here)
 
@@ -185,6 +199,8 @@ def get_backbone(name: str, device: Any = "auto", **options: Any) -> Backbone:
     else:
         dev_key = str(resolve_device(device))
     key = (entry.info.name, dev_key, tuple(sorted(opts.items())))
+    if dev_key.startswith("cuda"):
+        full_fp32_on_cuda()
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is None:

@@ -214,3 +214,24 @@ def test_unknown_tracker_or_kernel_is_refused() -> None:
         TrackedHead(ExactLedger(3, 1), tracker="qr")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="kernel"):
         TrackedHead(ExactLedger(3, 1), tracker="cholesky", factor_kernel="lapack")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_reset_keeps_the_factor_in_fortran_order_whatever_scipy_returns(
+        kernel: FactorKernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hyhound updates L in place only in Fortran order; a newer SciPy's cholesky returned C order
+    (seen on the GPU machine: the ledger's first add after a reset failed). The reset must not
+    depend on the order SciPy picks."""
+    rng = np.random.default_rng(11)
+    F, y = clustered(rng, 30, 8, 3)
+    led = ExactLedger.from_rows(Quantizer().quantize(F), y, n_outputs=3)
+    real = cholesky.cholesky_factor
+    monkeypatch.setattr(cholesky, "cholesky_factor", lambda stats, gamma: np.ascontiguousarray(real(stats, gamma)))
+    tr = CholeskyTracker.from_ledger(led, gamma=0.1, kernel=kernel)
+    tr.reset(led)
+    assert tr.L.flags.f_contiguous
+    Q = Quantizer().quantize(l2_normalize(rng.standard_normal((2, 8))))
+    U = Q.astype(float) * 2.0 ** -led.frac_bits
+    tr.add(U, U.T @ one_hot([0, 2], 3), one_hot([0, 2], 3))
+    led.add(Q, [0, 2])
+    assert relative_deviation(tr.W, solve_head(led, 0.1)) < FAST_HEAD_TOL
