@@ -22,7 +22,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
 from unlearn.infra.topics import prefixed_topics
-from unlearn.schemas.head_codec import CodecError, HeadUpdate, decode_head, head_to_json
+from unlearn.schemas.head_codec import CodecError, HeadUpdate, decode_head, head_to_json, retained_class_list
 
 __all__ = ["HeadFollower", "head_main", "latest_heads", "read_heads", "wait_for_head"]
 
@@ -164,7 +164,16 @@ def _print_head(h: HeadUpdate, as_json: bool) -> None:
     digest = h.digest or "(none: a fast head; exact updates carry it)"
     print(f"head {h.head_id}  version {h.version}  mode {h.mode}  n_retained {h.n_retained}  "
           f"events {h.events_covered}\ndigest {digest}\nweights {h.weights.shape[0]} x {h.weights.shape[1]}  "
-          f"gamma {h.gamma}  drift at last reset {h.drift:.3g}")
+          f"gamma {h.gamma}  drift {h.drift:.3g}\nclasses with retained samples {_classes(h)}")
+
+
+def _classes(h: HeadUpdate) -> str:
+    """The classes a prediction may name, for people (docs/formats.md, "Heads", flag bit 4)."""
+    classes = retained_class_list(h)
+    if classes is None:
+        return "(every column: a head of target vectors)"
+    shown = ", ".join(map(str, classes[:20])) + (f", ... ({len(classes)} in all)" if len(classes) > 20 else "")
+    return f"{shown or 'none'} of {h.c}"
 
 
 def head_main(argv: list[str] | None = None) -> int:
