@@ -342,7 +342,8 @@ def gen_predict() -> dict[str, Any]:
 
     d, c = 4, 3
     base_inputs = [[0.5, -0.25, 0.125, 1.0], [3.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0],
-                   [1e-3, -2e-3, 3e-3, 4e-3], [1.0, 1.0, 1.0]]
+                   [1e-3, -2e-3, 3e-3, 4e-3], [1.0, 1.0, 1.0],
+                   [1e-9, -2e-9, 0.0, 5e-10], [1e-13, 0.0, -3e-14, 0.0]]  # tiny norms: the 1e-12 floor
     exact = upd("faces", 5, "exact", d, c, True, 1)
     fast = upd("faces", 6, "fast", d, c, False, 1)
     scenario("exact_then_fast_keeps_posterior", [exact, fast], [contract("faces", d, c)], base_inputs)
