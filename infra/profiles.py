@@ -51,6 +51,10 @@ class BrokerQuirks:
     """tansu (s3:// storage, seen in bench.chaos) answers idempotent produce requests of live
     producers with OUT_OF_ORDER_SEQUENCE_NUMBER, a fatal error for librdkafka: every worker then
     dies. Where False, producers run without idempotence, one request in flight."""
+    delete_records: bool
+    """Kafka's DeleteRecords moves a partition's log start (the records below are unreadable at
+    once, their segments leave the disk at the next roll). tansu has no DeleteRecords: only
+    deleting a topic frees a record, so raw inputs stay unless sealed for transit."""
     fetch_returns_on_data: bool
     """Kafka answers a long-polling Fetch as soon as data arrives; tansu holds every Fetch for the
     full max wait (measured: median delivery latency = about half of fetch.wait.max.ms). On tansu
@@ -65,6 +69,7 @@ _QUIRKS = {
         aiokafka_idempotence=False,
         auto_creates_topics_with_4_partitions=True,
         idempotent_producer_reliable=False,
+        delete_records=False,
         fetch_returns_on_data=False,
     ),
     "kafka": BrokerQuirks(
@@ -74,6 +79,7 @@ _QUIRKS = {
         aiokafka_idempotence=True,
         auto_creates_topics_with_4_partitions=False,
         idempotent_producer_reliable=True,
+        delete_records=True,
         fetch_returns_on_data=True,
     ),
 }
@@ -161,10 +167,16 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # killed member's partitions move only once its session expires; it does not support
         # static membership (a join with group.instance.id hangs). 1.5 s brings a kill -9 ->
         # restart -> assigned cycle to ~3 s. librdkafka heartbeats from its own thread, so a busy
-        # Python thread does not miss them; a missed one costs a rebalance, never exactness. Kafka
-        # keeps its defaults (and refuses sessions below group.min.session.timeout.ms).
+        # Python thread does not miss them; a missed one costs a rebalance, never exactness.
         conf["session.timeout.ms"] = 1500
         conf["heartbeat.interval.ms"] = 300
+    else:
+        # Apache Kafka: a worker killed with -9 holds its partitions until its session expires,
+        # and a restarted one waits that long to join (librdkafka's default: 45 s). 6 s is the
+        # broker's group.min.session.timeout.ms default, the shortest Kafka accepts: a killed
+        # worker's partitions move in ~6 s. Heartbeats come from librdkafka's own thread.
+        conf["session.timeout.ms"] = 6000
+        conf["heartbeat.interval.ms"] = 1000
     conf.update(overrides)
     return conf
 
@@ -186,4 +198,11 @@ def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
     if compacted:
         # tansu accepts but never runs compaction (BrokerQuirks.compaction_runs).
         conf["cleanup.policy"] = "compact"
+        if quirks(settings).compaction_runs:
+            # Erasure by tombstone (docs/erasure.md): a destroyed key's record must leave the log
+            # within a bound. The active segment is never compacted: roll it after segment.ms (on
+            # the next append), then compact a segment no later than max.compaction.lag.ms, whatever
+            # the dirty ratio; tombstones themselves (no secret) stay a day for late readers.
+            conf.update({"segment.ms": str(settings.segment_ms), "max.compaction.lag.ms": str(settings.segment_ms),
+                         "delete.retention.ms": str(86_400_000)})
     return conf
