@@ -93,6 +93,12 @@ class Settings:
     shred_every_seconds: float = 2.0  # UNLEARN_SHRED_EVERY_SECONDS: at most one key rotation per partition per period
     # UNLEARN_REQUESTS_RETENTION_MS: retention.ms of requests and requests.by-head when created (-1: broker default)
     requests_retention_ms: int = -1
+    # UNLEARN_TRIM_EVERY_SECONDS: where the broker has DeleteRecords, the featurizer deletes raw inputs
+    # below every group's committed offset at most this often (0 = never; docs/erasure.md section 5)
+    trim_every_seconds: float = 5.0
+    # UNLEARN_SEGMENT_MS: segment.ms (and max.compaction.lag.ms) of the topics the broker trims or
+    # compacts for erasure: the longest a deleted record's bytes wait on disk for a roll
+    segment_ms: int = 60_000
     transit_rotate_seconds: float = 20.0  # UNLEARN_TRANSIT_ROTATE_SECONDS: a new transit key per partition this often
     transit_grace_seconds: float = 15.0  # UNLEARN_TRANSIT_GRACE_SECONDS: a transit key outlives its use_until this long
     # UNLEARN_TRANSIT_OPEN_CACHE: AES keys the featurizer keeps per (transit key, producer epk), LRU (0: none)
@@ -246,6 +252,10 @@ class Settings:
         if self.state_rotate_bytes < self.changelog_max_bytes:
             raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
+        if self.trim_every_seconds < 0:
+            raise ValueError("UNLEARN_TRIM_EVERY_SECONDS must be >= 0 (0 = never)")
+        if self.segment_ms < 1000:
+            raise ValueError("UNLEARN_SEGMENT_MS must be at least 1000")
             name, sep, value = item.partition("=")
             if not (sep and name.strip() and value.strip()):
                 raise ValueError(f"UNLEARN_HEAD_BACKBONES entry {item!r} is not 'head=backbone'")

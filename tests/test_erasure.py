@@ -2,7 +2,8 @@
 receipt, its features are nowhere the system controls (every topic, the data dir, the worker
 logs), and ``unlearn verify`` still certifies the head. Its raw inputs in ``requests`` and
 ``requests.by-head`` were sealed for transit by the SDK, and are noise once the transit key is
-destroyed; a plain producer's input stays readable there (the documented limitation)."""
+destroyed; a plain producer's input stays readable there on a broker without DeleteRecords (the
+documented limitation), and is deleted once the featurizer took it over where the broker has it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys, superseded_left
+from unlearn.infra.profiles import quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import (
     TopicFamily,
@@ -145,6 +147,26 @@ def wait_keys_gone(s: Settings, fam: TopicFamily, gone: Callable[[tuple[str, str
         time.sleep(1.0)
 
 
+def add_noting_keys(client: UnlearnClient, used: set[str], head: str, *args: object, **kw: object) -> None:
+    """``client.add`` (delivered), noting the transit key ids it may be sealed under (the head's
+    key before and after): where the featurizer deletes taken-over raw inputs, ``requests`` no
+    longer holds the sealed add to read its key id from."""
+    assert client.transit is not None
+    keys = [client.transit.key_for(head)]
+    client.add(head, *args, **kw).wait_delivered(30)  # type: ignore[arg-type]
+    keys.append(client.transit.key_for(head))
+    used.update(k.key_id for k in keys if k is not None)
+
+
+def wait_trimmed(s: Settings, needle: bytes, timeout: float = 60.0) -> None:
+    """Until neither raw-input topic holds ``needle`` (the featurizer's DeleteRecords)."""
+    deadline = time.monotonic() + timeout
+    topics = (s.topic("requests"), s.topic("requests.by-head"))
+    while any(needle in (r.value or b"") for t in topics for r in read_topic(s, t, timeout=30)):
+        assert time.monotonic() < deadline, f"raw inputs not deleted within {timeout}s"
+        time.sleep(0.5)
+
+
 def transit_key_ids(s: Settings, subject: str) -> set[str]:
     """The transit key ids of the subject's sealed adds in ``requests``."""
     out = set()
@@ -160,7 +182,7 @@ def transit_key_ids(s: Settings, subject: str) -> set[str]:
 
 # short transit epochs: a sealed raw input becomes noise within seconds (docs/erasure.md section 5)
 TRANSIT = {"transit_rotate_seconds": 4.0, "transit_grace_seconds": 3.0, "transit_seal": "always"}
-# a plain producer's distinctive values: they stay readable in requests (the documented limitation)
+# a plain producer's distinctive values: readable in requests unless the broker can delete records
 PLAIN = np.array([0.1928374655, -0.5647382910, 0.3344556677, -0.2233445566, 0.6677889900, 0.1122334455])
 # a refused plaintext add (wrong dimension) of a deleted subject: its values stay in requests (where
 # the plain producer put them) but not in its dead letter (UNLEARN_DEADLETTER_INPUTS=redact)
@@ -179,9 +201,10 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
             others = rng.normal(size=(8, D))
             for i in range(8):  # other subjects keep the head alive (and share the secret's class)
                 client.add("er", f"other{i % 3}", f"o{i}", i % 2, features=others[i]).wait_delivered(30)
-            client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)
-            client.add("er", "alice", "a2", 1, features=SECRET[::-1].copy()).wait_delivered(30)
-            client.add("er", "alice", "a1", 0, features=SECRET).wait_delivered(30)  # refused: duplicate_add
+            used: set[str] = set()
+            add_noting_keys(client, used, "er", "alice", "a1", 0, features=SECRET)
+            add_noting_keys(client, used, "er", "alice", "a2", 1, features=SECRET[::-1].copy())
+            add_noting_keys(client, used, "er", "alice", "a1", 0, features=SECRET)  # refused: duplicate_add
             plain.add("er", "zed", "z1", 1, features=PLAIN).wait_delivered(30)  # plaintext on the wire
             plain.add("er", "zed", "z2", 0, features=WRONG).wait_delivered(30)  # refused: dimension_mismatch
             receipt = client.delete_subject("er", "alice").wait_receipt(120)
@@ -189,7 +212,7 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
             stale = client.transit.key_for("er")
         assert receipt.status == "applied" and sorted(receipt.sample_ids) == ["a1", "a2"]
         wait_shredded(s, "er", {"a1", "a2", "z1"})
-        kids = transit_key_ids(s, "alice")
+        kids = transit_key_ids(s, "alice") | used
         assert kids  # the SDK sealed alice's adds
         wait_transit_destroyed(s, kids)
         # a request sealed under a destroyed transit key is refused with the documented reason,
@@ -205,6 +228,9 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         time.sleep(2.0)  # let the broker's metadata settle after the superseded key generation's deletion
         pats = {**needles(SECRET, s.frac_bits), **{f"rev_{k}": v for k, v in
                                                    needles(SECRET[::-1].copy(), s.frac_bits).items()}}
+        plain_kept = not quirks(s).delete_records  # else the featurizer deleted them once taken over
+        if not plain_kept:
+            wait_trimmed(s, needles(PLAIN, s.frac_bits)["raw_text_0"])
         raw = topic_bytes(s, set())
         found = scan(raw, pats)  # requests and requests.by-head included: alice's inputs were sealed
         files = file_bytes(Path(s.data_dir), tmp_path / "logs")
@@ -214,12 +240,13 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         assert dup.original.startswith(b"ULFZ")  # the duplicate add's original, sealed under a sample key
         # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
         assert scan(files, {"q_row": needles(others[0], s.frac_bits)["q_row"]})
-        # the plain producer's raw input is still where it put it (what the docs say)
-        assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests")]
-        assert needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]
-        # the refused plaintext add of zed left no value in deadletter, though it is in requests
+        # the plain producer's raw input is still where it put it, unless the broker can delete
+        # records (DeleteRecords once the featurizer took it over): what the docs say
+        assert (needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests")]) == plain_kept
+        assert (needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]) == plain_kept
+        # the refused plaintext add of zed left no value in deadletter, though it is (was) in requests
         wrong = needles(WRONG, s.frac_bits)
-        assert wrong["raw_text_0"] in raw[s.topic("requests")]
+        assert (wrong["raw_text_0"] in raw[s.topic("requests")]) == plain_kept
         dl_topic = s.topic("deadletter")
         assert not scan({t: raw[t] for t in (dl_topic, dl_topic + " (originals)")}, wrong)
         refused = next(d for d in dls if d.reason == "dimension_mismatch")
@@ -239,8 +266,8 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         assert next(c for c in rep.checks if c.store == "requests").clear
         assert rep.excluded_from_version == receipt.head_version and sorted(rep.samples) == ["a1", "a2"]
         assert not erasure_report(s, "er", "other0").clear  # a subject with live data is not clear
-        zed = erasure_report(s, "er", "zed")  # erased from every store but the plaintext requests
-        assert not zed.clear and [c.store for c in zed.checks if not c.clear] == ["requests"], zed.summary()
+        zed = erasure_report(s, "er", "zed")  # erased from every store but the plaintext requests (if kept)
+        assert [c.store for c in zed.checks if not c.clear] == (["requests"] if plain_kept else []), zed.summary()
         cli = ["erasure-report", "--bootstrap", s.bootstrap, "--prefix", s.topic_prefix, "--head", "er",
                "--data-dir", s.data_dir, "--json", "--subject"]
         assert main([*cli, "alice"]) == 0
@@ -300,14 +327,15 @@ def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(setting
             assert not erasure_report(s, "er2", "bob").clear  # bob has live data again
             # 3. the ledger stops, the delete is taken, the featurizer dies before the shred
             led.stop()
-            client.add("er2", "carol", "c1", 0, features=SECRET[::-1].copy()).wait_delivered(30)
+            carol_used: set[str] = set()
+            add_noting_keys(client, carol_used, "er2", "carol", "c1", 0, features=SECRET[::-1].copy())
             d = client.delete_subject("er2", "carol")
             d.wait_delivered(30)
             time.sleep(3.0)  # the featurizer judges both; the ledger is down: no floor passes them
             assert not _keys_gone(s, "er2", {"c1"})
             # carol's transit key is superseded or about to be, not destroyed (grace 8 s): the kill
             # falls between its rotation and its destruction
-            carol_kids = transit_key_ids(s, "carol")
+            carol_kids = transit_key_ids(s, "carol") | carol_used
             assert carol_kids and not _keys_gone(s, "", set(), carol_kids)
             feat.kill9()
             feat.start()

@@ -22,7 +22,7 @@ from typing import Any
 
 from unlearn.infra.head_registry import RegistryView
 from unlearn.infra.log_position import topic_id
-from unlearn.infra.profiles import consumer_config, producer_config
+from unlearn.infra.profiles import consumer_config, producer_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.assignment import PartitionAssignment
@@ -42,6 +42,7 @@ from unlearn.streams.featurizer.router import RouterSession, might_delete
 from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.topic_check import check_topics
 from unlearn.streams.featurizer.transit import group_committed
+from unlearn.streams.featurizer.trim import Trimmer
 
 __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheError"]
 
@@ -117,6 +118,7 @@ class FeaturizerService(PartitionAssignment):
         self.registry: RegistryView | None = None  # the declared head contracts, followed while running
         self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
         self.erasure: Erasure | None = None  # per-sample keys and shredding (docs/erasure.md), set by run()
+        self.trimmer: Trimmer | None = None  # DeleteRecords of taken-over raw inputs, set by run() where the broker can
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
 
@@ -147,6 +149,9 @@ class FeaturizerService(PartitionAssignment):
             self.topic_id = topic_id(self.settings, self.topic)
             self.requests_topic_id = topic_id(self.settings, self.requests_topic)
             self._router = RouterSession(self.origin_stream, self.route_partitions)
+            if (quirks(self.settings).delete_records and self.changelog_topic is not None
+                    and self.settings.trim_every_seconds > 0):  # a federated site's cache has no changelog
+                self.trimmer = Trimmer(self.settings, self.group, (self.requests_topic, self.topic))
             self._consumer.subscribe([self.requests_topic, self.topic], on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_revoke)
             log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
@@ -161,6 +166,8 @@ class FeaturizerService(PartitionAssignment):
                     self._settle()
                 if self.erasure is not None:
                     self.erasure.tick(self.caches)
+                if self.trimmer is not None and self.trimmer.due():
+                    self.trimmer.offer(self._consumer.assignment())
                 if time.monotonic() - last_report > 30:
                     log.info("featurizer stats %s", self.stats)
                     last_report = time.monotonic()
@@ -183,6 +190,8 @@ class FeaturizerService(PartitionAssignment):
             self.auth.stop()
             if self.erasure is not None:
                 self.erasure.close()
+            if self.trimmer is not None:
+                self.trimmer.close()
             self._consumer = self._producer = None  # release the librdkafka handles now
             log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 

@@ -143,5 +143,8 @@ def test_raw_input_topics_get_the_configured_retention() -> None:
 
     assert raw_input_config(Settings()) == {}
     assert raw_input_config(Settings(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}
+    # where the featurizer trims them (DeleteRecords), segments roll so trimmed bytes leave the disk
+    assert raw_input_config(Settings(profile="kafka", segment_ms=30_000)) == {"segment.ms": "30000"}
+    assert raw_input_config(Settings(profile="kafka", trim_every_seconds=0)) == {}
     with pytest.raises(ValueError, match="REQUESTS_RETENTION_MS"):
         Settings().with_(requests_retention_ms=0)

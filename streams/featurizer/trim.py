@@ -1,0 +1,143 @@
+"""Deleting raw inputs the featurizer has durably taken over (DeleteRecords), where the broker can.
+
+``requests`` and ``requests.by-head`` hold upstream raw inputs: plaintext from any producer that
+does not seal for transit. Once the featurizer group has committed an offset on a partition, every
+record below it is durably elsewhere (a ``requests`` offset is committed only after its forward to
+by-head is acknowledged; a by-head offset only after the batch's changelog records and outputs
+are), so nothing needs it again. Where the broker supports DeleteRecords
+(``BrokerQuirks.delete_records``), this moves each partition's log start to the lowest offset
+that **every** consumer group of the deployment (groups under the topic prefix, e.g. a federated
+featurizer's ``featurizer.<client>``) has committed there, at most once per
+``UNLEARN_TRIM_EVERY_SECONDS``. A partition this featurizer's own group never committed on is
+left alone.
+
+Off the poll loop: the poll loop offers its assignment when a trim is due (:meth:`Trimmer.offer`);
+one background thread lists the groups' offsets and deletes. A failed trim is logged and retried
+on the next period (it delays erasure, never correctness). docs/erasure.md section 5.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from unlearn.infra.profiles import admin_config
+from unlearn.infra.settings import Settings
+
+__all__ = ["Trimmer", "trim_bounds"]
+
+log = logging.getLogger("unlearn.featurizer.trim")
+
+TP = tuple[str, int]
+
+
+def trim_bounds(own: str, committed: Mapping[str, Mapping[TP, int]], partitions: Iterable[TP]) -> dict[TP, int]:
+    """Where each partition may be trimmed to: the lowest offset any group committed on it, for
+    the partitions that ``own`` (the featurizer's group) committed on; the others are left out.
+    Pure: ``committed`` maps group -> (topic, partition) -> committed offset (absent: none)."""
+    out: dict[TP, int] = {}
+    for tp in partitions:
+        if committed.get(own, {}).get(tp, -1) < 0:
+            continue
+        out[tp] = min(offs[tp] for offs in committed.values() if offs.get(tp, -1) >= 0)
+    return out
+
+
+class Trimmer:
+    """DeleteRecords below every group's committed offsets on the featurizer's raw-input topics,
+    for the partitions its member is assigned (module docstring)."""
+
+    def __init__(self, settings: Settings, group: str, topics: Iterable[str]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.settings = settings
+        self.group = group
+        self.topics = frozenset(topics)
+        self.every = settings.trim_every_seconds
+        self.admin: Any = AdminClient(admin_config(settings))
+        self.trimmed: dict[TP, int] = {}  # the log start this trimmer last set, per partition
+        self.stats = {"trims": 0, "records": 0, "failures": 0}
+        self._next = time.monotonic() + self.every
+        self._offered: list[TP] | None = None
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="featurizer-trim", daemon=True)
+        self._thread.start()
+
+    def due(self) -> bool:
+        """Whether the poll loop should offer its assignment now (cheap: a clock read)."""
+        return time.monotonic() >= self._next
+
+    def offer(self, assignment: Iterable[Any]) -> None:
+        """Hand the member's assigned partitions (``TopicPartition``s) to the background thread."""
+        self._next = time.monotonic() + self.every
+        tps = [(tp.topic, tp.partition) for tp in assignment if tp.topic in self.topics]
+        with self._cv:
+            self._offered = tps
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._offered is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                tps, self._offered = self._offered, None
+            try:
+                self.trim(tps)
+            except Exception as exc:  # retried next period: it delays erasure, never correctness
+                self.stats["failures"] += 1
+                log.warning("raw-input trim failed (retried in %.1fs): %s", self.every, exc)
+
+    def committed(self) -> dict[str, dict[TP, int]]:
+        """group -> (topic, partition) -> committed offset on this trimmer's topics, for every
+        consumer group under the topic prefix that this principal can see."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        timeout = self.settings.admin_timeout
+        listing = self.admin.list_consumer_groups(request_timeout=timeout).result(timeout=timeout)
+        groups = {g.group_id for g in listing.valid if g.group_id.startswith(self.settings.topic_prefix)}
+        groups.add(self.group)
+        futures = {g: self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)],
+                                                             request_timeout=timeout)[g] for g in sorted(groups)}
+        out: dict[str, dict[TP, int]] = {}
+        for g, fut in futures.items():
+            res = fut.result(timeout=timeout)
+            out[g] = {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions or ()
+                      if tp.topic in self.topics and tp.error is None and tp.offset >= 0}
+        return out
+
+    def trim(self, partitions: Iterable[TP]) -> int:
+        """Trim ``partitions`` now (the background thread's step; tests call it directly). Returns
+        how many partitions got a new log start."""
+        from confluent_kafka import TopicPartition
+
+        wanted = sorted(set(partitions))
+        if not wanted:
+            return 0
+        bounds = trim_bounds(self.group, self.committed(), wanted)
+        todo = [TopicPartition(t, p, off) for (t, p), off in sorted(bounds.items())
+                if off > self.trimmed.get((t, p), 0)]
+        if not todo:
+            return 0
+        timeout = self.settings.admin_timeout
+        done = 0
+        for tp, fut in self.admin.delete_records(todo, request_timeout=timeout).items():
+            res = fut.result(timeout=timeout)
+            low = int(res.low_watermark)
+            self.stats["records"] += max(0, low - self.trimmed.get((tp.topic, tp.partition), 0))
+            self.trimmed[(tp.topic, tp.partition)] = low
+            done += 1
+        self.stats["trims"] += 1
+        log.debug("trimmed %s", {f"{t}[{p}]": o for (t, p), o in self.trimmed.items()})
+        return done
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=self.settings.admin_timeout)
