@@ -105,6 +105,9 @@ class Settings:
     transit_open_cache: int = 4096
     require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
     transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
+    # UNLEARN_TRANSIT_WAIT_SECONDS: how long `auto` waits for a head's transit key before it raises
+    # (it never sends plaintext for want of a key; docs/client.md "Transit sealing")
+    transit_wait_seconds: float = 30.0
     # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input, and a refused
     # delta's plaintext rows (the ledger), in their dead letters (schemas/redaction.py)
     deadletter_inputs: str = "redact"
@@ -243,19 +246,21 @@ class Settings:
                              "stays below it)")
         if self.transit_open_cache < 0:
             raise ValueError("UNLEARN_TRANSIT_OPEN_CACHE must be >= 0 (0 = derive per request)")
+        if self.transit_wait_seconds < 0:
+            raise ValueError("UNLEARN_TRANSIT_WAIT_SECONDS must be >= 0")
         if self.transit_seal not in ("auto", "always", "off"):
             raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
         if self.deadletter_inputs not in ("redact", "keep"):
             raise ValueError(f"UNLEARN_DEADLETTER_INPUTS must be redact | keep, got {self.deadletter_inputs!r}")
+        if self.trim_every_seconds < 0:
+            raise ValueError("UNLEARN_TRIM_EVERY_SECONDS must be >= 0 (0 = never)")
+        if self.segment_ms < 1000:
+            raise ValueError("UNLEARN_SEGMENT_MS must be at least 1000")
         if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
             raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
         if self.state_rotate_bytes < self.changelog_max_bytes:
             raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
         for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
-        if self.trim_every_seconds < 0:
-            raise ValueError("UNLEARN_TRIM_EVERY_SECONDS must be >= 0 (0 = never)")
-        if self.segment_ms < 1000:
-            raise ValueError("UNLEARN_SEGMENT_MS must be at least 1000")
             name, sep, value = item.partition("=")
             if not (sep and name.strip() and value.strip()):
                 raise ValueError(f"UNLEARN_HEAD_BACKBONES entry {item!r} is not 'head=backbone'")

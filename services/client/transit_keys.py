@@ -6,8 +6,10 @@ The featurizer owning by-head partition P publishes P's current transit key on
 (``router.head_partition`` over the by-head topic's partition count from topic metadata), reads
 the tail of that partition of ``transit-keys`` and keeps the newest key whose ``use_until`` is
 still ahead; it reads again once that has passed. :func:`seal_for_transit` applies
-``UNLEARN_TRANSIT_SEAL``: ``auto`` seals when a key is published (else sends plaintext and warns
-once), ``always`` raises :class:`TransitUnavailable` when none is, ``off`` never seals.
+``UNLEARN_TRANSIT_SEAL``: ``auto`` seals, waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` (30 s)
+for a key when none is published yet (a deployment that has only just started), then raises
+:class:`TransitUnavailable`: it never sends plaintext for want of a key; ``always`` raises at once
+when none is published; ``off`` never seals (deployments that publish no transit keys).
 
 Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
 ``schemas/transit.TransitSealer`` per by-head partition): one X25519 exchange per producer session
@@ -55,7 +57,8 @@ _RETRY_S = 1.0  # at most one read per partition this often while none is publis
 
 
 class TransitUnavailable(RuntimeError):
-    """UNLEARN_TRANSIT_SEAL=always, and no transit key is published for the head's partition."""
+    """No transit key is published for the head's partition (``always``), or none came within
+    ``UNLEARN_TRANSIT_WAIT_SECONDS`` (``auto``): the add is not sent."""
 
 
 def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
@@ -180,25 +183,29 @@ class TransitKeyCache:
                 self._consumer = None
 
 
-_warned: set[str] = set()
-
-
 def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> Request:
     """``req`` sealed for transit per ``mode`` (UNLEARN_TRANSIT_SEAL: auto | always | off); only
-    adds are sealed. ``auto`` without a published key sends plaintext and warns once per head."""
+    adds are sealed. Without a published key, ``auto`` waits up to UNLEARN_TRANSIT_WAIT_SECONDS
+    for one and ``always`` does not wait; then both raise :class:`TransitUnavailable`. Why:
+    plaintext sent because the featurizer had not published its key yet stays readable in
+    ``requests`` wherever the broker cannot delete records (docs/erasure.md section 5)."""
     if mode == "off" or keys is None or req.op != "add" or isinstance(req.input, SealedInput):
         return req
     while True:
         sealer = keys.sealer_for(req.head_id)
+        if sealer is None and mode == "auto":
+            wait = keys.settings.transit_wait_seconds
+            log.info("no transit key published yet for head %r: waiting up to %gs", req.head_id, wait)
+            if keys.wait_for(req.head_id, wait) is not None:
+                continue
+            raise TransitUnavailable(
+                f"no transit key was published for head {req.head_id!r} on {keys.topic} within {wait:g}s "
+                "(UNLEARN_TRANSIT_WAIT_SECONDS): the add is not sent rather than sent in plaintext. Is a "
+                "featurizer running and sealing? A deployment without transit keys (federated, "
+                "UNLEARN_SEAL_ROWS=false) sets UNLEARN_TRANSIT_SEAL=off")
         if sealer is None:
-            if mode == "always":
-                raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
-                                         "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
-            if req.head_id not in _warned:
-                _warned.add(req.head_id)
-                log.warning("no transit key published for head %r on %s: sending adds in plaintext (they stay "
-                            "readable in requests; docs/erasure.md section 5)", req.head_id, keys.topic)
-            return req
+            raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
+                                     "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
         try:
             return sealer.seal_request(req)
         except SealerExhausted:  # another thread took its last slot: the cache rolls a new one

@@ -297,7 +297,8 @@ class Demo:
             self.receipts.start(30)
             self.heads.start(30)
             if self.transit is not None and self.transit.wait_for(self.head, 60) is None:  # published on assignment
-                print("      note: no transit key published yet: adds go in plaintext", file=sys.stderr)
+                print("      note: no transit key published yet: adds wait for one (UNLEARN_TRANSIT_WAIT_SECONDS), "
+                      "then fail", file=sys.stderr)
             yield
         finally:
             if self.transit is not None:
