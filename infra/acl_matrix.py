@@ -1,10 +1,13 @@
 """The broker ACL matrix: one principal per service, as data (the one source of truth).
 
-``docs/security.md`` shows :func:`docs_table`, ``infra/kafka/acls.sh`` is :func:`render_script`
-(the compose deployment's init service runs it), and tests check both against :data:`MATRIX`
-and check each service's needs, named from the code's topic and group names, against
-:func:`allows` (``tests/infra/test_acl_matrix.py``). Change the matrix here, then run
-``unlearn acls script > infra/kafka/acls.sh`` and ``unlearn acls docs`` (paste the table).
+``docs/security.md`` shows :func:`docs_table`; ``unlearn kafka-init`` (``infra/kafka_init.py``, run by
+``infra/kafka/init.sh``: the compose deployment's init service and the secured-Kafka tests) creates
+these grants over the admin API; :func:`render_commands` prints them as ``kafka-acls.sh`` lines
+for a cluster administered with Kafka's own tools. Tests check each against :data:`MATRIX`, and
+each service's needs, named from the code's topic and group names, against :func:`allows`
+(``tests/infra/test_acl_matrix.py``); ``tests/infra/test_secured_kafka.py`` runs the pipeline
+under them on a real broker. Change the matrix here, then run ``unlearn acls docs`` (paste the
+table) and ``unlearn kafka-init`` on the deployment.
 
 Names are relative to the deployment prefix ``P`` (``UNLEARN_TOPIC_PREFIX``): a grant of
 ``requests`` is the topic ``P requests``. ``prefixed`` grants are Kafka ``PREFIXED`` resource
@@ -31,7 +34,6 @@ __all__ = [
     "docs_table",
     "grants_of",
     "render_commands",
-    "render_script",
 ]
 
 Resource = Literal["topic", "group", "cluster"]
@@ -73,9 +75,10 @@ MATRIX: tuple[Grant, ...] = (
     _g("operator", "", "READ", "DELETE", why="registry readers' group ids; deleting a stale worker group"),
     Grant("operator", "cluster", "", ("DESCRIBE",), why="cluster metadata"),
     # featurizer
-    _t("featurizer", "requests", "READ", why="its input"),
-    _t("featurizer", "requests.by-head", "READ", "WRITE", "CREATE",
-       why="its repartition topic (created at start if missing: `ensure_topic`)"),
+    _t("featurizer", "requests", "READ", "DELETE",
+       why="its input; DeleteRecords of what it has durably taken over (`streams/featurizer/trim.py`)"),
+    _t("featurizer", "requests.by-head", "READ", "WRITE", "CREATE", "DELETE",
+       why="its repartition topic (created at start if missing: `ensure_topic`); DeleteRecords as for `requests`"),
     _t("featurizer", "featurizer-cache", "READ", "WRITE", why="the feature cache's changelog"),
     _t("featurizer", "head-registry", "READ", "WRITE", why="contracts; auto-created heads"),
     _t("featurizer", "client-registry", "READ", why="signed requests: keys and rights"),
@@ -187,32 +190,6 @@ _CLI_OP = {"READ": "Read", "WRITE": "Write", "CREATE": "Create", "DELETE": "Dele
            "DESCRIBE_CONFIGS": "DescribeConfigs", "ALTER": "Alter"}
 
 
-def _quote(arg: str) -> str:
-    """Shell quoting that keeps ``${VAR}`` expandable (double quotes around it)."""
-    if "${" in arg:
-        return '"' + arg.replace('"', '\\"') + '"'
-    return shlex.quote(arg)
-
-
-def render_script() -> str:
-    """``infra/kafka/acls.sh``: the matrix as kafka-acls.sh commands (idempotent: --add of an
-    existing ACL is a no-op)."""
-    lines = [
-        "#!/bin/sh",
-        "# GENERATED from infra/acl_matrix.py by `unlearn acls script`; do not edit (a test compares).",
-        "# Env: BOOTSTRAP (broker), ADMIN_CONFIG (client properties of a super user),",
-        "#      UNLEARN_TOPIC_PREFIX (default unlearn.), KAFKA_BIN (default /opt/kafka/bin).",
-        "set -eu",
-        'P="${UNLEARN_TOPIC_PREFIX:-unlearn.}"',
-        'PATH="${KAFKA_BIN:-/opt/kafka/bin}:$PATH"',
-    ]
-    for g, argv in zip(MATRIX, render_commands(), strict=True):
-        lines.append(f"# {g.principal}: {g.why}")
-        lines.append(" ".join(_quote(a) for a in argv) + " >/dev/null")
-    lines.append(f'echo "acls: {len(MATRIX)} rules for prefix $P"')
-    return "\n".join(lines) + "\n"
-
-
 def docs_table() -> str:
     """The markdown table in docs/security.md (one row per grant)."""
     rows = ["| principal | resource | pattern | operations | why |", "|---|---|---|---|---|"]
@@ -226,18 +203,16 @@ def docs_table() -> str:
 
 
 def acls_main(argv: Sequence[str] | None = None) -> int:
-    """``unlearn acls script|docs|commands [--prefix P] [--bootstrap B] [--command-config F]``."""
+    """``unlearn acls docs|commands [--prefix P] [--bootstrap B] [--command-config F]``."""
     ap = argparse.ArgumentParser(prog="unlearn acls", description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("what", choices=("script", "docs", "commands"),
-                    help="script: infra/kafka/acls.sh; docs: the docs/security.md table; "
-                         "commands: kafka-acls.sh lines for one prefix and broker")
+    ap.add_argument("what", choices=("docs", "commands"),
+                    help="docs: the docs/security.md table; commands: kafka-acls.sh lines for one prefix "
+                         "and broker (`unlearn kafka-init` applies the matrix over the admin API)")
     ap.add_argument("--prefix", default="unlearn.", help="topic prefix for `commands` (default unlearn.)")
     ap.add_argument("--bootstrap", default="localhost:9092")
     ap.add_argument("--command-config", default="admin.properties")
     args = ap.parse_args(argv)
-    if args.what == "script":
-        sys.stdout.write(render_script())
-    elif args.what == "docs":
+    if args.what == "docs":
         sys.stdout.write(docs_table())
     else:
         for cmd in render_commands(args.prefix, args.bootstrap, args.command_config):

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -138,14 +138,16 @@ def _port_open(host: str, port: int) -> bool:
 
 
 def wait_for_broker(
-    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None, *, brokers: int = 1
+    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None, *, brokers: int = 1,
+    config: Mapping[str, str] | None = None,
 ) -> None:
     """Block until ``bootstrap`` answers a Kafka metadata request, or raise BrokerError.
 
     A TCP accept is not enough (the listener can be up before the storage is); a metadata
     response with at least ``brokers`` brokers is what clients need before producing (a cluster
     whose nodes have not all registered cannot create topics of its replication factor). ``alive``
-    lets a caller that owns the process abort early when it died.
+    lets a caller that owns the process abort early when it died. ``config``: client settings a
+    secured listener needs (SASL credentials), added to the probe's.
     """
     from confluent_kafka.admin import AdminClient
 
@@ -161,7 +163,7 @@ def wait_for_broker(
         if time.monotonic() > deadline:
             raise BrokerError(f"broker at {bootstrap} did not accept TCP within {timeout:.1f}s")
         time.sleep(0.02)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(config or {})})
     last: Exception | None = None
     while True:
         remaining = deadline - time.monotonic()

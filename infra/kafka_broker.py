@@ -402,7 +402,7 @@ class LocalKafka:
         running = []
         for n in nodes:
             cmd = self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                                 "-c", str(n.dir / "server.properties"), heap_mb=128)
+                                 "-c", str(n.dir / "server.properties"), *self.format_args(), heap_mb=128)
             with open(n.log_path, "ab") as log:
                 running.append((n, subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                                     stderr=subprocess.STDOUT)))
@@ -417,6 +417,16 @@ class LocalKafka:
                 failed.append(f"formatting node {n.node_id} ({n.data_path}) failed:\n{n.log_tail(3000)}")
         if failed:
             raise BrokerError("\n".join(failed))
+
+    def format_args(self) -> list[str]:
+        """Extra ``kafka-storage format`` arguments (none; a secured cluster adds its first SCRAM
+        user with ``--add-scram``: infra/secure_kafka.py)."""
+        return []
+
+    def client_config(self) -> dict[str, str]:
+        """What a client needs besides ``bootstrap.servers`` (nothing: plaintext, no authentication;
+        a secured cluster returns its super user's SASL settings)."""
+        return {}
 
     def _spawn(self, node: KafkaNode) -> None:
         cmd = _with_pdeathsig(self._java_cmd("kafka.Kafka", str(node.dir / "server.properties"),
@@ -433,7 +443,8 @@ class LocalKafka:
     def _wait(self, node: KafkaNode, deadline: float) -> None:
         """Until ``node`` answers a metadata request that lists every node of the cluster."""
         remaining = max(0.1, deadline - time.monotonic())
-        wait_for_broker(node.bootstrap, remaining, lambda: node.running, brokers=self.node_count)
+        wait_for_broker(node.bootstrap, remaining, lambda: node.running, brokers=self.node_count,
+                        config=self.client_config())
 
     def _set_finalizer(self) -> None:
         if self._finalizer is not None:

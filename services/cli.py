@@ -18,7 +18,8 @@ tools
   head            print the latest head of a head id
   heads           declare heads: create | extend (grow the classes) | show | list (head registry)
   clients         signing clients: keygen | create | add-key | revoke | show | list (client registry)
-  acls            the broker ACL matrix: script (infra/kafka/acls.sh) | docs | commands
+  acls            the broker ACL matrix: docs | commands (kafka-acls.sh lines)
+  kafka-init      SCRAM users and the ACL matrix on a secured Kafka (infra/kafka/init.sh)
   add | delete | delete-subject   produce request events (optionally --wait for the receipt)
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
@@ -103,6 +104,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "heads": _lazy("unlearn.services.registry.cli", "heads_main"),
     "clients": _lazy("unlearn.services.registry.clients_cli", "clients_main"),
     "acls": _lazy("unlearn.infra.acl_matrix", "acls_main"),
+    "kafka-init": _lazy("unlearn.infra.kafka_init", "kafka_init_main"),
     "add": _lazy("unlearn.services.client.cli", "add_main"),
     "delete": _lazy("unlearn.services.client.cli", "delete_main"),
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),

@@ -1,8 +1,8 @@
-"""The broker ACL matrix (infra/acl_matrix.py) is the one source of truth: the generated script
-(infra/kafka/acls.sh) and the docs table equal it, and every service's principal may do what its
-code does, with names taken from the code (topics, families, consumer group ids), and no more
-than its role on the topics that decide exactness and rights. No broker is involved: these are
-static checks (the compose deployment cannot run here, see docs/security.md)."""
+"""The broker ACL matrix (infra/acl_matrix.py) is the one source of truth: the admin API bindings
+`unlearn kafka-init` creates, the kafka-acls.sh commands and the docs table equal it, and every
+service's principal may do what its code does, with names taken from the code (topics, families,
+consumer group ids), and no more than its role on the topics that decide exactness and rights.
+No broker is involved here: tests/infra/test_secured_kafka.py applies the matrix to a real one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_script
+from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_commands
 from unlearn.infra.client_registry import CLIENT_REGISTRY_TOPIC
 from unlearn.infra.head_registry import REGISTRY_TOPIC
 from unlearn.infra.settings import Settings
@@ -24,20 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 P = "acme-prod."  # any prefix: the matrix is relative to it
 
 
-def test_script_is_generated_from_the_matrix() -> None:
-    assert (ROOT / "infra/kafka/acls.sh").read_text() == render_script(), \
-        "regenerate: unlearn acls script > infra/kafka/acls.sh"
-
-
-def _script_rules(prefix: str) -> list[tuple[str, str, str, str, frozenset[str]]]:
-    """(principal, resource, full name, pattern, operations) of every kafka-acls.sh line."""
+def _command_rules(prefix: str) -> list[tuple[str, str, str, str, frozenset[str]]]:
+    """(principal, resource, full name, pattern, operations) of every kafka-acls.sh command."""
     rules = []
-    for line in (ROOT / "infra/kafka/acls.sh").read_text().splitlines():
-        if not line.startswith("kafka-acls.sh "):
-            continue
-        argv = shlex.split(line.replace("${P}", prefix))
-        args = [a for a in argv if a != ">/dev/null"]
-        assert "--add" in args and "--deny-principal" not in args
+    for argv in render_commands(prefix, "broker:9092", "admin.properties"):
+        args = shlex.split(shlex.join(argv))  # survives the shell as printed by `unlearn acls commands`
+        assert args[0] == "kafka-acls.sh" and "--add" in args and "--deny-principal" not in args
         opts: dict[str, list[str]] = {}
         for i, a in enumerate(args):
             if a.startswith("--") and a not in ("--add", "--cluster"):
@@ -54,11 +46,31 @@ def _script_rules(prefix: str) -> list[tuple[str, str, str, str, frozenset[str]]
     return rules
 
 
+def _want(prefix: str) -> list[tuple[str, str, str, str, frozenset[str]]]:
+    return [(f"User:{g.principal}", g.resource, g.full_name(prefix), g.pattern, frozenset(g.operations))
+            for g in MATRIX]
+
+
 def test_rendered_commands_cover_exactly_the_matrix() -> None:
-    rules = _script_rules(P)
-    want = [(f"User:{g.principal}", g.resource, g.full_name(P), g.pattern, frozenset(g.operations)) for g in MATRIX]
-    assert sorted(rules, key=repr) == sorted(want, key=repr)
+    rules = _command_rules(P)
+    assert sorted(rules, key=repr) == sorted(_want(P), key=repr)
     assert len(set(rules)) == len(rules)
+
+
+def test_admin_bindings_cover_exactly_the_matrix() -> None:
+    """What `unlearn kafka-init` creates: one ALLOW binding per grant and operation, any host."""
+    from unlearn.infra.kafka_init import acl_bindings
+
+    bindings = acl_bindings(P)
+    assert len(set(bindings)) == len(bindings) == sum(len(g.operations) for g in MATRIX)
+    assert {(b.permission_type.name, b.host) for b in bindings} == {("ALLOW", "*")}
+    kinds = {"TOPIC": "topic", "GROUP": "group", "BROKER": "cluster"}
+    grouped: dict[tuple[str, str, str, str], set[str]] = {}
+    for b in bindings:
+        key = (b.principal, kinds[b.restype.name], b.name, b.resource_pattern_type.name.lower())
+        grouped.setdefault(key, set()).add(b.operation.name)
+    got = [(*k, frozenset(ops)) for k, ops in grouped.items()]
+    assert sorted(got, key=repr) == sorted(_want(P), key=repr)
 
 
 def test_docs_table_equals_the_matrix() -> None:
@@ -196,6 +208,7 @@ def test_every_topic_has_its_writers_and_only_them() -> None:
 
 NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, topic relative to P)
     "featurizer": [("READ", "requests"), ("READ", "requests.by-head"), ("WRITE", "requests.by-head"),
+                   ("DELETE", "requests"), ("DELETE", "requests.by-head"),  # trim.py: DeleteRecords
                    ("CREATE", "requests.by-head"), ("READ", "featurizer-cache"), ("WRITE", "featurizer-cache"),
                    ("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
                    ("WRITE", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"),
@@ -232,6 +245,9 @@ def test_least_privilege_examples() -> None:
     assert not allows("ledger", "READ", "topic", P + CLIENT_REGISTRY_TOPIC, P)
     assert not allows("client", "READ", "topic", P + "requests", P)  # clients do not read each other's requests
     assert not allows("client", "READ", "topic", P + "deadletter", P)
+    # DeleteRecords of raw inputs: the featurizer (trim.py) and the operator (topic administration) only
+    for raw in ("requests", "requests.by-head"):
+        assert {p for p in PRINCIPALS if allows(p, "DELETE", "topic", P + raw, P)} == {"featurizer", "operator"}
     assert not allows("serving", "READ", "topic", P + "deltas", P)
     assert not allows("verifier", "WRITE", "topic", heads_family(P).topic(0, 0), P)
     # Another deployment's prefix is out of reach of everyone, the operator included.

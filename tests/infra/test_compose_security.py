@@ -1,8 +1,9 @@
-"""The secured compose deployment, checked statically (no Docker engine here: it has never been
-started by these tests). The file parses; every worker runs as its own principal with SCRAM
-settings; the init service creates exactly the matrix's principals; the broker script turns the
-authorizer on; and each service's environment, run through the typed settings and
-``infra.profiles``, gives its librdkafka clients the SASL config (shown in docs/security.md)."""
+"""The secured compose deployment, checked statically (no Docker engine here; what it runs is run
+for real, without Docker, by tests/infra/test_secured_kafka.py). The file parses; every worker
+runs as its own principal with SCRAM settings; the init service creates exactly the matrix's
+principals; the broker script turns the authorizer on; and each service's environment, run
+through the typed settings and ``infra.profiles``, gives its librdkafka clients the SASL config
+(shown in docs/security.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from unlearn.infra.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-WORKERS = {name: svc for name, svc in SERVICES.items() if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile"}
+WORKERS = {name: svc for name, svc in SERVICES.items()
+           if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile" and name != "kafka-init"}
 # Which principal each compose service runs as.
 PRINCIPAL_OF = {"topics": "operator", "operator": "operator", "featurizer": "featurizer", "ledger": "ledger",
                 "serve": "serving", "verifier": "verifier", "client": "client"}
@@ -64,10 +66,13 @@ def test_init_service_creates_every_principal_with_the_workers_passwords() -> No
     for user in PRINCIPALS:
         var = f"UNLEARN_{user.upper()}_PASSWORD"
         assert init["environment"][var] == f"${{{var}:-{user}-local-only}}"
+    # the worker image runs the script of the checkout (COPY . .), which calls `unlearn kafka-init`
+    assert init["build"] == {"context": ".", "dockerfile": "infra/Dockerfile"}
+    assert init["entrypoint"] == ["/bin/bash", "/app/infra/kafka/init.sh"]
     script = (ROOT / "infra/kafka/init.sh").read_text()
     (loop,) = re.findall(r"^for user in ([a-z ]+); do$", script, re.M)
     assert loop.split() == list(PRINCIPALS)
-    assert "SCRAM-SHA-512=[" in script and 'sh "$here/acls.sh"' in script
+    assert re.search(r'^exec "\$\{UNLEARN_CLI:-unlearn\}" kafka-init .*--mechanism SCRAM-SHA-512$', script, re.M)
     # an overridden password reaches both the init service and the worker
     env = {"UNLEARN_LEDGER_PASSWORD": "rotated-2027"}
     assert _environment("kafka-init", env)["UNLEARN_LEDGER_PASSWORD"] == "rotated-2027"
@@ -76,7 +81,9 @@ def test_init_service_creates_every_principal_with_the_workers_passwords() -> No
 
 def test_broker_requires_scram_and_acls() -> None:
     kafka = SERVICES["kafka"]
-    assert kafka["image"] == "apache/kafka:3.9.0"
+    from unlearn.infra.kafka_broker import kafka_version
+
+    assert kafka["image"] == f"apache/kafka:{kafka_version()}"  # the broker the tests run
     assert kafka["entrypoint"] == ["/bin/bash", "/unlearn-kafka/broker.sh"]
     assert "./infra/kafka:/unlearn-kafka:ro" in kafka["volumes"]
     assert kafka["ports"] == ["9092:9092"]  # the SASL listener only; the controller stays inside

@@ -1,0 +1,301 @@
+"""The secured deployment, started for real: the project's Apache Kafka with the compose broker's
+security (SASL/SCRAM-SHA-512 listener, StandardAuthorizer, nothing allowed without an ACL), the
+compose init script itself (infra/kafka/init.sh: a SCRAM user per service and the ACL matrix),
+then the whole pipeline with each service as its own principal: a client's adds and delete reach
+an exact head, a receipt, a served prediction and a verifier's certificate. And the matrix
+refuses: a client may not write ``deltas``, read the ledger's state or change ACLs; only the
+featurizer writes ``deltas``; a wrong password gets nothing.
+
+One secured broker for the module (its own, not the session's); one topic prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from unlearn.infra.acl_matrix import PRINCIPALS
+from unlearn.infra.settings import Settings
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
+D = 6
+HEAD = "secured"
+
+
+@dataclass
+class Secured:
+    bootstrap: str
+    prefix: str
+    admin_password: str
+    passwords: dict[str, str]
+    init_output: str
+    tmp: Path
+
+    def settings(self, principal: str, **changes: Any) -> Settings:
+        """The Settings a service running as ``principal`` gets (compose: UNLEARN_SASL_*)."""
+        return Settings.from_env(bootstrap=self.bootstrap, profile="kafka", topic_prefix=self.prefix,
+                                 security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                                 sasl_username=principal, sasl_password=self.passwords[principal], **changes)
+
+    def admin_conf(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": self.admin_password}
+
+
+def run_init(bootstrap: str, prefix: str, admin_password: str,
+             passwords: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """infra/kafka/init.sh, as the compose kafka-init service runs it (its env), with this venv's CLI."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNLEARN_")}
+    env.update(BOOTSTRAP=bootstrap, KAFKA_ADMIN_PASSWORD=admin_password, UNLEARN_TOPIC_PREFIX=prefix,
+               UNLEARN_CLI=str(Path(sys.executable).parent / "unlearn"),
+               **{f"UNLEARN_{p.upper()}_PASSWORD": pw for p, pw in passwords.items()})
+    return subprocess.run(["bash", str(ROOT / "infra/kafka/init.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    from unlearn.infra.secure_kafka import SecuredLocalKafka
+    from unlearn.infra.topics import create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    admin_password = f"admin-{tag}"
+    passwords = {p: f"{p}-{uuid.uuid4().hex[:12]}" for p in PRINCIPALS}
+    prefix = f"t.secured.{tag}."
+    kafka = SecuredLocalKafka(admin_password=admin_password, settings=Settings.from_env()).start()
+    try:
+        done = run_init(kafka.bootstrap, prefix, admin_password, passwords)
+        assert done.returncode == 0, done.stdout + done.stderr
+        secured = Secured(kafka.bootstrap, prefix, admin_password, passwords, done.stdout,
+                          tmp_path_factory.mktemp("secured"))
+        create_topics(secured.settings("operator"))  # compose: the `topics` service, as operator
+        yield secured
+    finally:
+        kafka.stop()
+
+
+def _auth_error(exc: BaseException | KafkaError | None) -> str:
+    err = exc.args[0] if isinstance(exc, KafkaException) else exc
+    return err.name() if isinstance(err, KafkaError) else repr(err)
+
+
+# --------------------------------------------------------------------------- the init script
+def test_broker_security_is_the_compose_brokers() -> None:
+    """SecuredLocalKafka's security settings are broker.sh's (host and ports aside)."""
+    from unlearn.infra.secure_kafka import SECURITY_PROPERTIES
+
+    props = dict(line.split("=", 1) for line in (ROOT / "infra/kafka/broker.sh").read_text().splitlines()
+                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask")))
+    assert {k: props[k] for k in SECURITY_PROPERTIES} == SECURITY_PROPERTIES
+    assert "--add-scram \"SCRAM-SHA-512=[name=admin,password=${KAFKA_ADMIN_PASSWORD}]\"" in \
+        (ROOT / "infra/kafka/broker.sh").read_text()
+
+
+def test_init_script_creates_the_users_and_exactly_the_matrix(secured: Secured) -> None:
+    from unlearn.infra.kafka_init import acl_bindings
+
+    assert "scram: SCRAM-SHA-512 users operator featurizer ledger serving verifier client" in secured.init_output
+    assert re.search(r"acls: \d+ rules \(\d+ bindings\) for prefix " + re.escape(secured.prefix), secured.init_output)
+    admin = AdminClient(secured.admin_conf())
+    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                             AclPermissionType.ANY)
+    have = admin.describe_acls(every, request_timeout=30).result()
+    assert sorted(map(str, have)) == sorted(map(str, acl_bindings(secured.prefix)))  # no more, no less
+    users = admin.describe_user_scram_credentials(request_timeout=30).result()
+    assert set(users) == {"admin", *PRINCIPALS}  # admin's from format time (--add-scram), the rest from init
+    for desc in (users[p] for p in PRINCIPALS):
+        assert [(i.mechanism.name, i.iterations) for i in desc.scram_credential_infos] == [("SCRAM_SHA_512", 8192)]
+    # idempotent: a second run (password rotation) changes nothing but the passwords
+    again = run_init(secured.bootstrap, secured.prefix, secured.admin_password, secured.passwords)
+    assert again.returncode == 0, again.stderr
+    assert sorted(map(str, admin.describe_acls(every, request_timeout=30).result())) == sorted(map(str, have))
+
+
+def test_init_script_without_a_password_names_it(secured: Secured) -> None:
+    passwords = {**secured.passwords, "ledger": ""}
+    done = run_init(secured.bootstrap, secured.prefix, secured.admin_password, passwords)
+    assert done.returncode != 0 and "UNLEARN_LEDGER_PASSWORD" in done.stderr
+
+
+# --------------------------------------------------------------------------- the pipeline, one principal each
+def _served(port: int, version: int, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    got: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/heads/{HEAD}", timeout=10) as resp:
+                got = json.loads(resp.read())
+            if got.get("version", -1) >= version:
+                return got
+        except OSError as exc:
+            got = {"error": str(exc)}
+        time.sleep(0.5)
+    raise AssertionError(f"serving never served version {version} of {HEAD}: {got}")
+
+
+def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) -> None:
+    from unlearn.features.contract import quantize_feature_row
+    from unlearn.infra.broker import free_port
+    from unlearn.infra.processes import ServiceProcess
+    from unlearn.ledger import ExactLedger
+    from unlearn.services.client.head_reader import wait_for_head
+    from unlearn.services.client.sdk import UnlearnClient
+    from unlearn.services.verifier import verify_head
+
+    t0 = time.monotonic()
+    worker = {"data_dir": str(secured.tmp / "data"), "checkpoint_every_seconds": 1.0, "reset_every_seconds": 1.0,
+              "batch_max_ms": 20}
+    port = free_port()
+    as_ = secured.settings
+    procs = [ServiceProcess("featurizer", ["featurizer"], as_("featurizer", **worker), secured.tmp).start(),
+             ServiceProcess("ledger", ["ledger"], as_("ledger", **worker), secured.tmp).start(),
+             ServiceProcess("serve", ["serve"], as_("serving", serve_port=port), secured.tmp).start()]
+    client = secured.settings("client")
+    F = np.random.default_rng(7).normal(size=(5, D))
+    labels = [0, 1, 2, 1, 0]
+    try:
+        with UnlearnClient(client, client_id="secured-app") as sdk:
+            adds = [sdk.add(HEAD, f"u{i % 2}", f"s{i}", labels[i], features=F[i]) for i in range(5)]
+            for h in adds:
+                h.wait_delivered(60)
+            receipt = sdk.delete(HEAD, "s1", "u1").wait_receipt(180)
+        assert receipt.status == "applied" and receipt.sample_ids == ("s1",) and receipt.head_version is not None
+        kept = [0, 2, 3, 4]
+        ref = ExactLedger(D, client.default_classes)
+        ref.add(np.stack([quantize_feature_row(F[i], client.frac_bits) for i in kept]),
+                np.array([labels[i] for i in kept]))
+        head = wait_for_head(client, HEAD, lambda u: u.mode == "exact" and u.version >= receipt.head_version,
+                             timeout=120)  # `unlearn head`, as the client
+        assert head.digest == ref.digest() and head.n_retained == 4
+        assert head.retained_hash == receipt.retained_hash
+        served = _served(port, head.version)  # serving, as serving
+        assert served["version"] >= head.version
+        cert = verify_head(secured.settings("verifier"), HEAD, orders=2, partitions=2)  # the verifier, as verifier
+        assert cert["ok"], cert
+        wall = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.stop()
+    for p in procs:
+        assert p.proc is not None and p.proc.returncode == 0, p.log_tail()
+        log = p.log_path.read_text(errors="replace")
+        assert not re.search(r"AUTHORIZATION_FAILED|not authorized|Authorization failed", log, re.I), \
+            f"{p.name} was refused something the matrix should grant:\n{p.log_tail()}"
+    print(f"secured pipeline: add x5 -> delete -> receipt -> exact head -> served -> certified in {wall:.1f}s")
+
+
+# --------------------------------------------------------------------------- what the matrix refuses
+def _produce_error(settings: Settings, topic: str, timeout: float = 20.0) -> str:
+    """The first error a forger's plain producer (no idempotence: an idempotent one of a principal
+    with no WRITE anywhere fails earlier, on InitProducerId) gets writing ``topic`` as ``settings``'
+    principal: its delivery report's, or a client-level one (authentication)."""
+    from unlearn.infra.profiles import producer_config
+
+    errors: list[str] = []
+    p = Producer(producer_config(settings, **{"enable.idempotence": False, "message.timeout.ms": int(timeout * 1000),
+                                              "error_cb": lambda err: errors.append(err.name())}))
+    p.produce(topic, key=b"k", value=b"forged",
+              on_delivery=lambda err, msg: errors.append(err.name() if err is not None else "DELIVERED"))
+    deadline = time.monotonic() + timeout + 5
+    while not errors and time.monotonic() < deadline:
+        p.poll(0.2)
+    assert errors, f"no delivery report within {timeout + 5:g} s"
+    return errors[0]
+
+
+def test_client_may_not_write_deltas(secured: Secured) -> None:
+    assert _produce_error(secured.settings("client"), secured.prefix + "deltas") == "TOPIC_AUTHORIZATION_FAILED"
+
+
+@pytest.mark.parametrize("principal", sorted(set(PRINCIPALS) - {"featurizer"}))
+def test_only_the_featurizer_writes_deltas(secured: Secured, principal: str) -> None:
+    assert _produce_error(secured.settings(principal), secured.prefix + "deltas") == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.topic_family import state_family
+
+    family = state_family(secured.prefix)
+    admin = AdminClient(secured.admin_conf())
+    topics = [t for t in admin.list_topics(timeout=30).topics if family.parse(t) is not None]
+    if not topics:  # the pipeline test did not run first: a state topic with a record in it
+        topics = [family.topic(0, 0)]
+        admin.create_topics([NewTopic(topics[0], 1, 1)])[topics[0]].result(30)
+        p = Producer(secured.admin_conf())
+        p.produce(topics[0], b"state")
+        assert p.flush(30) == 0
+    c = Consumer(consumer_config(secured.settings("client"), f"{secured.prefix}head-reader-{uuid.uuid4().hex[:6]}",
+                                 **{"enable.auto.commit": False}))
+    try:
+        md = c.list_topics(topics[0], timeout=30)
+        assert md.topics[topics[0]].error.name() == "TOPIC_AUTHORIZATION_FAILED"  # not even its partitions
+        c.subscribe([topics[0]])  # a group it may use: the topic is what is refused
+        deadline = time.monotonic() + 30
+        error = None
+        while error is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is not None, "the client read a ledger-state record"
+            error = m.error().name()
+    finally:
+        c.close()
+    assert error == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
+    from unlearn.infra.profiles import admin_config
+
+    admin = AdminClient(admin_config(secured.settings("client")))
+    grant_self = AclBinding(ResourceType.TOPIC, secured.prefix + "deltas", ResourcePatternType.LITERAL, "User:client",
+                            "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+    with pytest.raises(KafkaException) as exc:
+        admin.create_acls([grant_self], request_timeout=30)[grant_self].result(30)
+    assert _auth_error(exc.value) == "CLUSTER_AUTHORIZATION_FAILED"
+    mine = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:client", None, AclOperation.ANY,
+                            AclPermissionType.ANY)
+    with pytest.raises(KafkaException) as exc:
+        admin.delete_acls([mine], request_timeout=30)[mine].result(30)
+    assert _auth_error(exc.value) == "CLUSTER_AUTHORIZATION_FAILED"
+    upsert = UserScramCredentialUpsertion("client", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"x" * 12)
+    with pytest.raises(KafkaException) as exc:
+        admin.alter_user_scram_credentials([upsert], request_timeout=30)["client"].result(30)
+    assert _auth_error(exc.value) == "CLUSTER_AUTHORIZATION_FAILED"
+    # and the client's own rights are unchanged: it still cannot write deltas
+    assert _produce_error(secured.settings("client"), secured.prefix + "deltas") == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_a_wrong_password_gets_nothing(secured: Secured) -> None:
+    s = secured.settings("client").with_(sasl_password="not-the-password")
+    assert _produce_error(s, secured.prefix + "requests") == "_AUTHENTICATION"
