@@ -180,11 +180,11 @@ def _malformed(head: str) -> list[tuple[str, bytes]]:
          orjson.dumps({**{k: v for k, v in ok.items() if k not in ("input",)}, "op": "delete"})),
         ("dimension_mismatch", mut(event_id="dim", sample_id="dim", input={"kind": "features", "values": [0.1] * 4})),
         ("duplicate_add", mut(event_id="dup", sample_id="base0")),
-        ("unknown_sample", orjson.dumps({k: v for k, v in {**ok, "op": "delete", "sample_id": "ghost"}.items()
-                                         if k not in ("label", "input")})),
-        ("unknown_subject",
-         orjson.dumps({k: v for k, v in {**ok, "op": "delete_subject", "subject_id": "nobody"}.items()
-                       if k not in ("label", "input", "sample_id")})),
+        # dated beyond the clock-skew bound (it could outlive deletes), or before the tombstone
+        # retention (a tombstone that would refuse it may be gone); deletes of samples or subjects
+        # never seen are no refusal: they leave a tombstone (docs/featurizer.md "Remove wins")
+        ("ts_in_future", mut(event_id="fut", sample_id="fut", ts=time.time() + 86_400)),
+        ("event_too_old", mut(event_id="old", sample_id="old", ts=time.time() - 30 * 86_400)),
         ("undecodable_input", mut(event_id="png", sample_id="png", head_id=head + "-img",
                                   input={"kind": "image", "format": "png",
                                          "data": base64.b64encode(b"not a png").decode()})),

@@ -6,9 +6,10 @@ produced, so a bad file produces nothing. Without ``--wait`` each produced reque
 one JSON line (event id, partition, offset). With ``--wait`` (delete, delete-subject) the command
 waits for each deletion's receipt and prints it as one JSON line.
 
-Exit codes: 0 success (with --wait: every receipt "applied"); 1 error (bad input, broker,
-receipt timeout -- the message names the event id and head); 2 usage; 3 at least one receipt
-"rejected" (printed, with its reason).
+Exit codes: 0 success (with --wait: every receipt "applied" or "tombstoned": a delete that
+removed nothing, since nothing of it was in the head, and that keeps its older adds out);
+1 error (bad input, broker, receipt timeout -- the message names the event id and head);
+2 usage; 3 at least one receipt "rejected" (printed, with its reason).
 """
 
 from __future__ import annotations
@@ -306,7 +307,8 @@ def _produce_all(client: UnlearnClient, reqs: list[Request], op: str, timeout: f
 
 def _collect_receipts(client: UnlearnClient, handles: list[RequestHandle], timeout: float, show_bar: bool) -> int:
     """Print each receipt as one JSON line, in order, all within ``timeout`` seconds together.
-    Exit 1 if any is missing (naming them), 3 if any was rejected, else 0."""
+    Exit 1 if any is missing (naming them), 3 if any was rejected, else 0 (a tombstoned receipt
+    is no failure: it says on stderr that nothing was removed)."""
     from tqdm import tqdm
 
     from unlearn.services.client.sdk import DeliveryFailed
@@ -325,7 +327,10 @@ def _collect_receipts(client: UnlearnClient, handles: list[RequestHandle], timeo
             except DeliveryFailed as exc:
                 raise CliError(str(exc)) from None
             _emit(receipt_to_dict(r))
-            if r.status != "applied":
+            if r.status == "tombstoned":
+                print(f"tombstoned: event {r.event_id} (head {r.head_id}) removed nothing (nothing of it was in the "
+                      f"head); adds of it dated at or before {r.tombstone_ts} are refused", file=sys.stderr)
+            elif r.status != "applied":
                 rejected += 1
                 print(f"rejected: event {r.event_id} (head {r.head_id}): {r.reason}", file=sys.stderr)
             bar.update(1)

@@ -299,7 +299,8 @@ class RequestHandle:
                                  f"{self._delivery_error}")
 
     def wait_receipt(self, timeout: float | None = None) -> Receipt:
-        """The deletion's receipt (status "applied" or "rejected"); ReceiptTimeout if none arrives
+        """The deletion's receipt (status "applied", "tombstoned": removed nothing, its tombstone
+        keeps older adds out, or "rejected"); ReceiptTimeout if none arrives
         within ``timeout`` seconds (default UNLEARN_RECEIPT_TIMEOUT). Adds get no receipt."""
         if self.op == "add":
             raise ClientError(f"event {self.event_id!r} is an add: only delete and delete_subject get receipts "

@@ -7,8 +7,9 @@ delete and delete_subject that is not refused leaves a **tombstone** of its (hea
 (head, subject) carrying its **event time**, and an add is judged against them:
 
 - event time = the request's ``ts`` when present, else the Kafka record's timestamp (the
-  producer's CreateTime, forwarded unchanged by the router), else the featurizer's clock;
-  integer microseconds, so it is stored and compared exactly;
+  producer's CreateTime, forwarded unchanged by the router; a delete takes the end of its
+  millisecond, an add its start), else the featurizer's clock; integer microseconds, so it is
+  stored and compared exactly;
 - an add whose event time is **not later** than a matching tombstone is refused
   (``deleted_before_arrival``); a later one is a re-add;
 - a tombstone matches an add of the same head and subject (and sample, for a delete's), and of
@@ -113,11 +114,13 @@ def seconds_to_us(seconds: float) -> int:
 
 def event_time_us(r: Request, record_ms: int | None, now: float) -> int:
     """A request's event time: its ``ts``, else the record's timestamp (ms; None or < 0: none),
-    else ``now`` (seconds), in integer microseconds."""
+    else ``now`` (seconds), in integer microseconds. A record timestamp is a whole millisecond:
+    an add takes its start, a delete its end (the last microsecond), so a delete produced right
+    after an add dated with ``ts`` in the same millisecond is never taken for an older one."""
     if r.ts is not None:
         return seconds_to_us(r.ts)
     if record_ms is not None and record_ms >= 0:
-        return int(record_ms) * 1000
+        return int(record_ms) * 1000 + (999 if r.op != "add" else 0)
     return seconds_to_us(now)
 
 

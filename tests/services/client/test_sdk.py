@@ -144,7 +144,9 @@ def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
     assert isinstance(r1, Receipt) and r1.event_id == d1.event_id
     assert r1.status == "applied" and r1.sample_ids == ("x0",) and r1.head_id == "sdk"
     assert rs.status == "applied" and sorted(rs.sample_ids) == ["x1", "x3", "x5"] and rs.subject_id == "u1"
-    assert rg.status == "rejected" and rg.reason == "unknown_sample" and rg.head_version is None
+    # a delete of a sample never added removes nothing and says so; nothing of it can enter later
+    assert rg.status == "tombstoned" and rg.reason is None and rg.head_version is None and not rg.removed
+    assert rg.sample_ids == ("never-added",) and rg.tombstone_ts is not None and rg.tombstone_expires is not None
     assert r1.digest is None and rs.digest is None  # exact head updates carry the digest
     last = max(r1, rs, key=lambda r: r.head_version or 0)
     head = exact_head_from(s, "sdk", last.head_version or 0)
@@ -291,11 +293,19 @@ def test_cli_files_arguments_and_wait(pipeline: Settings, tmp_path: Path, capsys
     assert delete_subject_main([*common, "--head", "cli", "--subject", "c1", "--wait", "--timeout", "60"]) == 0
     (r,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert r["status"] == "applied" and sorted(r["sample_ids"]) == ["f1", "f3"]
-    # a rejected delete: the receipt is printed and the exit code says so
+    # a delete of what is no longer there removes nothing, says so and succeeds (its tombstone
+    # keeps older adds of f0 out)
     assert delete_main([*common, "--head", "cli", "--subject", "c0", "--sample", "f0", "--wait",
+                        "--timeout", "60"]) == 0
+    captured = capsys.readouterr()
+    tomb = json.loads(captured.out)
+    assert (tomb["status"], tomb["schema"]) == ("tombstoned", "unlearn.receipt/v3") and "tombstone_ts" in tomb
+    assert "removed nothing" in captured.err
+    # a rejected delete (f2 is c0's): the receipt is printed and the exit code says so
+    assert delete_main([*common, "--head", "cli", "--subject", "c1", "--sample", "f2", "--wait",
                         "--timeout", "60"]) == 3
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["reason"] == "unknown_sample" and "rejected" in captured.err
+    assert json.loads(captured.out)["reason"] == "subject_mismatch" and "rejected" in captured.err
 
 
 def test_cli_argument_errors(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

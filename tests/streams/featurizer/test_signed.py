@@ -126,8 +126,10 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
         raw.send(feat("d-bob", "delete", "bob", "sa", "x1"), bob)
         expected["d-bob-subject"] = "not_owner"
         sdk_bob.send(feat("d-bob-subject", "delete_subject", "bob", "sa"))
-        for i in range(4):  # burst 2: two judged (unknown_sample), two rate limited
-            expected[f"d-slow-{i}"] = "unknown_sample" if i < 2 else "rate_limited"
+        tombstoned = {"d-slow-0", "d-slow-1"}  # burst 2: two judged (nothing to remove: tombstoned) ...
+        for i in range(4):
+            if i >= 2:
+                expected[f"d-slow-{i}"] = "rate_limited"  # ... two rate limited
             raw.send(feat(f"d-slow-{i}", "delete", "slow", "sl", f"nothing-{i}"), slow)
         # accepted deletes: alice her own sample (raw producer), admin bob's (may_delete_others)
         del4 = raw.send(feat("d-alice-4", "delete", "alice", "sa", "x4"), alice)
@@ -137,7 +139,7 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
         sdk_bob.flush(30)
         applied = {"d-alice-4", "d-admin-5"}
         reader.until(lambda g: applied <= set(ledgers_from(g["deltas"])[1])
-                     and len(g["deadletter"]) >= len(expected) - 2, timeout=60)  # two unknown_sample
+                     and len(g["deadletter"]) >= len(expected), timeout=60)
 
         # phase 3: replays of accepted requests, the exact bytes and headers again, and the
         # corpus of hostile signature headers (each refused; the worker keeps going)
@@ -166,7 +168,8 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
             receipts.setdefault(rc.event_id, []).append((rc.status, rc.reason))
         # every refused delete a valid key vouches for has its rejected receipt; an unauthenticated
         # one has none (nobody may answer another client's event id), nor has a replay
-        assert receipts == {ev: [("rejected", r)] for ev, r in expected.items() if r not in NO_RECEIPT_REASONS}
+        assert receipts == {**{ev: [("rejected", r)] for ev, r in expected.items() if r not in NO_RECEIPT_REASONS},
+                            **{ev: [("tombstoned", None)] for ev in tombstoned}}
         assert {r for ev, r in expected.items() if ev not in receipts} == {
             "unsigned", "bad_signature", "unknown_client", "unknown_key", "revoked_key", "revoked_client"}
         _, events = ledgers_from(got["deltas"], dedup=False)

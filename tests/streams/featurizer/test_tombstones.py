@@ -48,6 +48,10 @@ def test_event_time_is_ts_else_the_record_timestamp_else_now() -> None:
     untimed = add_req("a", "x", "s", None)
     assert event_time_us(untimed, 99_000, 50.0) == 99_000_000  # the producer's record timestamp (ms)
     assert event_time_us(untimed, None, 50.0) == event_time_us(untimed, -1, 50.0) == 50_000_000
+    # a record timestamp is a whole ms: a delete takes its end, so it is never older than an add
+    # dated within the same ms
+    assert event_time_us(Request("d", "delete", "h", "c", "s", "x"), 99_000, 50.0) == 99_000_999
+    assert event_time_us(Request("d", "delete_subject", "h", "c", "s"), 99_000, 50.0) == 99_000_999
 
 
 def test_clock_bounds() -> None:
@@ -217,3 +221,17 @@ def test_expired_tombstones_are_dropped_batch_by_batch(tmp_path: Path) -> None:
         assert [k[2] for k in old.mutations.drop_tombstones] == ["x"]
         cache.commit_batch(old.mutations, [], old.last_offset)
         assert cache.all_tombstones() == []
+
+
+def test_settings_bound_the_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unlearn.infra.settings import Settings
+
+    monkeypatch.setenv("UNLEARN_TOMBSTONE_RETENTION_SECONDS", "86400")
+    monkeypatch.setenv("UNLEARN_MAX_CLOCK_SKEW_SECONDS", "60")
+    s = Settings.from_env()
+    assert CoreConfig.from_settings(s).tombstones == TombstonePolicy(60.0, 86_400.0)
+    assert Settings.from_env(tombstone_retention_seconds=0).tombstone_retention_seconds == 0  # for ever
+    for bad in ({"tombstone_retention_seconds": 30}, {"tombstone_retention_seconds": -1},
+                {"max_clock_skew_seconds": -1}, {"tombstone_retention_seconds": float("inf")}):
+        with pytest.raises(ValueError):
+            Settings.from_env(**bad)
