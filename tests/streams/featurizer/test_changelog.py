@@ -27,6 +27,7 @@ from unlearn.streams.featurizer.changelog import (
     position_key,
     resume_plan,
     sample_key,
+    snapshot_mutations,
     tombstone_key,
 )
 from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
@@ -156,6 +157,16 @@ def test_delivered_record_clears_the_pending_batch() -> None:
     folded = fold_changelog([*log, (done.key or b"", done.value)], 2)
     assert folded.pending == [] and folded.pending_records == [] and list(folded.samples) == [("h", "a")]
     assert fold_changelog([(m.key or b"", m.value) for m in recs if m.phase == PHASE_OUTPUT], 2).empty
+
+
+def test_a_seed_uploads_the_tombstones_with_the_samples() -> None:
+    """A seed (a local cache the changelog lacks) is one batch of the whole cache: its tombstones
+    travel with it, so remove wins survives an upgrade or a recreated changelog topic."""
+    tombs = [Tombstone("h", "sample", "gone", "s", "", 7, "d1"), Tombstone("h", "subject", "s2", "s2", "c", 9, "d2")]
+    snap = snapshot_mutations([mk("h", "a", "s", 1)], [HEADS["h"]], tombs)
+    folded = fold_changelog([(m.key or b"", m.value) for m in batch_records(2, TOPIC, snap, [], pos(5, 1), 100)], 2)
+    assert sorted(folded.tombstones.values(), key=lambda t: t.key) == sorted(tombs, key=lambda t: t.key)
+    assert list(folded.samples) == [("h", "a")] and folded.samples[("h", "a")].event_us == 1
 
 
 def test_a_corrupt_txn_is_refused() -> None:
