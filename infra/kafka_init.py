@@ -85,7 +85,8 @@ def matrix_bindings_present(admin: Any, prefix: str, timeout: float = 30.0) -> l
         ResourceType,
     )
 
-    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+    anything: Any = None  # a filter's wildcard (the library's annotations say str)
+    every = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, anything, anything,
                              AclOperation.ANY, AclPermissionType.ANY)
     have = set(admin.describe_acls(every, request_timeout=timeout).result(timeout=timeout))
     return [b for b in acl_bindings(prefix) if b not in have]

@@ -145,6 +145,17 @@ def test_init_script_without_a_password_names_it(secured: Secured) -> None:
     assert done.returncode != 0 and "UNLEARN_LEDGER_PASSWORD" in done.stderr
 
 
+def test_kafka_init_names_every_missing_password(capsys: pytest.CaptureFixture[str]) -> None:
+    """`unlearn kafka-init` run directly (not through init.sh) checks its environment first."""
+    from unlearn.infra.kafka_init import kafka_init_main
+
+    env = {"KAFKA_ADMIN_PASSWORD": "x", "UNLEARN_LEDGER_PASSWORD": "y"}
+    assert kafka_init_main(["--bootstrap", "127.0.0.1:1"], env=env) == 2
+    err = capsys.readouterr().err
+    assert all(f"UNLEARN_{p.upper()}_PASSWORD" in err for p in PRINCIPALS if p != "ledger")
+    assert "LEDGER" not in err and "KAFKA_ADMIN_PASSWORD" not in err
+
+
 # --------------------------------------------------------------------------- the pipeline, one principal each
 def _served(port: int, version: int, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
