@@ -105,7 +105,8 @@ def _top_k(request: web.Request) -> int | web.Response:
     raw = request.query.get("top_k")
     if raw is None:
         return 1
-    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_TOP_K):
+    # the length first: int() of thousands of digits raises (Python's int-from-str limit)
+    if not (len(raw) <= 6 and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_TOP_K):
         return _error(400, "bad_query", f"top_k must be an integer in 1..{MAX_TOP_K}, got {raw[:40]!r}")
     return int(raw)
 

@@ -19,6 +19,7 @@ import time
 import urllib.error
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -143,8 +144,8 @@ def test_invalid_query_values_are_refused_and_predictions_skip_classes_without_s
     assert status == 200 and len(out["weights"]) == D and len(out["weights"][0]) == C
     assert http("GET", f"{url}/v1/heads/{HEAD}?weights=1&weights=1")[0] == 400
     assert http("GET", f"{url}/v1/heads?x=1")[0] == 400
-    for bad in ("0", "-1", "x", str(MAX_TOP_K + 1), "1.5"):
-        status, err = http("POST", f"{url}/v1/heads/{HEAD}/predict?top_k={bad}", {"features": [1.0, 0.0]})
+    for bad in ("0", "-1", "x", str(MAX_TOP_K + 1), "1.5", "1" * 5000, "\u0661"):  # U+0661: a non-ASCII digit
+        status, err = http("POST", f"{url}/v1/heads/{HEAD}/predict?top_k={quote(bad)}", {"features": [1.0, 0.0]})
         assert (status, err["error"]) == (400, "bad_query"), bad
     status, health = http("GET", f"{url}/healthz")
     assert status == 200 and isinstance(health["consumer"]["topic"], str) and "heads" in health["consumer"]["topic"]
