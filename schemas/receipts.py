@@ -163,10 +163,10 @@ def receipt_from_dict(d: object) -> Receipt:
             raise CodecError("receipt: a tombstoned receipt needs tombstone_ts")
         for k in _TOMBSTONE_FIELDS:
             v = d.get(k)
-            if k in d and (type(v) not in (int, float) or not 0 <= v < math.inf):
+            if k in d and not (isinstance(v, (int, float)) and type(v) is not bool and 0 <= v < math.inf):
                 raise CodecError(f"receipt: {k} must be a finite number >= 0")
-        tomb_ts = float(tomb_ts)
-        tomb_expires = None if tomb_expires is None else float(tomb_expires)
+        tomb_ts = float(d["tombstone_ts"])
+        tomb_expires = float(d["tombstone_expires"]) if "tombstone_expires" in d else None
     else:
         raise CodecError(f"receipt: status must be applied | rejected | tombstoned, got {status!r:.80}")
     return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(samples), status, float(ts),

@@ -282,3 +282,43 @@ def test_a_tombstone_survives_kill_minus_nine_and_refuses_the_late_add(settings:
     assert [(t.kind, t.id, t.subject_id, t.event_id) for t in tombs] == [("sample", "k1", "kim", "del-k")]
     if data_dir == "empty":
         assert "tombstones" in feat.log_path.read_text(errors="replace")  # rebuilt from the changelog
+
+
+def test_a_tombstone_moves_with_its_partition_on_a_rebalance(settings: Settings, tmp_path: Path) -> None:
+    """Member A records a tombstone; B (another host: an empty data dir) joins and A leaves, so
+    every partition moves to B, which rebuilds the cache, tombstone included, from the changelog:
+    the late add is refused there, the later re-add enters."""
+    s_a = settings.with_(data_dir=str(tmp_path / "host-a"))
+    s_b = settings.with_(data_dir=str(tmp_path / "host-b"))
+    mixed = Mixed(settings)
+    reader = Reader(settings)
+    a = Running(s_a, group="rw-move")
+    b: Running | None = None
+    try:
+        assert a.service.ready.wait(60)
+        t_del = time.time()
+        mixed.send(Request("del-m", "delete", HEAD, "erasure-svc", "mo", "m1", ts=t_del))
+        mixed.flush()
+        got = reader.until(lambda g: "del-m" in receipts_of(g), timeout=60)
+        assert receipts_of(got)["del-m"].status == "tombstoned"
+        b = Running(s_b, group="rw-move")
+        assert b.service.ready.wait(60)
+        assert a.stop() == 0  # A leaves: B owns every partition now
+        mixed.send(add_req("late-m", "mo", "m1", 1, ts=t_del - 1))
+        mixed.send(add_req("readd-m", "mo", "m1", 2, ts=t_del + 1))
+        mixed.flush()
+        reader.until(lambda g: "late-m" in dead_letters_of(g) and "readd-m" in ledgers_from(g["deltas"])[1],
+                     timeout=90)
+        got = settle(reader, b)
+    finally:
+        reader.close()
+        a.stop_event.set()
+        if b is not None:
+            b.stop_event.set()
+    assert dead_letters_of(got) == {"late-m": "deleted_before_arrival"}
+    assert_head_is(got, settings, {"m1": (features(2), 2)})
+    tombs = []
+    for path in (tmp_path / "host-b" / "featurizer").glob("*/p*.sqlite"):
+        with FeatureCache(path) as cache:
+            tombs += [(t.id, t.event_id) for t in cache.all_tombstones()]
+    assert tombs == [("m1", "del-m")]
