@@ -258,6 +258,15 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
                         f"{replay_cv} at version {latest.version}")
     data: dict[str, Any] = {"live_digest": latest.digest, "replay_digest": base,
                             "live_contract_version": latest.contract_version, "replay_contract_version": replay_cv}
+    if latest.retained_classes is not None and rep.version == latest.version:
+        # the classes a prediction may name: the replay's exact per-class counts > 0
+        live_classes = np.flatnonzero(latest.retained_classes).tolist()
+        counts = led.class_counts
+        replay_classes = np.flatnonzero(counts > 0).tolist() if int(counts.sum()) == led.count else None
+        data.update(live_retained_classes=live_classes, replay_retained_classes=replay_classes)
+        if live_classes != replay_classes:
+            problems.append(f"live head says classes {live_classes[:20]} hold retained samples, the replay "
+                            f"{replay_classes if replay_classes is None else replay_classes[:20]}")
     compared: list[str] = []
     if latest.digest is not None:
         compared.append("its digest")

@@ -131,10 +131,10 @@ def head_update(rt: HeadRuntime, mode: str | None = None) -> HeadUpdate:
     """What LedgerWorker.head_update publishes (the digest on exact updates only)."""
     mode = mode or rt.mode
     return HeadUpdate(rt.head_id, rt.version, mode, rt.digest() if mode == "exact" else None, rt.ledger.count,
-                      rt.events_covered, ((rt.input_partition, rt.applied_offset),), float(rt.last_reset_drift),
-                      rt.config.gamma, time.time(), rt.weights.copy(),
+                      rt.events_covered, ((rt.input_partition, rt.applied_offset),),
+                      0.0 if mode == "exact" else rt.fast_drift, rt.config.gamma, time.time(), rt.weights.copy(),
                       rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash(),
-                      rt.contract_version)
+                      rt.contract_version, rt.retained_classes())
 
 
 def simulate(records: list[LogRecord], head_id: str, timer_resets: set[int] = frozenset(),

@@ -105,6 +105,15 @@ def test_tampering_is_detected() -> None:
     assert status(cert, "canonical_head") == "fail"
     cert = verify(recs, forged(digest="0" * 64), "h", orders=0, partitionings=0, seed=1)
     assert status(cert, "live_digest") == "fail" and not cert.ok
+    # a live head that names a class without retained samples (or hides one) as predictable
+    assert last.retained_classes is not None and last.retained_classes.any()
+    for flip in (int(np.argmax(last.retained_classes)), int(np.argmin(last.retained_classes))):
+        mask = np.array(last.retained_classes)
+        mask[flip] = not mask[flip]
+        cert = verify(recs, forged(retained_classes=mask), "h", orders=0, partitionings=0, seed=1)
+        live = next(c for c in cert.checks if c.name == "live_digest")
+        assert live.status == "fail" and "classes" in live.detail, live.detail
+    assert verify(recs, ups, "h", orders=0, partitionings=0, seed=1).ok
     # a delta the live head claims but the log does not have (a lost/hidden message)
     applied = [i for i, r in enumerate(recs) if r.key == b"h" and i > 3]
     cert = verify(recs[: applied[-1]], ups, "h", orders=0, partitionings=0, seed=1)
