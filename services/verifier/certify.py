@@ -37,7 +37,8 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
     there are none to compare with). ``require_live``: a missing live head fails the live check
     (broker mode) instead of skipping it (a file exported without heads). ``gamma`` is used for
     the retrain reference only when no head update says which gamma the head has. ``receipts``:
-    the head's applied receipts are checked for their retained-rows hash (others are ignored).
+    the head's applied receipts are checked for their retained-rows hash, its tombstoned ones for
+    removing nothing (rejected ones are ignored).
     ``created_at``: messages that had an add as sent though every row of it is erased since
     (``ErasureEvidence.sealed_adds``): they created the head live, so they do in the replay.
 

@@ -58,6 +58,7 @@ class Evidence:
     deps: Dependencies
     comps: list[list[int]]
     receipts: list[Receipt] = field(default_factory=list)
+    tombstoned: list[Receipt] = field(default_factory=list)  # the head's deletes that removed nothing
     _solved: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)
 
     @classmethod
@@ -75,8 +76,9 @@ class Evidence:
         rep = replay_log(delta_records, head_id, stop, capture, created_at)
         digest = rep.ledger.digest() if rep.ledger is not None else None
         applied = [r for r in receipts if r.head_id == head_id and r.status == "applied"]
+        tombstoned = [r for r in receipts if r.head_id == head_id and r.status == "tombstoned"]
         return cls(head_id, rep, updates, latest, latest_exact, digest, dependencies(rep.units),
-                   components(rep.units), applied)
+                   components(rep.units), applied, tombstoned)
 
     @property
     def units(self) -> Units:
@@ -132,6 +134,24 @@ def check_delete_matching(ev: Evidence) -> Check | None:
                  f"{len(ev.unmatched)} accepted delete units name samples with no earlier retained add "
                  "(the ledger's counts allowed them, but they remove rows that were never added)",
                  {"units": ev.unmatched[:20]})
+
+
+def check_tombstoned_receipts(ev: Evidence) -> Check | None:
+    """A ``tombstoned`` receipt (remove wins, docs/featurizer.md) says its delete removed nothing:
+    no delete row of the replay may carry its event id. Only reported when the head has such
+    receipts. (Its other claim, that no older add of it enters, needs event times the deltas do
+    not carry: not checked here.)"""
+    if not ev.tombstoned:
+        return None
+    removing = {e for i, evs in enumerate(ev.units.events) if ev.units.sign[i] < 0 for e in evs}
+    lying = sorted(r.event_id for r in ev.tombstoned if r.event_id in removing)
+    if lying:
+        return Check("tombstoned_receipts", "fail",
+                     f"{len(lying)} tombstoned receipts say their delete removed nothing, but the deltas remove "
+                     "rows under their event ids", {"event_ids": lying[:20], "receipts": len(ev.tombstoned)})
+    return Check("tombstoned_receipts", "pass",
+                 f"{len(ev.tombstoned)} tombstoned receipts: none of their deletes removed a row",
+                 {"receipts": len(ev.tombstoned)})
 
 
 def check_shuffled_orders(ev: Evidence, orders: int, rng: np.random.Generator) -> Check:
@@ -440,4 +460,7 @@ def run_checks(ev: Evidence, rng: np.random.Generator, *, orders: int, partition
         check_canonical_head(ev),
         check_retrain_deviation(ev, tolerance, gamma),
     ]
+    tombstoned = check_tombstoned_receipts(ev)
+    if tombstoned is not None:
+        checks.append(tombstoned)
     return checks

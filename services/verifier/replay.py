@@ -58,6 +58,7 @@ class Units:
     kind: list[int] = field(default_factory=list)
     ref: list[int] = field(default_factory=list)  # row index, or packed index
     samples: list[tuple[str, ...]] = field(default_factory=list)
+    events: list[tuple[str, ...]] = field(default_factory=list)  # the event ids each unit carries
     q_chunks: list[np.ndarray] = field(default_factory=list)
     class_labels: list[int] = field(default_factory=list)  # per row; -1 for vector rows
     vector_labels: dict[int, np.ndarray] = field(default_factory=dict)  # row -> int64 (c,)
@@ -79,6 +80,7 @@ class Units:
             self.sign.append(e.sign)
             self.ref.append(row)
             self.samples.append((e.sample_ids[i],))
+            self.events.append((e.event_ids[i],))
             if labels.ndim == 1:
                 self.kind.append(UNIT_CLASS_ROW)
                 self.class_labels.append(int(labels[i]))
@@ -94,6 +96,7 @@ class Units:
         self.kind.append(UNIT_PACKED)
         self.ref.append(len(self.packed))
         self.samples.append(tuple(e.sample_ids))
+        self.events.append(tuple(e.event_ids))
         self.packed.append(led)
 
     @property

@@ -212,3 +212,25 @@ def test_packed_entries_without_a_hash_make_it_unknown_and_claims_fail() -> None
     cert = verify(recs, [*ups[:-1], forged], "h", orders=0, partitionings=0, seed=1)
     assert status(cert, "retained_hash") == "fail" and "cannot know" in next(
         c.detail for c in cert.checks if c.name == "retained_hash")
+
+
+def test_a_tombstoned_receipt_must_not_name_a_delete_that_removed_rows() -> None:
+    """Remove wins (docs/featurizer.md): a ``tombstoned`` receipt says its delete removed nothing.
+    The check is only reported when the head has such receipts; it fails when the deltas remove
+    rows under the receipt's event id."""
+    from unlearn.services.verifier.checks import check_tombstoned_receipts
+
+    b = anomalous_stream(seed=4, n_msgs=10)
+    recs = records_of(b.msgs)
+    ups, _, _ = simulate(recs, "h", final_reset=True)
+    assert check_tombstoned_receipts(Evidence.gather(recs, ups, "h")) is None
+    units = Evidence.gather(recs, ups, "h").units
+    removing = next(evs[0] for i, evs in enumerate(units.events) if units.sign[i] < 0)
+    honest = Receipt.tombstoned("never-removed", "s", "h", ["ghost"], 5.0, None, 6.0)
+    elsewhere = Receipt.tombstoned(removing, "s", "other-head", [], 5.0, None, 6.0)  # another head's
+    ok = check_tombstoned_receipts(Evidence.gather(recs, ups, "h", [honest, elsewhere]))
+    assert ok is not None and ok.status == "pass" and ok.data == {"receipts": 1}
+    lie = Receipt.tombstoned(removing, "s", "h", [], 5.0, None, 6.0)
+    cert = verify(recs, ups, "h", orders=1, partitionings=1, seed=1, receipts=[honest, lie])
+    (check,) = [c for c in cert.checks if c.name == "tombstoned_receipts"]
+    assert check.status == "fail" and check.data["event_ids"] == [removing] and not cert.ok
