@@ -69,6 +69,23 @@ _STARTED = web.AppKey("started", float)
 
 
 @web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own refusals (a body over MAX_BODY_BYTES: 413; an unknown path: 404; another
+    method: 405) in the document's ``Error`` shape, so every response is JSON the contract names."""
+    try:
+        resp: web.StreamResponse = await handler(request)
+        return resp
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        out = _error(exc.status, (exc.reason or "error").lower().replace(" ", "_"), exc.text or exc.reason or "")
+        for name in ("Allow",):
+            if name in exc.headers:
+                out.headers[name] = exc.headers[name]
+        return out
+
+
+@web.middleware
 async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
     """Count and time every request, labelled by route template (not by head id)."""
     t0 = time.perf_counter()
@@ -204,7 +221,7 @@ def build_app(settings: Settings, *, store: HeadStore | None = None, follow: boo
     contracts then come from ``contracts`` (none: every head falls back to the settings).
     With ``follow=True`` they come from the head registry, followed like the heads.
     """
-    app = web.Application(middlewares=[_observe], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[_observe, _json_errors], client_max_size=MAX_BODY_BYTES)
     st = store if store is not None else HeadStore()
     metrics = Metrics()
     follower = HeadsFollower(settings, st, metrics) if follow else None

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from openapi_spec_validator import validate
 
-from tests.services.serving.support import http
+from tests.services.serving.support import http, make_head
 from unlearn.infra.settings import Settings
 from unlearn.services.serving.http import ServingServer, build_app, openapi_spec
+from unlearn.services.serving.store import HeadStore
 
 DOC = Path(__file__).resolve().parents[3] / "services" / "serving" / "openapi.json"
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -41,3 +43,23 @@ def test_the_document_is_served_as_shipped() -> None:
     with ServingServer(Settings(), follow=False) as srv:
         status, spec = http("GET", f"{srv.url}/openapi.json")
     assert status == 200 and spec == openapi_spec() and "/healthz" in spec["paths"]
+
+
+def test_aiohttp_refusals_are_json_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body over the limit (413, documented), an unknown path (404) and another method (405) are
+    answered in the document's Error shape, not aiohttp's plain text."""
+    import jsonschema
+
+    from unlearn.services.serving import http as serving_http
+
+    monkeypatch.setattr(serving_http, "MAX_BODY_BYTES", 1000)
+    error_schema = openapi_spec()["components"]["schemas"]["Error"]
+    store = HeadStore()
+    store.offer(make_head(1))
+    with ServingServer(Settings(), follow=False, store=store) as srv:
+        for method, path, body, want in (("POST", "/v1/heads/h/predict", {"features": [0.5] * 400}, 413),
+                                         ("GET", "/nowhere", None, 404), ("PUT", "/v1/heads", {}, 405)):
+            status, err = http(method, f"{srv.url}{path}", body)
+            assert status == want and isinstance(err, dict), (path, status, err)
+            jsonschema.validate(err, error_schema)
+    assert "413" in openapi_spec()["paths"]["/v1/heads/{head}/predict"]["post"]["responses"]
