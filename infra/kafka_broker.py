@@ -71,12 +71,14 @@ _MAKE_HINT = "run `make kafka` in the checkout (resolves the pinned jars from Ma
 #: JVM flags of kafka-run-class.sh, with a small fixed heap (measured: docs/design.md).
 _JVM_FLAGS = ("-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
               "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true")
-#: The logging backend (slf4j-simple, in the pom) writes to stderr, which goes to the node's log;
-#: the config dumps (hundreds of lines per client the broker starts) are left out.
+#: The logging backend (slf4j-simple, in the pom) writes to stderr, which goes to the node's log.
+#: Left out below warn: config dumps (hundreds of lines per client the broker starts) and the
+#: per-partition storage lines (a test session creates thousands of partitions: ~40% of the log).
+_QUIET = ("org.apache.kafka.common.config.AbstractConfig", "org.apache.kafka.common.utils.AppInfoParser",
+          "org.apache.kafka.storage.internals.log", "state.change.logger", "kafka.cluster.Partition")
 _LOG_FLAGS = ("-Dorg.slf4j.simpleLogger.showDateTime=true",
               "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
-              "-Dorg.slf4j.simpleLogger.log.org.apache.kafka.common.config.AbstractConfig=warn",
-              "-Dorg.slf4j.simpleLogger.log.org.apache.kafka.common.utils.AppInfoParser=warn")
+              *(f"-Dorg.slf4j.simpleLogger.log.{name}=warn" for name in _QUIET))
 
 
 class KafkaJarsMissing(BrokerError):
