@@ -534,12 +534,15 @@ def run_kafka_forever(
     nodes: int = 1,
     *,
     settings: Settings | None = None,
+    admin_password: str | None = None,
 ) -> int:
     """Body of ``unlearn broker --engine kafka``: run the cluster until SIGINT/SIGTERM.
 
     Prints one line per node, ``node=<id> pid=<pid> bootstrap=<host:port>`` (so an operator or a
     test can kill one), then ``bootstrap=<all nodes>``, then logs the readiness line. Returns 0
-    after a signal, 1 if a node died by itself.
+    after a signal, 1 if a node died by itself. With ``admin_password`` (``--secure``) the cluster is
+    secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
+    from ``infra/kafka/init.sh``).
     """
     stop = threading.Event()
 
@@ -547,7 +550,13 @@ def run_kafka_forever(
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
+    if admin_password is not None:
+        from unlearn.infra.secure_kafka import SecuredLocalKafka
+
+        cluster: LocalKafka = SecuredLocalKafka(nodes, admin_password=admin_password, port=port, data_dir=data_dir,
+                                                settings=settings)
+    else:
+        cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
     try:
         cluster.start()
         for n in cluster.nodes:
@@ -558,6 +567,8 @@ def run_kafka_forever(
         fields: dict[str, object] = {"engine": "kafka", "bootstrap": cluster.bootstrap, "nodes": nodes}
         if cluster.data_dir is not None:
             fields["data"] = str(cluster.data_dir)
+        if admin_password is not None:
+            fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
         log_ready("broker", **fields)
         while not stop.wait(0.5):
             dead = [n for n in cluster.nodes if not n.running]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -66,10 +67,19 @@ def _broker_main(argv: list[str]) -> int:
                     "local s3rver, installed by `make s3` (needs node and npm); kafka in its own log dirs")
     ap.add_argument("--nodes", type=int, default=1,
                     help="kafka only: cluster size (3: replication factor 3, min.insync.replicas=2)")
+    ap.add_argument("--secure", action="store_true",
+                    help="kafka only: secured as the compose deployment's broker (SASL_PLAINTEXT with SCRAM-SHA-512, "
+                    "no access without an ACL, super user admin with the password in KAFKA_ADMIN_PASSWORD); "
+                    "then `bash infra/kafka/init.sh` creates the service users and ACLs (docs/security.md)")
     add_loglevel_arg(ap)
     args = ap.parse_args(argv)
     if args.engine == "tansu" and args.nodes != 1:
         ap.error("--nodes needs --engine kafka (tansu runs one broker)")
+    if args.secure and args.engine != "kafka":
+        ap.error("--secure needs --engine kafka (tansu has no authentication)")
+    admin_password = os.environ.get("KAFKA_ADMIN_PASSWORD") if args.secure else None
+    if args.secure and not admin_password:
+        ap.error("--secure needs KAFKA_ADMIN_PASSWORD (the super user admin's password; never on the command line)")
     if args.nodes < 1:
         ap.error("--nodes must be >= 1")
     setup_logging(args.loglevel)
@@ -79,9 +89,9 @@ def _broker_main(argv: list[str]) -> int:
         if args.engine == "kafka":
             from unlearn.infra.kafka_broker import run_kafka_forever
 
-            return run_kafka_forever(args.port, args.data, args.nodes)
+            return run_kafka_forever(args.port, args.data, args.nodes, admin_password=admin_password)
         return run_broker_forever(args.port, args.data)
-    except BrokerError as exc:
+    except (BrokerError, ValueError) as exc:  # ValueError: an admin password the JAAS string cannot hold
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

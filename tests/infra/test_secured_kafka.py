@@ -81,25 +81,55 @@ def run_init(bootstrap: str, prefix: str, admin_password: str,
                           timeout=120)
 
 
+def start_secured_broker(admin_password: str, log: Path, timeout: float = 120.0) -> tuple[subprocess.Popen[str], str]:
+    """``unlearn broker --engine kafka --secure`` as an operator runs it (the admin password in
+    KAFKA_ADMIN_PASSWORD); returns the process and the ``bootstrap=`` it prints when ready."""
+    import queue
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNLEARN_", "KAFKA_"))}
+    env["KAFKA_ADMIN_PASSWORD"] = admin_password
+    with open(log, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "unlearn.services.cli", "broker", "--engine", "kafka",
+                                 "--secure"], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if line.startswith("bootstrap="):
+            return proc, line.strip().split("=", 1)[1]
+    proc.kill()
+    raise AssertionError(f"`unlearn broker --engine kafka --secure` not ready in {timeout:g}s:\n"
+                         + log.read_text(errors="replace")[-3000:])
+
+
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    from unlearn.infra.secure_kafka import SecuredLocalKafka
     from unlearn.infra.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
     admin_password = f"admin-{tag}"
     passwords = {p: f"{p}-{uuid.uuid4().hex[:12]}" for p in PRINCIPALS}
     prefix = f"t.secured.{tag}."
-    kafka = SecuredLocalKafka(admin_password=admin_password, settings=Settings.from_env()).start()
+    tmp = tmp_path_factory.mktemp("secured")
+    broker, bootstrap = start_secured_broker(admin_password, tmp / "broker.log")
     try:
-        done = run_init(kafka.bootstrap, prefix, admin_password, passwords)
+        done = run_init(bootstrap, prefix, admin_password, passwords)
         assert done.returncode == 0, done.stdout + done.stderr
-        secured = Secured(kafka.bootstrap, prefix, admin_password, passwords, done.stdout,
-                          tmp_path_factory.mktemp("secured"))
+        secured = Secured(bootstrap, prefix, admin_password, passwords, done.stdout, tmp)
         create_topics(secured.settings("operator"))  # compose: the `topics` service, as operator
         yield secured
     finally:
-        kafka.stop()
+        broker.terminate()
+        try:
+            broker.wait(60)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait()
 
 
 def _auth_error(exc: BaseException | KafkaError | None) -> str:
