@@ -186,6 +186,22 @@ def test_kafka_init_names_every_missing_password(capsys: pytest.CaptureFixture[s
     assert "LEDGER" not in err and "KAFKA_ADMIN_PASSWORD" not in err
 
 
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--secure"], {"KAFKA_ADMIN_PASSWORD": "x"}, "--secure needs --engine kafka"),
+    (["--engine", "kafka", "--secure"], {}, "--secure needs KAFKA_ADMIN_PASSWORD"),
+])
+def test_broker_secure_usage_errors(argv: list[str], env: dict[str, str], message: str,
+                                    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from unlearn.services.cli import main
+
+    monkeypatch.delenv("KAFKA_ADMIN_PASSWORD", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as exc:
+        main(["broker", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- the pipeline, one principal each
 def _served(port: int, version: int, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
