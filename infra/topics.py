@@ -154,10 +154,12 @@ def wait_for_topics(
     admin: object | None = None,
 ) -> dict[str, int]:
     """Block until every full topic name in ``names`` is in the cluster metadata with all its
-    partitions led; return name -> partition count.
+    partitions led, and every leader answers ListOffsets for it; return name -> partition count.
 
     Asks for the whole metadata, never for a single topic: on tansu a metadata request naming an
-    unknown topic auto-creates it (with 4 partitions).
+    unknown topic auto-creates it (with 4 partitions). The ListOffsets round: Apache Kafka (KRaft)
+    shows a new partition's leader in metadata a moment before that leader serves it, and a reader
+    asking for the log end in that moment gets NOT_LEADER_FOR_PARTITION.
     """
     from confluent_kafka.admin import AdminClient
 
@@ -183,12 +185,30 @@ def wait_for_topics(
                 else:
                     counts[name] = len(t.partitions)
             if not missing:
-                return counts
+                not_served = _not_served(client, md, wanted, max(0.5, min(remaining, 5.0)))
+                if not not_served:
+                    return counts
+                missing = [f"{not_served} (leader not serving yet)"]
         except Exception as exc:  # KafkaException: broker briefly unreachable
             missing = [f"{wanted} (metadata failed: {exc})"]
         if remaining <= 0:
             raise TopicError(f"topics not visible after {timeout or settings.admin_timeout}s: {missing}")
         time.sleep(0.05)
+
+
+def _not_served(admin: Any, md: Any, names: list[str], timeout: float) -> list[str]:
+    """The topics among ``names`` of which some partition's leader does not answer ListOffsets."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    parts = {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in md.topics[n].partitions}
+    bad: set[str] = set()
+    for tp, fut in admin.list_offsets(parts, request_timeout=timeout).items():
+        try:
+            fut.result(timeout=timeout)
+        except Exception:  # KafkaException NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PART...
+            bad.add(tp.topic)
+    return sorted(bad)
 
 
 def delete_topics(settings: Settings, names: Iterable[str], *, admin: Any = None) -> None:
