@@ -180,7 +180,9 @@ def transit_key_ids(s: Settings, subject: str) -> set[str]:
     return out
 
 
-# short transit epochs: a sealed raw input becomes noise within seconds (docs/erasure.md section 5)
+# short transit epochs: a sealed raw input becomes noise within seconds (docs/erasure.md section 5);
+# segment_ms=3000 (every test here): where the broker compacts, a destroyed key's record leaves the
+# key family's log within seconds (its segment rolls, then the cleaner runs), so the report is clear
 TRANSIT = {"transit_rotate_seconds": 4.0, "transit_grace_seconds": 3.0, "transit_seal": "always"}
 # a plain producer's distinctive values: readable in requests unless the broker can delete records
 PLAIN = np.array([0.1928374655, -0.5647382910, 0.3344556677, -0.2233445566, 0.6677889900, 0.1122334455])
@@ -190,7 +192,7 @@ WRONG = np.array([0.5463728190, -0.4637281956, 0.1357924680, -0.8642097531, 0.24
 
 
 def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: Settings, tmp_path: Path) -> None:
-    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0, segment_ms=3000,
                                                     checkpoint_every_messages=1, **TRANSIT)
     rng = np.random.default_rng(5)
     feat, led = services(s, tmp_path)
@@ -304,7 +306,7 @@ def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(setting
     and a featurizer killed between a delete and its key's destruction (the ledger is down, so
     the floor cannot pass the delete): the restarted featurizer destroys the key once the ledger
     is back, and the head still verifies."""
-    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0, segment_ms=3000,
                                                     checkpoint_every_messages=1,
                                                     **{**TRANSIT, "transit_grace_seconds": 8.0})
     rng = np.random.default_rng(7)
@@ -393,7 +395,7 @@ def test_a_head_created_by_an_erased_lone_add_keeps_its_versions(settings: Setti
     """A head whose first deltas message is a lone add, later deleted and shredded: the message
     still created the head (decided on the message as sent, docs/erasure.md), so the verifier and a
     ledger rebuilt from scratch count it as version 1, like the live ledger that opened it."""
-    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0,
+    s = pipeline_settings(settings, tmp_path).with_(shred_every_seconds=0.5, keys_retire_seconds=3.0, segment_ms=3000,
                                                     checkpoint_every_messages=1)
     rng = np.random.default_rng(9)
     feat, led = services(s, tmp_path)

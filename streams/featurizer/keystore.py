@@ -8,9 +8,13 @@ ownership as the feature cache partition). Every accepted add gets a fresh key (
 for a sample re-added after its erasure); its delete is sealed under the same key. New keys are
 produced and acknowledged (:meth:`KeyStore.flush`) before the batch that uses them is committed,
 so no ciphertext can exist under a key that was never durable. Destroying keys
-(:meth:`KeyStore.destroy`) drops them from memory, writes tombstones, then rotates the partition
-to a new generation without them; the old generation topic is deleted after the grace period
-(``UNLEARN_KEYS_RETIRE_SECONDS``), so a reader has time to move off it. Reading:
+(:meth:`KeyStore.destroy`) drops them from memory and writes tombstones. Where the broker compacts
+(``BrokerQuirks.compaction_runs``: Apache Kafka) that is all: the generation topic is compacted
+(``infra.profiles.topic_config``), and once ``UNLEARN_SEGMENT_MS`` has passed the store appends a
+completion record again, which rolls the segment holding the tombstones so the cleaner removes the
+destroyed keys' records (docs/erasure.md section 4, deadline). Where it does not (tansu), the
+partition is rotated to a new generation without them; the old generation topic is deleted after
+the grace period (``UNLEARN_KEYS_RETIRE_SECONDS``), so a reader has time to move off it. Reading:
 ``infra.key_family``.
 """
 
@@ -28,7 +32,7 @@ from unlearn.infra.key_family import (
     key_record_key,
     read_partition_keys,
 )
-from unlearn.infra.profiles import admin_config, producer_config
+from unlearn.infra.profiles import admin_config, producer_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import TopicFamily, keys_family
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
@@ -61,6 +65,11 @@ class KeyStore:
         self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
         self._sending: Acks | None = None  # keys produced by send(), awaited by flush()
         self.retiring: list[tuple[float, list[str]]] = []
+        # compaction instead of rotation (module docstring): topic -> when to append the record that
+        # rolls its tombstones' segment, and when its newest tombstone was written
+        self.compacts = quirks(settings).compaction_runs
+        self.rolls: dict[str, float] = {}
+        self._tombstoned: dict[str, float] = {}
         self.producer: Any = share.producer if share else Producer(producer_config(self.settings, **{"linger.ms": 0}))
         self.admin: Any = share.admin if share else AdminClient(admin_config(self.settings))
 
@@ -82,6 +91,8 @@ class KeyStore:
         if stale:
             self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, stale))
         self.gens[partition] = gen
+        if self.compacts:  # a crashed owner may have left tombstones in the active segment
+            self._schedule_roll(gen.topic)
         for (h, s, _), key in gen.keys.items():
             self.current[(h, s)] = key  # log order: the newest key of a sample wins
         log.info("%s partition %d: generation %d, %d live keys", self.family.name, partition, gen.generation,
@@ -160,6 +171,11 @@ class KeyStore:
             if cur is not None and cur.key_id == kid:
                 del self.current[(h, s)]
         self._produce_acked([(gen.topic, key_record_key(*ref), None) for ref in gone])
+        if self.compacts:  # the broker erases them: compaction after the segment rolls (no rotation)
+            self._schedule_roll(gen.topic)
+            log.info("%s partition %d: %d key(s) destroyed (tombstones; compacted once the segment rolls, "
+                     "%d live keys)", self.family.name, partition, len(gone), len(gen.keys))
+            return len(gone)
         number = self.next_gen.get(partition, gen.generation + 1)
         self.next_gen[partition] = number + 1
         new = KeyGeneration(partition, number, self.family.topic(partition, number), dict(gen.keys), complete=True)
@@ -172,8 +188,34 @@ class KeyStore:
                  self.family.name, partition, len(gone), new.generation, len(new.keys))
         return len(gone)
 
+    def _schedule_roll(self, topic: str) -> None:
+        now = time.monotonic()
+        self._tombstoned[topic] = now
+        self.rolls.setdefault(topic, now + self.settings.segment_ms / 1000.0 + 1.0)
+
+    def roll_due(self, force: bool = False) -> list[str]:
+        """Append a completion record to each generation whose tombstones' segment is old enough
+        to roll (``segment.ms``): the append rolls it and the cleaner can then compact it. Another
+        roll is scheduled when tombstones came after the first. Returns the topics appended to."""
+        now = time.monotonic()
+        due = [t for t, at in self.rolls.items() if force or at <= now]
+        if not due:
+            return []
+        self._produce_acked([(t, COMPLETE_KEY, b"1") for t in due])
+        for t in due:
+            again = self._tombstoned.get(t, 0.0) + self.settings.segment_ms / 1000.0 + 1.0
+            if again > now and not force:
+                self.rolls[t] = again
+            else:
+                self.rolls.pop(t, None)
+                self._tombstoned.pop(t, None)
+        return due
+
     def retire_due(self, force: bool = False) -> list[str]:
-        """Delete superseded generations whose grace period is over; returns the topics deleted."""
+        """Delete superseded generations whose grace period is over (and roll compacted ones,
+        :meth:`roll_due`); returns the topics deleted."""
+        if self.rolls:
+            self.roll_due(force)
         now = time.monotonic()
         due = [t for at, names in self.retiring if force or at <= now for t in names]
         if not due:

@@ -88,6 +88,7 @@ def test_plaintext_inputs_leave_both_raw_topics_once_taken_over(settings: Settin
     produce(s, [*adds, delete_subject("forget-s0", "h1", "s0")])  # plaintext, as any producer sends
     reader = Reader(s)
     a = Running(s, group="fz-trim")
+    b: Running | None = None
     try:
         reader.until(lambda g: "forget-s0" in ledgers_from(g["deltas"])[1])
         assert a.service.ready.is_set()
@@ -120,8 +121,11 @@ def test_plaintext_inputs_leave_both_raw_topics_once_taken_over(settings: Settin
         produce(s, [delete("d3", "h1", "s1", "x1")])
         got_msgs = reader.until(lambda g: "d3" in ledgers_from(g["deltas"])[1])
         assert b.stop() == 0
-    finally:
+    finally:  # every featurizer thread joined before its topics are deleted (librdkafka crashes otherwise)
         reader.close()
-        a.stop_event.set()
+        for run in (a, b):
+            if run is not None:
+                run.stop_event.set()
+                run.thread.join(30)
     rows = q_rows(got_msgs["deltas"])
     assert rows[(-1, "x1")] == rows[(1, "x1")] and not got_msgs["deadletter"]

@@ -1,0 +1,60 @@
+"""Destroying keys where the broker compacts (``BrokerQuirks.compaction_runs``: Apache Kafka): a
+tombstone, no rotation, and the destroyed key's record leaves the log once its segment rolls and
+the cleaner runs (docs/erasure.md section 4); where it does not (tansu), the partition rotates into
+a new generation as before. Real broker, no mocks."""
+
+from __future__ import annotations
+
+import time
+
+from unlearn.infra.key_family import key_record_key, read_partition_keys
+from unlearn.infra.profiles import admin_config, quirks
+from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import keys_family
+from unlearn.infra.topic_reader import read_topic
+from unlearn.streams.featurizer.keystore import KeyStore
+
+DEADLINE_S = 90.0  # segment.ms (2 s here) + the roll + the broker's cleaner backoff (15 s) + cleaning, with margin
+
+
+def _topics(s: Settings) -> list[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return list(AdminClient(admin_config(s)).list_topics(timeout=30).topics)
+
+
+def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Settings) -> None:
+    s = settings.with_(segment_ms=2000)
+    fam = keys_family(s.topic_prefix)
+    ks = KeyStore(s)
+    try:
+        ks.load(0)
+        keys = [ks.create(0, "h", f"x{i}") for i in range(3)]
+        assert ks.flush() == 3
+        first = ks.gens[0].topic
+        doomed = ("h", "x1", keys[1].key_id)
+        t0 = time.monotonic()
+        assert ks.destroy(0, [doomed]) == 1
+        gen = read_partition_keys(s, fam, _topics(s), 0)
+        assert gen is not None and doomed not in gen.keys and len(gen.keys) == 2  # gone for every reader at once
+        if not quirks(s).compaction_runs:  # tansu: rotated into a generation without it
+            assert fam.generations(_topics(s), 0) == [0, 1] and ks.gens[0].generation == 1
+            assert ks.retire_due(force=True) == [first]
+            return
+        assert fam.generations(_topics(s), 0) == [0] and ks.gens[0].topic == first  # no rotation
+        doomed_key = key_record_key(*doomed)
+        while True:  # its record physically leaves the log: the roll record, then the cleaner
+            ks.retire_due()
+            recs = read_topic(s, first, timeout=30)
+            held = [r for r in recs if r.key == doomed_key and r.value is not None]
+            if not held:
+                break
+            assert time.monotonic() - t0 < DEADLINE_S, f"destroyed key still in {first} after {DEADLINE_S}s"
+            time.sleep(1.0)
+        took = time.monotonic() - t0
+        live = {r.key for r in recs if r.value is not None}
+        assert {key_record_key("h", f"x{i}", keys[i].key_id) for i in (0, 2)} <= live  # the others stay
+        print(f"destroyed key compacted away after {took:.1f}s")
+        assert not ks.rolls  # no roll left pending once its tombstones were rolled
+    finally:
+        ks.close()
