@@ -42,6 +42,7 @@ from confluent_kafka.admin import (
 
 from unlearn.infra.acl_matrix import PRINCIPALS
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_family import TopicFamily, heads_family, state_family
 
 pytestmark = pytest.mark.broker
 
@@ -279,48 +280,73 @@ def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) 
 
 
 # --------------------------------------------------------------------------- what the matrix refuses
-def _produce_error(settings: Settings, topic: str, timeout: float = 20.0) -> str:
-    """The first error a forger's plain producer (no idempotence: an idempotent one of a principal
-    with no WRITE anywhere fails earlier, on InitProducerId) gets writing ``topic`` as ``settings``'
-    principal: its delivery report's, or a client-level one (authentication)."""
+def _produce_errors(settings: Settings, topics: list[str], timeout: float = 20.0) -> dict[str, str]:
+    """Per topic, the first error a forger's plain producer (no idempotence: an idempotent one of a
+    principal with no WRITE anywhere fails earlier, on InitProducerId) gets writing it as
+    ``settings``' principal: its delivery report's, or a client-level one (authentication) for all."""
     from unlearn.infra.profiles import producer_config
 
-    errors: list[str] = []
+    got: dict[str, str] = {}
+    client_errors: list[str] = []
     p = Producer(producer_config(settings, **{"enable.idempotence": False, "message.timeout.ms": int(timeout * 1000),
-                                              "error_cb": lambda err: errors.append(err.name())}))
-    p.produce(topic, key=b"k", value=b"forged",
-              on_delivery=lambda err, msg: errors.append(err.name() if err is not None else "DELIVERED"))
+                                              "error_cb": lambda err: client_errors.append(err.name())}))
+    for topic in topics:
+        p.produce(topic, key=b"k", value=b"forged", on_delivery=lambda err, msg, t=topic: got.setdefault(
+            t, err.name() if err is not None else "DELIVERED"))
     deadline = time.monotonic() + timeout + 5
-    while not errors and time.monotonic() < deadline:
+    while len(got) < len(topics) and not client_errors and time.monotonic() < deadline:
         p.poll(0.2)
-    assert errors, f"no delivery report within {timeout + 5:g} s"
-    return errors[0]
+    if client_errors:
+        return dict.fromkeys(topics, client_errors[0])
+    assert len(got) == len(topics), f"no delivery report within {timeout + 5:g} s for {set(topics) - set(got)}"
+    return got
+
+
+def _produce_error(settings: Settings, topic: str) -> str:
+    return _produce_errors(settings, [topic])[topic]
 
 
 def test_client_may_not_write_deltas(secured: Secured) -> None:
     assert _produce_error(secured.settings("client"), secured.prefix + "deltas") == "TOPIC_AUTHORIZATION_FAILED"
 
 
-@pytest.mark.parametrize("principal", sorted(set(PRINCIPALS) - {"featurizer"}))
-def test_only_the_featurizer_writes_deltas(secured: Secured, principal: str) -> None:
-    assert _produce_error(secured.settings(principal), secured.prefix + "deltas") == "TOPIC_AUTHORIZATION_FAILED"
+@pytest.mark.parametrize("principal", PRINCIPALS)
+def test_the_broker_refuses_every_write_the_matrix_does_not_grant(secured: Secured, principal: str) -> None:
+    """Every project topic (and the ledger's state and head topics the pipeline created) that the
+    matrix does not let ``principal`` write is refused by the broker: only the featurizer writes
+    ``deltas``, only the ledger heads and state, only the operator the client registry..."""
+    from unlearn.infra.acl_matrix import allows
+    from unlearn.infra.topics import TOPICS
+
+    P = secured.prefix
+    families = [family_topics(secured, f)[0] for f in (heads_family(P), state_family(P))]
+    topics = [P + t for t in TOPICS] + families
+    forbidden = [t for t in topics if not allows(principal, "WRITE", "topic", t, P)]
+    assert forbidden  # every principal is refused somewhere
+    got = _produce_errors(secured.settings(principal), forbidden)
+    assert got == dict.fromkeys(forbidden, "TOPIC_AUTHORIZATION_FAILED")
 
 
-def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
+def family_topics(secured: Secured, family: TopicFamily) -> list[str]:
+    """The family's topics the ledger created in the pipeline test; run alone, one made here by
+    the admin, with a record in it."""
     from confluent_kafka.admin import NewTopic
 
-    from unlearn.infra.profiles import consumer_config
-    from unlearn.infra.topic_family import state_family
-
-    family = state_family(secured.prefix)
     admin = AdminClient(secured.admin_conf())
-    topics = [t for t in admin.list_topics(timeout=30).topics if family.parse(t) is not None]
-    if not topics:  # the pipeline test did not run first: a state topic with a record in it
+    topics = sorted(t for t in admin.list_topics(timeout=30).topics if family.parse(t) is not None)
+    if not topics:
         topics = [family.topic(0, 0)]
         admin.create_topics([NewTopic(topics[0], 1, 1)])[topics[0]].result(30)
         p = Producer(secured.admin_conf())
         p.produce(topics[0], b"state")
         assert p.flush(30) == 0
+    return topics
+
+
+def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
+    from unlearn.infra.profiles import consumer_config
+
+    topics = family_topics(secured, state_family(secured.prefix))
     c = Consumer(consumer_config(secured.settings("client"), f"{secured.prefix}head-reader-{uuid.uuid4().hex[:6]}",
                                  **{"enable.auto.commit": False}))
     try:
