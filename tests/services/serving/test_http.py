@@ -86,7 +86,14 @@ def test_head_update_mid_traffic_is_picked_up_and_api(settings: Settings, publis
         assert status == 404 and err["error"] == "unknown_head"
         status, err = http("POST", f"{srv.url}/v1/heads/h/predict", {"features": [[1, 2]]})
         assert status == 400 and err["error"] == "dimension_mismatch"
-        status, health = http("GET", f"{srv.url}/healthz")
+        # ready = every partition's end seen (partition EOF): on Apache Kafka that comes with the
+        # next, empty fetch, up to fetch.wait.max.ms (0.5 s) after the last record
+        deadline = time.monotonic() + 10
+        while True:
+            status, health = http("GET", f"{srv.url}/healthz")
+            if health["ready"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert status == 200 and health["status"] == "ok" and health["ready"] and health["heads"] == 1
         status, spec = http("GET", f"{srv.url}/openapi.json")
         assert status == 200 and "/healthz" in spec["paths"]
