@@ -186,7 +186,14 @@ class KafkaNode:
 
 # Every started cluster, so atexit can stop the ones their owners forgot.
 _LIVE: weakref.WeakSet[LocalKafka] = weakref.WeakSet()
-atexit.register(lambda: [cluster.stop() for cluster in list(_LIVE)])
+
+
+def _stop_all_live() -> None:
+    for cluster in list(_LIVE):
+        cluster.stop()
+
+
+atexit.register(_stop_all_live)
 
 
 def _stop_procs(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
