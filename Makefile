@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test lint typecheck bench bench-paper bench-pipeline data s3 kafka java-test clean
+.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka java-test clean
 
 venv: $(STAMP)
 
@@ -76,6 +76,10 @@ java-test:
 
 test: dev data s3 kafka lint typecheck java-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The broker-marked tests on the embedded tansu broker instead of Apache Kafka.
+test-tansu: dev data s3
+	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench.ledger_bench $(BENCH_ARGS)
