@@ -118,7 +118,26 @@ class KeysUnavailable(RuntimeError):
 
 
 def _read(c: Any, settings: Settings, gen: KeyGeneration) -> KeyGeneration:
-    return fold_keys(gen, read_range(c, gen.topic, 0, gen.next_offset, None, READ_IDLE_S))
+    """Read ``gen`` on from its ``next_offset`` to its end. A stall is either a generation deleted
+    under the reader (raised: the caller re-lists) or, on a multi-node Kafka, a partition whose
+    leader is moving after a node's loss (fenced after the broker session timeout, 6 s on the
+    project's Kafka): while the topic is still listed, read on, up to ``admin_timeout``."""
+    deadline = time.monotonic() + settings.admin_timeout
+    while True:
+        try:
+            return fold_keys(gen, read_range(c, gen.topic, 0, gen.next_offset, None, READ_IDLE_S))
+        except TopicReadError:
+            if time.monotonic() >= deadline or not _listed(c, gen.topic, settings.admin_timeout):
+                raise
+            log.info("reading %s stalled (its leader moving?): reading on from offset %d", gen.topic, gen.next_offset)
+
+
+def _listed(c: Any, topic: str, timeout: float) -> bool:
+    """Whether the cluster lists ``topic`` (False when the broker cannot say)."""
+    try:
+        return topic in c.list_topics(timeout=timeout).topics
+    except Exception:  # KafkaException: the broker is away; the stall stands
+        return False
 
 
 def read_partition_keys(settings: Settings, family: TopicFamily, topics: Iterable[str], partition: int,

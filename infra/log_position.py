@@ -21,7 +21,11 @@ from unlearn.infra.settings import Settings
 
 log = logging.getLogger("unlearn.log_position")
 
-__all__ = ["StaleStateError", "check_resume", "log_bounds", "log_ends", "topic_id"]
+__all__ = ["StaleStateError", "check_resume", "log_bounds", "log_ends", "topic_id", "watermarks"]
+
+#: Errors of a partition whose leader is moving (a broker node lost or restarting): ask again.
+_LEADER_MOVING = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_COORDINATOR",
+                  "_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_WAIT_COORD", "_LEADER_NOT_AVAILABLE")
 
 
 class StaleStateError(RuntimeError):
@@ -70,16 +74,39 @@ def topic_id(settings: Settings, topic: str) -> str:
         return ""
 
 
+def watermarks(consumer: Any, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """(low, high) watermarks of a partition, as ``consumer.get_watermark_offsets``, asked again
+    until ``timeout`` while its leader is moving: on a multi-node Kafka a node's loss answers
+    NOT_LEADER_FOR_PARTITION until the partition's new leader is in the client's metadata (about
+    the broker session timeout), and a worker must ride through that, not exit."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            got = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=max(0.5, remaining))
+            low, high = got
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            name = err.name() if err is not None and hasattr(err, "name") else ""
+            if name not in _LEADER_MOVING or remaining <= 0:
+                raise
+            log.info("watermarks of %s/%d: %s; asking again", topic, partition, name)
+            time.sleep(0.25)
+
+
 def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at_least: int = 0) -> tuple[int, int]:
     """(first offset, one past the last offset) of a partition. ListOffsets can report an end that
     is too early on the embedded broker (after multi-record batches); when ``at_least`` lies beyond
     it, the true end is read from a fetch (partition EOF), so a correct state is never refused."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     from unlearn.infra.profiles import consumer_config
 
     timeout = settings.admin_timeout
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    low, high = watermarks(consumer, topic, partition, timeout)
     low, high = max(0, int(low)), max(0, int(high))
     if at_least <= high:
         return low, high
@@ -95,12 +122,10 @@ def log_ends(settings: Settings, consumer: Any, parts: Sequence[tuple[str, int]]
     (ListOffsets can be early on the embedded broker) in one pass over all of them. ``consumer``
     must be assign-only with ``enable.partition.eof`` (it is assigned here): one consumer for every
     partition, where ``log_bounds`` starts a probe consumer per call."""
-    from confluent_kafka import TopicPartition
-
     timeout = settings.admin_timeout
     highs = {}
     for t, q in dict.fromkeys(parts):
-        _, high = consumer.get_watermark_offsets(TopicPartition(t, q), timeout=timeout)
+        _, high = watermarks(consumer, t, q, timeout)
         highs[(t, q)] = max(0, int(high))
     return _read_ends(consumer, highs, timeout) if highs else {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from unlearn.infra.log_position import watermarks
 from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
@@ -47,14 +48,11 @@ class ChangelogReader:
         """The last ``position/<p>`` record and the highest generation a ``delivered`` record after
         it names (0: none), scanning back from the end in growing windows (cheap: both are within
         the last batch's records)."""
-        from confluent_kafka import TopicPartition
-
         want, done_key = position_key(partition), delivered_key(partition)
         delivered = 0
         c = self._consumer()
         try:
-            low, high = c.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                timeout=self.settings.admin_timeout)
+            low, high = watermarks(c, self.topic, partition, self.settings.admin_timeout)
             low, high = max(0, int(low)), max(0, int(high))
             stop: int | None = None  # None: to the partition's true end (EOF), whatever ListOffsets said
             window = _SCAN_WINDOW

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unlearn.infra.key_family import READ_IDLE_S, SampleRef
-from unlearn.infra.log_position import log_ends
+from unlearn.infra.log_position import log_ends, watermarks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
@@ -65,7 +65,7 @@ class _Pending:
 def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
     """deltas partition -> the floor of its ledger's latest durable checkpoint (absent: none yet),
     from the newest ``ledger-state.p<q>.g<G>`` generation holding a checkpoint record."""
-    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka import KafkaException
 
     fam = state_family(settings.topic_prefix)
     topics = list(consumer.list_topics(timeout=settings.admin_timeout).topics)
@@ -74,7 +74,7 @@ def ledger_floors(settings: Settings, consumer: Any) -> dict[int, int]:
         for g in reversed(fam.generations(topics, q)):
             topic = fam.topic(q, g)
             try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=settings.admin_timeout)
+                low, high = watermarks(consumer, topic, 0, settings.admin_timeout)
                 low, high = max(0, int(low)), max(0, int(high))
                 start, stop, window = max(low, high - _SCAN), None, _SCAN
                 cp = None

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from unlearn.infra.log_position import watermarks
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family, state_family
@@ -263,9 +264,7 @@ class ChangelogStore:
             c.close()
 
     def _find_checkpoint(self, c: Any, topic: str, partition: int) -> Checkpoint | None:
-        from confluent_kafka import TopicPartition
-
-        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.settings.admin_timeout)
+        low, high = watermarks(c, topic, 0, self.settings.admin_timeout)
         low, high = max(0, int(low)), max(0, int(high))
         stop: int | None = None  # None: to the topic's end
         window = _SCAN_WINDOW
@@ -287,9 +286,7 @@ class ChangelogStore:
     def _estimate_size(self, c: Any, topic: str, cp: Checkpoint) -> int:
         """Bytes a recovered generation holds, from its record count and the size of the pieces
         the checkpoint names, so a worker that restarts often still rotates."""
-        from confluent_kafka import TopicPartition
-
-        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.settings.admin_timeout)
+        low, high = watermarks(c, topic, 0, self.settings.admin_timeout)
         pieces = sum(len(p.piece_offsets) for p in cp.heads.values())
         per_record = self._piece_bytes_read / max(1, self._pieces_read) if pieces else 0
         return int(max(0, int(high) - max(0, int(low))) * per_record)
