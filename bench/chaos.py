@@ -1,6 +1,7 @@
 """Chaos benchmark: the whole pipeline under random kill -9 and a broker restart, then an audit.
 
     python -m bench.chaos [--quick] [--events N] [--kills K] [--broker-restart] [--json PATH]
+    python -m bench.chaos --engine kafka --nodes 3 [--node-kills 3] [--no-cluster-restart] ...
 
 A local broker (persistent, so that it can be restarted: ``LocalBroker(data_dir=...)``), one
 featurizer and one ledger worker as child processes (the operator's ``unlearn`` commands), and a
@@ -24,6 +25,17 @@ waits for the heads to settle and audits:
   the version of the message that applied its delete, whatever the poll boundaries of the run);
 - **recovery**: seconds from a restart to the worker's readiness line (p50 / max).
 
+With ``--engine kafka --nodes 3`` the broker is the project's Apache Kafka (``LocalKafka``, a
+persistent three-node KRaft cluster: replication factor 3, ``min.insync.replicas=2``, the ``kafka``
+client profile: acks=all, idempotence). Besides the worker kills it then kill -9s a random broker
+node ``--node-kills`` times while a chunk of events is being produced and processed, leaves it down
+for a while (longer than the broker session timeout, so its leaderships move), starts it again from
+its data dir and waits until every partition is back in full ISR; the workers are left alone
+during these rounds, so that they must ride through the node's loss. Once (``--cluster-restart``,
+on by default with Kafka) the whole cluster is stopped under load and started again from its data
+dirs. The audit then also counts **worker restarts that no kill caused** (a worker found dead is
+restarted and counted): 0 means the workers rode through every node loss and the cluster restart.
+
 Prints a table and, with ``--json``, writes the numbers. Exit 0 iff every correctness count is 0.
 
 Why the broker restart is opt-in: the embedded broker's only persistent engine (tansu ``s3://``
@@ -36,11 +48,13 @@ damaged topics to their end. docs/design.md, "The embedded broker", has the deta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -52,8 +66,9 @@ import orjson
 
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
+from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
+from unlearn.infra.profiles import admin_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
@@ -80,6 +95,11 @@ class Config:
     seed: int = 0
     settle_timeout: float = 300.0
     rotate_bytes: int = 2_000_000  # UNLEARN_STATE_ROTATE_BYTES: small, so that heads and state rotate under kills
+    engine: str = "tansu"  # or "kafka": the project's Apache Kafka (LocalKafka, persistent)
+    nodes: int = 1  # Kafka nodes (3: replication factor 3, min.insync.replicas=2)
+    node_kills: int = 0  # kill -9 of a random Kafka node under load, restarted after node_down_s
+    node_down_s: tuple[float, float] = (10.0, 20.0)  # > broker.session.timeout.ms (6 s): leaderships move
+    cluster_restart: bool = False  # stop the whole Kafka cluster under load, start it from its data dirs
 
 
 @dataclass
@@ -102,6 +122,13 @@ class Report:
     receipts_conflicting: int = 0
     kills: list[str] = field(default_factory=list)
     broker_restarts: int = 0
+    node_kills: list[int] = field(default_factory=list)  # Kafka node ids, in order
+    cluster_restarts: int = 0
+    unplanned_worker_restarts: int = 0  # workers found dead that no kill of ours explains
+    node_outage_s: list[float] = field(default_factory=list)  # kill -9 -> restarted node answers
+    produce_errors: int = 0  # the benchmark's own produce calls that failed (not the pipeline's loss)
+    loadavg: list[float] = field(default_factory=list)  # 1-minute load average at the start and the end
+    timeline: list[str] = field(default_factory=list)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
     elapsed_s: float = 0.0
     examples: list[str] = field(default_factory=list)
@@ -110,7 +137,8 @@ class Report:
     def exact(self) -> bool:
         return not (self.lost_events or self.doubled_events or self.digest_mismatched_heads
                     or self.retained_hash_mismatched_heads or self.versions_with_two_digests
-                    or self.versions_with_two_retained_hashes or self.receipts_missing or self.receipts_conflicting)
+                    or self.versions_with_two_retained_hashes or self.receipts_missing or self.receipts_conflicting
+                    or self.unplanned_worker_restarts)
 
 
 class Workload:
@@ -172,13 +200,18 @@ class Pipeline:
     def __init__(self, root: Path, cfg: Config) -> None:
         self.root = root
         self.cfg = cfg
-        self.broker = LocalBroker(data_dir=root / "broker") if cfg.broker_restart else LocalBroker()
+        self.broker: Any
+        if cfg.engine == "kafka":  # always persistent: a node or the whole cluster restarts from its dirs
+            self.broker = LocalKafka(cfg.nodes, data_dir=root / "kafka")
+        else:
+            self.broker = LocalBroker(data_dir=root / "broker") if cfg.broker_restart else LocalBroker()
         self.broker.start()
+        tansu_s3 = cfg.engine == "tansu" and cfg.broker_restart
         self.settings = Settings.from_env(
-            bootstrap=self.broker.bootstrap, profile="tansu", topic_prefix="chaos.", partitions=cfg.partitions,
+            bootstrap=self.broker.bootstrap, profile=cfg.engine, topic_prefix="chaos.", partitions=cfg.partitions,
             data_dir=str(root / "data"), checkpoint_every_messages=20, checkpoint_every_seconds=1.0,
             # s3:// storage answers short fetches with nothing once a partition holds many batches
-            fetch_max_wait_ms=300 if cfg.broker_restart else None, state_rotate_bytes=cfg.rotate_bytes)
+            fetch_max_wait_ms=300 if tansu_s3 else None, state_rotate_bytes=cfg.rotate_bytes)
         create_topics(self.settings)
         # Every head update, as published (rotation deletes superseded generations afterwards).
         self.digests: dict[tuple[str, int], set[str]] = {}  # of the updates that carry one
@@ -190,6 +223,8 @@ class Pipeline:
         self.featurizer = ServiceProcess("featurizer", ["featurizer", "--loglevel", "info"], self.settings, root)
         self.ledger = ServiceProcess("ledger", ["ledger", "--loglevel", "info"], self.settings, root)
         self.recovery: dict[str, list[float]] = {"featurizer": [], "ledger": [], "broker": []}
+        self.chaos_starts = {"featurizer": 1, "ledger": 1}  # starts that we caused (the first, and kills)
+        self.unplanned: list[str] = []  # a worker found dead, with its log's tail
 
     def _on_head(self, r: LogRecord) -> None:
         try:
@@ -216,8 +251,90 @@ class Pipeline:
             p.kill9()
         for p in procs:
             p.start()
+            self.chaos_starts[p.name] += 1
         for p in procs:
             self.recovery[p.name].append(p.wait_for_log(f"unlearn {p.name} ready", timeout=120))
+
+    def check_workers(self) -> None:
+        """Restart (and remember) a worker that died although no kill of ours hit it: it did not
+        ride through what the broker went through."""
+        for p in (self.featurizer, self.ledger):
+            if not p.alive:
+                self.unplanned.append(f"{p.name} exited ({p.proc.returncode if p.proc else None}) by itself:\n"
+                                      + p.log_tail(15))
+                p.start()
+                p.wait_for_log(f"unlearn {p.name} ready", timeout=120)
+
+    @property
+    def unplanned_restarts(self) -> int:
+        """Worker starts that no kill of ours caused (0: they rode through every broker fault)."""
+        return sum(p.starts - self.chaos_starts[p.name] for p in (self.featurizer, self.ledger))
+
+    def kill_node_under_load(self, node_id: int, delay: float, produce: Any) -> float:
+        """kill -9 Kafka node ``node_id`` ``delay`` seconds into ``produce()`` (the chunk's
+        producer runs meanwhile), leave it down for a while with the workers running, start it
+        again from its data dir and wait until every partition is in full ISR. Returns seconds
+        from the kill until the node answered again (the full-ISR wait is in recovery["node_isr"])."""
+        assert isinstance(self.broker, LocalKafka)
+        killed = threading.Event()
+        t_kill = [0.0]
+
+        def killer() -> None:
+            time.sleep(delay)
+            self.broker.kill_node(node_id)  # SIGKILL and reap: no thread-bound state
+            t_kill[0] = time.monotonic()
+            killed.set()
+
+        t = threading.Thread(target=killer, name="chaos-node-kill", daemon=True)
+        t.start()
+        produce()
+        killed.wait()
+        t.join()
+        down = float(np.random.default_rng(self.cfg.seed + 7 + node_id + len(self.recovery.get("node", []))
+                                           ).uniform(*self.cfg.node_down_s))
+        while time.monotonic() - t_kill[0] < down:
+            time.sleep(0.5)
+            self.check_workers()
+        self.broker.start_node(node_id)  # from this (the main) thread: the node dies with it
+        answered = time.monotonic() - t_kill[0]
+        self.recovery.setdefault("node", []).append(answered)
+        t0 = time.monotonic()
+        self.wait_full_isr()
+        self.recovery.setdefault("node_isr", []).append(time.monotonic() - t0)
+        return answered
+
+    def wait_full_isr(self, timeout: float = 300.0) -> None:
+        """Until every partition of every topic has all the cluster's nodes in its ISR."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(admin_config(self.settings))
+        deadline = time.monotonic() + timeout
+        while True:
+            short = []
+            with contextlib.suppress(Exception):
+                md = admin.list_topics(timeout=10)
+                short = [f"{t}/{p}" for t, tm in md.topics.items() for p, pm in tm.partitions.items()
+                         if len(pm.isrs) < self.cfg.nodes]
+                if not short:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"partitions not back in full ISR after {timeout:g}s: {short[:5]}")
+            time.sleep(0.5)
+            self.check_workers()
+
+    def restart_cluster(self) -> float:
+        """Stop every Kafka node (SIGTERM: a controlled shutdown, while the workers run) and start
+        the cluster again from its data dirs; seconds from the stop to every node answering."""
+        t0 = time.monotonic()
+        self.broker.stop()
+        self.broker = LocalKafka(self.cfg.nodes, data_dir=self.root / "kafka")
+        self.broker.start()
+        took = time.monotonic() - t0
+        self.recovery["broker"].append(took)
+        t1 = time.monotonic()
+        self.wait_full_isr()
+        self.recovery.setdefault("cluster_isr", []).append(time.monotonic() - t1)
+        return took
 
     def restart_broker(self) -> None:
         port = self.broker.port
@@ -246,6 +363,27 @@ def _produce(settings: Settings, work: Workload, n: int, producer: Any) -> None:
                 producer.poll(0.05)
     producer.poll(0)
 
+
+def _schedule(cfg: Config) -> list[str]:
+    """What happens after each chunk of events but the last: "worker" (kill -9 of the ledger, the
+    featurizer or both), "node" (kill -9 of a Kafka node during the chunk), "cluster" (restart of
+    the whole Kafka cluster). Worker kills only when there are no broker faults (the tansu run's
+    sequence); else the broker faults are spread over the run, none first or last."""
+    actions = ["worker"] * cfg.kills
+    faults = ["node"] * cfg.node_kills + (["cluster"] if cfg.cluster_restart else [])
+    if not faults:
+        return actions
+    rng = np.random.default_rng(cfg.seed + 2)
+    rng.shuffle(faults)
+    n = len(actions) + len(faults)
+    slots = sorted({round((j + 1) * n / (len(faults) + 1)) for j in range(len(faults))})
+    out = []
+    for i in range(n):
+        if i in slots and faults:
+            out.append(faults.pop())
+        else:
+            out.append(actions.pop() if actions else faults.pop())
+    return out
 
 def _latest_heads(records: list[Any]) -> tuple[dict[str, HeadUpdate], dict[tuple[str, int], set[str]],
                                                dict[tuple[str, int], set[str | None]]]:
@@ -368,7 +506,9 @@ def run(cfg: Config, root: Path) -> Report:
     report = Report(asdict(cfg), f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                                  f"python {platform.python_version()}")
     rng = np.random.default_rng(cfg.seed + 1)
+    faults = np.random.default_rng(cfg.seed + 3)  # which node, when: apart from rng (the tansu run's sequence)
     t0 = time.monotonic()
+    report.loadavg.append(round(os.getloadavg()[0], 2))
     try:
         pipe = Pipeline(root, cfg)
     except LocalS3Unavailable as exc:
@@ -377,32 +517,74 @@ def run(cfg: Config, root: Path) -> Report:
         report.config["broker_restart"] = False
         pipe = Pipeline(root, cfg)
     work = Workload(cfg)
+
+    def note(what: str) -> None:
+        report.timeline.append(f"{time.monotonic() - t0:7.1f} s  {what}")
+        print(report.timeline[-1], file=sys.stderr, flush=True)
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            report.produce_errors += 1
+
     try:
         pipe.start_workers()
-        n_chunks = cfg.kills + 1
+        actions = _schedule(cfg)
+        n_chunks = len(actions) + 1
         chunk = max(1, cfg.events // n_chunks)
-        restart_at = n_chunks // 2 if cfg.broker_restart else -1
+        restart_at = n_chunks // 2 if cfg.broker_restart and cfg.engine == "tansu" else -1
         for i in range(n_chunks):
             n = chunk if i < n_chunks - 1 else cfg.events - chunk * (n_chunks - 1)
-            producer = Producer(producer_config(pipe.settings, **{"linger.ms": 5}))
-            _produce(pipe.settings, work, n, producer)
-            producer.flush(60)
+            producer = Producer(producer_config(pipe.settings, **{"linger.ms": 5, "on_delivery": on_delivery}))
+
+            def produce(n: int = n, producer: Any = producer) -> None:
+                _produce(pipe.settings, work, n, producer)
+                left = producer.flush(300)  # retries until message.timeout.ms; a fault only delays
+                report.produce_errors += left
+
+            action = actions[i] if i < len(actions) else None
+            if action == "node":
+                node = int(faults.integers(1, cfg.nodes + 1))
+                delay = float(faults.uniform(0.0, 0.5))
+                note(f"chunk {i}: {n} events; kill -9 Kafka node {node} {delay:.2f} s into the chunk")
+                answered = pipe.kill_node_under_load(node, delay, produce)
+                report.node_kills.append(node)
+                report.node_outage_s.append(round(answered, 2))
+                note(f"node {node} restarted, answering {answered:.1f} s after the kill; full ISR after "
+                     f"{pipe.recovery['node_isr'][-1]:.1f} s more")
+                pipe.check_workers()
+                continue
+            produce()
             if i == n_chunks - 1:
                 break
             time.sleep(float(rng.uniform(0.0, 1.5)))  # somewhere mid-processing / mid-checkpoint
             if i == restart_at:
                 pipe.restart_broker()
                 report.broker_restarts += 1
-            which = ("ledger", "featurizer", "both")[int(rng.integers(3))]
-            pipe.kill(which)
-            report.kills.append(which)
+            if action == "cluster":
+                note(f"chunk {i}: {n} events; stop the whole cluster, start it from its data dirs")
+                took = pipe.restart_cluster()
+                report.cluster_restarts += 1
+                note(f"cluster answering {took:.1f} s after the stop; full ISR after "
+                     f"{pipe.recovery['cluster_isr'][-1]:.1f} s more")
+            else:
+                which = ("ledger", "featurizer", "both")[int(rng.integers(3))]
+                pipe.kill(which)
+                report.kills.append(which)
+                note(f"chunk {i}: {n} events; kill -9 {which}")
+            pipe.check_workers()
         report.events_produced = work.n
         report.adds, report.deletes = len(work.add_events), len(work.delete_events)
+        note("all produced; settling and auditing")
         audit(pipe, work, report)
+        pipe.check_workers()
+        note("audit done")
     finally:
+        report.unplanned_worker_restarts = pipe.unplanned_restarts
+        report.examples += [u[:2000] for u in pipe.unplanned[:3]]
         pipe.stop()
     report.recovery_s = {k: [round(x, 3) for x in v] for k, v in pipe.recovery.items()}
     report.elapsed_s = round(time.monotonic() - t0, 1)
+    report.loadavg.append(round(os.getloadavg()[0], 2))
     return report
 
 
@@ -414,7 +596,8 @@ def render(r: Report) -> str:
         f"chaos benchmark on {r.machine}",
         f"config: {r.config}",
         f"events produced {r.events_produced} (adds {r.adds}, deletes {r.deletes}); kills {len(r.kills)} "
-        f"({dict(Counter(r.kills))}); broker restarts {r.broker_restarts}; elapsed {r.elapsed_s} s",
+        f"({dict(Counter(r.kills))}); broker restarts {r.broker_restarts}; elapsed {r.elapsed_s} s"
+        + (f"; load average {r.loadavg[0]} -> {r.loadavg[-1]}" if r.loadavg else ""),
         "",
         "| check | count |",
         "|---|---|",
@@ -430,11 +613,24 @@ def render(r: Report) -> str:
         f"| deletes without an applied receipt | {r.receipts_missing} |",
         f"| deletes with conflicting receipts | {r.receipts_conflicting} |",
         f"| deletes with identical duplicate receipts (allowed: at-least-once) | {r.receipts_duplicated} |",
+        f"| worker restarts no kill caused (a worker that did not ride through a broker fault) | "
+        f"{r.unplanned_worker_restarts} |",
+        f"| the benchmark's own produce calls that failed | {r.produce_errors} |",
         "",
         f"recovery to readiness: ledger {stats(r.recovery_s.get('ledger', []))}; "
         f"featurizer {stats(r.recovery_s.get('featurizer', []))}; broker {stats(r.recovery_s.get('broker', []))}",
         f"verdict: {'EXACT' if r.exact else 'NOT EXACT'}",
     ]
+    if r.node_kills or r.cluster_restarts:
+        lines[3:3] = [f"Kafka node kills {len(r.node_kills)} (nodes {r.node_kills}); cluster restarts "
+                      f"{r.cluster_restarts}"]
+        lines[-1:-1] = [
+            f"Kafka node kill -9 -> restarted node answering: {stats(r.node_outage_s)}; then every partition "
+            f"back in full ISR: {stats(r.recovery_s.get('node_isr', []))}",
+            f"whole cluster stop -> every node answering: {stats(r.recovery_s.get('broker', []))}; then full ISR: "
+            f"{stats(r.recovery_s.get('cluster_isr', []))}"]
+    if r.timeline:
+        lines += ["", "timeline (s from the start):"] + [f"  {t}" for t in r.timeline]
     lines += [f"  e.g. {e}" for e in r.examples]
     return "\n".join(lines)
 
@@ -447,6 +643,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--broker-restart", action="store_true",
                     help="also restart a persistent broker once (see the module docstring)")
+    ap.add_argument("--engine", choices=("tansu", "kafka"), default="tansu",
+                    help="the broker: the embedded tansu, or the project's Apache Kafka (make kafka)")
+    ap.add_argument("--nodes", type=int, default=1, help="Kafka nodes (3: replication factor 3, min ISR 2)")
+    ap.add_argument("--node-kills", type=int,
+                    help="kill -9 of a random Kafka node under load, restarted later (default: 3 with 3+ nodes)")
+    ap.add_argument("--cluster-restart", action=argparse.BooleanOptionalAction, default=None,
+                    help="stop the whole Kafka cluster once under load and start it from its data dirs "
+                         "(default: on with --engine kafka)")
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     ap.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -457,6 +661,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg.kills = args.kills
     cfg.seed = args.seed
     cfg.broker_restart = args.broker_restart
+    if args.engine == "tansu" and (args.nodes != 1 or args.node_kills or args.cluster_restart):
+        ap.error("--nodes, --node-kills and --cluster-restart need --engine kafka")
+    if args.engine == "kafka" and args.broker_restart:
+        ap.error("--broker-restart is tansu's; with Kafka use --node-kills / --cluster-restart")
+    cfg.engine, cfg.nodes = args.engine, args.nodes
+    cfg.node_kills = args.node_kills if args.node_kills is not None else (3 if args.nodes >= 3 else 0)
+    if cfg.node_kills and cfg.nodes < 3:
+        ap.error("--node-kills needs --nodes 3 or more (one node down must leave min.insync.replicas=2)")
+    cfg.cluster_restart = args.engine == "kafka" if args.cluster_restart is None else args.cluster_restart
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
         report = run(cfg, args.workdir)

@@ -226,6 +226,8 @@ def delete_topics(settings: Settings, names: Iterable[str], *, admin: Any = None
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise TopicError(f"cannot delete topic {full!r}: {exc.args[0].str()}") from exc
+        except TimeoutError as exc:  # no answer (a Kafka node lost with the request in flight): a TopicError too
+            raise TopicError(f"cannot delete topic {full!r}: no answer in {settings.admin_timeout:g}s") from exc
 
 
 def topics_main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,8 @@ import pytest
 
 from bench import chaos
 
-pytestmark = pytest.mark.broker
 
-
+@pytest.mark.broker
 def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
     code = chaos.main(["--quick", "--workdir", str(tmp_path / "work"), "--json", str(out)])
@@ -25,3 +24,25 @@ def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
         assert report[key] == 0, (key, report)
     assert code == 0
     assert report["recovery_s"]["ledger"], "the ledger was killed and came back at least once"
+
+
+@pytest.mark.parametrize(("kills", "node_kills", "cluster"), [(12, 3, True), (2, 1, True), (0, 2, False), (5, 0, True)])
+def test_kafka_schedule_spreads_the_broker_faults(kills: int, node_kills: int, cluster: bool) -> None:
+    cfg = chaos.Config(kills=kills, engine="kafka", nodes=3, node_kills=node_kills, cluster_restart=cluster)
+    actions = chaos._schedule(cfg)
+    assert actions.count("worker") == kills and actions.count("node") == node_kills
+    assert actions.count("cluster") == int(cluster)
+    if kills:  # a broker fault never opens the run
+        assert actions[0] == "worker"
+
+
+def test_tansu_schedule_is_worker_kills_only() -> None:
+    assert chaos._schedule(chaos.Config(kills=4)) == ["worker"] * 4
+
+
+@pytest.mark.parametrize("argv", [["--nodes", "3"], ["--node-kills", "1"], ["--cluster-restart"],
+                                  ["--engine", "kafka", "--nodes", "1", "--node-kills", "1"],
+                                  ["--engine", "kafka", "--broker-restart"]])
+def test_kafka_options_are_refused_where_they_cannot_run(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        chaos.main(argv)
