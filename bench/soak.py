@@ -1,12 +1,16 @@
 """Soak benchmark: does what the system writes stay bounded, and recovery time flat, under hours of load?
 
-Runs the embedded broker (memory engine), one featurizer and one ledger worker, and produces a
-steady stream of adds and deletes (synthetic feature vectors, one head) for ``--minutes``.
-Every ``--sample-s`` seconds it records the broker's RSS and, per topic and topic family, the
-records and bytes the broker holds; every ``--kill-every-s`` seconds it kill -9s the ledger and
-times its return to readiness. Prints a table and (``--json``) writes the samples.
+Runs a local broker (``--engine tansu``: the embedded one, memory engine; ``--engine kafka``: a
+one-node Apache Kafka, ``infra/kafka_broker.py``), one featurizer and one ledger worker, and
+produces a steady stream of adds and deletes (synthetic feature vectors, one head) for
+``--minutes``. Every ``--sample-s`` seconds it records the broker's RSS and, per topic and topic
+family, the records and bytes a reader gets (and on Kafka the bytes on disk); every
+``--kill-every-s`` seconds it kill -9s the ledger and times its return to readiness. With
+``--live-cap N`` every add beyond N live samples comes with a delete, so the live set (and what is
+keyed by it) reaches a steady state. Prints a table and (``--json``) writes the samples.
 
-    python -m bench.soak [--minutes 10] [--rate 20] [--dim 256] [--rotate-bytes 16000000] [--json PATH]
+    python -m bench.soak [--engine tansu|kafka] [--minutes 10] [--rate 20] [--dim 256] [--live-cap N]
+                         [--rotate-bytes 16000000] [--segment-ms 60000] [--json PATH]
 
 What should level off: the heads and ledger-state families (rotated, design.md section 3), the
 broker's memory beyond the input logs, and the ledger's recovery time. What grows by design: the
@@ -31,10 +35,11 @@ import numpy as np
 import orjson
 
 from unlearn.infra.broker import LocalBroker
+from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.topic_family import heads_family, keys_family, state_family, transit_private_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, prefixed_topics
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
@@ -49,6 +54,7 @@ class Sample:
     mbytes: dict[str, float]
     heads_topics: int
     state_topics: int
+    disk_mb: dict[str, float] = field(default_factory=dict)  # Kafka: log segment bytes on disk per topic
 
 
 @dataclass
@@ -69,13 +75,32 @@ def _rss_mb(pid: int | None) -> float:
 
 
 def _group(settings: Settings, topic: str) -> str:
-    for fam in (heads_family(settings.topic_prefix), state_family(settings.topic_prefix)):
+    for fam in (heads_family(settings.topic_prefix), state_family(settings.topic_prefix),
+                keys_family(settings.topic_prefix), transit_private_family(settings.topic_prefix)):
         if fam.matches(topic):
             return f"{fam.name} (family)"
     return topic[len(settings.topic_prefix):]
 
 
-def measure(settings: Settings, broker: LocalBroker, t: float, events: int) -> Sample:
+def _disk_mb(settings: Settings, broker: Any) -> dict[str, float]:
+    """Bytes of every prefixed topic's partition directories on a LocalKafka's disk (segments not
+    yet deleted or compacted included: what erasure must bound), per topic group."""
+    out: dict[str, int] = {}
+    for node in getattr(broker, "nodes", []):
+        for d in Path(node.data_path).iterdir():
+            topic, _, part = d.name.rpartition("-")
+            if d.is_dir() and part.isdigit() and topic.startswith(settings.topic_prefix):
+                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file() and f.suffix == ".log")
+                out[_group(settings, topic)] = out.get(_group(settings, topic), 0) + size
+    return {k: round(v / 1e6, 2) for k, v in sorted(out.items())}
+
+
+def _pid(broker: Any) -> int | None:
+    nodes = getattr(broker, "nodes", None)
+    return nodes[0].pid if nodes else broker.pid
+
+
+def measure(settings: Settings, broker: Any, t: float, events: int) -> Sample:
     """What the broker holds now: every prefixed topic read to its end (records and bytes)."""
     records: dict[str, int] = {}
     nbytes: dict[str, int] = {}
@@ -90,8 +115,9 @@ def measure(settings: Settings, broker: LocalBroker, t: float, events: int) -> S
             continue
         records[group] = records.get(group, 0) + len(recs)
         nbytes[group] = nbytes.get(group, 0) + sum(len(r.value or b"") + len(r.key or b"") for r in recs)
-    return Sample(round(t, 1), events, round(_rss_mb(broker.pid), 1), dict(sorted(records.items())),
-                  {k: round(v / 1e6, 2) for k, v in sorted(nbytes.items())}, heads_n, state_n)
+    return Sample(round(t, 1), events, round(_rss_mb(_pid(broker)), 1), dict(sorted(records.items())),
+                  {k: round(v / 1e6, 2) for k, v in sorted(nbytes.items())}, heads_n, state_n,
+                  _disk_mb(settings, broker))
 
 
 def run(args: argparse.Namespace, root: Path) -> Report:
@@ -99,9 +125,13 @@ def run(args: argparse.Namespace, root: Path) -> Report:
 
     report = Report(vars(args).copy(), f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                                        f"python {platform.python_version()}")
-    broker = LocalBroker().start()
-    settings = Settings.from_env(bootstrap=broker.bootstrap, profile="tansu", topic_prefix="soak.", partitions=2,
-                                 data_dir=str(root / "data"), state_rotate_bytes=args.rotate_bytes)
+    # Kafka deletes segments below a trimmed log start at its retention check: every 30 s here
+    # (Kafka's default: 5 min), so the disk column shows the trim within the run.
+    broker: Any = (LocalKafka(data_dir=root / "kafka", broker_config={"log.retention.check.interval.ms": "30000"})
+                   if args.engine == "kafka" else LocalBroker()).start()
+    settings = Settings.from_env(bootstrap=broker.bootstrap, profile=args.engine, topic_prefix="soak.", partitions=2,
+                                 data_dir=str(root / "data"), state_rotate_bytes=args.rotate_bytes,
+                                 segment_ms=args.segment_ms)
     create_topics(settings)
     feat = ServiceProcess("featurizer", ["featurizer"], settings, root).start()
     ledger = ServiceProcess("ledger", ["ledger"], settings, root).start()
@@ -118,7 +148,7 @@ def run(args: argparse.Namespace, root: Path) -> Report:
             want = int(now * args.rate)
             while n < want:
                 n += 1
-                if live and rng.random() < 0.3:
+                if live and (rng.random() < 0.3 or (args.live_cap and len(live) >= args.live_cap and n % 2)):
                     subject, sample = live.pop(int(rng.integers(len(live))))
                     req = Request(f"d{n}", "delete", "soak", "soak", subject, sample)
                 else:
@@ -152,15 +182,22 @@ def run(args: argparse.Namespace, root: Path) -> Report:
     return report
 
 
-def render(r: Report) -> str:
-    groups = sorted({g for s in r.samples for g in s.mbytes})
-    lines = [f"soak benchmark on {r.machine}", f"config: {r.config}", "",
-             "| t (s) | events | broker RSS (MB) | heads topics | state topics | " + " | ".join(
-                 f"{g} MB" for g in groups) + " |",
-             "|" + "---|" * (5 + len(groups))]
+def _table(r: Report, title: str, of: str) -> list[str]:
+    groups = sorted({g for s in r.samples for g in getattr(s, of)})
+    if not groups:
+        return []
+    lines = ["", title, "", "| t (s) | events | broker RSS (MB) | heads topics | state topics | " + " | ".join(
+        f"{g} MB" for g in groups) + " |", "|" + "---|" * (5 + len(groups))]
     for s in r.samples:
         lines.append(f"| {s.t_s:.0f} | {s.events} | {s.broker_rss_mb:.0f} | {s.heads_topics} | {s.state_topics} | "
-                     + " | ".join(f"{s.mbytes.get(g, 0):.1f}" for g in groups) + " |")
+                     + " | ".join(f"{getattr(s, of).get(g, 0):.1f}" for g in groups) + " |")
+    return lines
+
+
+def render(r: Report) -> str:
+    lines = [f"soak benchmark on {r.machine}", f"config: {r.config}"]
+    lines += _table(r, "what a reader gets (keys + values, read to the end)", "mbytes")
+    lines += _table(r, "log segments on the broker's disk", "disk_mb")
     rec = [x for _, x in r.ledger_recovery_s]
     if rec:
         lines += ["", "ledger kill -9 -> ready (s), in order: " + ", ".join(f"{x:.2f}" for x in rec)
@@ -170,7 +207,11 @@ def render(r: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("tansu", "kafka"), default="tansu")
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--live-cap", type=int, default=0, help="beyond this many live samples, every add comes "
+                    "with a delete (0: 30%% deletes throughout)")
+    ap.add_argument("--segment-ms", type=int, default=60_000, help="UNLEARN_SEGMENT_MS (Kafka)")
     ap.add_argument("--rate", type=float, default=20.0, help="events per second")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--rotate-bytes", type=int, default=16_000_000, help="UNLEARN_STATE_ROTATE_BYTES")

@@ -84,9 +84,9 @@ class Trimmer:
             with self._cv:
                 while self._offered is None and not self._closed:
                     self._cv.wait()
-                if self._closed:
-                    return
                 tps, self._offered = self._offered, None
+                if self._closed or tps is None:
+                    return
             try:
                 self.trim(tps)
             except Exception as exc:  # retried next period: it delays erasure, never correctness
