@@ -44,7 +44,9 @@ class Producers:
     def __init__(self, s: Settings) -> None:
         self.s = s
         self.topic = s.topic("requests")
-        self.sdk = UnlearnClient(s, "app")
+        # plaintext like the raw producers: the SDK adds go out before any featurizer publishes a
+        # transit key, which UNLEARN_TRANSIT_SEAL=auto would wait for (docs/client.md)
+        self.sdk = UnlearnClient(s.with_(transit_seal="off"), "app")
         self.murmur = Producer(producer_config(s, partitioner="murmur2_random"))
         self.crc = Producer(producer_config(s, partitioner="consistent_random"))
         self.partition: dict[str, int] = {}  # event id -> requests partition it landed on
