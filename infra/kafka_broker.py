@@ -296,21 +296,29 @@ class LocalKafka:
                 return self
             self._java = find_java()
             self._jars = find_kafka_jars(self.settings)
-            try:
-                self._prepare()
-                for n in self.nodes:
-                    self._spawn(n)
-                deadline = time.monotonic() + self.start_timeout
-                for n in self.nodes:
-                    self._wait(n, deadline)
-            except BaseException as exc:
-                logs = "".join(f"\n--- node {n.node_id} log ({n.log_path}) ---\n{n.log_tail()}"
-                               for n in self.nodes)
-                self._shutdown(kill=True)
-                if isinstance(exc, BrokerError):
+            # Ports picked free can be taken by someone else before the JVM binds them: a lost
+            # race is worth another try with new ports (fixed or persisted ports are not).
+            attempts = 3 if self._requested_port is None and self.data_dir is None else 1
+            for attempt in range(attempts):
+                try:
+                    self._prepare()
+                    for n in self.nodes:
+                        self._spawn(n)
+                    deadline = time.monotonic() + self.start_timeout
+                    for n in self.nodes:
+                        self._wait(n, deadline)
+                    return self
+                except BaseException as exc:
+                    logs = "".join(f"\n--- node {n.node_id} log ({n.log_path}) ---\n{n.log_tail()}"
+                                   for n in self.nodes)
+                    lost_port = any("Address already in use" in n.log_tail(1 << 20) for n in self.nodes)
+                    self._shutdown(kill=True)
+                    if not isinstance(exc, BrokerError):
+                        raise
+                    if attempt + 1 < attempts and lost_port:
+                        continue
                     raise BrokerError(f"{exc}{logs}") from None
-                raise
-            return self
+            raise AssertionError("unreachable")
 
     def _prepare(self) -> None:
         """Lock the directory, load or create the cluster's id and ports, write each node's

@@ -150,6 +150,27 @@ def test_three_nodes_ride_through_a_kill_and_restart_from_their_data_dirs(tmp_pa
         cluster.kill()
 
 
+def test_a_picked_port_taken_before_the_jvm_binds_it_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port's answer can be stale by the time Kafka binds: the start tries new ports."""
+    import socket
+
+    real = kafka_broker.free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picked: list[int] = []
+
+        def stale_first(host: str) -> int:
+            picked.append(busy if not picked else real(host))
+            return picked[-1]
+
+        monkeypatch.setattr(kafka_broker, "free_port", stale_first)
+        with LocalKafka(1) as cluster:
+            assert cluster.nodes[0].port != busy
+        assert len(picked) == 4, "client and controller port, twice: the first start lost its port"
+
+
 def test_a_data_dir_of_another_size_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cluster.json").write_text('{"cluster_id": "x", "nodes": 3, "ports": []}')
     with pytest.raises(kafka_broker.BrokerError, match="3-node cluster"):
