@@ -25,7 +25,8 @@ __all__ = ["StaleStateError", "check_resume", "log_bounds", "log_ends", "topic_i
 
 #: Errors of a partition whose leader is moving (a broker node lost or restarting): ask again.
 _LEADER_MOVING = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_COORDINATOR",
-                  "_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_WAIT_COORD", "_LEADER_NOT_AVAILABLE")
+                  "_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_WAIT_COORD", "_LEADER_NOT_AVAILABLE",
+                  "_DESTROY_BROKER")  # a broker handle dropped while a node left or rejoined the metadata
 
 
 class StaleStateError(RuntimeError):
