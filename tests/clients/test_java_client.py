@@ -86,6 +86,8 @@ def test_java_client_end_to_end(settings: Settings, tmp_path: Path) -> None:
     for line in lines:
         by_kind.setdefault(line["kind"], []).append(line)
     assert by_kind["adds"] == [{"kind": "adds", "n": 24, "sealed": 24}]
+    (lonely,) = by_kind["auto_without_key"]  # AUTO with no key published: refused after its wait, not plaintext
+    assert lonely["refused"] is True and lonely["waited_ms"] >= 1000
     one, subject, none = by_kind["receipt"]
     assert one["status"] == "applied" and one["sample_ids"] == ["s-3"]
     u1 = sorted(f"s-{i}" for i in range(24) if i % 4 == 1)

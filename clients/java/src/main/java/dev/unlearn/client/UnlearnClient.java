@@ -42,6 +42,7 @@ public final class UnlearnClient implements AutoCloseable {
     private final Properties consumerConfig;
     private final TransitKeyCache transit;
     private final Duration listenTimeout;
+    private final Duration transitWait;
     private ReceiptListener listener;
     private volatile boolean closed;
 
@@ -58,6 +59,7 @@ public final class UnlearnClient implements AutoCloseable {
         private RequestSigner signer;
         private Seal seal = Seal.AUTO;
         private double transitGraceSeconds = 15.0;
+        private Duration transitWait = Duration.ofSeconds(30);
         private Duration listenTimeout = Duration.ofSeconds(30);
 
         private Builder(String bootstrap) {
@@ -73,6 +75,11 @@ public final class UnlearnClient implements AutoCloseable {
         public Builder seal(Seal s) { this.seal = s; return this; }
         /** The featurizers' {@code UNLEARN_TRANSIT_GRACE_SECONDS} (default 15). */
         public Builder transitGraceSeconds(double s) { this.transitGraceSeconds = s; return this; }
+        /**
+         * {@code UNLEARN_TRANSIT_WAIT_SECONDS} (default 30): how long an add under {@link Seal#AUTO}
+         * waits for its head's transit key before it is refused (never sent in plaintext).
+         */
+        public Builder transitWait(Duration d) { this.transitWait = d; return this; }
         /** How long starting the receipt listener may take. */
         public Builder listenTimeout(Duration d) { this.listenTimeout = d; return this; }
         /** Any Kafka client property (security, ...), for both the producer and the consumers. */
@@ -92,6 +99,7 @@ public final class UnlearnClient implements AutoCloseable {
         this.signer = b.signer;
         this.seal = b.seal;
         this.listenTimeout = b.listenTimeout;
+        this.transitWait = b.transitWait;
         this.requestsTopic = prefix + "requests";
         Properties p = new Properties();
         p.putAll(b.extra);
@@ -197,14 +205,25 @@ public final class UnlearnClient implements AutoCloseable {
         if (transit == null || !"add".equals(req.op) || req.isSealed()) {
             return req;
         }
+        long deadline = System.nanoTime() + transitWait.toNanos();
         while (true) {
             TransitSealer s = transit.sealerFor(req.headId);
             if (s == null) {
-                if (seal == Seal.ALWAYS) {
+                // AUTO waits (bounded) for the featurizer's key, as the Python SDK does: an add is
+                // never sent in plaintext just because the system has only just started.
+                if (seal == Seal.ALWAYS || System.nanoTime() >= deadline) {
                     throw new ClientException("no transit key is published for head '" + req.headId + "' on "
-                            + transit.topic() + " (is a featurizer running? seal=ALWAYS)");
+                            + transit.topic() + (seal == Seal.ALWAYS ? "" : " within " + transitWait.toSeconds()
+                            + " s") + " (is a featurizer running? seal=" + seal
+                            + "; use Seal.OFF where no transit keys are published)");
                 }
-                return req;
+                try {
+                    Thread.sleep(250);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    throw new ClientException("interrupted waiting for a transit key of head '" + req.headId + "'", e);
+                }
+                continue;
             }
             try {
                 return s.seal(req);

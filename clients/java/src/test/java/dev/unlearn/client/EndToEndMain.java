@@ -51,6 +51,19 @@ public final class EndToEndMain {
                 x[i][j] = rnd.nextGaussian() + (j == i % 3 ? 2.0 : 0.0);
             }
         }
+        // AUTO where no featurizer ever published a transit key (a prefix nobody serves): the add
+        // waits the bounded transitWait, then is refused; it is never sent in plaintext.
+        try (UnlearnClient lonely = UnlearnClient.builder(bootstrap).topicPrefix(prefix + "nokeys.")
+                .clientId(clientId).signer(signer).transitWait(Duration.ofSeconds(1)).build()) {
+            long t0 = System.nanoTime();
+            boolean refused = false;
+            try {
+                lonely.add(head, "u0", "s-lonely", 0, Input.features(x[0]));
+            } catch (ClientException expected) {
+                refused = expected.getMessage().contains("within 1 s");
+            }
+            emit("auto_without_key", Map.of("refused", refused, "waited_ms", (System.nanoTime() - t0) / 1_000_000));
+        }
         try (UnlearnClient client = UnlearnClient.builder(bootstrap).topicPrefix(prefix).clientId(clientId)
                 .signer(signer).seal(UnlearnClient.Seal.ALWAYS).build();
              HeadFollower follower = new HeadFollower(bootstrap, prefix).start()) {
