@@ -198,7 +198,7 @@ def wait_for_topics(
 
 def _not_served(admin: Any, md: Any, names: list[str], timeout: float) -> list[str]:
     """The topics among ``names`` of which some partition's leader does not answer ListOffsets."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     parts = {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in md.topics[n].partitions}
@@ -206,7 +206,10 @@ def _not_served(admin: Any, md: Any, names: list[str], timeout: float) -> list[s
     for tp, fut in admin.list_offsets(parts, request_timeout=timeout).items():
         try:
             fut.result(timeout=timeout)
-        except Exception:  # KafkaException NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PART...
+        except KafkaException as exc:  # NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PART...
+            if exc.args[0].code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:  # served, not to us
+                bad.add(tp.topic)
+        except Exception:  # a timeout
             bad.add(tp.topic)
     return sorted(bad)
 

@@ -36,6 +36,14 @@ class _Admin:
         return SimpleNamespace(topics={n: SimpleNamespace(error=None, partitions={0: part, 1: part})
                                        for n in self.existing})
 
+    def list_offsets(self, parts: dict[Any, Any], request_timeout: float) -> dict[Any, Future[None]]:
+        """Every leader serves (wait_for_topics asks once metadata shows the topics)."""
+        out: dict[Any, Future[None]] = {}
+        for tp in parts:
+            out[tp] = Future()
+            out[tp].set_result(None)
+        return out
+
 
 @pytest.fixture
 def settings() -> Settings:
