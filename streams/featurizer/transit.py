@@ -45,6 +45,7 @@ from typing import Any
 from unlearn.infra.key_family import TRANSIT_HEAD, SampleRef
 from unlearn.infra.log_position import log_ends
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import TopicReadError
 from unlearn.infra.topics import TopicError, ensure_topic
 from unlearn.schemas.sealed import SampleKey
 from unlearn.schemas.transit import (
@@ -265,11 +266,11 @@ class TransitKeys:
             if not ready:
                 return {}
             self._advanced_at = now
-            self._apply(self._read(consumer, committed, self._plan(ready)))
+            self._apply_read(lambda: self._read(consumer, committed, self._plan(ready)))
             return self._due(positions)
         answer = self.probes.take(PROBE)
         if answer is not None:
-            self._apply(answer.result())
+            self._apply_read(answer.result)
         if ready and not self.probes.busy(PROBE):
             self._advanced_at = now
             plan = self._plan(ready)
@@ -295,6 +296,19 @@ class TransitKeys:
         requests = {q: end for (t, q), end in ends.items() if t == self.requests_topic}
         return _Reading(tuple((e, requests) for e in plan.to_b),
                         tuple((e, st, ends[(self.by_head_topic, e.partition)]) for e, st in to_c))
+
+    def _apply_read(self, read: Callable[[], _Reading]) -> None:
+        """Apply a reading. One that failed (a broker hiccup: a Kafka node lost, its partitions'
+        leaders moving) leaves the stages as they were, to be asked again at a later tick: a key's
+        destruction waits, it is never early."""
+        from confluent_kafka import KafkaException
+
+        try:
+            reading = read()
+        except (KafkaException, TopicReadError) as exc:
+            log.warning("transit key stages: reading log ends failed (%s); asking again later", exc)
+            return
+        self._apply(reading)
 
     def _apply(self, reading: _Reading) -> None:
         """Advance the stages by a reading, skipping epochs destroyed or dropped since it was asked

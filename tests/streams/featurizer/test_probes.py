@@ -190,3 +190,46 @@ def test_transit_stages_use_only_reads_asked_after_the_epoch_reached_them() -> N
         assert sorted(due[0]) == sorted([first.ref, second.ref]) and not probes.busy(PROBE)
     finally:
         probes.close()
+
+
+class FailingEndsConsumer(EndsConsumer):
+    """Answers ListOffsets with a broker hiccup (as while a Kafka node's partitions move)."""
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+
+
+def test_a_failed_transit_read_leaves_the_stages_and_is_asked_again() -> None:
+    """A read that raised (seen in bench.chaos on 3 Kafka nodes: _UNKNOWN_PARTITION) must not end
+    the featurizer: nothing advances, the next tick asks again, and a good read then applies."""
+    s = Settings.from_env(transit_rotate_seconds=10.0, transit_grace_seconds=5.0, shred_every_seconds=0.0)
+    now = [1000.0]
+    ends = {("t.requests", 0): 7, ("t.by-head", 0): 4}
+    failing = [True]
+    probes = Probes(lambda: FailingEndsConsumer(ends) if failing[0] else EndsConsumer(ends))
+    transit = TransitKeys(s, None, "t.requests", "t.by-head", clock=lambda: now[0], probes=probes)  # type: ignore[arg-type]
+    old = Epoch(0, new_transit_key(), 980.0, 990.0)
+    current = Epoch(0, new_transit_key(), 999.0, 1100.0)
+    transit.epochs[0] = {e.pair.key_id: e for e in (old, current)}
+    try:
+        assert transit.tick(lambda: None, lambda: {0: 7}, {0: 4}) == {}
+        answer = probes.wait(PROBE, WAIT)
+        assert answer is not None and answer.error is not None
+        probes._done[PROBE] = answer
+        now[0] += 1.0
+        assert transit.tick(lambda: None, lambda: {0: 7}, {0: 4}) == {}  # no raise; asks again
+        assert not transit.stages and probes.busy(PROBE)
+        failing[0] = False
+        probes.wait(PROBE, WAIT)  # the second read (still failing: asked before the switch)
+        now[0] += 1.0
+        transit.tick(lambda: None, lambda: {0: 7}, {0: 4})
+        answer = probes.wait(PROBE, WAIT)
+        assert answer is not None and answer.error is None
+        probes._done[PROBE] = answer
+        now[0] += 1.0
+        transit.tick(lambda: None, lambda: {0: 7}, {0: 4})
+        assert transit.stages[old.ref].targets == {0: 7}
+    finally:
+        probes.close()
