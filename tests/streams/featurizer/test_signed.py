@@ -191,7 +191,8 @@ def test_signed_mode_accepts_signed_requests_and_refuses_the_rest(settings: Sett
             c.close()
 
 
-def test_unlearn_clients_cli(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unlearn_clients_cli(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
     def clients(*argv: str) -> tuple[int, str, str]:
         broker = [] if argv[0] == "keygen" else ["--bootstrap", settings.bootstrap, "--prefix",
                                                  settings.topic_prefix, "--profile", settings.profile]
@@ -225,7 +226,8 @@ def test_unlearn_clients_cli(settings: Settings, tmp_path: Path, capsys: pytest.
     rc, out, _ = clients("list")
     assert rc == 0 and len(out.splitlines()) == 1
     assert read_clients(settings)["alice"].version == 4
-    # the CLI client signs with --key-file
+    # the CLI client signs with --key-file (no featurizer runs here to publish a transit key: plaintext)
+    monkeypatch.setenv("UNLEARN_TRANSIT_SEAL", "off")
     assert main(["add", "--bootstrap", settings.bootstrap, "--prefix", settings.topic_prefix, "--profile",
                  settings.profile, "--head", "h1", "--subject", "s", "--sample", "x", "--label", "0", "--features",
                  "1,0", "--client-id", "alice", "--key-file", str(key)]) == 0
