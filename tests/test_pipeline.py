@@ -34,11 +34,15 @@ class World:
         self.live: dict[str, dict[str, tuple[str, np.ndarray, int]]] = {h: {} for h in heads}
         self.n = 0
         self.requests: list[tuple[bytes, bytes]] = []
+        # Event times 1 ms apart in the order the world decided them, as an app stamps its events:
+        # remove wins in event time, and a tie goes to the delete, so a delete_subject and a later
+        # add of that subject produced within one millisecond without `ts` would refuse the add.
+        self.t0 = time.time()
 
     def _emit(self, subject: str, body: dict) -> None:
         self.n += 1
         body = {"schema": "unlearn.request/v1", "event_id": f"ev{self.n}", "client_id": f"client{self.n % 3}",
-                "subject_id": subject, **body}
+                "subject_id": subject, "ts": self.t0 + self.n / 1000, **body}
         self.requests.append((subject.encode(), orjson.dumps(body)))
 
     def step(self) -> None:
