@@ -354,7 +354,10 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
         # the first batch went out twice; deltas are skipped by source id, dead letters repeat
         assert "duplicate_add" not in set(dls) - set(reasons) and set(dls) == set(reasons)
         _, raw_events = ledgers_from(got["deltas"], dedup=False)
-        assert len(raw_events) > len(events)  # without the rule the ledger would double count
+        if any(m.topic == s.topic("deltas") for m in checked):
+            # the crashed batch held deltas (Apache Kafka may hand a first batch of dead letters and
+            # receipts only: it answers a fetch as soon as one partition has data)
+            assert len(raw_events) > len(events)  # without the rule the ledger would double count
 
 
 def test_federated_site_sends_only_packed_statistics(settings: Settings, tmp_path: Path) -> None:
