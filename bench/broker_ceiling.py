@@ -10,6 +10,10 @@ pipeline on the same box can do: if one hop carries R messages/s, an add that cr
 h times cannot go faster than about R / h, before any featurizing or ledger work.
 
     python -m bench.broker_ceiling [--n 20000] [--sizes 4400,6300] [--partitions 4] [--linger-ms 5]
+                                   [--engine tansu|kafka]
+
+``--engine kafka`` measures the project's Apache Kafka (one KRaft node, the ``kafka`` client profile:
+acks=all with idempotence, five requests in flight) instead of the embedded tansu.
 
 Prints medians of ``--repeats`` runs per size (never asserts): produce rate (produce + flush, all
 acknowledged) and consume rate (a fresh consumer, assigned every partition, reading them back).
@@ -18,17 +22,19 @@ acknowledged) and consume rate (a fresh consumer, assigned every partition, read
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from unlearn.infra.broker import LocalBroker
+from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import create_topics
@@ -80,12 +86,12 @@ def consume_rate(settings: Settings, topic: str, partitions: int, n: int) -> flo
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                       "python": platform.python_version(), "broker": "tansu (memory)",
+                                       "python": platform.python_version(), "broker": describe_engine(args.engine),
                                        "loadavg_start": os.getloadavg()},
                            "config": vars(args).copy(), "sizes": []}
     sizes = [int(x) for x in args.sizes.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
-        s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="ceiling.", data_dir=tmp)
+    with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
+        s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="ceiling.", data_dir=tmp, profile=args.engine)
         for size in sizes:
             prod, cons = [], []
             for r in range(args.repeats):
@@ -109,8 +115,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--linger-ms", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", choices=ENGINES, default="tansu",
+                    help="the local broker: tansu (embedded, memory) or kafka (Apache Kafka, one node; make kafka)")
+    ap.add_argument("--json", type=Path, help="write the numbers here")
     args = ap.parse_args(argv)
     res = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str))
     m = res["machine"]
     print(f"# broker ceiling: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, {m['broker']}; "
           f"load average {m['loadavg_start'][0]:.2f} -> {m['loadavg_end'][0]:.2f}")

@@ -1,9 +1,11 @@
 """End-to-end pipeline benchmark on the local broker: throughput and delete-to-head latency.
 
-    python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10]
+    python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
                                    [--encodings json,f64,f32 | --binary] [--json PATH]
 
-Starts tansu, one featurizer and one ledger worker as real processes (as `make demo` does), then:
+Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
+Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
+worker as real processes (as `make demo` does), then:
 1. throughput: N add requests (features passthrough, d x c) produced as fast as possible; the
    time from the first produce to the head covering all N (events/s end to end); once per
    feature encoding of ``--encodings`` (JSON numbers, or ``features_bin`` float64 / float32),
@@ -37,7 +39,7 @@ import numpy as np
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from unlearn.infra.broker import LocalBroker
+from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
@@ -146,11 +148,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encodings = args.encodings.split(",")
     head = f"bench-{encodings[0]}"  # the latency runs delete from the first encoding's head
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                       "python": platform.python_version(), "broker": "tansu (memory)"},
+                                       "python": platform.python_version(),
+                                       "broker": describe_engine(args.engine), "loadavg_start": os.getloadavg()},
                            "config": vars(args).copy()}
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
+    with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
         s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="bench.", data_dir=tmp,
-                              publish_posterior=args.posterior)
+                              publish_posterior=args.posterior, profile=args.engine)
         out["config"]["settings"] = {k: getattr(s, k) for k in (
             "partitions", "batch_max_events", "batch_max_ms", "checkpoint_every_messages",
             "checkpoint_every_seconds", "reset_every_events", "reset_every_seconds", "publish_posterior")}
@@ -225,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             w.halt.set()
             for proc in procs:
                 proc.stop()
+    out["machine"]["loadavg_end"] = os.getloadavg()
     if not args.no_backbones:
         from bench import featurizer_bench
 
@@ -282,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list of feature encodings for the throughput run, each on its own head: json "
                          "(JSON numbers), f64 / f32 (features_bin <f8 / <f4); the deletes use the first")
     ap.add_argument("--binary", action="store_true", help="shorthand for --encodings json,f64 (side by side)")
+    ap.add_argument("--engine", choices=ENGINES, default="tansu",
+                    help="the local broker: tansu (embedded, memory) or kafka (Apache Kafka, one node; make kafka)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.binary:
@@ -292,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.n, args.deletes = min(args.n, 1000), min(args.deletes, 40)
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}; "
-          f"broker: local tansu (memory); d={args.dim}, c={args.classes}, features passthrough")
+          f"broker: local {describe_engine(args.engine)}; d={args.dim}, c={args.classes}, features passthrough")
     out = run(args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
