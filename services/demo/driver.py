@@ -517,6 +517,9 @@ def demo_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.full:
         args.n_train, args.n_test = 60_000, 10_000
+        if args.engine == "tansu":  # measured: docs/design.md, "The embedded broker"
+            print("note: tansu keeps every record in memory (~0.2 MiB per add here: ~10 GiB for --full); "
+                  "--engine kafka (after `make kafka`) keeps them on disk", file=sys.stderr)
     try:
         return Demo(args).run()
     except KeyboardInterrupt:
