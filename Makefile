@@ -74,8 +74,13 @@ typecheck: dev
 java-test:
 	mvn -q -B -f clients/java/pom.xml test
 
+# Every test on Apache Kafka, then the end-to-end and erasure tests again on tansu, the embedded
+# default of `make demo` (docs/design.md, "The embedded broker"); `make test-tansu` runs them all there.
+TANSU_TESTS := tests/test_pipeline.py tests/test_erasure.py
+
 test: dev data s3 kafka lint typecheck java-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(TANSU_TESTS)
 
 # The broker-marked tests on the embedded tansu broker instead of Apache Kafka.
 test-tansu: dev data s3
@@ -91,4 +96,4 @@ bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) infra/s3/node_modules .cache/kafka .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
+	rm -rf $(VENV) infra/s3/node_modules .cache/kafka clients/java/target .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
