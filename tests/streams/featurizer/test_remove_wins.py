@@ -261,7 +261,9 @@ def test_a_tombstone_survives_kill_minus_nine_and_refuses_the_late_add(settings:
             shutil.rmtree(tmp_path / "data")
         mixed.send(add_req("late-k", "kim", "k1", 5, ts=t_add))  # dated before the delete: refused
         mixed.send(add_req("tie-k", "kim", "k1", 6, ts=t_del))  # dated with it: refused (remove wins ties)
-        mixed.send(add_req("readd-k", "kim", "k1", 8, ts=t_del + 0.000001))  # later: enters
+        # later: enters (1 ms later: float64 seconds resolve only ~0.24 us at this epoch, so a 1 us
+        # step rounded to whole microseconds tied with the delete in some runs)
+        mixed.send(add_req("readd-k", "kim", "k1", 8, ts=t_del + 0.001))
         mixed.flush()
         feat.start()
         feat.wait_for_log("unlearn featurizer ready", timeout=90)
