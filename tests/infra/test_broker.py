@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from tests.process_support import alive, wait_dead
 from unlearn.infra.broker import (
     BrokerBinaryNotFound,
     BrokerError,
@@ -39,26 +40,8 @@ def _sigterm_exit_code(child: subprocess.Popen[str], timeout: float = 20.0) -> i
     child.communicate(timeout=timeout)
     return child.returncode
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
-def _wait_dead(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # --------------------------------------------------------------------------- LocalBroker
@@ -73,7 +56,7 @@ def test_local_broker_starts_answers_and_stops() -> None:
         pid = broker.pid
         assert pid is not None
     assert not broker.running
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
     assert broker.log_path is not None and "tansu" in broker.log_path.read_text()
     broker.stop()  # idempotent
 
@@ -101,7 +84,7 @@ def test_forgotten_broker_is_stopped_by_its_finalizer() -> None:
     assert pid is not None
     del broker
     gc.collect()
-    assert _wait_dead(pid), "a garbage-collected LocalBroker must not leak its process"
+    assert wait_dead(pid), "a garbage-collected LocalBroker must not leak its process"
 
 
 @pytest.mark.broker
@@ -120,10 +103,10 @@ def test_broker_dies_with_a_killed_parent() -> None:
         line = child.stdout.readline()
         assert line.strip().isdigit(), f"child printed {line!r}"
         pid = int(line)
-        assert _alive(pid)
+        assert alive(pid)
         child.kill()
         child.wait()
-        assert _wait_dead(pid), f"tansu pid {pid} outlived its SIGKILLed parent"
+        assert wait_dead(pid), f"tansu pid {pid} outlived its SIGKILLed parent"
     finally:
         if child.poll() is None:
             child.kill()

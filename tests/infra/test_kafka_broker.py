@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.process_support import alive, wait_dead
 from unlearn.infra import kafka_broker
 from unlearn.infra.kafka_broker import JavaNotFound, KafkaJarsMissing, LocalKafka
 from unlearn.infra.profiles import consumer_config, producer_config
@@ -24,21 +25,8 @@ from unlearn.infra.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
-def _wait_dead(pid: int, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _settings(bootstrap: str) -> Settings:
@@ -94,7 +82,7 @@ def test_one_node_produces_consumes_and_cleans_up() -> None:
     with cluster:
         node = cluster.nodes[0]
         assert cluster.bootstrap == node.bootstrap == f"127.0.0.1:{node.port}"
-        assert node.pid is not None and _alive(node.pid)
+        assert node.pid is not None and alive(node.pid)
         settings = _settings(cluster.bootstrap)
         _create(cluster.bootstrap, "t1", 3)
         _produce(settings, "t1", range(200))
@@ -103,7 +91,7 @@ def test_one_node_produces_consumes_and_cleans_up() -> None:
         md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics("nope", timeout=10)
         assert md.topics["nope"].error is not None
         pid, data = node.pid, node.data_path
-    assert _wait_dead(pid)
+    assert wait_dead(pid, 15.0)
     assert not data.exists(), "a temporary cluster's data is deleted on stop"
     assert node.log_path.exists(), "its log stays for diagnosis"
 
@@ -127,7 +115,7 @@ def test_three_nodes_ride_through_a_kill_and_restart_from_their_data_dirs(tmp_pa
         pid = victim.pid
         assert pid is not None
         cluster.kill_node(2)
-        assert _wait_dead(pid, 5)
+        assert wait_dead(pid, 5)
         # min.insync.replicas=2: acks=all still succeeds with two of three nodes.
         _produce(settings, "events", range(300, 600))
         assert sorted(_consume(settings, "events", "readers", 300)) == list(range(300, 600))
@@ -208,7 +196,7 @@ def test_cli_prints_each_node_and_never_outlives_itself(tmp_path: Path, how: str
         assert all(found), lines
         pids = [int(m.group(2)) for m in found if m]
         assert lines[2] == "bootstrap=" + ",".join(m.group(3) for m in found if m)
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         producer = Producer({"bootstrap.servers": lines[2].removeprefix("bootstrap=")})
         assert producer.list_topics(timeout=10).brokers.keys() == {1, 2}
         if how == "sigterm":
@@ -219,7 +207,7 @@ def test_cli_prints_each_node_and_never_outlives_itself(tmp_path: Path, how: str
         else:
             child.kill()
             child.wait()
-        assert all(_wait_dead(p) for p in pids)
+        assert all(wait_dead(p, 15.0) for p in pids)
     finally:
         if child.poll() is None:
             child.kill()
