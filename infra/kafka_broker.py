@@ -31,7 +31,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -49,7 +48,6 @@ from unlearn.infra.broker import (
     port_is_free,
     wait_for_broker,
 )
-from unlearn.infra.cli_args import log_ready
 from unlearn.infra.local_s3 import DataDirInUse, DataDirLock
 from unlearn.infra.settings import Settings
 
@@ -61,7 +59,6 @@ __all__ = [
     "find_java",
     "find_kafka_jars",
     "kafka_version",
-    "run_kafka_forever",
 ]
 
 _POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
@@ -548,57 +545,3 @@ class LocalKafka:
         data = f" data_dir={self.data_dir}" if self.data_dir is not None else ""
         return f"<LocalKafka nodes={self.node_count} {state}{data}>"
 
-
-def run_kafka_forever(
-    port: int | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    nodes: int = 1,
-    *,
-    settings: Settings | None = None,
-    admin_password: str | None = None,
-) -> int:
-    """Body of ``unlearn broker --engine kafka``: run the cluster until SIGINT/SIGTERM.
-
-    Prints one line per node, ``node=<id> pid=<pid> bootstrap=<host:port>`` (so an operator or a
-    test can kill one), then ``bootstrap=<all nodes>``, then logs the readiness line. Returns 0
-    after a signal, 1 if a node died by itself. With ``admin_password`` (``--secure``) the cluster is
-    secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
-    from ``infra/kafka/init.sh``).
-    """
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    if admin_password is not None:
-        from unlearn.infra.secure_kafka import SecuredLocalKafka
-
-        cluster: LocalKafka = SecuredLocalKafka(nodes, admin_password=admin_password, port=port, data_dir=data_dir,
-                                                settings=settings)
-    else:
-        cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
-    try:
-        cluster.start()
-        for n in cluster.nodes:
-            print(f"node={n.node_id} pid={n.pid} bootstrap={n.bootstrap}", flush=True)
-        print(f"bootstrap={cluster.bootstrap}", flush=True)
-        for n in cluster.nodes:
-            print(f"node={n.node_id} log={n.log_path}", file=sys.stderr, flush=True)
-        fields: dict[str, object] = {"engine": "kafka", "bootstrap": cluster.bootstrap, "nodes": nodes}
-        if cluster.data_dir is not None:
-            fields["data"] = str(cluster.data_dir)
-        if admin_password is not None:
-            fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
-        log_ready("broker", **fields)
-        while not stop.wait(0.5):
-            dead = [n for n in cluster.nodes if not n.running]
-            if dead:
-                n = dead[0]
-                print(f"Kafka node {n.node_id} exited unexpectedly:\n{n.log_tail()}", file=sys.stderr)
-                return 1
-        return 0
-    finally:
-        cluster.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)

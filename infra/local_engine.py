@@ -11,12 +11,17 @@ which one ``make demo`` uses and why.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from typing import Literal
 
 from unlearn.infra.broker import LocalBroker
+from unlearn.infra.cli_args import log_ready
 from unlearn.infra.kafka_broker import LocalKafka, kafka_version
+from unlearn.infra.settings import Settings
 
-__all__ = ["ENGINES", "Engine", "describe_engine", "local_broker"]
+__all__ = ["ENGINES", "Engine", "describe_engine", "local_broker", "run_kafka_forever"]
 
 Engine = Literal["tansu", "kafka"]
 #: The engines a local broker can run, the demo's default first.
@@ -46,3 +51,58 @@ def describe_engine(engine: str, nodes: int = 1) -> str:
     if engine == "kafka":
         return f"Apache Kafka {kafka_version()} ({nodes} node{'s' if nodes != 1 else ''}, KRaft)"
     return "tansu (memory)"
+
+
+def run_kafka_forever(
+    port: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    nodes: int = 1,
+    *,
+    settings: Settings | None = None,
+    admin_password: str | None = None,
+) -> int:
+    """Body of ``unlearn broker --engine kafka``: run the cluster until SIGINT/SIGTERM.
+
+    Prints one line per node, ``node=<id> pid=<pid> bootstrap=<host:port>`` (so an operator or a
+    test can kill one), then ``bootstrap=<all nodes>``, then logs the readiness line. Returns 0
+    after a signal, 1 if a node died by itself. With ``admin_password`` (``--secure``) the cluster is
+    secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
+    from ``infra/kafka/init.sh``).
+    """
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if admin_password is not None:
+        from unlearn.infra.secure_kafka import SecuredLocalKafka
+
+        cluster: LocalKafka = SecuredLocalKafka(nodes, admin_password=admin_password, port=port, data_dir=data_dir,
+                                                settings=settings)
+    else:
+        cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
+    try:
+        cluster.start()
+        for n in cluster.nodes:
+            print(f"node={n.node_id} pid={n.pid} bootstrap={n.bootstrap}", flush=True)
+        print(f"bootstrap={cluster.bootstrap}", flush=True)
+        for n in cluster.nodes:
+            print(f"node={n.node_id} log={n.log_path}", file=sys.stderr, flush=True)
+        fields: dict[str, object] = {"engine": "kafka", "bootstrap": cluster.bootstrap, "nodes": nodes}
+        if cluster.data_dir is not None:
+            fields["data"] = str(cluster.data_dir)
+        if admin_password is not None:
+            fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
+        log_ready("broker", **fields)
+        while not stop.wait(0.5):
+            dead = [n for n in cluster.nodes if not n.running]
+            if dead:
+                n = dead[0]
+                print(f"Kafka node {n.node_id} exited unexpectedly:\n{n.log_tail()}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -87,7 +87,7 @@ def _broker_main(argv: list[str]) -> int:
 
     try:
         if args.engine == "kafka":
-            from unlearn.infra.kafka_broker import run_kafka_forever
+            from unlearn.infra.local_engine import run_kafka_forever
 
             return run_kafka_forever(args.port, args.data, args.nodes, admin_password=admin_password)
         return run_broker_forever(args.port, args.data)

@@ -82,12 +82,12 @@ from .model import (
 )
 from .refusal import refusal, salvage_delete_ids
 from .tombstones import (
-    TombstoneKey,
     TombstonePolicy,
     add_event_time,
     add_keys,
     blocking_tombstone,
     delete_event_time,
+    expired_tombstones,
     seconds_to_us,
     tombstones_of,
 )
@@ -546,19 +546,6 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
 
 
 # --------------------------------------------------------------------------- the batch
-EXPIRE_PER_BATCH = 256
-"""Most expired tombstones one batch drops (retention is a storage bound, not a deadline)."""
-
-
-def expired_tombstones(cache: CacheView, policy: TombstonePolicy, now: float) -> tuple[TombstoneKey, ...]:
-    """Keys of tombstones past the retention (at most :data:`EXPIRE_PER_BATCH`), from a cache
-    that lists them (``FeatureCache.expired_tombstones``); none when nothing expires."""
-    horizon = policy.horizon_us(seconds_to_us(now))
-    lister = getattr(cache, "expired_tombstones", None)
-    if horizon is None or lister is None:
-        return ()
-    return tuple(lister(horizon, EXPIRE_PER_BATCH))
-
 
 def featurize_batch(
     messages: Sequence[InMessage],

@@ -41,6 +41,7 @@ from unlearn.schemas.envelope import Request
 __all__ = [
     "DEFAULT_MAX_SKEW_SECONDS",
     "DEFAULT_RETENTION_SECONDS",
+    "EXPIRE_PER_BATCH",
     "TOMBSTONE_REASONS",
     "Tombstone",
     "TombstoneKey",
@@ -50,6 +51,7 @@ __all__ = [
     "blocking_tombstone",
     "delete_event_time",
     "event_time_us",
+    "expired_tombstones",
     "seconds_to_us",
     "tombstones_of",
 ]
@@ -173,3 +175,16 @@ def blocking_tombstone(r: Request, add_us: int, found: Iterable[Tombstone]) -> T
         if t.event_us >= add_us and (best is None or t.event_us > best.event_us):
             best = t
     return best
+
+EXPIRE_PER_BATCH = 256
+"""Most expired tombstones one batch drops (retention is a storage bound, not a deadline)."""
+
+
+def expired_tombstones(cache: object, policy: TombstonePolicy, now: float) -> tuple[TombstoneKey, ...]:
+    """Keys of tombstones past the retention (at most :data:`EXPIRE_PER_BATCH`), from a cache
+    that lists them (``FeatureCache.expired_tombstones``); none when nothing expires."""
+    horizon = policy.horizon_us(seconds_to_us(now))
+    lister = getattr(cache, "expired_tombstones", None)
+    if horizon is None or lister is None:
+        return ()
+    return tuple(lister(horizon, EXPIRE_PER_BATCH))
