@@ -48,11 +48,9 @@ def test_auto_waits_for_the_first_transit_key_and_seals_under_it(settings: Setti
     s = settings.with_(transit_seal="auto", transit_wait_seconds=30.0)
     publisher, pair = publish_later(s, "fresh", 3.0)
     with UnlearnClient(s, client_id="early") as client:
-        t0 = time.monotonic()
         client.add("fresh", "alice", "a1", 0, features=[0.25, -0.5, 0.75]).wait_delivered(30)
-        waited = time.monotonic() - t0
     publisher.join(30)
-    assert waited >= 2.5  # it waited for the key rather than sending plaintext at once
+    # sealed under the key published after the add was called: it waited rather than sent plaintext
     (rec,) = read_topic(s, s.topic("requests"), timeout=30)
     sent = parse_request(rec.value or b"")
     assert isinstance(sent.input, SealedInput) and sent.input.key_id == pair.key_id  # type: ignore[attr-defined]
@@ -63,10 +61,8 @@ def test_auto_waits_for_the_first_transit_key_and_seals_under_it(settings: Setti
 def test_auto_raises_and_produces_nothing_when_no_key_comes(settings: Settings) -> None:
     s = settings.with_(transit_seal="auto", transit_wait_seconds=2.0)
     with UnlearnClient(s, client_id="early") as client:
-        t0 = time.monotonic()
         with pytest.raises(ClientError, match="not sent rather than sent in plaintext") as exc:
             client.add("nobody", "bob", "b1", 1, features=[1.0, 2.0, 3.0])
-        assert 2.0 <= time.monotonic() - t0 < 20.0
         assert "UNLEARN_TRANSIT_WAIT_SECONDS" in str(exc.value) and "UNLEARN_TRANSIT_SEAL=off" in str(exc.value)
         client.delete("nobody", "b1", "bob").wait_delivered(30)  # deletes carry no input: never held back
     recs = read_topic(s, s.topic("requests"), timeout=30)
