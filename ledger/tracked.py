@@ -3,9 +3,13 @@
 The fast head is an ``SMWTracker`` (inverse form) or a ``CholeskyTracker`` (factor form), chosen
 by ``tracker``; both take the same updates and share the drift checks and reset policy below.
 This is the pure core the ledger processor wraps. Every update goes to the exact ledger first
-(which rejects invalid deletes atomically), then to the fast tracker; the canonical head is
-restored from the ledger every ``reset_every`` updates, on an infeasible/ill-conditioned downdate,
-when the drift estimate passes ``drift_threshold``, or when the caller asks (e.g. a timer).
+(which rejects invalid deletes atomically), then to the fast tracker: at once (``add``,
+``delete``), or, for a caller that applies many messages between publications (the ledger
+processor), ``apply`` now and ``sync`` once later (apply-then-sync: the rows of every message
+applied since in one tracker update). The canonical head is restored from the ledger every
+``reset_every`` updates, on an infeasible/ill-conditioned downdate, when the drift estimate passes
+``drift_threshold``, when ``sync`` has packed statistics or at least ``d / 2`` rows to take, or
+when the caller asks (e.g. a timer).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from .exact import ExactLedger
 from .smw import SMWTracker
 
 HeadMode = Literal["exact", "fast"]
+#: Rows the ledger holds and the fast head has not taken yet: (Q, Y, sign) from ``prepare_rows``.
+Rows = list[tuple[NDArray[np.int64], NDArray[np.int64], int]]
 TrackerKind = Literal["smw", "cholesky"]
 #: The fast head's default form: the factor, 1.6-4x faster than SMW per update with the compiled kernel
 #: and 2x cheaper to reset (docs/design.md section 2, bench/results/ledger_kernel.md section 8).
@@ -59,11 +65,18 @@ class TrackedHead:
             else SMWTracker.from_ledger(ledger, gamma, min_pivot))
         self.mode: HeadMode = "exact"
         self.resets = 0
+        self._pending: Rows = []  # applied to the ledger, not yet to the fast head
+        self._reset_due = ""  # why the next ``sync`` must reset ("" = it need not)
 
     @property
     def weights(self) -> NDArray[np.float64]:
         """The served head W (d, c): canonical after a reset, tracker-updated otherwise."""
         return self.tracker.W
+
+    @property
+    def posterior(self) -> NDArray[np.float64]:
+        """(F^T F + gamma I)^-1 (d, d) as the fast head holds it: exact right after a reset."""
+        return self.tracker.T
 
     @property
     def last_reset_drift(self) -> float:
@@ -89,6 +102,34 @@ class TrackedHead:
         Qc, Y, idx = self.ledger.prepare_rows(Q, y)
         self.ledger.apply_prepared(Qc, Y, idx, sign)
         return self.track([(Qc, Y, sign)])
+
+    def apply(self, Q: ArrayLike, y: ArrayLike, sign: int) -> None:
+        """Apply rows to the ledger now, all or nothing (a refused entry raises and changes
+        nothing); the fast head takes them at the next ``sync``."""
+        Qc, Y, idx = self.ledger.prepare_rows(Q, y)
+        self.ledger.apply_prepared(Qc, Y, idx, sign)
+        self._pending.append((Qc, Y, sign))
+
+    def apply_packed(self, other: ExactLedger, sign: int) -> None:
+        """Packed statistics into the ledger now; the next ``sync`` resets (no rows to factor, and
+        factoring a Gram costs as much as the reset itself)."""
+        self.ledger.absorb(other, sign)
+        self._reset_due = "packed statistics"
+
+    def sync(self) -> UpdateReport:
+        """Bring the fast head up to the ledger: every row ``apply`` took since the last sync in one
+        ``track``, or a reset when one is due (packed statistics) or cheaper (at least ``d / 2``
+        rows: a tracker update of rank r costs O(r d^2), and at d = 768 a rank-384 update costs
+        about as much as a reset). A reset here measures nothing (the replaced head lagged)."""
+        pending, reason = self._pending, self._reset_due
+        self.ledger_outputs_sync()  # columns the ledger grew (a contract's classes) serve as zeros
+        rows = sum(Q.shape[0] for Q, _, _ in pending)
+        if not reason and 2 * rows >= self.ledger.dim:
+            reason = f"coalesced {rows} rows"
+        if reason:
+            return self.reset(reason, measured=self.mode == "fast")
+        self._pending = []
+        return self.track(pending)
 
     def track(self, batches: Sequence[tuple[NDArray[np.int64], NDArray[np.int64], int]]) -> UpdateReport:
         """Move the fast head by rows the ledger already holds: ``(Q, Y, sign)`` as ``prepare_rows``
@@ -132,9 +173,12 @@ class TrackedHead:
         return UpdateReport(self.mode)
 
     def reset(self, reason: str = "requested", measured: bool = True) -> UpdateReport:
-        """Canonical head from the ledger (Variant A); the served head becomes exact. ``measured``:
-        the caller knows the fast head had taken every row the ledger holds, so the drift reported
-        is the fast path's error (False: a stale head was replaced, the drift means nothing)."""
+        """Canonical head from the ledger (Variant A), which also covers rows applied and not yet
+        synced; the served head becomes exact. ``measured``: the caller knows the fast head was
+        worth measuring, so the drift reported is the fast path's error; never while rows or
+        statistics wait for ``sync`` (a stale head was replaced: its drift means nothing)."""
+        measured = measured and not self._pending and not self._reset_due
+        self._pending, self._reset_due = [], ""
         self.ledger_outputs_sync()
         drift = self.tracker.reset(self.ledger)
         self.mode = "exact"

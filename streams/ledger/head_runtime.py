@@ -26,9 +26,6 @@ from unlearn.schemas.source_id import dedup_key
 
 from .snapshot import HeadMeta, HeadState
 
-#: ("<stream>/<partition>", offset) of a delta's source: skips deltas a featurizer re-produced.
-parse_source_id = dedup_key
-
 #: Why a deltas message is skipped whole ("" = it applies).
 SkipReason = Literal["", "redelivered", "duplicate_source"]
 
@@ -71,10 +68,6 @@ class ApplyOutcome:
     retained_hash: str | None = None
 
 
-#: Rows in the ledger that the fast head has not taken yet: (Q, Y, sign) from ``prepare_rows``.
-LaggingRows = list[tuple[NDArray[np.int64], NDArray[np.int64], int]]
-
-
 @dataclass(frozen=True)
 class HeadConfig:
     gamma: float
@@ -111,8 +104,6 @@ class HeadRuntime:
         self.dirty_since_snapshot = 0
         self._digest: tuple[int, str] | None = None
         self._retained_hash: tuple[int, str | None] | None = None
-        self._lagging: LaggingRows = []
-        self._reset_due = ""  # why the fast head must be rebuilt at the next sync ("" = it need not)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -152,6 +143,11 @@ class HeadRuntime:
     @property
     def weights(self) -> np.ndarray:
         return self.tracked.weights
+
+    @property
+    def posterior(self) -> NDArray[np.float64]:
+        """(F^T F + gamma I)^-1 as the fast head holds it (what an exact head update may carry)."""
+        return self.tracked.posterior
 
     @property
     def last_reset_drift(self) -> float:
@@ -212,31 +208,16 @@ class HeadRuntime:
 
     def _apply_entry(self, entry: RowsEntry | PackedEntry) -> None:
         if isinstance(entry, RowsEntry):
-            Q, Y, idx = self.ledger.prepare_rows(entry.q, entry.labels)
-            self.ledger.apply_prepared(Q, Y, idx, entry.sign)
-            self._lagging.append((Q, Y, entry.sign))
+            self.tracked.apply(entry.q, entry.labels, entry.sign)
         else:
-            # Statistics, not rows: nothing to factor, and factoring a Gram costs a reset anyway.
-            self.ledger.absorb(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
-            self._reset_due = "packed statistics"
+            self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
         self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
 
     def sync(self) -> str:
-        """Bring the fast head up to the ledger, once per poll: the rows of every message applied
-        since the last sync in one tracker update, or a reset when one is due (a packed entry) or
-        cheaper (at least ``d / 2`` rows: a tracker update of rank r costs O(r d^2), and at d = 768 a
-        rank-384 update costs about as much as the processor's reset with its digest). Returns why a
-        reset ran ("" when none)."""
-        lagging, reason = self._lagging, self._reset_due
-        self.tracked.ledger_outputs_sync()  # columns a contract declared (declare_outputs) serve as zeros
-        rows = sum(Q.shape[0] for Q, _, _ in lagging)
-        if not reason and 2 * rows >= self.ledger.dim:
-            reason = f"coalesced {rows} rows"
-        if reason:
-            self.reset(reason)
-            return reason
-        self._lagging = []
-        rep = self.tracked.track(lagging)
+        """Bring the fast head up to the ledger, once per poll (``TrackedHead.sync``: one tracker
+        update for every message applied since, or a reset). Returns why a reset ran ("" when
+        none)."""
+        rep = self.tracked.sync()
         if rep.reset_reason:
             self.last_reset_at = time.monotonic()
             if rep.measured:
@@ -252,10 +233,8 @@ class HeadRuntime:
         taken). The version is unchanged: same ledger. ``fast_drift`` takes the replaced head's
         deviation only when that was a fast head that had taken every row (a timer, a rotation):
         a head rebuilt instead of tracked (coalesced rows, packed statistics) measured nothing."""
-        measured = self.mode == "fast" and not self._lagging and not self._reset_due
-        self._lagging, self._reset_due = [], ""
-        rep = self.tracked.reset(reason, measured)
-        if measured:
+        rep = self.tracked.reset(reason, measured=self.mode == "fast")
+        if rep.measured:
             self.fast_drift = rep.drift
         self.last_reset_at = time.monotonic()
 
@@ -285,7 +264,7 @@ def admit(pos: InputPosition, delta: Delta, offset: int) -> SkipReason:
     ``pos.applied_offset`` past the message so it is not looked at again."""
     if offset <= pos.applied_offset:
         return "redelivered"
-    src = parse_source_id(delta.source_id)
+    src = dedup_key(delta.source_id)
     if src is not None and src[1] <= pos.source_offsets.get(src[0], -1):
         # the same requests were already applied from an earlier copy of this delta
         pos.applied_offset = offset
@@ -296,7 +275,7 @@ def admit(pos: InputPosition, delta: Delta, offset: int) -> SkipReason:
 def record_applied(pos: InputPosition, delta: Delta, offset: int) -> None:
     """After ``delta`` at ``offset`` applied: later redeliveries and copies of its source are skipped."""
     pos.applied_offset = offset
-    src = parse_source_id(delta.source_id)
+    src = dedup_key(delta.source_id)
     if src is not None:
         pos.source_offsets[src[0]] = src[1]
 

@@ -133,7 +133,7 @@ def head_update(rt: HeadRuntime, mode: str | None = None) -> HeadUpdate:
     return HeadUpdate(rt.head_id, rt.version, mode, rt.digest() if mode == "exact" else None, rt.ledger.count,
                       rt.events_covered, ((rt.input_partition, rt.applied_offset),),
                       0.0 if mode == "exact" else rt.fast_drift, rt.config.gamma, time.time(), rt.weights.copy(),
-                      rt.tracked.tracker.T.copy() if mode == "exact" else None, rt.retained_hash(),
+                      rt.posterior.copy() if mode == "exact" else None, rt.retained_hash(),
                       rt.contract_version, rt.retained_classes())
 
 

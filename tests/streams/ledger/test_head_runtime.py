@@ -9,7 +9,8 @@ import pytest
 
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, relative_deviation, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
-from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime, parse_source_id
+from unlearn.schemas.source_id import dedup_key
+from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.snapshot import (
     HeadState,
     SnapshotError,
@@ -46,8 +47,8 @@ def test_apply_skips_redelivered_offsets_and_duplicate_sources() -> None:
     d2 = Delta("h", "requests/0@11", 6, 30, 0, (rows(+1, Q[10:], y[10:], "b"),))
     assert not head.apply(d2, offset=2, partition=0).skipped
     assert head.ledger.digest() == ExactLedger.from_rows(Q, y).digest()
-    assert parse_source_id("requests/3@42") == ("requests/3", 42)
-    assert parse_source_id("site-a") is None
+    assert dedup_key("requests/3@42") == ("requests/3", 42)
+    assert dedup_key("site-a") is None
 
 
 def test_bad_entries_are_rejected_and_the_rest_applies() -> None:
