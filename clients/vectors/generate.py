@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from unlearn.infra.between_stages import head_partition
 from unlearn.schemas._binary import CodecError, crc32c
 from unlearn.schemas.envelope import (
     FeaturesInput,
@@ -58,7 +59,6 @@ from unlearn.schemas.transit import (
 )
 from unlearn.services.serving.predict import PredictError, predict, prepare_inputs
 from unlearn.services.serving.store import HeadStore
-from unlearn.streams.featurizer.router import head_partition
 
 HERE = Path(__file__).resolve().parent
 FILES = ("heads.json", "heads_malformed.json", "predict.json", "json_numbers.json", "envelopes.json",

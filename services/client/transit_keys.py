@@ -3,7 +3,7 @@
 The featurizer owning by-head partition P publishes P's current transit key on
 ``<prefix>transit-keys`` (record key ``p<P>``, partition P modulo the topic's partition count).
 :class:`TransitKeyCache` finds a head's partition exactly as the router does
-(``router.head_partition`` over the by-head topic's partition count from topic metadata), reads
+(``infra.between_stages.head_partition`` over the by-head topic's partition count from topic metadata), reads
 the tail of that partition of ``transit-keys`` and keeps the newest key whose ``use_until`` is
 still ahead; it reads again once that has passed. :func:`seal_for_transit` applies
 ``UNLEARN_TRANSIT_SEAL``: ``auto`` seals, waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` (30 s)
@@ -33,6 +33,8 @@ import time
 import uuid
 from typing import Any
 
+from unlearn.infra.between_stages import head_partition, routed_topic_name
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
@@ -45,7 +47,7 @@ from unlearn.schemas.transit import (
     TransitSealer,
     decode_public_record,
 )
-from unlearn.streams.featurizer.router import head_partition, routed_topic_name
+from unlearn.services.client.settings import ClientSettings
 
 __all__ = ["TransitKeyCache", "TransitUnavailable", "seal_for_transit", "transit_producer_overrides"]
 
@@ -65,9 +67,9 @@ def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
     """librdkafka settings of a producer that seals: ``message.timeout.ms`` at three quarters of
     the grace (the rest covers clock skew), so a sealed request is delivered or fails before its
     key can be destroyed. Empty when sealing is off."""
-    if settings.transit_seal == "off":
+    if ClientSettings.of(settings).transit_seal == "off":
         return {}
-    return {"message.timeout.ms": max(1000, int(settings.transit_grace_seconds * 750))}
+    return {"message.timeout.ms": max(1000, int(ErasureSettings.of(settings).transit_grace_seconds * 750))}
 
 
 class TransitKeyCache:
@@ -194,7 +196,7 @@ def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> R
     while True:
         sealer = keys.sealer_for(req.head_id)
         if sealer is None and mode == "auto":
-            wait = keys.settings.transit_wait_seconds
+            wait = ClientSettings.of(keys.settings).transit_wait_seconds
             log.info("no transit key published yet for head %r: waiting up to %gs", req.head_id, wait)
             if keys.wait_for(req.head_id, wait) is not None:
                 continue

@@ -14,6 +14,7 @@ from unlearn.features.backbones import BackboneError, EncodeResult
 from unlearn.features.contract import (
     quantizer,
 )
+from unlearn.infra.between_stages import routed_topic_name
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta, encode_delta
 from unlearn.schemas.envelope import (
@@ -256,8 +257,6 @@ class CoreConfig:
                       client_id: str | None = None) -> CoreConfig:
         """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``); the
         featurizer reads ``routed_topic_name(requests_topic)`` and names its source ids after it."""
-        from unlearn.streams.featurizer.router import routed_topic_name  # here: router imports this module
-
         topic = requests_topic or settings.topic("requests")
         routed = routed_topic_name(topic)
         overrides = {}

@@ -7,12 +7,12 @@ the head's first add (which fixes its backbone, dimension and grids). Producers 
 to put them there: Java's default partitioner (murmur2) and librdkafka's (crc32) disagree, keys
 may differ from the subject or be absent, and partitions may be chosen explicitly. So the
 featurizer process first *routes*: every ``requests`` record is forwarded, value, key, headers and
-timestamp unchanged, to the by-head topic at the partition :func:`head_partition` gives its head
-id, a hash this project owns (docs/featurizer.md, "Routing"). The featurizer stage reads only the
-by-head topic, so everything it decides about a head is decided in one place, whatever partitions
-the producers chose. (By subject would not do: a delete naming another subject than the one that
-added the sample would land where the sample is not, and a sample id added by two subjects would
-be cached twice.)
+timestamp unchanged, to the by-head topic at the partition its head id hashes to, a hash this
+project owns (``infra.between_stages.head_partition``; docs/featurizer.md, "Routing"), which the
+ledger and the SDK use too. The featurizer stage reads only the by-head topic, so everything it
+decides about a head is decided in one place, whatever partitions the producers chose. (By
+subject would not do: a delete naming another subject than the one that added the sample would
+land where the sample is not, and a sample id added by two subjects would be cached twice.)
 
 Each forwarded record carries headers naming its origin (:data:`ORIGIN_HEADER`,
 ``"<stream>/<partition>@<offset>"`` of the record in ``requests``) and :data:`PREVIOUS_HEADER`,
@@ -24,12 +24,12 @@ copies exactly with ``core.admit_routed``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 
 import orjson
 
+from unlearn.infra.between_stages import head_partition
 from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 from unlearn.schemas.source_id import format_source_id, parse_source
 from unlearn.streams.featurizer.model import Origin
@@ -37,19 +37,14 @@ from unlearn.streams.featurizer.model import Origin
 __all__ = [
     "ORIGIN_HEADER",
     "PREVIOUS_HEADER",
-    "ROUTED_SUFFIX",
     "Headers",
     "RouterSession",
-    "head_partition",
     "might_delete",
     "read_origin",
     "route_partition",
-    "routed_topic_name",
     "routing_head",
 ]
 
-ROUTED_SUFFIX = ".by-head"
-"""The by-head topic of a requests topic is its name plus this suffix."""
 ORIGIN_HEADER = "unlearn.origin"
 """Header of a routed record: ``"<stream>/<partition>@<offset>"``, its place in ``requests``."""
 PREVIOUS_HEADER = "unlearn.origin-previous"
@@ -58,22 +53,6 @@ the same requests partition to the same by-head partition in this router session
 the session's first."""
 
 Headers = list[tuple[str, bytes | None]]
-
-
-def routed_topic_name(requests_topic: str) -> str:
-    """The by-head topic a requests topic is routed into (``unlearn.requests`` ->
-    ``unlearn.requests.by-head``)."""
-    return requests_topic + ROUTED_SUFFIX
-
-
-def head_partition(head_id: str, partitions: int) -> int:
-    """The by-head partition of a head: the first 8 bytes of SHA-256(UTF-8 head id) as a
-    big-endian unsigned integer, modulo the partition count. Part of the contract (any language
-    can compute it), and independent of every client library's partitioner."""
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
-    digest = hashlib.sha256(head_id.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % partitions
 
 
 _WS = rb"[ \t\n\r]*"

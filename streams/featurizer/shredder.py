@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from unlearn.infra.between_stages import latest_checkpoint
 from unlearn.infra.key_family import READ_IDLE_S, SampleRef
 from unlearn.infra.log_position import log_ends, watermarks
 from unlearn.infra.settings import Settings
@@ -37,7 +38,6 @@ from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.delta_codec import CodecError, SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import SampleKey
-from unlearn.streams.ledger.checkpoint import latest_checkpoint
 
 from .changelog import OpenSample
 from .keystore import KeyStore

@@ -4,8 +4,10 @@ A ledger worker owns ``deltas`` partitions. For each one it keeps the heads whos
 that partition and, in the ``ledger-state`` changelog partition of the same number, their
 snapshots plus one *checkpoint record*: the partition's **floor** (every deltas message below it
 is covered by the durable snapshots the record names) and the identity of the ``deltas`` topic
-the state belongs to. Three invariants make the ledger exact under kill -9, rebalances and broker
-restarts; each has a function here and a test without a broker:
+the state belongs to (the record, ``infra.between_stages.Checkpoint``, is shared with the
+featurizer, which reads its floor before destroying a key). Three invariants make the ledger
+exact under kill -9, rebalances and broker restarts; each has a function here and a test without
+a broker:
 
 1. **A floor never passes durable state** (:func:`safe_floor`): the floor of a partition is at
    most the first offset of any head in it whose events are not all in a durable snapshot.
@@ -22,80 +24,15 @@ restarts; each has a function here and a test without a broker:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
-import orjson
-
+from unlearn.infra.between_stages import Checkpoint
 from unlearn.infra.log_position import StaleStateError, check_resume
 
-__all__ = [
-    "CHECKPOINT_KEY_PREFIX",
-    "Checkpoint",
-    "HeadPointer",
-    "StaleStateError",
-    "check_recovery",
-    "latest_checkpoint",
-    "piece_key",
-    "plan_generations",
-    "safe_floor",
-]
-
-CHECKPOINT_KEY_PREFIX = b"checkpoint/"
-_FORMAT = "unlearn.ledger-checkpoint/v1"
-
+__all__ = ["StaleStateError", "check_recovery", "piece_key", "plan_generations", "safe_floor"]
 
 _FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
         "broker and topics its state came from")
-
-
-@dataclass(frozen=True)
-class HeadPointer:
-    """Where a head's latest durable snapshot is in the changelog partition."""
-
-    generation: int
-    applied_offset: int  # last deltas offset the snapshot covers
-    sha256: str  # of the whole snapshot blob (snapshot.state_sha)
-    piece_offsets: tuple[int, ...]  # changelog offsets of its pieces, in order
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The durable position of one ``deltas`` partition."""
-
-    partition: int
-    floor: int  # next deltas offset to read: everything below is in the snapshots named here
-    topic_id: str  # the deltas topic incarnation this state belongs to ("" if unknown)
-    heads: Mapping[str, HeadPointer] = field(default_factory=dict)
-    # A delete was applied since the partition's last erasure rotation: the generations this
-    # record's state lives in may still hold aggregates taken before it (the worker's erasure
-    # rotation). Encoded only when set, so records without it read as before.
-    erasure_pending: bool = False
-
-    def encode(self) -> bytes:
-        doc: dict[str, object] = {
-            "format": _FORMAT, "partition": self.partition, "floor": self.floor, "topic_id": self.topic_id,
-            "heads": {h: {"generation": p.generation, "applied_offset": p.applied_offset, "sha256": p.sha256,
-                          "piece_offsets": list(p.piece_offsets)} for h, p in sorted(self.heads.items())},
-        }
-        if self.erasure_pending:
-            doc["erasure_pending"] = True
-        return orjson.dumps(doc)
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Checkpoint:
-        try:
-            doc = orjson.loads(raw)
-            if doc.get("format") != _FORMAT:
-                raise ValueError(f"unknown checkpoint format {doc.get('format')!r}")
-            heads = {h: HeadPointer(int(p["generation"]), int(p["applied_offset"]), str(p["sha256"]),
-                                    tuple(int(o) for o in p["piece_offsets"])) for h, p in doc["heads"].items()}
-            pending = doc.get("erasure_pending", False)
-            if not isinstance(pending, bool):
-                raise ValueError(f"erasure_pending must be a boolean, got {pending!r}")
-            return cls(int(doc["partition"]), int(doc["floor"]), str(doc["topic_id"]), heads, pending)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StaleStateError(f"unreadable checkpoint record: {exc}") from None
 
 
 def plan_generations(found: Mapping[int, bool]) -> tuple[int | None, list[int], int]:
@@ -117,10 +54,6 @@ def piece_key(head_id: str, slot: int, index: int) -> bytes:
     broker the pieces a checkpoint names are still the latest values of their keys until a newer
     checkpoint names the other slot."""
     return f"piece/{head_id}/{slot}/{index}".encode()
-
-
-def checkpoint_key(partition: int) -> bytes:
-    return CHECKPOINT_KEY_PREFIX + str(partition).encode()
 
 
 def safe_floor(next_offset: int, last_touched: Mapping[str, int], durable: Mapping[str, int]) -> int:
@@ -148,14 +81,3 @@ def check_recovery(cp: Checkpoint | None, topic_id: str, log_start: int, log_end
     what = "ledger state" if cp is None else f"ledger state of deltas partition {cp.partition}"
     return check_resume(what, None if cp is None else cp.floor, "" if cp is None else cp.topic_id, topic_id,
                         log_start, log_end, _FIX)
-
-
-def latest_checkpoint(records: Iterable[tuple[int, bytes | None, bytes | None]], partition: int) -> Checkpoint | None:
-    """The checkpoint of ``partition`` with the highest changelog offset among ``records``
-    ((offset, key, value) triples; tombstones and other keys ignored)."""
-    want = checkpoint_key(partition)
-    best: tuple[int, bytes] | None = None
-    for offset, key, value in records:
-        if key == want and value is not None and (best is None or offset > best[0]):
-            best = (offset, value)
-    return None if best is None else Checkpoint.decode(best[1])

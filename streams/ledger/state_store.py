@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
 from unlearn.infra.log_position import watermarks
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
@@ -34,15 +35,7 @@ from unlearn.infra.topic_family import heads_family, state_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 
-from .checkpoint import (
-    Checkpoint,
-    HeadPointer,
-    StaleStateError,
-    checkpoint_key,
-    latest_checkpoint,
-    piece_key,
-    plan_generations,
-)
+from .checkpoint import StaleStateError, piece_key, plan_generations
 from .snapshot import HeadState, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
 
 log = logging.getLogger("unlearn.ledger")

@@ -20,12 +20,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.infra.key_family import KeyRing, Locate
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.sealed import SampleKey
 from unlearn.schemas.sealed_delta import Opened, is_sealed, open_delta
-from unlearn.streams.featurizer.router import head_partition, routed_topic_name
 
 __all__ = ["RowOpener"]
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unlearn.infra.between_stages import Checkpoint, HeadPointer
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
@@ -50,7 +51,7 @@ from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.redaction import redact_delta
 from unlearn.schemas.sealed import SealError
 
-from .checkpoint import Checkpoint, HeadPointer, check_recovery, safe_floor
+from .checkpoint import check_recovery, safe_floor
 from .contracts import ContractGammas
 from .head_runtime import ApplyOutcome, HeadConfig, HeadRuntime, Rejection, creates_head, group_by_event
 from .state_store import ChangelogStore

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
+from unlearn.infra.between_stages import head_partition
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import FeaturesInput, SealedInput, parse_request
 from unlearn.schemas.transit import TransitPublicKey, encode_public_record, new_transit_key, open_request
 from unlearn.services.client.sdk import ClientError, UnlearnClient
-from unlearn.streams.featurizer.router import head_partition
 
 
 def publish_later(s: Settings, head: str, delay: float) -> tuple[threading.Thread, object]:

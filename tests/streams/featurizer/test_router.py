@@ -7,6 +7,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, is_valid_id
@@ -16,11 +17,9 @@ from unlearn.streams.featurizer.router import (
     ORIGIN_HEADER,
     PREVIOUS_HEADER,
     RouterSession,
-    head_partition,
     might_delete,
     read_origin,
     route_partition,
-    routed_topic_name,
     routing_head,
 )
 

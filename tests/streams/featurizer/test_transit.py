@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from unlearn.infra.between_stages import head_partition
 from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
@@ -19,7 +20,6 @@ from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.transit import decode_public_record, seal_request
 from unlearn.services.client.transit_keys import TransitKeyCache
 from unlearn.streams.featurizer.keystore import KeyStore
-from unlearn.streams.featurizer.router import head_partition
 from unlearn.streams.featurizer.transit import TransitKeys, router_committed
 from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
 

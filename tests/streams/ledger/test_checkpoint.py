@@ -6,15 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unlearn.streams.ledger.checkpoint import (
-    Checkpoint,
-    HeadPointer,
-    StaleStateError,
-    check_recovery,
-    checkpoint_key,
-    latest_checkpoint,
-    safe_floor,
-)
+from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
+from unlearn.streams.ledger.checkpoint import StaleStateError, check_recovery, safe_floor
 
 HEADS = st.sampled_from(["a", "b", "c", "d"])
 

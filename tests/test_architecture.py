@@ -1,0 +1,115 @@
+"""Layering, read from the source: which product folder may import which (docs/design.md, "Layout").
+
+- the stages do not import each other: ``streams/featurizer`` never imports ``streams/ledger``
+  and back; what both need lives in ``infra/between_stages.py`` (and ``infra/topic_family.py``,
+  ``infra/key_family.py``);
+- the SDK (``services/client``) and serving (``services/serving``) run without the stages, so
+  they import nothing of ``streams``;
+- the layers below the stages (``schemas``, ``infra``, ``ledger``, ``features``) import neither
+  ``streams`` nor ``services``.
+
+Every import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative, and
+``importlib.import_module("...")`` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("features", "infra", "ledger", "schemas", "services", "streams")
+"""Top-level folders installed as ``unlearn.<folder>`` (pyproject.toml)."""
+
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("unlearn.streams.featurizer", ("unlearn.streams.ledger",)),
+    ("unlearn.streams.ledger", ("unlearn.streams.featurizer",)),
+    ("unlearn.services.client", ("unlearn.streams",)),
+    ("unlearn.services.serving", ("unlearn.streams",)),
+    ("unlearn.schemas", ("unlearn.streams", "unlearn.services")),
+    ("unlearn.infra", ("unlearn.streams", "unlearn.services")),
+    ("unlearn.ledger", ("unlearn.streams", "unlearn.services")),
+    ("unlearn.features", ("unlearn.streams", "unlearn.services")),
+)
+"""(importing package, packages it must not import)."""
+
+
+def module_name(path: Path) -> str:
+    """``streams/ledger/unseal.py`` -> ``unlearn.streams.ledger.unseal`` (a package's
+    ``__init__.py`` -> the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["unlearn", *parts])
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``source``, the code of ``module``."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            for alias in node.names:  # ``from unlearn.streams import ledger`` names a module too
+                yield node.lineno, f"{target}.{alias.name}"
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, node.args[0].value
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Each forbidden import of ``module`` as ``"<module>:<line> imports <name>"``."""
+    found: dict[int, str] = {}  # line -> the first forbidden name on it
+    for importer, forbidden in RULES:
+        if not within(module, importer):
+            continue
+        for line, name in imported_modules(source, module, is_package):
+            if any(within(name, f) for f in forbidden):
+                found.setdefault(line, f"{module}:{line} imports {name}")
+    return [found[line] for line in sorted(found)]
+
+
+def product_files() -> list[Path]:
+    return sorted(p for folder in PRODUCT for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
+    files = product_files()
+    assert len(files) > 50, "the product folders were not found"
+    found = [v for p in files for v in violations(p.read_text(encoding="utf-8"), module_name(p),
+                                                 p.name == "__init__.py")]
+    assert not found, "imports across layers:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("source", "module"), [
+    ("from unlearn.streams.ledger.checkpoint import latest_checkpoint", "unlearn.streams.featurizer.shredder"),
+    ("import unlearn.streams.featurizer.router", "unlearn.streams.ledger.unseal"),
+    ("from ..ledger import unseal", "unlearn.streams.featurizer.shredder"),
+    ("from .. import ledger", "unlearn.streams.featurizer.shredder"),
+    ("def f():\n    from unlearn.streams.featurizer.router import head_partition", "unlearn.services.client.sdk"),
+    ("import importlib\nimportlib.import_module('unlearn.streams.ledger.worker')", "unlearn.services.serving.http"),
+    ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.infra.topics"),
+])
+def test_the_check_sees_each_kind_of_import(source: str, module: str) -> None:
+    assert violations(source, module)
+
+
+def test_the_check_lets_allowed_imports_pass() -> None:
+    assert not violations("from unlearn.infra.between_stages import head_partition\nfrom . import router",
+                          "unlearn.streams.featurizer.shredder")
+    assert not violations("from unlearn.streams.ledger.worker import run_ledger_worker", "unlearn.services.cli")
