@@ -18,7 +18,6 @@ from confluent_kafka import Producer
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.between_stages import head_partition
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
@@ -95,9 +94,9 @@ def heads_on_two_partitions(n: int) -> tuple[str, str]:
 
 
 def reference_digest(rows: dict[str, tuple[list[float], int]], settings: Settings, n_outputs: int) -> str:
-    led = ExactLedger(DIM, n_outputs, HeadSettings.of(settings).frac_bits, HeadSettings.of(settings).label_frac_bits)
+    led = ExactLedger(DIM, n_outputs, settings.frac_bits, settings.label_frac_bits)
     if rows:
-        Q = np.stack([quantize_feature_row(np.asarray(v), HeadSettings.of(settings).frac_bits, HeadSettings.of(settings).feature_bound)
+        Q = np.stack([quantize_feature_row(np.asarray(v), settings.frac_bits, settings.feature_bound)
                       for v, _ in rows.values()])
         led.add(Q, np.array([y for _, y in rows.values()]))
     led.grow_outputs(n_outputs)
