@@ -38,13 +38,15 @@ from types import TracebackType
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.local_s3 import (
     S3_BUCKET,
-    S3_LISTENING,
     S3RVER_KEY,
     DataDirInUse,
-    DataDirLock,
+    LocalS3,
+    S3rverFailed,
     S3rverMissing,
     find_s3rver,
 )
+from unlearn.infra.polling import poll_until
+from unlearn.infra.processes import terminate, terminate_all, with_pdeathsig
 from unlearn.infra.settings import Settings
 
 __all__ = [
@@ -151,36 +153,36 @@ def wait_for_broker(
     """
     from confluent_kafka.admin import AdminClient
 
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     host, _, port = bootstrap.rpartition(":")
-    # Probe TCP first so librdkafka does not spam "connection refused" while the broker boots.
+
     def check_alive() -> None:
         if alive is not None and not alive():
             raise BrokerError(f"broker process for {bootstrap} exited during startup")
 
-    while not _port_open(host, int(port)):
+    def accepts(_remaining: float) -> bool | None:
         check_alive()
-        if time.monotonic() > deadline:
-            raise BrokerError(f"broker at {bootstrap} did not accept TCP within {timeout:.1f}s")
-        time.sleep(0.02)
+        return True if _port_open(host, int(port)) else None
+
+    # Probe TCP first so librdkafka does not spam "connection refused" while the broker boots.
+    poll_until(accepts, timeout, interval=0.02, timed_out=lambda: BrokerError(
+        f"broker at {bootstrap} did not accept TCP within {timeout:.1f}s"))
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(config or {})})
-    last: Exception | None = None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise BrokerError(
-                f"broker at {bootstrap} did not answer a metadata request within {timeout:.1f}s"
-                + (f": {last}" if last else "")
-            )
+    last: list[Exception] = []
+
+    def answers(remaining: float) -> bool | None:
         check_alive()
         try:
-            md = admin.list_topics(timeout=min(remaining, 5.0))
-            if len(md.brokers) >= brokers:
+            if len(admin.list_topics(timeout=max(0.1, min(remaining, 5.0))).brokers) >= brokers:
                 check_alive()
-                return
+                return True
         except Exception as exc:  # KafkaException while the broker boots
-            last = exc
-        time.sleep(0.05)
+            last[:] = [exc]
+        return None
+
+    poll_until(answers, max(0.0, timeout - (time.monotonic() - started)), interval=0.05, timed_out=lambda: BrokerError(
+        f"broker at {bootstrap} did not answer a metadata request within {timeout:.1f}s"
+        + (f": {last[0]}" if last else "")))
 
 
 # Every started broker, so atexit can stop the ones their owners forgot.
@@ -193,33 +195,6 @@ def _stop_all_live() -> None:
 
 
 atexit.register(_stop_all_live)
-
-
-def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM, wait ``grace`` seconds, then SIGKILL. Module-level so finalizers can call it."""
-    if proc.poll() is not None:
-        return
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=grace)
-    except ProcessLookupError:
-        pass
-
-
-def _terminate_all(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
-    """``_terminate`` each in order (tansu before the S3 it writes to)."""
-    for proc in procs:
-        _terminate(proc, grace)
-
-
-def _with_pdeathsig(cmd: list[str], enabled: bool) -> list[str]:
-    if enabled and sys.platform.startswith("linux") and shutil.which("setpriv"):
-        # setpriv sets PR_SET_PDEATHSIG then execs: no preexec_fn (unsafe with threads).
-        return ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
-    return cmd
 
 
 class LocalBroker:
@@ -263,9 +238,7 @@ class LocalBroker:
         self._own_log = log_path is None
         self.log_path: Path | None = Path(log_path) if log_path is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._s3_proc: subprocess.Popen[bytes] | None = None
-        self.s3_endpoint: str | None = None
-        self._dir_lock: DataDirLock | None = None
+        self._s3: LocalS3 | None = None
         self._finalizer: weakref.finalize | None = None
         self._lock = threading.Lock()
 
@@ -290,7 +263,12 @@ class LocalBroker:
     @property
     def s3_pid(self) -> int | None:
         """The local S3's process id (None when not started or not persistent)."""
-        return self._s3_proc.pid if self._s3_proc is not None else None
+        return self._s3.proc.pid if self._s3 is not None and self._s3.proc is not None else None
+
+    @property
+    def s3_endpoint(self) -> str | None:
+        """The local S3's URL while it runs (persistent brokers only)."""
+        return self._s3.endpoint if self._s3 is not None else None
 
     @property
     def s3_log_path(self) -> Path | None:
@@ -318,7 +296,7 @@ class LocalBroker:
                 try:
                     self._spawn(binary, port)
                     wait_for_broker(
-                        f"{self.host}:{port}", self.settings.broker_start_timeout, self.is_alive
+                        f"{self.host}:{port}", self.settings.broker_start_timeout, lambda: self.running
                     )
                     return self
                 except BrokerError as exc:
@@ -331,78 +309,29 @@ class LocalBroker:
             raise BrokerError(f"{error}\n--- tansu log ({self.log_path}) ---\n{self.log_tail()}")
 
     def _start_s3(self) -> None:
-        """Lock the data dir, start s3rver on a free loopback port (it picks: ``-p 0``) with the
-        bucket created if missing, and wait for its "listening" line."""
+        """The local S3 under the data dir (``LocalS3``), listening before tansu starts."""
         assert self.data_dir is not None
+        s3 = LocalS3(self.data_dir, self.host, start_timeout=self.settings.broker_start_timeout,
+                     stop_timeout=self.settings.broker_stop_timeout, die_with_parent=self._die_with_parent)
         try:
-            command = find_s3rver()
+            s3.start()
         except S3rverMissing as exc:
             raise LocalS3Unavailable(str(exc)) from None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "s3").mkdir(exist_ok=True)
-        self._dir_lock = DataDirLock(self.data_dir)
-        try:
-            self._dir_lock.acquire()
-        except DataDirInUse as exc:
-            self._dir_lock = None
+        except (DataDirInUse, S3rverFailed) as exc:
             raise BrokerError(str(exc)) from None
-        except BaseException:
-            self._dir_lock = None
-            raise
-        log_path = self.s3_log_path
-        assert log_path is not None
-        with open(log_path, "ab") as log:
-            start_offset = log.tell()
-            log.write(f"--- unlearn: starting s3rver at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-            log.flush()
-            cmd = [*command, "--directory", str(self.data_dir / "s3"), "--address", self.host,
-                   "--port", "0", "--silent", "--configure-bucket", S3_BUCKET]
-            self._s3_proc = subprocess.Popen(
-                _with_pdeathsig(cmd, self._die_with_parent),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self._set_finalizer()
+        self._s3 = s3
         _LIVE.add(self)
-        deadline = time.monotonic() + self.settings.broker_start_timeout
-        while True:
-            with open(log_path, "rb") as f:
-                f.seek(start_offset)
-                found = S3_LISTENING.search(f.read())
-            if found:
-                self.s3_endpoint = f"http://{found.group(1).decode()}:{int(found.group(2))}"
-                return
-            if self._s3_proc.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if self._s3_proc.poll() is not None else "did not listen in time"
-                with open(log_path, "rb") as f:
-                    f.seek(start_offset)
-                    tail = f.read()[-4000:].decode("utf-8", "replace")
-                self._kill_child()
-                raise BrokerError(f"the local S3 (s3rver) {why}\n--- {log_path} ---\n{tail}")
-            time.sleep(0.02)
-
-    def is_alive(self) -> bool:
-        """Same as ``running``, as a callable."""
-        return self.running
 
     @property
     def s3_running(self) -> bool:
         """True while the local S3 child is alive (persistent brokers only)."""
-        return self._s3_proc is not None and self._s3_proc.poll() is None
+        return self._s3 is not None and self._s3.running
 
     def _spawn(self, binary: str, port: int) -> None:
         url = f"tcp://{self.host}:{port}"
-        cmd = [
-            binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            self.storage,
-        ]
-        cmd = _with_pdeathsig(cmd, self._die_with_parent)
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", self.storage]
+        cmd = with_pdeathsig(cmd, self._die_with_parent)
         if self.log_path is None or self._own_log:
             fd, name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
             os.close(fd)
@@ -444,15 +373,13 @@ class LocalBroker:
     def _set_finalizer(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
-        procs = [p for p in (self._proc, self._s3_proc) if p is not None]
-        self._finalizer = weakref.finalize(
-            self, _terminate_all, procs, self.settings.broker_stop_timeout
-        )
+        procs = [p for p in (self._proc, self._s3.proc if self._s3 is not None else None) if p is not None]
+        self._finalizer = weakref.finalize(self, terminate_all, procs, self.settings.broker_stop_timeout)
 
     def _kill_tansu(self) -> None:
         """Stop tansu only (a failed start attempt; the S3 stays for the next attempt)."""
         if self._proc is not None:
-            _terminate(self._proc, self.settings.broker_stop_timeout)
+            terminate(self._proc, self.settings.broker_stop_timeout)
         self._proc = None
         self.port = self._requested_port
         self._set_finalizer()
@@ -460,17 +387,13 @@ class LocalBroker:
     def _kill_child(self) -> None:
         """Stop everything: tansu first, then the S3 it writes to, then unlock the data dir."""
         if self._proc is not None:
-            _terminate(self._proc, self.settings.broker_stop_timeout)
-        if self._s3_proc is not None:
-            _terminate(self._s3_proc, self.settings.broker_stop_timeout)
-        if self._dir_lock is not None:
-            self._dir_lock.release()
+            terminate(self._proc, self.settings.broker_stop_timeout)
+        if self._s3 is not None:
+            self._s3.stop()
         if self._finalizer is not None:
             self._finalizer.detach()
         self._proc = None
-        self._s3_proc = None
-        self.s3_endpoint = None
-        self._dir_lock = None
+        self._s3 = None
         self._finalizer = None
         self.port = self._requested_port
         _LIVE.discard(self)

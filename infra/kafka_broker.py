@@ -40,25 +40,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from unlearn.infra.broker import (
-    BrokerError,
-    _terminate,
-    _with_pdeathsig,
-    free_port,
-    port_is_free,
-    wait_for_broker,
-)
+from unlearn.infra.broker import BrokerError, free_port, port_is_free, wait_for_broker
 from unlearn.infra.local_s3 import DataDirInUse, DataDirLock
+from unlearn.infra.processes import terminate, with_pdeathsig
 from unlearn.infra.settings import Settings
 
 __all__ = [
     "JavaNotFound",
     "KafkaJarsMissing",
+    "KafkaJvm",
     "KafkaNode",
     "LocalKafka",
     "find_java",
     "find_kafka_jars",
     "kafka_version",
+    "kraft_properties",
 ]
 
 _POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
@@ -184,6 +180,113 @@ class KafkaNode:
             return "(no log)"
 
 
+@dataclass(frozen=True)
+class KafkaJvm:
+    """How a node's JVM runs: ``java``, the broker ``jars``, each node's fixed heap and extra
+    flags (after the defaults), and whether Linux kills a node with the thread that started it."""
+
+    java: str
+    jars: Path
+    heap_mb: int
+    jvm_flags: tuple[str, ...] = ()
+    die_with_parent: bool = True
+
+    def command(self, main: str, *args: str, heap_mb: int) -> list[str]:
+        """``java ... -cp <jars>/* main args`` with the project's flags and a ``heap_mb`` heap."""
+        return [self.java, f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", *_JVM_FLAGS, *self.jvm_flags, *_LOG_FLAGS,
+                "-cp", str(self.jars / "*"), main, *args]
+
+    def format(self, nodes: list[KafkaNode], cluster_id: str, extra_args: list[str], timeout: float) -> None:
+        """``kafka-storage.sh format -t <cluster id> -c server.properties`` for each new node, all
+        at once (static quorum: no --standalone / --initial-controllers)."""
+        running = []
+        for n in nodes:
+            cmd = self.command("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                               "-c", str(n.dir / "server.properties"), *extra_args, heap_mb=128)
+            with open(n.log_path, "ab") as log:
+                running.append((n, subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                                    stderr=subprocess.STDOUT)))
+        failed = []
+        for n, proc in running:
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            if rc != 0:
+                failed.append(f"formatting node {n.node_id} ({n.data_path}) failed:\n{n.log_tail(3000)}")
+        if failed:
+            raise BrokerError("\n".join(failed))
+
+    def spawn(self, node: KafkaNode) -> None:
+        """Start ``kafka.Kafka`` on the node's server.properties, logging to its log."""
+        cmd = with_pdeathsig(self.command("kafka.Kafka", str(node.dir / "server.properties"), heap_mb=self.heap_mb),
+                             self.die_with_parent)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "JAVA_TOOL_OPTIONS"))}
+        with open(node.log_path, "ab") as log:
+            log.write(f"--- unlearn: starting Kafka node {node.node_id} on {node.bootstrap} at "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            node.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, cwd=node.dir, start_new_session=True)
+
+
+def _pick_port(host: str, wanted: int | None, taken: set[int], *, fixed: bool) -> int:
+    """``wanted`` if given and free; else, when ``wanted`` is ``fixed`` (asked for, or kept in a
+    data dir: a client port), an error; else (a controller port, internal only) a free one."""
+    if wanted is not None and wanted not in taken and port_is_free(host, wanted):
+        taken.add(wanted)
+        return wanted
+    if wanted is not None and fixed:
+        raise BrokerError(f"port {host}:{wanted} is already in use")
+    while (port := free_port(host)) in taken:
+        pass
+    taken.add(port)
+    return port
+
+
+def kraft_properties(node: KafkaNode, nodes: list[KafkaNode]) -> dict[str, str]:
+    """The ``server.properties`` of ``node``, a combined KRaft node of the cluster ``nodes``
+    (docs/design.md, "The embedded broker")."""
+    n = len(nodes)
+    min_isr = str(2 if n >= 3 else 1)
+    voters = ",".join(f"{x.node_id}@{node.host}:{x.controller_port}" for x in nodes)
+    conf = {
+        "process.roles": "broker,controller",
+        "node.id": str(node.node_id),
+        "listeners": f"PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{node.host}:{node.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.quorum.voters": voters,  # a static quorum of every node
+        "log.dirs": str(node.data_path),
+        # Replication: every node holds every partition; acks=all survives one node's loss.
+        "default.replication.factor": str(n),
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": str(n),
+        "transaction.state.log.replication.factor": str(n),
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": str(n),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        # Topics are always created explicitly (infra.topics); a typo must fail, not create.
+        "auto.create.topics.enable": "false",
+        # Tests join groups all the time: no 3 s wait for more members.
+        "group.initial.rebalance.delay.ms": "0",
+        # A killed node is fenced (its leaderships move) after 6 s instead of 9.
+        "broker.session.timeout.ms": "6000",
+        "broker.heartbeat.interval.ms": "1000",
+        # Deleted topics (every test deletes its own) leave the disk after 1 s, not 60.
+        "file.delete.delay.ms": "1000",
+        # Sized for a 2-core box and a small heap (defaults: 3 network, 8 io, 128 MB dedupe).
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+    }
+    return conf
+
+
 # Every started cluster, so atexit can stop the ones their owners forgot.
 _LIVE: weakref.WeakSet[LocalKafka] = weakref.WeakSet()
 
@@ -205,7 +308,7 @@ def _stop_procs(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
             p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in live:
-        _terminate(p, max(0.0, deadline - time.monotonic()) + 0.01)
+        terminate(p, max(0.0, deadline - time.monotonic()) + 0.01)
 
 
 def _kill_procs(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -253,8 +356,7 @@ class LocalKafka:
         self.nodes: list[KafkaNode] = []
         self.cluster_id = ""
         self._root: Path | None = None
-        self._java = ""
-        self._jars: Path | None = None
+        self._jvm: KafkaJvm | None = None
         self._dir_lock: DataDirLock | None = None
         self._finalizer: weakref.finalize | None = None
         self._lock = threading.RLock()
@@ -291,8 +393,8 @@ class LocalKafka:
         with self._lock:
             if self.nodes and any(n.proc is not None for n in self.nodes):
                 return self
-            self._java = find_java()
-            self._jars = find_kafka_jars(self.settings)
+            self._jvm = KafkaJvm(find_java(), find_kafka_jars(self.settings), self.heap_mb, self._jvm_flags,
+                                 self._die_with_parent)
             # Ports picked free can be taken by someone else before the JVM binds them: a lost
             # race is worth another try with new ports (fixed or persisted ports are not).
             attempts = 3 if self._requested_port is None and self.data_dir is None else 1
@@ -341,10 +443,11 @@ class LocalKafka:
         assert isinstance(saved, list)
         self.nodes = []
         taken: set[int] = set()
+        fixed = self._requested_port is not None or self.data_dir is not None
         for i in range(self.node_count):
-            port = self._pick_port(self._requested_port + i if self._requested_port is not None
-                                   else (saved[i][0] if i < len(saved) else None), taken, strict=True)
-            cport = self._pick_port(saved[i][1] if i < len(saved) else None, taken, strict=False)
+            port = _pick_port(self.host, self._requested_port + i if self._requested_port is not None
+                              else (saved[i][0] if i < len(saved) else None), taken, fixed=fixed)
+            cport = _pick_port(self.host, saved[i][1] if i < len(saved) else None, taken, fixed=False)
             self.nodes.append(KafkaNode(i + 1, port, cport, self._root / f"node-{i + 1}", self.host))
         state = {"cluster_id": self.cluster_id, "nodes": self.node_count,
                  "ports": [[n.port, n.controller_port] for n in self.nodes], "kafka": kafka_version()}
@@ -353,90 +456,17 @@ class LocalKafka:
             n.dir.mkdir(parents=True, exist_ok=True)
             (n.dir / "server.properties").write_text(
                 "".join(f"{k}={v}\n" for k, v in self.server_properties(n).items()))
-        self._format([n for n in self.nodes if not (n.data_path / "meta.properties").exists()])
+        assert self._jvm is not None
+        self._jvm.format([n for n in self.nodes if not (n.data_path / "meta.properties").exists()], self.cluster_id,
+                         self.format_args(), self.start_timeout)
         self._set_finalizer()
         _LIVE.add(self)
 
-    def _pick_port(self, wanted: int | None, taken: set[int], *, strict: bool) -> int:
-        """``wanted`` if given and free; a fixed client port that is taken is an error, a taken
-        controller port (internal only) is replaced by a free one."""
-        if wanted is not None and wanted not in taken and port_is_free(self.host, wanted):
-            taken.add(wanted)
-            return wanted
-        if wanted is not None and strict and (self._requested_port is not None or self.data_dir is not None):
-            raise BrokerError(f"port {self.host}:{wanted} is already in use")
-        while (port := free_port(self.host)) in taken:
-            pass
-        taken.add(port)
-        return port
-
     def server_properties(self, node: KafkaNode) -> dict[str, str]:
-        """The broker settings of one node (docs/design.md, "The embedded broker")."""
-        n = self.node_count
-        min_isr = str(2 if n >= 3 else 1)
-        voters = ",".join(f"{x.node_id}@{self.host}:{x.controller_port}" for x in self.nodes)
-        conf = {
-            "process.roles": "broker,controller",
-            "node.id": str(node.node_id),
-            "listeners": f"PLAINTEXT://{self.host}:{node.port},CONTROLLER://{self.host}:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self.host}:{node.port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "controller.quorum.voters": voters,  # a static quorum of every node
-            "log.dirs": str(node.data_path),
-            # Replication: every node holds every partition; acks=all survives one node's loss.
-            "default.replication.factor": str(n),
-            "min.insync.replicas": min_isr,
-            "offsets.topic.replication.factor": str(n),
-            "transaction.state.log.replication.factor": str(n),
-            "transaction.state.log.min.isr": min_isr,
-            "share.coordinator.state.topic.replication.factor": str(n),
-            "share.coordinator.state.topic.min.isr": min_isr,
-            # Topics are always created explicitly (infra.topics); a typo must fail, not create.
-            "auto.create.topics.enable": "false",
-            # Tests join groups all the time: no 3 s wait for more members.
-            "group.initial.rebalance.delay.ms": "0",
-            # A killed node is fenced (its leaderships move) after 6 s instead of 9.
-            "broker.session.timeout.ms": "6000",
-            "broker.heartbeat.interval.ms": "1000",
-            # Deleted topics (every test deletes its own) leave the disk after 1 s, not 60.
-            "file.delete.delay.ms": "1000",
-            # Sized for a 2-core box and a small heap (defaults: 3 network, 8 io, 128 MB dedupe).
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            "num.recovery.threads.per.data.dir": "1",
-            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
-        }
+        """The broker settings of one node (``kraft_properties``) with ``broker_config`` over them."""
+        conf = kraft_properties(node, self.nodes)
         conf.update(self._broker_config)
         return conf
-
-    def _java_cmd(self, main: str, *args: str, heap_mb: int) -> list[str]:
-        assert self._jars is not None
-        return [self._java, f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", *_JVM_FLAGS, *self._jvm_flags, *_LOG_FLAGS,
-                "-cp", str(self._jars / "*"), main, *args]
-
-    def _format(self, nodes: list[KafkaNode]) -> None:
-        """``kafka-storage.sh format -t <cluster id> -c server.properties`` for each new node, all
-        at once (static quorum: no --standalone / --initial-controllers)."""
-        running = []
-        for n in nodes:
-            cmd = self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                                 "-c", str(n.dir / "server.properties"), *self.format_args(), heap_mb=128)
-            with open(n.log_path, "ab") as log:
-                running.append((n, subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                                    stderr=subprocess.STDOUT)))
-        failed = []
-        for n, proc in running:
-            try:
-                rc = proc.wait(timeout=self.start_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-            if rc != 0:
-                failed.append(f"formatting node {n.node_id} ({n.data_path}) failed:\n{n.log_tail(3000)}")
-        if failed:
-            raise BrokerError("\n".join(failed))
 
     def format_args(self) -> list[str]:
         """Extra ``kafka-storage format`` arguments (none; a secured cluster adds its first SCRAM
@@ -449,15 +479,8 @@ class LocalKafka:
         return {}
 
     def _spawn(self, node: KafkaNode) -> None:
-        cmd = _with_pdeathsig(self._java_cmd("kafka.Kafka", str(node.dir / "server.properties"),
-                                             heap_mb=self.heap_mb), self._die_with_parent)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "JAVA_TOOL_OPTIONS"))}
-        with open(node.log_path, "ab") as log:
-            log.write(f"--- unlearn: starting Kafka node {node.node_id} on {node.bootstrap} at "
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-            log.flush()
-            node.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, cwd=node.dir, start_new_session=True)
+        assert self._jvm is not None
+        self._jvm.spawn(node)
         self._set_finalizer()
 
     def _wait(self, node: KafkaNode, deadline: float) -> None:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Grant
+from unlearn.infra.polling import poll_until
 
 __all__ = ["InitError", "acl_bindings", "apply_acls", "kafka_init_main", "matrix_bindings_present", "set_users"]
 
@@ -101,16 +101,18 @@ def admin_client(bootstrap: str, password: str, *, user: str = "admin", mechanis
     admin = AdminClient({"bootstrap.servers": bootstrap, "security.protocol": security_protocol,
                          "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
                          "log_level": 3})
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list[Exception] = []
+
+    def answers(remaining: float) -> Any:
         try:
-            admin.list_topics(timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+            admin.list_topics(timeout=min(10.0, max(1.0, remaining)))
             return admin
         except Exception as exc:
-            if time.monotonic() > deadline:
-                raise InitError(f"no answer from {bootstrap} as {user} ({security_protocol}/{mechanism}) within "
-                                f"{timeout:.0f}s: {exc}") from None
-            time.sleep(1.0)
+            last[:] = [exc]
+            return None
+
+    return poll_until(answers, timeout, interval=1.0, timed_out=lambda: InitError(
+        f"no answer from {bootstrap} as {user} ({security_protocol}/{mechanism}) within {timeout:.0f}s: {last[0]}"))
 
 
 def kafka_init_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:

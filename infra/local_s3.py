@@ -2,8 +2,8 @@
 two brokers off one data directory.
 
 tansu's only persistent storage engine is ``s3://``; ``LocalBroker(data_dir=DIR)`` (infra/broker.py)
-runs s3rver with its objects under ``DIR/s3`` and points tansu at it. This module finds s3rver and
-owns the data-dir lock; the broker module owns the processes.
+runs s3rver with its objects under ``DIR/s3`` and points tansu at it. This module finds s3rver,
+owns the data-dir lock and runs the s3rver process (``LocalS3``); the broker module owns tansu.
 """
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ import fcntl
 import os
 import re
 import shutil
+import subprocess
+import time
+import weakref
 from pathlib import Path
 
+from unlearn.infra.polling import poll_until
+from unlearn.infra.processes import terminate, with_pdeathsig
+
 __all__ = ["S3_BUCKET", "S3_LISTENING", "S3_PACKAGE_DIR", "S3RVER_KEY", "DataDirInUse", "DataDirLock",
-           "S3rverMissing", "find_s3rver"]
+           "LocalS3", "S3rverFailed", "S3rverMissing", "find_s3rver"]
 
 S3_BUCKET = "tansu"
 S3_PACKAGE_DIR = Path(__file__).resolve().parent / "s3"  # package.json + lock; `make s3` installs
@@ -31,6 +37,10 @@ class S3rverMissing(RuntimeError):
 
 class DataDirInUse(RuntimeError):
     """Another broker holds the data directory."""
+
+
+class S3rverFailed(RuntimeError):
+    """s3rver exited or did not listen in time; the message has its log's tail."""
 
 
 def find_s3rver() -> list[str]:
@@ -90,3 +100,77 @@ class DataDirLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor drops the flock
             self._fd = None
+
+
+class LocalS3:
+    """s3rver on a free loopback port (it picks: ``--port 0``) with its objects under
+    ``data_dir/s3`` and the bucket created if missing, logging to ``data_dir/s3rver.log``; the data
+    dir is locked (``DataDirLock``) from ``start`` to ``stop``. ``die_with_parent`` as for the broker."""
+
+    def __init__(self, data_dir: Path, host: str, *, start_timeout: float, stop_timeout: float,
+                 die_with_parent: bool = True) -> None:
+        self.data_dir = data_dir
+        self.host = host
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.die_with_parent = die_with_parent
+        self.log_path = data_dir / "s3rver.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoint: str | None = None
+        self._lock: DataDirLock | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while the s3rver process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> str:
+        """Lock the data dir, start s3rver and wait for its "listening" line; its endpoint URL.
+        Raises S3rverMissing, DataDirInUse or S3rverFailed, with nothing left running."""
+        command = find_s3rver()
+        (self.data_dir / "s3").mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock(self.data_dir)
+        lock.acquire()
+        self._lock = lock
+        with open(self.log_path, "ab") as log:
+            start_offset = log.tell()
+            log.write(f"--- unlearn: starting s3rver at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            cmd = [*command, "--directory", str(self.data_dir / "s3"), "--address", self.host,
+                   "--port", "0", "--silent", "--configure-bucket", S3_BUCKET]
+            proc = self.proc = subprocess.Popen(with_pdeathsig(cmd, self.die_with_parent), stdin=subprocess.DEVNULL,
+                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._finalizer = weakref.finalize(self, terminate, proc, self.stop_timeout)
+
+        def log_since_start() -> bytes:
+            with open(self.log_path, "rb") as f:
+                f.seek(start_offset)
+                return f.read()
+
+        def failed(why: str) -> S3rverFailed:
+            self.stop()
+            tail = log_since_start()[-4000:].decode("utf-8", "replace")
+            return S3rverFailed(f"the local S3 (s3rver) {why}\n--- {self.log_path} ---\n{tail}")
+
+        def listening(_remaining: float) -> str | None:
+            found = S3_LISTENING.search(log_since_start())
+            if found:
+                return f"http://{found.group(1).decode()}:{int(found.group(2))}"
+            if proc.poll() is not None:
+                raise failed("exited")
+            return None
+
+        self.endpoint = poll_until(listening, self.start_timeout, interval=0.02,
+                                   timed_out=lambda: failed("did not listen in time"))
+        return self.endpoint
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after ``stop_timeout``), then unlock the data dir. Idempotent."""
+        if self.proc is not None:
+            terminate(self.proc, self.stop_timeout)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._lock is not None:
+            self._lock.release()
+        self.proc = self.endpoint = self._lock = self._finalizer = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from .polling import poll_until
 from .settings import Settings
 
 
@@ -29,6 +31,35 @@ def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict
         env[f"UNLEARN_{f.name.upper()}"] = ("1" if v else "0") if isinstance(v, bool) else str(v)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, wait ``grace`` seconds, then SIGKILL. Module-level so finalizers can call it."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+    except ProcessLookupError:
+        pass
+
+
+def terminate_all(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """``terminate`` each in order (a broker before the storage it writes to)."""
+    for proc in procs:
+        terminate(proc, grace)
+
+
+def with_pdeathsig(cmd: list[str], enabled: bool) -> list[str]:
+    """``cmd`` run so that Linux SIGKILLs it when the thread that started it dies (when
+    ``enabled`` and setpriv is there; else ``cmd`` as is)."""
+    if enabled and sys.platform.startswith("linux") and shutil.which("setpriv"):
+        # setpriv sets PR_SET_PDEATHSIG then execs: no preexec_fn (unsafe with threads).
+        return ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
+    return cmd
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -89,8 +120,8 @@ class ServiceProcess:
         ``after_start`` (default: the latest start); raises TimeoutError (with the log's tail) if
         it does not within ``timeout`` seconds of this call."""
         marker = f"===== start {self.starts - 1 if after_start is None else after_start} "
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
+
+        def logged(_remaining: float) -> float | None:
             try:
                 log = self.log_path.read_text(errors="replace")
             except OSError:
@@ -98,11 +129,13 @@ class ServiceProcess:
             i = log.rfind(marker)
             if i >= 0 and text in log[i:]:
                 return time.monotonic() - self.started_at
-            if self.proc is not None and self.proc.poll() is not None and i >= 0 and text not in log[i:]:
+            if self.proc is not None and self.proc.poll() is not None and i >= 0:
                 raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before logging {text!r}:\n"
                                    + self.log_tail())
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} did not log {text!r} within {timeout:g}s:\n" + self.log_tail())
+            return None
+
+        return poll_until(logged, timeout, interval=0.05, timed_out=lambda: TimeoutError(
+            f"{self.name} did not log {text!r} within {timeout:g}s:\n" + self.log_tail()))
 
     def log_tail(self, n: int = 40) -> str:
         try:

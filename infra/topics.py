@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.polling import poll_until
 from unlearn.infra.profiles import admin_config, quirks, topic_config
 from unlearn.infra.settings import Settings
 
@@ -165,22 +165,19 @@ def wait_for_topics(
 
     client = admin if admin is not None else AdminClient(admin_config(settings))
     wanted = list(names)
-    deadline = time.monotonic() + (timeout if timeout is not None else settings.admin_timeout)
+    limit = timeout if timeout is not None else settings.admin_timeout
     missing: list[str] = wanted
-    while True:
-        remaining = deadline - time.monotonic()
+
+    def visible(remaining: float) -> dict[str, int] | None:
+        nonlocal missing
         try:
             md = client.list_topics(timeout=max(0.5, min(remaining, 5.0)))  # type: ignore[attr-defined]
             counts: dict[str, int] = {}
             missing = []
             for name in wanted:
                 t = md.topics.get(name)
-                if (
-                    t is None
-                    or t.error is not None
-                    or not t.partitions
-                    or any(p.leader < 0 for p in t.partitions.values())
-                ):
+                if t is None or t.error is not None or not t.partitions or any(
+                        p.leader < 0 for p in t.partitions.values()):
                     missing.append(name)
                 else:
                     counts[name] = len(t.partitions)
@@ -191,9 +188,10 @@ def wait_for_topics(
                 missing = [f"{not_served} (leader not serving yet)"]
         except Exception as exc:  # KafkaException: broker briefly unreachable
             missing = [f"{wanted} (metadata failed: {exc})"]
-        if remaining <= 0:
-            raise TopicError(f"topics not visible after {timeout or settings.admin_timeout}s: {missing}")
-        time.sleep(0.05)
+        return None
+
+    return poll_until(visible, limit, interval=0.05, timed_out=lambda: TopicError(
+        f"topics not visible after {timeout or settings.admin_timeout}s: {missing}"))
 
 
 def _not_served(admin: Any, md: Any, names: list[str], timeout: float) -> list[str]:

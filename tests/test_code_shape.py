@@ -20,8 +20,6 @@ ALLOWED = {
     "services/verifier/replay.py:replay_log",
     "schemas/delta_codec.py:decode_delta",
     "schemas/receipts.py:receipt_from_dict",
-    "infra/broker.py:LocalBroker",
-    "infra/kafka_broker.py:LocalKafka",
     "infra/settings.py:Settings",
     "infra/settings.py:Settings.validate",
     "ledger/exact.py:ExactLedger",
