@@ -6,32 +6,29 @@ header, entries of columnar little-endian arrays (8-aligned, so decoding is a ze
 view) and a CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally
 ordered, which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
 
-Two entry kinds:
+Every entry names, per row, its event, sample and subject ids and its **event time** (integer
+microseconds: an add's, or for a delete row the delete's, exactly as the featurizer judged them,
+``streams/featurizer/tombstones.py``), so the verifier's replay can re-judge remove-wins. Kinds:
 
 - ROWS: signed (+1 add / -1 delete) quantized feature rows ``q`` (n, d) int64 with their labels:
   class indices (n,) int64, or quantized target vectors (n, c) int64.
-- PACKED: signed event/sample/subject ids plus an opaque ``ledger_blob`` (the serialized exact
-  ledger of the batch, produced and read by the ledger module): for batches so large that the
-  Gram matrix is smaller than the rows. Optionally (version 2) the multiset hash of the batch's
-  rows (``ledger.MultisetHash.to_bytes()``, docs/design.md section 6): a packed entry carries no
-  rows, so without it the ledger cannot keep the head's hash of its retained rows.
+- PACKED: the rows' ids plus an opaque ``ledger_blob`` (the serialized exact ledger of the batch,
+  produced and read by the ledger module), for batches so large that the Gram matrix is smaller
+  than the rows; optionally the multiset hash of the batch's rows
+  (``ledger.MultisetHash.to_bytes()``, docs/design.md section 6): without it the ledger cannot
+  keep the head's hash of its retained rows.
+- SEALED (docs/erasure.md): rows sealed per sample for crypto-shredding. Per row: the sample's
+  key id, the row's commitment (``schemas.sealed.commitment``) and the AES-256-GCM sealed
+  canonical row bytes (q then label, int64 LE). The ledger and the verifier open it into a ROWS
+  entry with the sample keys (``schemas.sealed_delta``) before applying it.
 
-- SEALED (version 3, docs/erasure.md): rows sealed per sample for crypto-shredding. Per row: the
-  sample's key id, the row's commitment (``schemas.sealed.commitment``) and the AES-256-GCM
-  sealed canonical row bytes (q then label, int64 LE). The ledger and the verifier open it into a
-  ROWS entry with the sample keys (``schemas.sealed_delta``) before applying it.
-
-A message is encoded as version 1 unless a packed entry carries a multiset hash (version 2) or an
-entry is sealed (version 3): every message an older decoder can read stays byte-identical, and
-one it cannot read says "unknown version".
-
-The head's contract (frame flag bit 0, any version): the featurizer names the class count
-(``n_classes``: the contract's label columns, ``HeadContract.n_outputs``) and the contract version
-the delta was judged under, right after the fixed header. The ledger sizes the head's label
-columns from it (grows them when a later delta declares more: ``unlearn heads extend``) and names
-the version in its head updates, so a replay gives the same head whatever the registry's timing.
-A delta without it (written before, or not by the featurizer) keeps the old rule: the columns are
-the largest class index seen plus one. An older decoder refuses the flag ("unknown flags").
+The head's contract (frame flag bit 0): the featurizer names the class count (``n_classes``: the
+contract's label columns, ``HeadContract.n_outputs``) and the contract version the delta was
+judged under, right after the fixed header. The ledger sizes the head's label columns from it
+(grows them when a later delta declares more: ``unlearn heads extend``) and names the version in
+its head updates, so a replay gives the same head whatever the registry's timing. A delta of a
+head with no contract (undeclared, with auto-creation off) leaves the flag clear: its class
+columns are the largest class index seen plus one.
 """
 
 from __future__ import annotations
@@ -59,7 +56,7 @@ __all__ = [
 ]
 
 DELTA_MAGIC = b"ULDT"
-DELTA_VERSION = 3  # the newest version this codec writes; it reads 1, 2 and 3
+DELTA_VERSION = 1  # the one version this codec writes and reads
 _KIND_ROWS = 1
 _KIND_PACKED = 2
 _KIND_SEALED = 3
@@ -69,25 +66,38 @@ _SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
-_ENTRY_MULTISET = 0x0001  # version 2 entry flag: a PACKED entry's rows' multiset hash follows its blob
+_MAX_EVENT_US = 2**63 - 1
+_ENTRY_MULTISET = 0x0001  # entry flag: a PACKED entry's rows' multiset hash follows its blob
 #: Size of a multiset hash state (``ledger.multiset_hash.STATE_BYTES``; this module does not import the ledger).
 MULTISET_HASH_BYTES = 4096
 
 _HEADER = struct.Struct("<IBBHI")  # d, frac_bits, label_frac_bits, reserved, n_entries
-_ENTRY = struct.Struct("<BbHI")  # kind, sign, flags (version 1: reserved), n
+_ENTRY = struct.Struct("<BbHI")  # kind, sign, flags, n
 _ROWS = struct.Struct("<BBHI")  # label_kind, reserved, reserved, c
 _BLOB = struct.Struct("<Q")
 _FLAG_CONTRACT = 0x0001  # frame flag: a _CONTRACT block follows the fixed header
 _CONTRACT = struct.Struct("<IIQ")  # n_classes, reserved, contract_version
+_ID_COLUMNS = ("event_ids", "sample_ids", "subject_ids")
 
 
 def _ids(v: Sequence[str]) -> tuple[str, ...]:
     return v if isinstance(v, tuple) else tuple(v)
 
 
+def _normalize(entry: Entry) -> None:
+    """Ids as tuples; ``event_us`` as a tuple of ints, 0 per row when left out."""
+    for name in _ID_COLUMNS:
+        object.__setattr__(entry, name, _ids(getattr(entry, name)))
+    times = entry.event_us
+    if isinstance(times, np.ndarray):
+        times = tuple(times.tolist())
+    object.__setattr__(entry, "event_us", tuple(times) if len(times) else (0,) * len(entry.event_ids))
+
+
 @dataclass(frozen=True, eq=False, slots=True)
 class RowsEntry:
-    """n signed rows. ``labels``: (n,) class indices, or (n, c) quantized targets; ``q``: (n, d).
+    """n signed rows. ``labels``: (n,) class indices, or (n, c) quantized targets; ``q``: (n, d);
+    ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete).
 
     Decoded arrays are read-only views into the message bytes (copy them to modify).
     """
@@ -98,10 +108,10 @@ class RowsEntry:
     subject_ids: tuple[str, ...]
     labels: np.ndarray
     q: np.ndarray
+    event_us: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("event_ids", "sample_ids", "subject_ids"):
-            object.__setattr__(self, name, _ids(getattr(self, name)))
+        _normalize(self)
 
     @property
     def n(self) -> int:
@@ -115,6 +125,7 @@ class RowsEntry:
             and self.event_ids == other.event_ids
             and self.sample_ids == other.sample_ids
             and self.subject_ids == other.subject_ids
+            and self.event_us == other.event_us
             and self.labels.shape == other.labels.shape
             and np.array_equal(self.labels, other.labels)
             and self.q.shape == other.q.shape
@@ -128,7 +139,8 @@ class RowsEntry:
 class PackedEntry:
     """A signed batch whose exact ledger was serialized by the ledger module (opaque here).
     ``multiset_hash``: the 4096-byte multiset hash state of the batch's rows, or None when the
-    producer did not compute it (the head's hash of its retained rows then becomes unknown)."""
+    producer did not compute it (the head's hash of its retained rows then becomes unknown);
+    ``event_us``: each row's event time (as in :class:`RowsEntry`)."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -136,10 +148,10 @@ class PackedEntry:
     subject_ids: tuple[str, ...]
     ledger_blob: bytes
     multiset_hash: bytes | None = None
+    event_us: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("event_ids", "sample_ids", "subject_ids"):
-            object.__setattr__(self, name, _ids(getattr(self, name)))
+        _normalize(self)
         if not isinstance(self.ledger_blob, bytes):
             object.__setattr__(self, "ledger_blob", bytes(self.ledger_blob))
         if self.multiset_hash is not None and not isinstance(self.multiset_hash, bytes):
@@ -153,8 +165,9 @@ class PackedEntry:
 @dataclass(frozen=True, slots=True)
 class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
-    (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment and the
-    sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes)."""
+    (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
+    sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes) and its event time
+    (as in :class:`RowsEntry`)."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -165,9 +178,11 @@ class SealedRowsEntry:
     key_ids: tuple[str, ...]
     commitments: tuple[bytes, ...]
     ciphertexts: tuple[bytes, ...]
+    event_us: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("event_ids", "sample_ids", "subject_ids", "key_ids", "commitments", "ciphertexts"):
+        _normalize(self)
+        for name in ("key_ids", "commitments", "ciphertexts"):
             object.__setattr__(self, name, _ids(getattr(self, name)))
 
     @property
@@ -193,7 +208,7 @@ class Delta:
     label_frac_bits: int
     entries: tuple[Entry, ...]
     #: The head contract's label columns and version the delta was judged under (both or neither;
-    #: None: an old-format delta, whose class columns follow the largest class index seen).
+    #: None: the head has no contract, its class columns follow the largest class index seen).
     n_classes: int | None = None
     contract_version: int | None = None
 
@@ -209,7 +224,7 @@ class Delta:
 
 # --------------------------------------------------------------------------- encode
 def encode_delta(delta: Delta) -> bytes:
-    """Serialize; raises CodecError if the delta is inconsistent (shapes, signs, ids)."""
+    """Serialize; raises CodecError if the delta is inconsistent (shapes, signs, ids, times)."""
     _check_params(delta.d, delta.frac_bits, delta.label_frac_bits, CodecError)
     has_contract = _check_contract(delta.n_classes, delta.contract_version, CodecError)
     w = Writer()
@@ -219,48 +234,57 @@ def encode_delta(delta: Delta) -> bytes:
     if has_contract:
         w.pack(_CONTRACT, delta.n_classes, 0, delta.contract_version)
     for i, e in enumerate(delta.entries):
-        where = f"entry {i}"
-        if e.sign not in (1, -1):
-            raise CodecError(f"{where}: sign must be +1 or -1, got {e.sign!r}")
-        n = len(e.event_ids)
-        if n < 1 or len(e.sample_ids) != n or len(e.subject_ids) != n:
-            raise CodecError(
-                f"{where}: event_ids/sample_ids/subject_ids must have the same length >= 1, got "
-                f"{n}/{len(e.sample_ids)}/{len(e.subject_ids)}"
-            )
-        if isinstance(e, RowsEntry):
-            q = _int64(e.q, f"{where}: q")
-            if q.shape != (n, delta.d):
-                raise CodecError(f"{where}: q must have shape ({n}, {delta.d}), got {q.shape}")
-            labels = _int64(e.labels, f"{where}: labels")
-            if labels.ndim == 1 and labels.shape == (n,):
-                if n and labels.min() < 0:
-                    raise CodecError(f"{where}: class indices must be >= 0")
-                label_kind, c = _LABEL_CLASS, 0
-            elif labels.ndim == 2 and labels.shape[0] == n and labels.shape[1] >= 1:
-                label_kind, c = _LABEL_VECTOR, labels.shape[1]
-            else:
-                raise CodecError(f"{where}: labels must have shape ({n},) or ({n}, c>=1), got {labels.shape}")
-            w.pack(_ENTRY, _KIND_ROWS, e.sign, 0, n)
-            _put_ids(w, e, where)
-            w.pack(_ROWS, label_kind, 0, 0, c)
-            w.array(labels)
-            w.array(q)
-        elif isinstance(e, PackedEntry):
-            mset = e.multiset_hash
-            if mset is not None and len(mset) != MULTISET_HASH_BYTES:
-                raise CodecError(f"{where}: multiset_hash must be {MULTISET_HASH_BYTES} bytes, got {len(mset)}")
-            w.pack(_ENTRY, _KIND_PACKED, e.sign, 0 if mset is None else _ENTRY_MULTISET, n)
-            _put_ids(w, e, where)
-            w.pack(_BLOB, len(e.ledger_blob))
-            w.put(e.ledger_blob)
-            if mset is not None:
-                w.put(mset)
-        elif isinstance(e, SealedRowsEntry):
-            _put_sealed(w, e, delta.d, where)
-        else:
-            raise CodecError(f"{where}: expected RowsEntry, PackedEntry or SealedRowsEntry, got {type(e).__name__}")
-    return w.finish(DELTA_MAGIC, _version_for(delta), _FLAG_CONTRACT if has_contract else 0)
+        _put_entry(w, e, delta.d, f"entry {i}")
+    return w.finish(DELTA_MAGIC, DELTA_VERSION, _FLAG_CONTRACT if has_contract else 0)
+
+
+def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
+    """One entry: its header, the id and event-time columns, then its kind's body."""
+    if not isinstance(e, (RowsEntry, PackedEntry, SealedRowsEntry)):
+        raise CodecError(f"{where}: expected RowsEntry, PackedEntry or SealedRowsEntry, got {type(e).__name__}")
+    if e.sign not in (1, -1):
+        raise CodecError(f"{where}: sign must be +1 or -1, got {e.sign!r}")
+    n = len(e.event_ids)
+    if n < 1 or len(e.sample_ids) != n or len(e.subject_ids) != n or len(e.event_us) != n:
+        raise CodecError(
+            f"{where}: event_ids/sample_ids/subject_ids/event_us must have the same length >= 1, got "
+            f"{n}/{len(e.sample_ids)}/{len(e.subject_ids)}/{len(e.event_us)}"
+        )
+    if isinstance(e, RowsEntry):
+        labels, label_kind, c = _rows_labels(e, d, where)
+        w.pack(_ENTRY, _KIND_ROWS, e.sign, 0, n)
+        _put_columns(w, e, where)
+        w.pack(_ROWS, label_kind, 0, 0, c)
+        w.array(labels)
+        w.array(_int64(e.q, f"{where}: q"))
+    elif isinstance(e, PackedEntry):
+        mset = e.multiset_hash
+        if mset is not None and len(mset) != MULTISET_HASH_BYTES:
+            raise CodecError(f"{where}: multiset_hash must be {MULTISET_HASH_BYTES} bytes, got {len(mset)}")
+        w.pack(_ENTRY, _KIND_PACKED, e.sign, 0 if mset is None else _ENTRY_MULTISET, n)
+        _put_columns(w, e, where)
+        w.pack(_BLOB, len(e.ledger_blob))
+        w.put(e.ledger_blob)
+        if mset is not None:
+            w.put(mset)
+    else:
+        _put_sealed(w, e, d, where)
+
+
+def _rows_labels(e: RowsEntry, d: int, where: str) -> tuple[np.ndarray, int, int]:
+    """(labels as int64, label kind, c) of a rows entry whose q has shape (n, d)."""
+    n = e.n
+    q = _int64(e.q, f"{where}: q")
+    if q.shape != (n, d):
+        raise CodecError(f"{where}: q must have shape ({n}, {d}), got {q.shape}")
+    labels = _int64(e.labels, f"{where}: labels")
+    if labels.ndim == 1 and labels.shape == (n,):
+        if n and labels.min() < 0:
+            raise CodecError(f"{where}: class indices must be >= 0")
+        return labels, _LABEL_CLASS, 0
+    if labels.ndim == 2 and labels.shape[0] == n and labels.shape[1] >= 1:
+        return labels, _LABEL_VECTOR, labels.shape[1]
+    raise CodecError(f"{where}: labels must have shape ({n},) or ({n}, c>=1), got {labels.shape}")
 
 
 def _check_contract(n_classes: int | None, version: int | None, err: Callable[[str], Exception]) -> bool:
@@ -275,11 +299,15 @@ def _check_contract(n_classes: int | None, version: int | None, err: Callable[[s
     return True
 
 
+def _check_sealed_labels(label_kind: int, c: int, err: Callable[[str], Exception], where: str) -> None:
+    if (label_kind == _LABEL_CLASS and c != 0) or (label_kind == _LABEL_VECTOR and c < 1) \
+            or label_kind not in (_LABEL_CLASS, _LABEL_VECTOR):
+        raise err(f"{where}: sealed label kind {label_kind} with c={c}")
+
+
 def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
     n = e.n
-    if (e.label_kind == _LABEL_CLASS and e.c != 0) or (e.label_kind == _LABEL_VECTOR and e.c < 1) \
-            or e.label_kind not in (_LABEL_CLASS, _LABEL_VECTOR):
-        raise CodecError(f"{where}: sealed label kind {e.label_kind} with c={e.c}")
+    _check_sealed_labels(e.label_kind, e.c, CodecError, where)
     if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
         raise CodecError(f"{where}: a sealed entry needs one key id, commitment and ciphertext per row")
     size = _SEAL_OVERHEAD + 8 * (d + e.label_width)
@@ -294,26 +322,21 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
     if any(len(c) != size for c in e.ciphertexts):
         raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width})")
     w.pack(_ENTRY, _KIND_SEALED, e.sign, 0, n)
-    _put_ids(w, e, where)
+    _put_columns(w, e, where)
     w.pack(_ROWS, e.label_kind, 0, 0, e.c)
     w.put(kids)
     w.put(b"".join(e.commitments))
     w.put(b"".join(e.ciphertexts))
 
 
-def _version_for(delta: Delta) -> int:
-    """The lowest version that carries ``delta``: 3 when an entry is sealed, else 2 when a packed
-    entry has a multiset hash, else 1."""
-    if any(isinstance(e, SealedRowsEntry) for e in delta.entries):
-        return 3
-    carries = any(isinstance(e, PackedEntry) and e.multiset_hash is not None for e in delta.entries)
-    return 2 if carries else 1
-
-
-def _put_ids(w: Writer, e: Entry, where: str) -> None:
+def _put_columns(w: Writer, e: Entry, where: str) -> None:
+    """The three id columns, then the event times (8-aligned i64 per row, 0..2^63-1)."""
     w.str_column(e.event_ids, f"{where}: event_ids")
     w.str_column(e.sample_ids, f"{where}: sample_ids")
     w.str_column(e.subject_ids, f"{where}: subject_ids")
+    if any(not isinstance(t, (int, np.integer)) or not 0 <= t <= _MAX_EVENT_US for t in e.event_us):
+        raise CodecError(f"{where}: event_us must be ints in 0..2^63-1 (microseconds since the epoch)")
+    w.array(np.asarray(e.event_us, dtype="<i8"))
 
 
 def _int64(a: object, what: str) -> np.ndarray:
@@ -338,10 +361,10 @@ def _check_params(d: int, k: int, k_y: int, err: Callable[[str], Exception]) -> 
 def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
     """Parse and validate one ``deltas`` message; CodecError on anything wrong."""
     body, version, flags = check_frame(buf, DELTA_MAGIC, "delta")
-    if version not in (1, 2, 3):
-        raise CodecError(f"delta: unknown version {version} (this decoder knows 1, 2 and 3)")
+    if version != DELTA_VERSION:
+        raise CodecError(f"delta: unknown version {version} (this decoder knows {DELTA_VERSION})")
     if flags & ~_FLAG_CONTRACT:
-        raise CodecError(f"delta: unknown flags {flags:#06x} for version {version}")
+        raise CodecError(f"delta: unknown flags {flags:#06x}")
     r = Reader(body, "delta")
     head_id = r.str16("head_id")
     if not is_valid_id(head_id):
@@ -357,68 +380,78 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
         if res:
             raise r.fail("reserved contract field is not 0")
         _check_contract(n_classes, contract_version, r.fail)
-    entries: list[Entry] = []
-    for i in range(n_entries):
-        where = f"entry {i}"
-        kind, sign, entry_flags, n = r.unpack(_ENTRY, f"{where} header")
-        if entry_flags and (version == 1 or kind != _KIND_PACKED or entry_flags != _ENTRY_MULTISET):
-            raise r.fail(f"{where}: unknown entry flags {entry_flags:#06x}"
-                         + (" (reserved in version 1)" if version == 1 else ""))
-        if sign not in (1, -1):
-            raise r.fail(f"{where}: sign must be +1 or -1, got {sign}")
-        if n < 1:
-            raise r.fail(f"{where}: no events")
-        event_ids = r.str_column(n, f"{where}: event_ids")
-        sample_ids = r.str_column(n, f"{where}: sample_ids")
-        subject_ids = r.str_column(n, f"{where}: subject_ids")
-        for name, ids in (("event_ids", event_ids), ("sample_ids", sample_ids), ("subject_ids", subject_ids)):
-            bad = next((i for i in ids if not is_valid_id(i)), None)
-            if bad is not None:
-                raise r.fail(f"{where}: {name} holds {bad[:80]!r}, not an id (1..128 characters of [{ID_CHARS}])")
-        if kind == _KIND_ROWS:
-            label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} rows header")
-            if res1 or res2:
-                raise r.fail(f"{where}: reserved rows field is not 0")
-            if label_kind == _LABEL_CLASS:
-                if c != 0:
-                    raise r.fail(f"{where}: class-index labels with c={c} (must be 0)")
-                labels = r.array("<i8", n, f"{where}: labels")
-                if labels.min() < 0:
-                    raise r.fail(f"{where}: negative class index")
-            elif label_kind == _LABEL_VECTOR:
-                if c < 1:
-                    raise r.fail(f"{where}: vector labels with c=0")
-                labels = r.array("<i8", n * c, f"{where}: labels").reshape(n, c)
-            else:
-                raise r.fail(f"{where}: unknown label kind {label_kind}")
-            q = r.array("<i8", n * d, f"{where}: q").reshape(n, d)
-            entries.append(RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, q))
-        elif kind == _KIND_PACKED:
-            (size,) = r.unpack(_BLOB, f"{where} blob length")
-            blob = bytes(r.raw(size, f"{where}: ledger_blob"))
-            mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags else None
-            entries.append(PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset))
-        elif kind == _KIND_SEALED and version >= 3:
-            label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
-            if res1 or res2:
-                raise r.fail(f"{where}: reserved sealed field is not 0")
-            if (label_kind == _LABEL_CLASS and c != 0) or (label_kind == _LABEL_VECTOR and c < 1) \
-                    or label_kind not in (_LABEL_CLASS, _LABEL_VECTOR):
-                raise r.fail(f"{where}: sealed label kind {label_kind} with c={c}")
-            width = 1 if label_kind == _LABEL_CLASS else c
-            size = _SEAL_OVERHEAD + 8 * (d + width)
-            kids = bytes(r.raw(n * _KEY_ID_BYTES, f"{where}: key ids"))
-            coms = bytes(r.raw(n * _COMMITMENT_BYTES, f"{where}: commitments"))
-            cts = bytes(r.raw(n * size, f"{where}: sealed rows"))
-            entries.append(SealedRowsEntry(
-                sign, event_ids, sample_ids, subject_ids, label_kind, c,
-                tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
-                tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
-                tuple(cts[i * size:(i + 1) * size] for i in range(n))))
-        else:
-            raise r.fail(f"{where}: unknown entry kind {kind}")
+    entries = tuple(_read_entry(r, d, f"entry {i}") for i in range(n_entries))
     r.done()
-    delta = Delta(head_id, source_id, d, k, k_y, tuple(entries), n_classes, contract_version)
-    if version != _version_for(delta):  # one encoding per value
-        raise CodecError(f"delta: version {version} for a message that is version {_version_for(delta)}")
-    return delta
+    return Delta(head_id, source_id, d, k, k_y, entries, n_classes, contract_version)
+
+
+_Columns = tuple[int, tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # sign, event, sample, subject ids
+
+
+def _read_entry(r: Reader, d: int, where: str) -> Entry:
+    """One entry: header, id and event-time columns, then its kind's body."""
+    kind, sign, entry_flags, n = r.unpack(_ENTRY, f"{where} header")
+    if entry_flags and (kind != _KIND_PACKED or entry_flags != _ENTRY_MULTISET):
+        raise r.fail(f"{where}: unknown entry flags {entry_flags:#06x}")
+    if sign not in (1, -1):
+        raise r.fail(f"{where}: sign must be +1 or -1, got {sign}")
+    if n < 1:
+        raise r.fail(f"{where}: no events")
+    ids = [r.str_column(n, f"{where}: {name}") for name in _ID_COLUMNS]
+    for name, column in zip(_ID_COLUMNS, ids):
+        bad = next((i for i in column if not is_valid_id(i)), None)
+        if bad is not None:
+            raise r.fail(f"{where}: {name} holds {bad[:80]!r}, not an id (1..128 characters of [{ID_CHARS}])")
+    times = r.array("<i8", n, f"{where}: event_us")
+    if times.min() < 0:
+        raise r.fail(f"{where}: negative event time")
+    cols: _Columns = (sign, ids[0], ids[1], ids[2])
+    if kind == _KIND_ROWS:
+        labels, q = _read_rows(r, n, d, where)
+        return RowsEntry(*cols, labels, q, event_us=tuple(times.tolist()))
+    if kind == _KIND_PACKED:
+        (size,) = r.unpack(_BLOB, f"{where} blob length")
+        blob = bytes(r.raw(size, f"{where}: ledger_blob"))
+        mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags else None
+        return PackedEntry(*cols, blob, mset, event_us=tuple(times.tolist()))
+    if kind == _KIND_SEALED:
+        return _read_sealed(r, cols, d, tuple(times.tolist()), where)
+    raise r.fail(f"{where}: unknown entry kind {kind}")
+
+
+def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, q) of a ROWS entry of ``n`` rows."""
+    label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} rows header")
+    if res1 or res2:
+        raise r.fail(f"{where}: reserved rows field is not 0")
+    if label_kind == _LABEL_CLASS:
+        if c != 0:
+            raise r.fail(f"{where}: class-index labels with c={c} (must be 0)")
+        labels = r.array("<i8", n, f"{where}: labels")
+        if labels.min() < 0:
+            raise r.fail(f"{where}: negative class index")
+    elif label_kind == _LABEL_VECTOR:
+        if c < 1:
+            raise r.fail(f"{where}: vector labels with c=0")
+        labels = r.array("<i8", n * c, f"{where}: labels").reshape(n, c)
+    else:
+        raise r.fail(f"{where}: unknown label kind {label_kind}")
+    return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
+
+
+def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[int, ...], where: str) -> SealedRowsEntry:
+    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row."""
+    n = len(cols[1])
+    label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
+    if res1 or res2:
+        raise r.fail(f"{where}: reserved sealed field is not 0")
+    _check_sealed_labels(label_kind, c, r.fail, where)
+    size = _SEAL_OVERHEAD + 8 * (d + (1 if label_kind == _LABEL_CLASS else c))
+    kids = bytes(r.raw(n * _KEY_ID_BYTES, f"{where}: key ids"))
+    coms = bytes(r.raw(n * _COMMITMENT_BYTES, f"{where}: commitments"))
+    cts = bytes(r.raw(n * size, f"{where}: sealed rows"))
+    return SealedRowsEntry(
+        *cols, label_kind, c,
+        tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
+        tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
+        tuple(cts[i * size:(i + 1) * size] for i in range(n)), event_us=times)

@@ -18,7 +18,6 @@ ALLOWED = {
     "services/erasure/report.py:erasure_report",
     "services/verifier/checks.py:check_live_digest",
     "services/verifier/replay.py:replay_log",
-    "schemas/delta_codec.py:decode_delta",
     "schemas/receipts.py:receipt_from_dict",
     "infra/settings.py:Settings",
     "infra/settings.py:Settings.validate",

@@ -42,7 +42,11 @@ def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
     else:
         labels = draw(hnp.arrays(np.int64, (n, draw(st.integers(1, 4))), elements=_I64))
     q = draw(hnp.arrays(np.int64, (n, d), elements=_I64))
-    return RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q)
+    return RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q, draw(_event_times(n)))
+
+
+def _event_times(n: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, 2**63 - 1), min_size=n, max_size=n)
 
 
 _multiset_hash = st.none() | st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s).bytes(4096))
@@ -52,7 +56,8 @@ _multiset_hash = st.none() | st.integers(0, 2**32 - 1).map(lambda s: np.random.d
 def _packed(draw: st.DrawFn) -> PackedEntry:
     n = draw(st.integers(1, 5))
     ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
-    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)), draw(_multiset_hash))
+    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)), draw(_multiset_hash),
+                       draw(_event_times(n)))
 
 
 @st.composite
@@ -282,7 +287,8 @@ def test_encoder_rejects_inconsistent_values() -> None:
 
 def test_delta_layout_is_documented_exactly() -> None:
     """Pin the byte layout of a tiny delta (docs/formats.md walks through the same bytes)."""
-    delta = Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]))])
+    t = 1_700_000_000_000_999  # the delete's event time, microseconds
+    delta = Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]), [t])])
     raw = encode_delta(delta)
     expect = (
         b"ULDT" + struct.pack("<HHQ", 1, 0, len(raw))
@@ -290,12 +296,31 @@ def test_delta_layout_is_documented_exactly() -> None:
         + struct.pack("<IBBHI", 2, 30, 0, 0, 1)
         + struct.pack("<BbHI", 1, -1, 0, 1)
         + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
-        + struct.pack("<BBHI", 0, 0, 0, 0)
     )
+    expect += bytes((-len(expect)) % 8) + struct.pack("<q", t)
+    expect += struct.pack("<BBHI", 0, 0, 0, 0)
     expect += bytes((-len(expect)) % 8) + struct.pack("<q", 5)
     expect += struct.pack("<qq", 1, -2)
     expect += struct.pack("<I", crc32c(expect))
-    assert raw == expect
+    assert raw == expect and len(raw) == 100
+
+
+def test_delta_event_times_are_checked() -> None:
+    """One event time per row, 0..2^63-1; left out, every row is dated 0 (before any delete)."""
+    q, labels = np.array([[1, -2]]), np.array([5])
+    assert RowsEntry(1, ["e"], ["s"], ["u"], labels, q).event_us == (0,)
+    for bad in ([1, 2], [-1], [2**63]):
+        with pytest.raises(CodecError, match="event_us"):
+            encode_delta(Delta("h", "f", 2, 30, 0, [RowsEntry(1, ["e"], ["s"], ["u"], labels, q, bad)]))
+    raw = encode_delta(Delta("h", "f", 2, 30, 0, [RowsEntry(1, ["e"], ["s"], ["u"], labels, q, [7])]))
+    body = bytearray(raw[PREFIX.size:-4])
+    at = body.index(struct.pack("<q", 7))
+    body[at:at + 8] = struct.pack("<q", -7)
+    with pytest.raises(CodecError, match="negative event time"):
+        decode_delta(_reframe(raw, bytes(body)))
+    for version in (2, 3):  # one version: nothing else was ever released
+        with pytest.raises(CodecError, match=f"unknown version {version}"):
+            decode_delta(_reframe(raw, version=version))
 
 
 def test_delta_codec_is_fast_for_a_256x768_batch() -> None:
@@ -324,37 +349,32 @@ def test_delta_codec_is_fast_for_a_256x768_batch() -> None:
 
 
 # --------------------------------------------------------------------------- the retained-rows hash fields
-def test_packed_multiset_hash_is_version_2_and_version_1_still_decodes() -> None:
-    """A delta is version 1 unless a packed entry carries the multiset hash of its rows (version 2,
-    entry flag bit 0, the 4096-byte state right after the blob); older messages decode as before."""
+def test_packed_multiset_hash_is_entry_flag_bit_0() -> None:
+    """A packed entry may carry the multiset hash of its rows (entry flag bit 0, the 4096-byte
+    state right after the blob); no other entry flag exists."""
     from unlearn.ledger.multiset_hash import STATE_BYTES
 
     assert MULTISET_HASH_BYTES == STATE_BYTES
     mset = bytes(range(256)) * 16
-    old = Delta("h", "f", 2, 30, 0, [PackedEntry(-1, ["e"], ["s"], ["u"], b"blob")])
-    new = Delta("h", "f", 2, 30, 0, [*old.entries, PackedEntry(1, ["e2"], ["s2"], ["u"], b"blob2", mset)])
+    old = Delta("h", "f", 2, 30, 0, [PackedEntry(-1, ["e"], ["s"], ["u"], b"blob", None, [3])])
+    new = Delta("h", "f", 2, 30, 0, [*old.entries, PackedEntry(1, ["e2"], ["s2"], ["u"], b"blob2", mset, [4])])
     raw_old, raw_new = encode_delta(old), encode_delta(new)
-    assert struct.unpack_from("<H", raw_old, 4) == (1,) and struct.unpack_from("<H", raw_new, 4) == (2,)
+    assert struct.unpack_from("<H", raw_old, 4) == (1,) and struct.unpack_from("<H", raw_new, 4) == (1,)
     assert decode_delta(raw_old).entries[0].multiset_hash is None  # type: ignore[union-attr]
     back = decode_delta(raw_new)
     assert back == new and back.entries[1].multiset_hash == mset  # type: ignore[union-attr]
     expect = (
-        b"ULDT" + struct.pack("<HHQ", 2, 0, len(raw_new))
+        b"ULDT" + struct.pack("<HHQ", 1, 0, len(raw_new))
         + b"\x01\x00h" + b"\x01\x00f" + struct.pack("<IBBHI", 2, 30, 0, 0, 2)
         + struct.pack("<BbHI", 2, -1, 0, 1) + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
-        + struct.pack("<Q", 4) + b"blob"
-        + struct.pack("<BbHI", 2, 1, 1, 1) + b"\x02\x00e2" + b"\x02\x00s2" + b"\x01\x00u"
-        + struct.pack("<Q", 5) + b"blob2" + mset
     )
+    expect += bytes((-len(expect)) % 8) + struct.pack("<qQ", 3, 4) + b"blob"
+    expect += struct.pack("<BbHI", 2, 1, 1, 1) + b"\x02\x00e2" + b"\x02\x00s2" + b"\x01\x00u"
+    expect += bytes((-len(expect)) % 8) + struct.pack("<qQ", 4, 5) + b"blob2" + mset
     assert raw_new == expect + struct.pack("<I", crc32c(expect))
-    # version 2 without any hash has another encoding (version 1): refused
-    with pytest.raises(CodecError, match="that is version 1"):
-        decode_delta(_reframe(raw_old, version=2))
-    # entry flags: reserved in version 1, only the hash bit on packed entries in version 2
+    # entry flags: only the hash bit, only on packed entries
     body = bytearray(raw_new[PREFIX.size:-4])
     flag_at = body.index(struct.pack("<BbHI", 2, 1, 1, 1)) + 2
-    with pytest.raises(CodecError, match="reserved in version 1"):
-        decode_delta(_reframe(raw_new, version=1))
     body[flag_at] = 3
     with pytest.raises(CodecError, match="unknown entry flags"):
         decode_delta(_reframe(raw_new, bytes(body)))
@@ -404,9 +424,9 @@ def test_a_fast_head_update_without_a_digest_is_flag_bit_2() -> None:
 
 @FAST
 @given(deltas())
-def test_a_delta_without_its_contract_is_byte_identical_to_the_old_format(delta: Delta) -> None:
-    """The contract block is frame flag bit 0 with 16 bytes after the fixed header; without it a
-    delta is the bytes older encoders wrote (and older decoders read), and decodes with None."""
+def test_the_contract_block_is_frame_flag_bit_0_after_the_header(delta: Delta) -> None:
+    """The contract block is frame flag bit 0 with 16 bytes after the fixed header; a delta of a
+    head without a contract leaves both out and decodes with None."""
     bare = Delta(delta.head_id, delta.source_id, delta.d, delta.frac_bits, delta.label_frac_bits, delta.entries)
     raw_bare = encode_delta(bare)
     assert struct.unpack_from("<H", raw_bare, 6) == (0,)

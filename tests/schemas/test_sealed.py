@@ -134,7 +134,7 @@ def test_wrong_commitment_and_bad_sizes_refused() -> None:
     with pytest.raises(CodecError, match="sealed row"):
         encode_delta(Delta("h", "src", 2, 30, 0, [short]))
     raw = encode_delta(Delta("h", "src", 2, 30, 0, [e]))
-    assert raw[4:6] == b"\x03\x00"
+    assert raw[4:6] == b"\x01\x00"  # one delta version, sealed entries included
 
 
 def test_raw_input_topics_get_the_configured_retention() -> None:
@@ -142,9 +142,9 @@ def test_raw_input_topics_get_the_configured_retention() -> None:
     from unlearn.infra.topics import raw_input_config
 
     assert raw_input_config(Settings()) == {}
-    assert raw_input_config(Settings(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}
+    assert raw_input_config(Settings().with_(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}
     # where the featurizer trims them (DeleteRecords), segments roll so trimmed bytes leave the disk
-    assert raw_input_config(Settings(profile="kafka", segment_ms=30_000)) == {"segment.ms": "30000"}
-    assert raw_input_config(Settings(profile="kafka", trim_every_seconds=0)) == {}
+    assert raw_input_config(Settings().with_(profile="kafka", segment_ms=30_000)) == {"segment.ms": "30000"}
+    assert raw_input_config(Settings().with_(profile="kafka", trim_every_seconds=0)) == {}
     with pytest.raises(ValueError, match="REQUESTS_RETENTION_MS"):
         Settings().with_(requests_retention_ms=0)
