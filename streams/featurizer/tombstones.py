@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from unlearn.features.contract import FeatureRejected
 from unlearn.schemas.envelope import Request
@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_RETENTION_SECONDS",
     "EXPIRE_PER_BATCH",
     "TOMBSTONE_REASONS",
+    "AddName",
     "Tombstone",
     "TombstoneKey",
     "TombstonePolicy",
@@ -90,6 +91,19 @@ class TombstonePolicy:
     def horizon_us(self, now_us: int) -> int | None:
         """Event times below this are expired (None: nothing expires)."""
         return None if self.retention == 0 else now_us - seconds_to_us(self.retention)
+
+
+class AddName(Protocol):
+    """What names an add for the rule: a request, or a retained row the verifier re-judges."""
+
+    @property
+    def head_id(self) -> str: ...
+    @property
+    def sample_id(self) -> str | None: ...
+    @property
+    def subject_id(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +177,7 @@ def add_keys(r: Request) -> list[tuple[str, str, str, str]]:
     return [(r.head_id, "sample", r.sample_id, r.subject_id), (r.head_id, "subject", r.subject_id, r.subject_id)]
 
 
-def blocking_tombstone(r: Request, add_us: int, found: Iterable[Tombstone]) -> Tombstone | None:
+def blocking_tombstone(r: AddName, add_us: int, found: Iterable[Tombstone]) -> Tombstone | None:
     """The latest tombstone among ``found`` that refuses the add ``r`` dated ``add_us`` (same
     head, subject, sample or subject kind, client or "", event time >= ``add_us``), or None."""
     best: Tombstone | None = None
