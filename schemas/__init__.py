@@ -3,8 +3,7 @@
 - ``requests``: JSON envelope ``unlearn.request/v1`` (request.v1.schema.json) -> :func:`parse_request`
 - ``deltas``: binary exact rows / packed ledgers -> :func:`encode_delta`, :func:`decode_delta`
 - ``heads``: binary head versions -> :func:`encode_head`, :func:`decode_head`, :func:`head_to_json`
-- ``receipts``: JSON ``unlearn.receipt/v2`` (receipt.v2.schema.json; v1 still decodes) -> :func:`encode_receipt`;
-  ``unlearn.receipt/v3`` (receipt.v3.schema.json) for a delete that removed nothing but left a tombstone
+- ``receipts``: JSON ``unlearn.receipt/v3`` (receipt.v3.schema.json) -> :func:`encode_receipt`
 - ``deadletter``: JSON ``unlearn.deadletter/v1`` -> :func:`encode_deadletter`
 
 Every decoder raises a ValueError subclass (InvalidRequest or CodecError) on bad input, never
@@ -56,8 +55,7 @@ from unlearn.schemas.head_codec import (
     head_to_json,
 )
 from unlearn.schemas.receipts import (
-    RECEIPT_SCHEMA_V1,
-    RECEIPT_SCHEMA_V2,
+    RECEIPT_SCHEMA_V3,
     Receipt,
     decode_receipt,
     encode_receipt,
@@ -66,7 +64,7 @@ from unlearn.schemas.receipts import (
 )
 
 SCHEMA_DIR = Path(__file__).resolve().parent
-"""Folder holding the JSON Schema files (request.v1.schema.json, receipt.v2.schema.json, ...)."""
+"""Folder holding the JSON Schema files (request.v1.schema.json, receipt.v3.schema.json, ...)."""
 
 __all__ = [
     "DEADLETTER_SCHEMA_V1",
@@ -75,8 +73,7 @@ __all__ = [
     "HEAD_MAGIC",
     "HEAD_VERSION",
     "MODES",
-    "RECEIPT_SCHEMA_V1",
-    "RECEIPT_SCHEMA_V2",
+    "RECEIPT_SCHEMA_V3",
     "REQUEST_REASONS",
     "REQUEST_SCHEMA_V1",
     "SCHEMA_DIR",

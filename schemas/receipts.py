@@ -1,23 +1,19 @@
-"""``receipts``: each delete's proof, for the upstream app that asked (``receipt.v2.schema.json``).
+"""``receipts``: each delete's proof, for the upstream app that asked (``receipt.v3.schema.json``).
 
-An applied receipt says which head version first excludes the samples and, when the head knows
-it, ``retained_hash``: the fingerprint of the multiset hash of that version's retained rows
-(docs/design.md section 6), a commitment that costs O(row) per event. The ledger digest (O(d^2))
-is the certificate; it is carried by exact head updates, no longer by receipts (v2: ``digest``
-optional; the ledger worker writes none). Anyone holding the retained set can recompute both and
-check the claim. A rejected receipt says why (a deadletter reason code) so the client is never
-left waiting.
+One receipt per delete / delete_subject, in one of three statuses:
 
-A ``tombstoned`` receipt (v3) answers a delete that removed nothing: its sample (or the subject's
-samples) was not in the head when it was judged, or only with a later event time. It is written
-by the featurizer and says so honestly (``sample_ids``: the sample named, or none for a
-delete_subject), and that the delete's tombstone, dated ``tombstone_ts`` (its event time),
-refuses any add of it dated at or before then until ``tombstone_expires`` (absent: kept for
-ever; docs/featurizer.md "Remove wins"). Every delete that is not rejected leaves such a
-tombstone, applied or not.
-
-Decoders read v1 (written before v2, ``digest`` required), v2 and v3; encoders write v2 for
-applied and rejected receipts (byte-identical to before) and v3 only for tombstoned ones.
+- ``applied`` (the ledger): which head version first excludes the samples and, when the head
+  knows it, ``retained_hash``: the fingerprint of the multiset hash of that version's retained
+  rows (docs/design.md section 6), a commitment that costs O(row) per event. The ledger digest
+  (O(d^2)) is the certificate and travels with exact head updates, so ``digest`` is optional and
+  the ledger writes none. Anyone holding the retained set can recompute both and check the claim.
+- ``rejected``: why (a deadletter reason code), so the client is never left waiting.
+- ``tombstoned`` (the featurizer): the delete removed nothing (its sample, or the subject's
+  samples, was not in the head when it was judged, or only with a later event time; ``sample_ids``:
+  the sample named, or none for a delete_subject), and its tombstone, dated ``tombstone_ts`` (its
+  event time), refuses any add of it dated at or before then until ``tombstone_expires`` (absent:
+  kept for ever; docs/featurizer.md "Remove wins"). Every delete that is not rejected leaves such
+  a tombstone, applied or not.
 """
 
 from __future__ import annotations
@@ -34,8 +30,6 @@ from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 
 __all__ = [
-    "RECEIPT_SCHEMA_V1",
-    "RECEIPT_SCHEMA_V2",
     "RECEIPT_SCHEMA_V3",
     "Receipt",
     "decode_receipt",
@@ -44,10 +38,7 @@ __all__ = [
     "receipt_to_dict",
 ]
 
-RECEIPT_SCHEMA_V1 = "unlearn.receipt/v1"
-RECEIPT_SCHEMA_V2 = "unlearn.receipt/v2"
 RECEIPT_SCHEMA_V3 = "unlearn.receipt/v3"
-_SCHEMAS = (RECEIPT_SCHEMA_V1, RECEIPT_SCHEMA_V2, RECEIPT_SCHEMA_V3)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED = frozenset(
     ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts",
@@ -106,16 +97,10 @@ class Receipt:
         return self.status == "applied" and bool(self.sample_ids)
 
 
-_is_id = is_valid_id
-
-
-def receipt_from_dict(d: object) -> Receipt:
-    """Validate a decoded JSON value against receipt v1 or v2; CodecError if it does not conform."""
-    if type(d) is not dict:
-        raise CodecError("receipt: not a JSON object")
-    schema = d.get("schema")
-    if schema not in _SCHEMAS:
-        raise CodecError(f"receipt: unknown schema {schema!r:.80}")
+def _check_common(d: dict[str, Any]) -> None:
+    """The schema, the field names and the fields every status has."""
+    if d.get("schema") != RECEIPT_SCHEMA_V3:
+        raise CodecError(f"receipt: unknown schema {d.get('schema')!r:.80}")
     for k in d:
         if k not in _ALLOWED:
             raise CodecError(f"receipt: unknown field {k!r:.80}")
@@ -123,60 +108,82 @@ def receipt_from_dict(d: object) -> Receipt:
         if k not in d:
             raise CodecError(f"receipt: missing field {k!r}")
     for k in ("event_id", "subject_id", "head_id"):
-        if not _is_id(d[k]):
+        if not is_valid_id(d[k]):
             raise CodecError(f"receipt: {k} must be 1..{ID_MAX_CHARS} characters of [{ID_CHARS}]")
     samples = d["sample_ids"]
-    if type(samples) is not list or not all(_is_id(s) for s in samples):
+    if type(samples) is not list or not all(is_valid_id(s) for s in samples):
         raise CodecError("receipt: sample_ids must be a list of ids")
-    ts = d["ts"]
-    if type(ts) not in (int, float) or not 0 <= ts < math.inf:
-        raise CodecError("receipt: ts must be a finite number >= 0")
-    status = d["status"]
-    version, digest, reason = d.get("head_version"), d.get("digest"), d.get("reason")
-    retained = d.get("retained_hash")
-    tomb_ts, tomb_expires = d.get("tombstone_ts"), d.get("tombstone_expires")
-    if (status == "tombstoned") != (schema == RECEIPT_SCHEMA_V3):
-        raise CodecError("receipt: status tombstoned is v3, and v3 is status tombstoned")
-    if status != "tombstoned" and any(k in d for k in _TOMBSTONE_FIELDS):
+    _non_negative(d["ts"], "ts")
+    if d["status"] != "tombstoned" and any(k in d for k in _TOMBSTONE_FIELDS):
         raise CodecError("receipt: only a tombstoned receipt has tombstone_ts or tombstone_expires")
-    if status == "applied":
-        if "head_version" not in d or (schema == RECEIPT_SCHEMA_V1 and "digest" not in d):
-            raise CodecError("receipt: an applied receipt needs head_version (and, in v1, digest)")
-        if "reason" in d:
-            raise CodecError("receipt: an applied receipt has no reason")
-        if not (type(version) is int or (type(version) is float and version.is_integer())) or not 0 <= version < 2**64:
-            raise CodecError("receipt: head_version must be an int in 0..2^64-1")
-        if "digest" in d and (type(digest) is not str or not _HEX64.fullmatch(digest)):
-            raise CodecError("receipt: digest must be 64 lowercase hex characters")
-        if "retained_hash" in d and (type(retained) is not str or not _HEX64.fullmatch(retained)):
-            raise CodecError("receipt: retained_hash must be 64 lowercase hex characters")
-        version = int(version)
-    elif status == "rejected":
-        if "head_version" in d or "digest" in d or "retained_hash" in d:
-            raise CodecError("receipt: a rejected receipt has no head_version, digest or retained_hash")
-        if type(reason) is not str or not reason:
-            raise CodecError("receipt: a rejected receipt needs a non-empty reason")
-    elif status == "tombstoned":
-        if any(k in d for k in ("head_version", "digest", "retained_hash", "reason")):
-            raise CodecError("receipt: a tombstoned receipt has no head_version, digest, retained_hash or reason")
-        if "tombstone_ts" not in d:
-            raise CodecError("receipt: a tombstoned receipt needs tombstone_ts")
-        for k in _TOMBSTONE_FIELDS:
-            v = d.get(k)
-            if k in d and not (isinstance(v, (int, float)) and type(v) is not bool and 0 <= v < math.inf):
-                raise CodecError(f"receipt: {k} must be a finite number >= 0")
-        tomb_ts = float(d["tombstone_ts"])
-        tomb_expires = float(d["tombstone_expires"]) if "tombstone_expires" in d else None
-    else:
+
+
+def _non_negative(v: object, name: str) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+        raise CodecError(f"receipt: {name} must be a finite number >= 0")
+    return float(v)
+
+
+def _hex64(d: dict[str, Any], name: str) -> str | None:
+    """``d[name]`` if it is 64 lowercase hex characters, None if absent."""
+    if name not in d:
+        return None
+    v = d[name]
+    if type(v) is not str or not _HEX64.fullmatch(v):
+        raise CodecError(f"receipt: {name} must be 64 lowercase hex characters")
+    return v
+
+
+def _applied(d: dict[str, Any]) -> dict[str, Any]:
+    if "head_version" not in d:
+        raise CodecError("receipt: an applied receipt needs head_version")
+    if "reason" in d:
+        raise CodecError("receipt: an applied receipt has no reason")
+    version = d["head_version"]
+    if not (type(version) is int or (type(version) is float and version.is_integer())) or not 0 <= version < 2**64:
+        raise CodecError("receipt: head_version must be an int in 0..2^64-1")
+    return {"head_version": int(version), "digest": _hex64(d, "digest"), "retained_hash": _hex64(d, "retained_hash")}
+
+
+def _rejected(d: dict[str, Any]) -> dict[str, Any]:
+    if "head_version" in d or "digest" in d or "retained_hash" in d:
+        raise CodecError("receipt: a rejected receipt has no head_version, digest or retained_hash")
+    reason = d.get("reason")
+    if type(reason) is not str or not reason:
+        raise CodecError("receipt: a rejected receipt needs a non-empty reason")
+    return {"reason": reason}
+
+
+def _tombstoned(d: dict[str, Any]) -> dict[str, Any]:
+    if any(k in d for k in ("head_version", "digest", "retained_hash", "reason")):
+        raise CodecError("receipt: a tombstoned receipt has no head_version, digest, retained_hash or reason")
+    if "tombstone_ts" not in d:
+        raise CodecError("receipt: a tombstoned receipt needs tombstone_ts")
+    expires = d.get("tombstone_expires")
+    return {"tombstone_ts": _non_negative(d["tombstone_ts"], "tombstone_ts"),
+            "tombstone_expires": None if "tombstone_expires" not in d else _non_negative(expires, "tombstone_expires")}
+
+
+_BY_STATUS = {"applied": _applied, "rejected": _rejected, "tombstoned": _tombstoned}
+
+
+def receipt_from_dict(d: object) -> Receipt:
+    """Validate a decoded JSON value against ``unlearn.receipt/v3``; CodecError if it does not conform."""
+    if type(d) is not dict:
+        raise CodecError("receipt: not a JSON object")
+    _check_common(d)
+    status = d["status"]
+    fields = _BY_STATUS.get(status) if type(status) is str else None
+    if fields is None:
         raise CodecError(f"receipt: status must be applied | rejected | tombstoned, got {status!r:.80}")
-    return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(samples), status, float(ts),
-                   version, digest, reason, retained, tomb_ts, tomb_expires)
+    return Receipt(d["event_id"], d["subject_id"], d["head_id"], tuple(d["sample_ids"]), status, float(d["ts"]),
+                   **fields(d))
 
 
 def receipt_to_dict(r: Receipt) -> dict[str, Any]:
-    """The JSON object for ``r`` (fields its status takes only): v3 when tombstoned, else v2."""
+    """The JSON object for ``r`` (the fields its status takes only)."""
     d: dict[str, Any] = {
-        "schema": RECEIPT_SCHEMA_V3 if r.status == "tombstoned" else RECEIPT_SCHEMA_V2,
+        "schema": RECEIPT_SCHEMA_V3,
         "event_id": r.event_id,
         "subject_id": r.subject_id,
         "head_id": r.head_id,

@@ -46,7 +46,7 @@ from unlearn.schemas.envelope import (
 )
 from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head, head_to_json
 from unlearn.schemas.head_contract import HeadContract
-from unlearn.schemas.receipts import Receipt, decode_receipt
+from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.schemas.transit import (
     TransitKeyPair,
@@ -601,46 +601,44 @@ def gen_transit() -> dict[str, Any]:
 def gen_receipts() -> dict[str, Any]:
     """Receipt documents decode_receipt accepts (with the decoded fields) and refuses."""
     h64 = "ab" * 32
-    base = {"schema": "unlearn.receipt/v2", "event_id": "ev-1", "subject_id": "user-9", "head_id": "faces",
+    base = {"schema": "unlearn.receipt/v3", "event_id": "ev-1", "subject_id": "user-9", "head_id": "faces",
             "sample_ids": ["img-3"], "status": "applied", "head_version": 12, "ts": 1767225600.5}
-    rej = {"schema": "unlearn.receipt/v2", "event_id": "ev-2", "subject_id": "u", "head_id": "faces",
+    rej = {"schema": "unlearn.receipt/v3", "event_id": "ev-2", "subject_id": "u", "head_id": "faces",
            "sample_ids": [], "status": "rejected", "reason": "unknown_sample", "ts": 1}
     valid_docs: list[bytes] = [
         orjson.dumps(base), orjson.dumps({**base, "retained_hash": h64}), orjson.dumps({**base, "digest": h64}),
-        orjson.dumps({**base, "schema": "unlearn.receipt/v1", "digest": h64}), orjson.dumps(rej),
+        orjson.dumps(rej),
         orjson.dumps({**base, "head_version": 2**64 - 1, "sample_ids": ["a", "b", "c"]}),
-        orjson.dumps({**base, "head_version": 4.0}), b' {"schema" : "unlearn.receipt/v2", "event_id":"e",'
+        orjson.dumps({**base, "head_version": 4.0}), b' {"schema" : "unlearn.receipt/v3", "event_id":"e",'
         b'"subject_id":"s","head_id":"h","sample_ids":[],"status":"rejected","reason":"x","ts":0} ',
         orjson.dumps({**base, "ts": 0}), orjson.dumps({**rej, "reason": "r\u00e9"}),
-        b'{"schema":"unlearn.receipt/v2","event_id":"a","event_id":"b","subject_id":"s","head_id":"h",'
+        b'{"schema":"unlearn.receipt/v3","event_id":"a","event_id":"b","subject_id":"s","head_id":"h",'
         b'"sample_ids":[],"status":"rejected","reason":"x","ts":1e2}',
     ]
     invalid_docs: list[bytes] = [
-        b"", b"[]", b"not json", b'"x"', orjson.dumps({**base, "schema": "unlearn.receipt/v3"}),
+        b"", b"[]", b"not json", b'"x"', orjson.dumps({**base, "schema": "unlearn.receipt/v2"}),
         orjson.dumps({k: v for k, v in base.items() if k != "ts"}), orjson.dumps({**base, "extra": 1}),
         orjson.dumps({**base, "event_id": "e/1"}), orjson.dumps({**base, "sample_ids": ["ok", ""]}),
         orjson.dumps({**base, "ts": -1}), orjson.dumps({**base, "ts": "1"}), orjson.dumps({**base, "ts": True}),
         orjson.dumps({k: v for k, v in base.items() if k != "head_version"}),
-        orjson.dumps({**base, "schema": "unlearn.receipt/v1"}), orjson.dumps({**base, "reason": "x"}),
+        orjson.dumps({**base, "schema": "unlearn.receipt/v1", "digest": h64}), orjson.dumps({**base, "reason": "x"}),
         orjson.dumps({**base, "head_version": -1}),
         orjson.dumps({**base, "head_version": 1}).replace(b":1,", b":18446744073709551616,"),
         orjson.dumps({**base, "head_version": 1.5}), orjson.dumps({**base, "head_version": True}),
         orjson.dumps({**base, "digest": h64.upper()}), orjson.dumps({**base, "retained_hash": "ab"}),
         orjson.dumps({**rej, "head_version": 1}), orjson.dumps({**rej, "reason": ""}),
         orjson.dumps({**rej, "status": "pending"}), orjson.dumps({**base, "sample_ids": "img-3"}),
-        orjson.dumps({**base, "digest": None}), b'{"schema":"unlearn.receipt/v2",}', b"{\"ts\":NaN}",
+        orjson.dumps({**base, "digest": None}), b'{"schema":"unlearn.receipt/v3",}', b"{\"ts\":NaN}",
         orjson.dumps({**base, "ts": 1e308}).replace(b"1e+308", b"1e999"), b"\xff\xfe",
     ]
-    if "tombstone_ts" in Receipt.__dataclass_fields__:  # v3 (tombstoned), where this reference has it
-        tomb = {"schema": "unlearn.receipt/v3", "event_id": "ev-3", "subject_id": "u", "head_id": "faces",
-                "sample_ids": ["s-1"], "status": "tombstoned", "tombstone_ts": 1767225600.5, "ts": 1767225601}
-        valid_docs += [orjson.dumps(tomb), orjson.dumps({**tomb, "tombstone_expires": 1767312000, "sample_ids": []})]
-        invalid_docs += [orjson.dumps({**tomb, "schema": "unlearn.receipt/v2"}),
-                         orjson.dumps({k: v for k, v in tomb.items() if k != "tombstone_ts"}),
-                         orjson.dumps({**tomb, "head_version": 3}), orjson.dumps({**tomb, "tombstone_ts": -1}),
-                         orjson.dumps({**base, "tombstone_ts": 1.0}),
-                         orjson.dumps({**base, "schema": "unlearn.receipt/v3"}),
-                         orjson.dumps({**tomb, "tombstone_expires": "soon"})]
+    tomb = {"schema": "unlearn.receipt/v3", "event_id": "ev-3", "subject_id": "u", "head_id": "faces",
+            "sample_ids": ["s-1"], "status": "tombstoned", "tombstone_ts": 1767225600.5, "ts": 1767225601}
+    valid_docs += [orjson.dumps(tomb), orjson.dumps({**tomb, "tombstone_expires": 1767312000, "sample_ids": []})]
+    invalid_docs += [orjson.dumps({**tomb, "schema": "unlearn.receipt/v2"}),
+                     orjson.dumps({k: v for k, v in tomb.items() if k != "tombstone_ts"}),
+                     orjson.dumps({**tomb, "head_version": 3}), orjson.dumps({**tomb, "tombstone_ts": -1}),
+                     orjson.dumps({**base, "tombstone_ts": 1.0}), orjson.dumps({**rej, "tombstone_expires": 1.0}),
+                     orjson.dumps({**tomb, "tombstone_expires": "soon"})]
     valid = []
     for doc in valid_docs:
         r = decode_receipt(doc)
@@ -648,8 +646,7 @@ def gen_receipts() -> dict[str, Any]:
             "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id, "sample_ids": list(r.sample_ids),
             "status": r.status, "ts": r.ts, "head_version": None if r.head_version is None else str(r.head_version),
             "digest": r.digest, "reason": r.reason, "retained_hash": r.retained_hash,
-            "tombstone_ts": getattr(r, "tombstone_ts", None),
-            "tombstone_expires": getattr(r, "tombstone_expires", None)}})
+            "tombstone_ts": r.tombstone_ts, "tombstone_expires": r.tombstone_expires}})
     invalid = []
     for doc in invalid_docs:
         try:

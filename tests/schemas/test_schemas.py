@@ -46,9 +46,7 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
 
 
 REQUEST_V = _validator("request.v1.schema.json")
-RECEIPT_V1 = _validator("receipt.v1.schema.json")
-RECEIPT_V2 = _validator("receipt.v2.schema.json")
-RECEIPT_V3 = _validator("receipt.v3.schema.json")
+RECEIPT_V = _validator("receipt.v3.schema.json")
 DEADLETTER_V = _validator("deadletter.v1.schema.json")
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
@@ -480,20 +478,16 @@ def _receipt(**changes: Any) -> dict[str, Any]:
     return d
 
 
-V1 = "unlearn.receipt/v1"
 V3 = "unlearn.receipt/v3"
 RECEIPTS_VALID = [
     _receipt(),
     _receipt(sample_ids=[]),
     _receipt(head_version=0, ts=0),
     _receipt(retained_hash="cd" * 32),
-    _receipt(digest=_DROP),  # v2: the ledger worker writes no digest
+    _receipt(digest=_DROP),  # the ledger worker writes no digest
     _receipt(digest=_DROP, retained_hash="cd" * 32),
     receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3"], 3, None, 1.0, retained_hash="01" * 32)),
     receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
-    _receipt(schema=V1),  # receipts written before v2 still decode
-    _receipt(schema=V1, retained_hash="cd" * 32),
-    {**receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", [], "r", 5.0)), "schema": V1},
     receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", ["img-3"], 4.5, 604804.5, 5.0)),
     receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", [], 4.5, None, 5.0)),  # kept for ever
     {"schema": V3, "event_id": "e", "subject_id": "s", "head_id": "h", "sample_ids": [], "status": "tombstoned",
@@ -502,57 +496,60 @@ RECEIPTS_VALID = [
 _TOMB = receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", ["img-3"], 4.5, 10.0, 5.0))
 RECEIPTS_INVALID = [
     _receipt(schema="unlearn.receipt/v4"),
-    _receipt(schema=V3),  # v3 is only ever tombstoned
+    _receipt(schema="unlearn.receipt/v2"),  # one version: nothing older was released
+    _receipt(schema="unlearn.receipt/v1"),
+    {**_TOMB, "schema": "unlearn.receipt/v2"},
     _receipt(tombstone_ts=1.0),  # tombstone fields on an applied receipt
-    {**_TOMB, "schema": "unlearn.receipt/v2"},  # tombstoned is v3
+    _receipt(tombstone_expires=1.0),
     {k: v for k, v in _TOMB.items() if k != "tombstone_ts"},
     {**_TOMB, "tombstone_ts": -1},
+    {**_TOMB, "tombstone_ts": True},
     {**_TOMB, "tombstone_expires": None},  # absent when kept for ever, never null
     {**_TOMB, "head_version": 3},
+    {**_TOMB, "digest": DIGEST},
     {**_TOMB, "reason": "unknown_sample"},
     _receipt(status="pending"),
+    _receipt(status=["applied"]),
     _receipt(digest="AB" * 32),
     _receipt(digest="ab" * 31),
     _receipt(digest=DIGEST + "\n"),
     _receipt(digest=None),  # absent when not carried, never null
     _receipt(head_version=-1),
+    _receipt(head_version=1.5),
+    _receipt(head_version=True),
     _receipt(head_version=_DROP),
     _receipt(reason="why"),
     _receipt(sample_ids=["ok", ""]),
+    _receipt(sample_ids="img-3"),
     _receipt(event_id=_DROP),
+    _receipt(event_id="e/1"),
     _receipt(ts=-1),
+    _receipt(ts="1"),
     _receipt(extra=True),
     _receipt(status="rejected"),  # has head_version/digest, no reason
     _receipt(status="rejected", head_version=_DROP, digest=_DROP),  # no reason
+    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason=""),
+    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", tombstone_ts=1.0),
     _receipt(retained_hash="CD" * 32),
     _receipt(retained_hash="cd" * 31),
     _receipt(retained_hash=None),  # absent when unknown, never null
     _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", retained_hash="cd" * 32),
     _receipt(status="rejected", head_version=_DROP, reason="r"),  # a digest on a rejected receipt
-    _receipt(schema=V1, digest=_DROP),  # v1 requires the digest
-    _receipt(schema=V1, digest=_DROP, retained_hash="cd" * 32),
 ]
-
-
-def _schema_of(doc: dict[str, Any]) -> jsonschema.Draft202012Validator:
-    """The JSON Schema a receipt claims (v2 for anything else: it refuses other versions)."""
-    return RECEIPT_V1 if doc.get("schema") == V1 else RECEIPT_V3 if doc.get("schema") == V3 else RECEIPT_V2
 
 
 @pytest.mark.parametrize("doc", RECEIPTS_VALID)
 def test_valid_receipts_round_trip_and_match_schema(doc: dict[str, Any]) -> None:
-    assert _schema_of(doc).is_valid(doc)
+    assert RECEIPT_V.is_valid(doc)
     r = decode_receipt(orjson.dumps(doc))
     assert decode_receipt(encode_receipt(r)) == r
-    # encoders write v2 (v3 for tombstoned receipts only), readers take all three
-    written = orjson.loads(encode_receipt(r))
-    assert (RECEIPT_V3 if r.status == "tombstoned" else RECEIPT_V2).is_valid(written)
+    assert orjson.loads(encode_receipt(r))["schema"] == V3
     assert r.removed == (r.status == "applied" and bool(r.sample_ids))
 
 
 @pytest.mark.parametrize("doc", RECEIPTS_INVALID)
 def test_invalid_receipts_are_rejected_like_the_schema(doc: dict[str, Any]) -> None:
-    assert not RECEIPT_V1.is_valid(doc) and not RECEIPT_V2.is_valid(doc) and not RECEIPT_V3.is_valid(doc)
+    assert not RECEIPT_V.is_valid(doc)
     with pytest.raises(CodecError):
         decode_receipt(orjson.dumps(doc))
 

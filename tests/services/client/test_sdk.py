@@ -71,7 +71,7 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
 
     s = pipeline
     request_schema = json.loads((SCHEMA_DIR / "request.v1.schema.json").read_text())
-    receipt_schema = json.loads((SCHEMA_DIR / "receipt.v2.schema.json").read_text())
+    receipt_schema = json.loads((SCHEMA_DIR / "receipt.v3.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(request_schema)
     F = features(1, 4)
     labels = [0, 1, 2, 1]

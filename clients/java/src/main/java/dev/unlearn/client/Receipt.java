@@ -9,13 +9,13 @@ import java.util.Set;
 
 /**
  * The answer to a delete or delete_subject on {@code <prefix>receipts} (docs/formats.md,
- * "Receipt"): {@code applied} (the first head version that excludes the samples, and that
- * version's retained-rows hash when known), {@code rejected} (a reason code) or, v3,
- * {@code tombstoned} (nothing was removed; the delete's tombstone refuses older adds).
- * {@link #decode} accepts exactly what the reference's {@code decode_receipt} accepts (v1, v2, v3).
+ * "Receipt", {@code unlearn.receipt/v3}): {@code applied} (the first head version that excludes
+ * the samples, and that version's retained-rows hash when known), {@code rejected} (a reason code)
+ * or {@code tombstoned} (nothing was removed; the delete's tombstone refuses older adds).
+ * {@link #decode} accepts exactly what the reference's {@code decode_receipt} accepts.
  */
 public final class Receipt {
-    private static final Set<String> SCHEMAS = Set.of("unlearn.receipt/v1", "unlearn.receipt/v2", "unlearn.receipt/v3");
+    private static final String SCHEMA = "unlearn.receipt/v3";
     private static final Set<String> ALLOWED = Set.of("schema", "event_id", "subject_id", "head_id", "sample_ids",
             "status", "reason", "head_version", "digest", "ts", "retained_hash", "tombstone_ts", "tombstone_expires");
     private static final BigInteger U64 = BigInteger.ONE.shiftLeft(64);
@@ -90,7 +90,7 @@ public final class Receipt {
         }
         Map<?, ?> d = (Map<?, ?>) doc;
         Object schema = d.get("schema");
-        if (!SCHEMAS.contains(schema)) {
+        if (!SCHEMA.equals(schema)) {
             throw fail("unknown schema " + schema);
         }
         for (Object k : d.keySet()) {
@@ -121,10 +121,6 @@ public final class Receipt {
         }
         double ts = nonNegative(d.get("ts"), "ts");
         Object status = d.get("status");
-        boolean v3 = "unlearn.receipt/v3".equals(schema);
-        if ("tombstoned".equals(status) != v3) {
-            throw fail("status tombstoned is v3, and v3 is status tombstoned");
-        }
         if (!"tombstoned".equals(status) && (d.containsKey("tombstone_ts") || d.containsKey("tombstone_expires"))) {
             throw fail("only a tombstoned receipt has tombstone_ts or tombstone_expires");
         }
@@ -135,8 +131,8 @@ public final class Receipt {
         Double tombTs = null;
         Double tombExpires = null;
         if ("applied".equals(status)) {
-            if (!d.containsKey("head_version") || ("unlearn.receipt/v1".equals(schema) && !d.containsKey("digest"))) {
-                throw fail("an applied receipt needs head_version (and, in v1, digest)");
+            if (!d.containsKey("head_version")) {
+                throw fail("an applied receipt needs head_version");
             }
             if (d.containsKey("reason")) {
                 throw fail("an applied receipt has no reason");
