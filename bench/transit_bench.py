@@ -1,5 +1,5 @@
 """Transit sealing micro-benchmark: what sealing an add costs the producer and opening it costs the
-featurizer (docs/erasure.md section 5, "Cost"; schemas/transit.py).
+featurizer (docs/erasure.md section 5; schemas/transit.py; results in bench/results/pipeline_bench.md section 10).
 
 Prints (never asserts) the machine and, for a d-dimensional add (default 768) sent as JSON numbers
 and as ``features_bin`` '<f4', the median microseconds per request over several runs of:
