@@ -202,3 +202,25 @@ def row_diagonals(Q: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.i
         out[1] += exact_int(kk - aa - bb)
         out[2] += exact_int(bb)
     return out[0], out[1], out[2]
+
+
+def accumulate_moments(G: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], a: NDArray[np.float64],
+                       b: NDArray[np.float64], s: NDArray[np.float64], Y: NDArray[np.int64], sign: int) -> None:
+    """G's limbs (GAA, GX, GBB) += sign * (a^T ya, a^T yb + b^T ya, b^T yb) for one chunk of split
+    rows (<= ROW_BLOCK), in place. The same Karatsuba split as S: the cross limb is
+    s^T (ya + yb) minus the other two; every product sums at most ROW_BLOCK terms below
+    2.25*2^30, so the float64 GEMMs are exact."""
+    GAA, GX, GBB = G
+    ya, yb = split_labels(Y)
+    op = np.add if sign > 0 else np.subtract
+    gbb = b.T @ yb
+    if ya.any():
+        gaa = a.T @ ya
+        gx = s.T @ (ya + yb)
+        gx -= gaa
+        gx -= gbb
+        op(GAA, exact_int(gaa), out=GAA)
+    else:  # labels below 2^14 (class indices on a grid k_y <= 13): GAA gets nothing, GX = a^T yb
+        gx = a.T @ yb
+    op(GX, exact_int(gx), out=GX)
+    op(GBB, exact_int(gbb), out=GBB)

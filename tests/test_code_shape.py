@@ -21,8 +21,6 @@ ALLOWED = {
     "schemas/receipts.py:receipt_from_dict",
     "infra/settings.py:Settings",
     "infra/settings.py:Settings.validate",
-    "ledger/exact.py:ExactLedger",
-    "ledger/exact.py:ExactLedger.absorb",
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import QMAX, ExactLedger, limbs
+from unlearn.ledger import QMAX, ExactLedger, encoding, limbs
 from unlearn.ledger import exact as exact_mod
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -48,7 +48,7 @@ def blob_limbs(led: ExactLedger) -> list[np.ndarray]:
     blob = led.to_bytes()
     d, c = led.dim, led.n_outputs
     t = d * (d + 1) // 2
-    body = np.frombuffer(blob[exact_mod._HEADER.size:-32], dtype="<i8")[c:]
+    body = np.frombuffer(blob[encoding.BLOB_HEADER.size:-32], dtype="<i8")[c:]
     parts = np.split(body, np.cumsum([t, t, t, d * c, d * c]))
     return [p.astype(object) for p in parts[:3]] + [p.reshape(d, c).astype(object) for p in parts[3:]]
 
