@@ -74,7 +74,6 @@ PHASE_OUTPUT = 1
 """Outbox phase of the downstream messages and the sample/head records."""
 
 _POSITION_FORMAT = "unlearn.featurizer-position/v2"
-_POSITION_FORMAT_V1 = "unlearn.featurizer-position/v1"  # before routing: read, so it can be refused by name
 _SAMPLE_MAGIC = b"ULFS\x01"
 _TXN_MAGIC = b"ULFT\x01"
 _NONE = 0xFFFFFFFF
@@ -249,14 +248,9 @@ class Position:
 
     @classmethod
     def decode(cls, raw: bytes) -> Position:
-        """v2, or a v1 record (written before routing: its ``topic`` is the requests topic, which
-        the featurizer then refuses by name)."""
+        """The record ``raw`` holds; ChangelogError if it is not one."""
         try:
             d = orjson.loads(raw)
-            if d.get("format") == _POSITION_FORMAT_V1:
-                return cls(int(d["partition"]), int(d["applied_offset"]), str(d["requests_topic"]),
-                           str(d["topic_id"]), str(d["lineage"]), int(d["generation"]), int(d["pieces"]),
-                           str(d["sha256"]))
             if d.get("format") != _POSITION_FORMAT:
                 raise ValueError(f"unknown position format {d.get('format')!r}")
             return cls(int(d["partition"]), int(d["applied_offset"]), str(d["topic"]), str(d["topic_id"]),

@@ -106,9 +106,8 @@ class PartitionAssignment(BatchPipeline):
                 raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
             if pos.topic != self.topic:
                 raise StaleStateError(
-                    f"changelog {self.changelog_topic}/{p} belongs to {pos.topic!r}, not {self.topic!r} (a changelog "
-                    "written before requests were routed by head holds caches per requests partition, which "
-                    "cannot be used): start over with a fresh ledger, featurizer-cache topic and consumer group")
+                    f"changelog {self.changelog_topic}/{p} belongs to {pos.topic!r}, not {self.topic!r}: "
+                    "start over with a fresh ledger, featurizer-cache topic and consumer group")
             cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values())
             log.warning("partition %d: feature cache rebuilt from %s (%d samples, %d tombstones, offset %d) in %.2fs",
                         p, self.changelog_topic, len(folded.samples), len(folded.tombstones), pos.applied_offset,

@@ -210,10 +210,8 @@ def test_position_records_carry_the_routing_state() -> None:
     p = Position(2, 41, "t.requests.by-head", "tid", "L", 7, 3, "ab", {3: 100, 0: 5}, "rid", 4)
     assert Position.decode(p.encode()) == p
     assert Position.decode(Position(2, 1, "t", "", "L", 1, 0, "").encode()).origins == {}
-    # a record written before routing (v1) still reads, so the featurizer can refuse it by topic name
-    v1 = (b'{"format":"unlearn.featurizer-position/v1","partition":2,"applied_offset":9,"requests_topic":'
-          b'"t.requests","topic_id":"x","lineage":"L","generation":3,"pieces":1,"sha256":"00"}')
-    old = Position.decode(v1)
-    assert (old.topic, old.applied_offset, old.origins, old.route_partitions) == ("t.requests", 9, {}, 0)
-    with pytest.raises(ChangelogError):
-        Position.decode(b'{"format":"unlearn.featurizer-position/v9"}')
+    for other in (b'{"format":"unlearn.featurizer-position/v9"}', b'{"format":"unlearn.featurizer-position/v1",'
+                  b'"partition":2,"applied_offset":9,"requests_topic":"t.requests","topic_id":"x","lineage":"L",'
+                  b'"generation":3,"pieces":1,"sha256":"00"}'):
+        with pytest.raises(ChangelogError, match="unknown position format"):
+            Position.decode(other)
