@@ -41,7 +41,8 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
-from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key, superseded_left
+from unlearn.infra.erasure_settings import ErasureSettings
+from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import TopicFamily, keys_family, transit_private_family
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
@@ -110,6 +111,21 @@ def _all_topics(settings: Settings) -> list[str]:
 
 def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: float = 60.0) -> ErasureReport:
     rep = ErasureReport(head_id, subject_id)
+    _read_receipts(settings, rep, timeout)
+    plain, sealed_refs = _scan_deltas(settings, rep, timeout)
+    deleted = {s for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
+    versions = [int(rc["head_version"]) for rc in rep.receipts if rc["status"] == "applied" and rc["head_version"]]
+    if rep.samples and set(rep.samples) <= deleted and versions:
+        rep.excluded_from_version = max(versions)
+    transit_kids = _check_keys(settings, rep, plain, sealed_refs, timeout)
+    _check_inputs(settings, rep, transit_kids, timeout)
+    rep.checks.append(_check_caches(settings, head_id, subject_id))
+    return rep
+
+
+def _read_receipts(settings: Settings, rep: ErasureReport, timeout: float) -> None:
+    """The subject's receipts for the head, into ``rep.receipts``."""
+    head_id, subject_id = rep.head_id, rep.subject_id
     # receipts are keyed by subject
     for r in _read(settings, settings.topic("receipts"), timeout, keys_in([subject_id])):
         try:
@@ -119,6 +135,12 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
         if rc.head_id == head_id and rc.subject_id == subject_id:
             rep.receipts.append({"event_id": rc.event_id, "status": rc.status, "sample_ids": list(rc.sample_ids),
                                  "head_version": rc.head_version, "reason": rc.reason})
+
+
+def _scan_deltas(settings: Settings, rep: ErasureReport, timeout: float) -> tuple[list[str], set[tuple[str, str]]]:
+    """The subject's samples (into ``rep.samples``, with the key ids that seal them) from the
+    head's deltas: (plaintext rows found, (sample, key id) of every sealed row)."""
+    head_id, subject_id = rep.head_id, rep.subject_id
     # the subject's rows in deltas: sample ids and key ids are in clear
     plain: list[str] = []
     sealed_refs: set[tuple[str, str]] = set()
@@ -139,10 +161,14 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
                         rep.samples[sample].append(e.key_ids[i])
                 elif isinstance(e, RowsEntry):
                     plain.append(f"plaintext row of {sample!r} at {r.partition}/{r.offset}")
-    deleted = {s for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
-    versions = [int(rc["head_version"]) for rc in rep.receipts if rc["status"] == "applied" and rc["head_version"]]
-    if rep.samples and set(rep.samples) <= deleted and versions:
-        rep.excluded_from_version = max(versions)
+    return plain, sealed_refs
+
+
+def _check_keys(settings: Settings, rep: ErasureReport, plain: list[str], sealed_refs: set[tuple[str, str]],
+                timeout: float) -> set[str]:
+    """The key stores' checks (subject-keys, transit-private) and the deltas' (every sealed row
+    under a destroyed key); the transit key ids still stored."""
+    head_id = rep.head_id
     # key family: a superseded generation still holds every key it ever got (tombstones do not
     # erase a log): it must be gone. Only each partition's newest generation is read (reading one
     # about to be deleted crashes librdkafka: infra.topic_reader.source_partitions).
@@ -153,13 +179,11 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     transit_kids: set[str] = set()  # transit keys still stored: their sealed inputs still open
     newest: dict[int, int] = {}
     for topic, (h, s, kid) in _newest_records(settings, fam, topics, newest, timeout):
-        if h == TRANSIT_HEAD:  # an older release kept transit keys here
-            transit_kids.add(kid)
-        elif h == head_id and s in rep.samples:
+        if h == head_id and s in rep.samples:
             live_kids.add(kid)
             held.append(f"key {kid} of sample {s!r} in {topic}")
     # older generations may hold keys destroyed since: they must be deleted (within the grace)
-    grace = settings.keys_retire_seconds + 10.0
+    grace = ErasureSettings.of(settings).keys_retire_seconds + 10.0
     held += [f"superseded generation {t} not yet deleted (it may hold keys)"
              for t in superseded_left(settings, fam, newest, grace)]
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"
@@ -175,6 +199,12 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     rep.checks.append(StoreCheck("deltas", not plain and not undestroyed,
                                  f"{len(sealed_refs)} sealed rows, all under destroyed keys" if not plain
                                  and not undestroyed else "readable rows remain", plain + undestroyed))
+    return transit_kids
+
+
+def _check_inputs(settings: Settings, rep: ErasureReport, transit_kids: set[str], timeout: float) -> None:
+    """The checks of the stores of raw inputs: featurizer-cache changelog, dead letters, requests."""
+    head_id, subject_id = rep.head_id, rep.subject_id
     # featurizer-cache changelog: plaintext records carry the subject in their JSON header
     needle = b'"subject":' + orjson.dumps(subject_id)
     cl = [f"plaintext record {(r.key or b'').decode(errors='replace')[:80]} at {r.partition}/{r.offset}"
@@ -199,8 +229,6 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
            if (why := _readable(r.value, head_id, subject_id, transit_kids))]
     rep.checks.append(StoreCheck("requests", not raw, "no readable raw input of the subject" if not raw
                                  else f"{len(raw)} raw inputs of the subject can still be read", raw))
-    rep.checks.append(_check_caches(settings, head_id, subject_id))
-    return rep
 
 
 def _newest_records(settings: Settings, fam: TopicFamily, topics: list[str], newest: dict[int, int],
