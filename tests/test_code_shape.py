@@ -15,7 +15,6 @@ ALLOWED = {
     "streams/featurizer/service.py:FeaturizerService.run",
     "streams/ledger/worker.py:LedgerWorker",
     "services/demo/driver.py:Demo",
-    "services/erasure/report.py:erasure_report",
     "services/verifier/checks.py:check_live_digest",
     "services/verifier/replay.py:replay_log",
     "schemas/receipts.py:receipt_from_dict",
