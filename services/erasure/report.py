@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
-from unlearn.infra.key_family import COMPLETE_KEY, TRANSIT_HEAD, parse_key_record_key, superseded_left
+from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import TopicFamily, keys_family, transit_private_family
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
@@ -178,9 +178,7 @@ def _check_keys(settings: Settings, rep: ErasureReport, plain: list[str], sealed
     transit_kids: set[str] = set()  # transit keys still stored: their sealed inputs still open
     newest: dict[int, int] = {}
     for topic, (h, s, kid) in _newest_records(settings, fam, topics, newest, timeout):
-        if h == TRANSIT_HEAD:  # an older release kept transit keys here
-            transit_kids.add(kid)
-        elif h == head_id and s in rep.samples:
+        if h == head_id and s in rep.samples:
             live_kids.add(kid)
             held.append(f"key {kid} of sample {s!r} in {topic}")
     # older generations may hold keys destroyed since: they must be deleted (within the grace)
