@@ -15,8 +15,6 @@ ALLOWED = {
     "streams/featurizer/service.py:FeaturizerService.run",
     "streams/ledger/worker.py:LedgerWorker",
     "services/demo/driver.py:Demo",
-    "services/verifier/checks.py:check_live_digest",
-    "services/verifier/replay.py:replay_log",
     "schemas/receipts.py:receipt_from_dict",
     "infra/settings.py:Settings",
     "infra/settings.py:Settings.validate",
