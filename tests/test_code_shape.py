@@ -14,7 +14,6 @@ ALLOWED = {
     "streams/featurizer/service.py:FeaturizerService.__init__",
     "streams/featurizer/service.py:FeaturizerService.run",
     "streams/ledger/worker.py:LedgerWorker",
-    "schemas/receipts.py:receipt_from_dict",
     "infra/settings.py:Settings",
     "infra/settings.py:Settings.validate",
 }
