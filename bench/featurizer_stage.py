@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from confluent_kafka import Producer
@@ -36,6 +37,7 @@ from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
+from unlearn.streams.featurizer.batch_processor import BatchProcessor
 from unlearn.streams.featurizer.service import FeaturizerService
 
 
@@ -60,26 +62,26 @@ def run_stage(s: Settings, n_events: int, profile: cProfile.Profile | None, time
     svc = FeaturizerService(s)
     stop = threading.Event()
     t_first: list[float] = []
-    original = svc._process
+    original = BatchProcessor.process
 
-    def timed(batch: list[Any]) -> None:
+    def timed(batches: BatchProcessor, batch: list[Any]) -> None:
         if not t_first:
             t_first.append(time.perf_counter())
             if profile is not None:
                 profile.enable()
-        original(batch)
+        original(batches, batch)
         if svc.stats["events"] >= n_events:
             if profile is not None:
                 profile.disable()
             t_first.append(time.perf_counter())
             stop.set()
 
-    svc._process = timed  # type: ignore[method-assign]
     cpu0 = time.process_time()
     done = threading.Timer(timeout, stop.set)
     done.start()
     try:
-        svc.run(stop)
+        with mock.patch.object(BatchProcessor, "process", timed):
+            svc.run(stop)
     finally:
         done.cancel()
     if len(t_first) < 2:

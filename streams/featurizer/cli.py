@@ -81,14 +81,14 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         c = service.config
         wait_for_topics(settings, [c.requests_topic, c.deltas_topic, c.deadletter_topic, c.receipts_topic,
                                    c.registry_topic,
-                                   *([service.changelog_topic] if service.changelog_topic else [])])
+                                   *([service.topics.changelog] if service.topics.changelog else [])])
     except Exception as exc:  # bad arguments, missing topics, no CUDA: exit 2, a restart will not help
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if stop.is_set():
         return 0
-    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.requests_topic,
-                                         routed_topic=service.topic, data_dir=str(settings.data_dir))
+    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.topics.requests,
+                                         routed_topic=service.topics.by_head, data_dir=str(settings.data_dir))
     try:
         return service.run(stop)
     except StaleStateError as exc:  # a restart would not help: the operator must decide

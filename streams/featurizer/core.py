@@ -14,7 +14,7 @@ encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
   origin offsets (re-forwarded copies of records already judged are dropped first:
   :func:`admit_routed`).
 
-Nothing here touches Kafka or sqlite; ``streams/featurizer/batch_pipeline.py`` applies the outcome
+Nothing here touches Kafka or sqlite; ``streams/featurizer/batch_processor.py`` applies the outcome
 through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
 are judged sequentially against an in-memory overlay of the cache, so "add x, delete x" in one
 batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
@@ -114,7 +114,6 @@ __all__ = [
     "OutMessage",
     "Overlay",
     "RegistryEncoder",
-    "Rejected",
     "admit_routed",
     "assemble_deltas",
     "check_batch",
@@ -138,25 +137,17 @@ __all__ = [
     "use_packed",
 ]
 
-# --------------------------------------------------------------------------- refusals
-# The featurizer's refusals share the feature contract's error type (one reason-code carrier).
-Rejected = FeatureRejected
-
-
 # --------------------------------------------------------------------------- overlay
 class HeadRows:
-    """Rows of one head in one batch, in the entry groups (the order of a delta's entries): adds,
-    deletes' rows and delete_subjects' rows (``by_subject``: they leave subject tombstones), per
-    label kind."""
+    """Rows of one head in one batch, in the four entry groups (the order of a delta's entries)."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple[int, str, bool], list[tuple[str, CachedSample]]] = {
-            (sign, kind, by_subject): [] for sign, by_subject in ((1, False), (-1, False), (-1, True))
-            for kind in ("class", "vector")
+        self.groups: dict[tuple[int, str], list[tuple[str, CachedSample]]] = {
+            (1, "class"): [], (1, "vector"): [], (-1, "class"): [], (-1, "vector"): [],
         }
 
-    def add(self, sign: int, event_id: str, cs: CachedSample, by_subject: bool = False) -> None:
-        self.groups[(sign, cs.label_kind, by_subject)].append((event_id, cs))
+    def add(self, sign: int, event_id: str, cs: CachedSample) -> None:
+        self.groups[(sign, cs.label_kind)].append((event_id, cs))
 
     def __len__(self) -> int:
         return sum(len(items) for items in self.groups.values())
@@ -237,7 +228,7 @@ def parse_batch(messages: Sequence[InMessage]) -> list[Request | InvalidRequest]
 class EncodedAdds:
     """Per add (by its index in the batch): float64 features or the refusal, and its backbone key."""
 
-    features: dict[int, np.ndarray | Rejected] = field(default_factory=dict)
+    features: dict[int, np.ndarray | FeatureRejected] = field(default_factory=dict)
     backbones: dict[int, str] = field(default_factory=dict)
 
 
@@ -258,7 +249,7 @@ def route_adds(reqs: Sequence[Request | InvalidRequest],
             continue
         try:
             name, key = resolve_backbone(r.head_id, r.input.kind, config.head_backbones.get(r.head_id))
-        except Rejected as rej:
+        except FeatureRejected as rej:
             encoded.features[i] = rej
             continue
         encoded.backbones[i] = key
@@ -281,7 +272,7 @@ def encode_adds(reqs: Sequence[Request | InvalidRequest], config: CoreConfig, en
     return encoded
 
 
-def encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarray | Rejected]:
+def encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarray | FeatureRejected]:
     """Encode items with one backbone; per-item rejects for bad inputs. A non-BackboneError from
     the model (a crash on one odd input, or an out-of-memory on the whole batch) is retried item
     by item to isolate the culprit; if every item still fails, it is systemic: re-raise."""
@@ -289,32 +280,32 @@ def encode_group(encoder: Encoder, name: str, items: list[Any]) -> list[np.ndarr
         res = encoder(name, items)
     except BackboneError as exc:
         if exc.index is None:
-            return [Rejected("backbone_unavailable", str(exc))] * len(items)
+            return [FeatureRejected("backbone_unavailable", str(exc))] * len(items)
         raise
     except Exception as exc:
         if len(items) == 1:
             raise
-        out: list[np.ndarray | Rejected] = []
+        out: list[np.ndarray | FeatureRejected] = []
         for item in items:
             try:
                 out.extend(encode_group(encoder, name, [item]))
             except Exception as inner:
-                out.append(Rejected("encode_failed", f"{name}: {type(inner).__name__}: {inner}"))
-        if all(isinstance(o, Rejected) and o.reason == "encode_failed" for o in out):
+                out.append(FeatureRejected("encode_failed", f"{name}: {type(inner).__name__}: {inner}"))
+        if all(isinstance(o, FeatureRejected) and o.reason == "encode_failed" for o in out):
             raise exc
         return out
-    out = [Rejected("undecodable_input", f"{name}: no output for this input")] * len(items)
+    out = [FeatureRejected("undecodable_input", f"{name}: no output for this input")] * len(items)
     for j, idx in enumerate(res.indices.tolist()):
         out[idx] = np.asarray(res.features[j], dtype=np.float64)
     for idx, err in res.errors.items():
-        out[idx] = Rejected("undecodable_input", f"{name}: {err.reason}")
+        out[idx] = FeatureRejected("undecodable_input", f"{name}: {err.reason}")
     return out
 
 
 # --------------------------------------------------------------------------- step 3: judge
-def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str | None, view: CacheView,
+def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_key: str | None, view: CacheView,
               config: CoreConfig, quantize: QuantizeRow = quantize_feature_row) -> tuple[CachedSample, HeadInfo, bool]:
-    """(sample to cache, its head, whether the head is new) for an add; raises :class:`Rejected`.
+    """(sample to cache, its head, whether the head is new) for an add; raises :class:`FeatureRejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
     add, so every later row of the head is on the same grid and in the same space; the add must
     also fit the head's contract (declared, else auto: ``streams/featurizer/heads.py``), which
@@ -322,28 +313,30 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
     or the batch's ``BatchQuantizer`` (the same bits, proven by a property test)."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
     if view.get_sample(r.head_id, r.sample_id) is not None:
-        raise Rejected("duplicate_add", f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
-    if isinstance(feat, Rejected):
+        raise FeatureRejected("duplicate_add",
+                              f"sample {r.sample_id!r} of head {r.head_id!r} is already in the feature cache")
+    if isinstance(feat, FeatureRejected):
         raise feat
     if feat is None or backbone_key is None:
-        raise Rejected("undecodable_input", "no features were produced for this input")
+        raise FeatureRejected("undecodable_input", "no features were produced for this input")
     dim = int(feat.shape[0])
     head = view.get_head(r.head_id)
     if head is not None:
         if head.backbone != backbone_key or head.input_kind != r.input.kind:
-            raise Rejected("backbone_mismatch",
+            raise FeatureRejected("backbone_mismatch",
                            f"head {r.head_id!r} uses {head.backbone!r} on {head.input_kind} inputs; this add "
                            f"resolves to {backbone_key!r} on a {r.input.kind} input")
         if dim != head.dim:
-            raise Rejected("dimension_mismatch", f"head {r.head_id!r} has d={head.dim}, this add has {dim} features")
+            raise FeatureRejected("dimension_mismatch",
+                                  f"head {r.head_id!r} has d={head.dim}, this add has {dim} features")
         k, k_y = head.frac_bits, head.label_frac_bits
     else:
         fixed = fixed_dim(backbone_key)
         if fixed is not None and dim != fixed:
-            raise Rejected("dimension_mismatch",
+            raise FeatureRejected("dimension_mismatch",
                            f"backbone {backbone_key!r} has d={fixed}, this add has {dim} features")
         if dim > config.max_dim:
-            raise Rejected("dimension_too_large",
+            raise FeatureRejected("dimension_too_large",
                            f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={config.max_dim} for new head {r.head_id!r}")
         declared = config.contracts.get(r.head_id)  # the contract wins: a new head takes its grid
         k, k_y = (declared.frac_bits, declared.label_frac_bits) if declared else (config.frac_bits,
@@ -352,7 +345,7 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
     if head is not None and (kind != head.label_kind or width != head.label_width):
         what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
         got = "a class index" if kind == "class" else f"a label vector of width {width}"
-        raise Rejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
+        raise FeatureRejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
     contract = judged_contract(r, head, dim, kind, width, config)
     check_contract(r, contract, head, backbone_key, dim, kind, width, label)
     q = quantize(feat, k, contract.feature_bound, contract.normalize)
@@ -366,14 +359,15 @@ def judge_add(r: Request, feat: np.ndarray | Rejected | None, backbone_key: str 
 def judge_delete(r: Request, view: CacheView, event_us: int | None = None) -> list[CachedSample]:
     """The cached sample a delete dated ``event_us`` removes (its cached q and label, never a raw
     input): none when it is not cached, or was added later in event time (a re-add wins over an
-    older delete; None: any cached add is older); raises :class:`Rejected` when another subject
+    older delete; None: any cached add is older); raises :class:`FeatureRejected` when another subject
     added it. Removing nothing is no refusal: the delete's tombstone still keeps the sample's
     older adds out (:func:`judge_remove_wins`)."""
     cs = view.get_sample(r.head_id, r.sample_id)  # type: ignore[arg-type]
     if cs is None:
         return []
     if cs.subject_id != r.subject_id:
-        raise Rejected("subject_mismatch", f"sample {r.sample_id!r} was added by another subject than {r.subject_id!r}")
+        raise FeatureRejected("subject_mismatch",
+                              f"sample {r.sample_id!r} was added by another subject than {r.subject_id!r}")
     return [cs] if event_us is None or cs.event_us <= event_us else []
 
 
@@ -386,13 +380,13 @@ def judge_delete_subject(r: Request, view: CacheView, event_us: int | None = Non
 
 def judge_remove_wins(r: Request, m: InMessage, view: Overlay, policy: TombstonePolicy, now: float) -> int:
     """An add's event time, checked against the clock bounds and the tombstones (remove wins,
-    ``tombstones.py``); raises :class:`Rejected` (``ts_in_future``, ``event_too_old``,
+    ``tombstones.py``); raises :class:`FeatureRejected` (``ts_in_future``, ``event_too_old``,
     ``deleted_before_arrival``)."""
     t_add = add_event_time(r, m.timestamp_ms, now, policy)
     found = [t for name in add_keys(r) for t in view.tombstones(*name)]
     block = blocking_tombstone(r, t_add, found)
     if block is not None:
-        raise Rejected("deleted_before_arrival",
+        raise FeatureRejected("deleted_before_arrival",
                        f"sample {r.sample_id!r} of subject {r.subject_id!r} (head {r.head_id!r}) is dated "
                        f"{t_add / 1e6:.6f}, not after the {'delete' if block.kind == 'sample' else 'delete_subject'} "
                        f"{block.event_id!r} dated {block.event_us / 1e6:.6f}")
@@ -418,14 +412,13 @@ class Judgement:
         self.rows.setdefault(cs.head_id, HeadRows()).add(+1, event_id, cs)
         self.accepted += 1
 
-    def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample], event_us: int,
-                       by_subject: bool) -> None:
+    def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample], event_us: int) -> None:
         """Drop the samples from the cache and give each a ``-q`` row (all with the delete's event
-        id, event time and kind, so the verifier can rebuild its tombstone)."""
+        id and event time, so the verifier can rebuild its tombstone)."""
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
-            hr.add(-1, event_id, replace(cs, event_us=event_us), by_subject)
+            hr.add(-1, event_id, replace(cs, event_us=event_us))
         self.accepted += 1
 
     def tombstone_only(self, receipt: Receipt) -> None:
@@ -461,7 +454,7 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
         client = screened.clients.get(i) if screened is not None else None
         try:
             if config.federated and r.client_id != config.client_id:
-                raise Rejected("wrong_client",
+                raise FeatureRejected("wrong_client",
                                f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
             if r.op == "add":
                 t_add = judge_remove_wins(r, m, j.overlay, config.tombstones, ts)
@@ -470,7 +463,7 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
                 j.accept_add(r.event_id, replace(cs, event_us=t_add), head, new_head)
             else:
                 judge_remove(j, r, m, config, ts, client)
-        except Rejected as rej:
+        except FeatureRejected as rej:
             j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
     return j
 
@@ -481,7 +474,7 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
     ``-q`` row each, the ledger's applied receipt follows), and leave its tombstone (the
     deleting client's only, unless it may delete others' samples; not kept when older than the
     retention, when adds that old are refused anyway); when nothing was removed, a
-    ``tombstoned`` receipt says so. Raises :class:`Rejected` (``subject_mismatch``,
+    ``tombstoned`` receipt says so. Raises :class:`FeatureRejected` (``subject_mismatch``,
     ``not_owner``): then nothing is removed and no tombstone left."""
     policy = config.tombstones
     t_del = delete_event_time(r, m.timestamp_ms, now, policy)
@@ -493,7 +486,7 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
         if horizon is None or t.event_us >= horizon:
             j.overlay.put_tombstone(t)
     if gone:
-        j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject")
+        j.accept_deletes(r.head_id, r.event_id, gone, t_del)
         return
     expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
     j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
@@ -511,7 +504,7 @@ def use_packed(head: HeadInfo, n_rows: int, config: CoreConfig) -> bool:
 
 def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: str,
                     config: CoreConfig) -> tuple[list[Delta], int]:
-    """(one delta per head touched, rows over all of them). Entries follow the groups' order;
+    """(one delta per head touched, rows over all of them). Entries follow the four groups' order;
     exact integer sums commute, so this gives the same ledger as the event order. Each delta names
     the head's contract (class count and version) its adds were judged against, so the ledger
     sizes the head's label columns from the contract, never from the labels seen."""
@@ -522,9 +515,9 @@ def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: s
         assert head is not None, f"rows for head {head_id!r} without head info"
         packed = use_packed(head, len(hr), config)
         entries = []
-        for (sign, _kind, by_subject), items in hr.groups.items():
+        for (sign, _kind), items in hr.groups.items():
             if items:
-                entries.append(_entry(sign, items, head, packed, by_subject))
+                entries.append(_entry(sign, items, head, packed))
                 n_rows += len(items)
         contract = delta_contract(head, config)
         named = (None, None) if contract is None else (contract.n_outputs, contract.version)
@@ -533,8 +526,7 @@ def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: s
     return deltas, n_rows
 
 
-def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool,
-           by_subject: bool) -> RowsEntry | PackedEntry:
+def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool) -> RowsEntry | PackedEntry:
     event_ids = tuple(e for e, _ in items)
     sample_ids = tuple(cs.sample_id for _, cs in items)
     subject_ids = tuple(cs.subject_id for _, cs in items)
@@ -545,11 +537,11 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
     else:
         labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)
     if not packed:
-        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject)
+        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us)
     blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
     # The rows' multiset hash, so the ledger's retained-rows hash stays known (docs/design.md s.6).
     mset = MultisetHash.of_rows(Q, labels, head.frac_bits, head.label_frac_bits).to_bytes()
-    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us, by_subject)
+    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us)
 
 
 # --------------------------------------------------------------------------- the batch

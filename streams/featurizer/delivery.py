@@ -10,11 +10,12 @@ acknowledged (:class:`Acks` produces now and waits later, where a wait can overl
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.streams.featurizer.cache import OutboxRow
-from unlearn.streams.featurizer.changelog import PHASE_CHANGELOG, outputs_of_txn
+from unlearn.streams.featurizer.cache_outbox import OutboxRow
+from unlearn.streams.featurizer.changelog import PHASE_CHANGELOG, delivered_record, outputs_of_txn
 from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.
@@ -109,3 +110,38 @@ def outbox_messages(rows: Sequence[OutboxRow], changelog_topic: str | None,
     if changelog_topic is None or not rows or any(r.phase != PHASE_CHANGELOG for r in rows):
         return list(rows)
     return [*rows, *outputs_of_txn(changelog_topic, partition, rows)]
+
+
+class Delivery:
+    """The featurizer's producer as the router, the batch processor and the partitions share it:
+    forwards sent now and awaited later, outbox messages delivered phase by phase, and the
+    changelog's ``delivered`` marks. ``on_acked`` sees every acknowledged message (the shredder
+    learns where a delete landed in ``deltas``)."""
+
+    def __init__(self, producer: Any, changelog_topic: str | None, on_acked: OnAcked | None = None) -> None:
+        self.producer = producer
+        self.changelog_topic = changelog_topic
+        self.on_acked = on_acked
+
+    def send(self, sends: Sequence[dict[str, Any]]) -> Acks:
+        """Produce ``Producer.produce`` keyword sets now; await the returned :class:`Acks` later."""
+        return Acks(self.producer, self.on_acked).send(sends)
+
+    def deliver(self, messages: Sequence[OutMessage | OutboxRow],
+                after_phase: Callable[[int], None] | None = None) -> None:
+        """Every phase produced and acknowledged (:func:`deliver_phases`)."""
+        deliver_phases(self.producer, messages, after_phase, self.on_acked)
+
+    def deliver_overlapped(self, messages: Sequence[OutMessage | OutboxRow],
+                           after_phase: Callable[[int], None] | None = None) -> Acks:
+        """Every phase but the last acknowledged; the last one's acks returned (:func:`deliver_overlapped`)."""
+        return deliver_overlapped(self.producer, messages, after_phase, self.on_acked)
+
+    def mark_delivered(self, partition: int, generation: int) -> None:
+        """Tell a future owner generation ``generation`` needs no re-send (best effort, not awaited:
+        it rides with the next flush; losing it only costs a duplicate re-send)."""
+        if self.changelog_topic is None or generation <= 0:
+            return
+        m = delivered_record(self.changelog_topic, partition, generation)
+        with contextlib.suppress(BufferError):
+            self.producer.produce(m.topic, value=m.value, key=m.key, partition=m.partition)

@@ -336,6 +336,21 @@ class BatchOutcome:
 
 
 # --------------------------------------------------------------------------- service types
+@dataclass(frozen=True)
+class Topics:
+    """The topics one featurizer follows, and what it read about them at start (ids and
+    partition counts: 0 and "" until then)."""
+
+    requests: str  # what producers write
+    by_head: str  # what the caches follow (``<requests>.by-head``)
+    changelog: str | None  # ``featurizer-cache``; None: the cache has no changelog (federated, own requests topic)
+    origin_stream: str  # the stream in origin headers: the requests topic without the prefix
+    requests_id: str = ""
+    by_head_id: str = ""
+    by_head_partitions: int = 0  # what heads are routed by
+    requests_partitions: int = 0  # what transit keys are followed by
+
+
 FaultHook = Callable[[str], None]
 """Test hook, called at "after_route" (forwarded records acknowledged, after the batch's by-head
 records were featurized, requests offsets not committed), "after_cache_commit", "after_changelog"

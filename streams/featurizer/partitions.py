@@ -1,24 +1,23 @@
-"""The featurizer's partition assignment and revocation (the consumer group's rebalance callbacks).
+"""The by-head partitions one featurizer owns: their feature caches and key stores, brought up on
+assignment and dropped on revocation (the consumer group's rebalances).
 
-A base of :class:`streams.featurizer.service.FeaturizerService`, on top of the batch pipeline
-(it settles the in-flight batch and re-delivers through it). Requests partitions start a router
-session; by-head partitions bring their cache up (``changelog.resume_plan``): keep the local
-cache if the changelog's last batch is its own (re-produce its leftover outbox), else rebuild it
-from the changelog (and finish delivering the changelog's last batch), or upload a local cache
-the changelog lacks; then seek the partition to (cache's recorded offset + 1), after checking the
-cache belongs to these topics. Re-produced deltas carry the same ``source_id`` as the first copy,
-so the ledger skips a duplicate.
+A by-head partition's cache comes up by ``changelog.resume_plan``: keep the local cache if the
+changelog's last batch is its own (re-produce its leftover outbox), else rebuild it from the
+changelog (and finish delivering the changelog's last batch), or upload a local cache the
+changelog lacks; then the partition is sought to (cache's recorded offset + 1), after checking
+the cache belongs to these topics. Re-produced deltas carry the same ``source_id`` as the first
+copy, so the ledger skips a duplicate.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds
-from unlearn.streams.featurizer.batch_pipeline import BatchPipeline
+from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.changelog import (
     PHASE_CHANGELOG,
@@ -29,10 +28,13 @@ from unlearn.streams.featurizer.changelog import (
     resume_plan,
     snapshot_mutations,
 )
-from unlearn.streams.featurizer.changelog_store import ChangelogReader
+from unlearn.streams.featurizer.changelog_reader import ChangelogReader
 from unlearn.streams.featurizer.core import OutMessage
-from unlearn.streams.featurizer.delivery import outbox_messages
-from unlearn.streams.featurizer.model import FeaturizerError, LostCacheError
+from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
+from unlearn.streams.featurizer.model import FeaturizerError, LostCacheError, Topics
+from unlearn.streams.featurizer.shredder import Erasure
+
+__all__ = ["Partitions"]
 
 log = logging.getLogger("unlearn.featurizer")
 
@@ -40,45 +42,56 @@ _STALE_FIX = ("move the data dir away to start over with an empty cache (and a f
               "at the broker and topics its cache came from")
 
 
-class PartitionAssignment(BatchPipeline):
-    """``_on_assign`` / ``_on_revoke`` (and ``on_lost``): what a featurizer does when the group
-    hands it partitions or takes them away."""
+class Partitions:
+    """The owned by-head partitions: ``caches`` (partition -> its cache) and, with sealing, their
+    keys in ``erasure``. :meth:`assign` brings partitions up and sets where each resumes;
+    :meth:`revoke` drops them. ``stats["replayed"]`` counts what a crash left and was re-sent."""
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        """Requests partitions start a router session at the group's committed offset; by-head
-        partitions bring their cache up and seek past its last offset."""
+    def __init__(self, settings: Settings, topics: Topics, *, group: str, stream_dir: str, client_id: str | None,
+                 delivery: Delivery, erasure: Erasure | None, stats: dict[str, int]) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.group = group
+        self.stream_dir = stream_dir
+        self.client_id = client_id
+        self.delivery = delivery
+        self.erasure = erasure
+        self.stats = stats
+        self.caches: dict[int, FeatureCache] = {}
+        self._reader = ChangelogReader(settings, topics.changelog) if topics.changelog else None
+
+    def assign(self, consumer: Any, partitions: Sequence[Any]) -> None:
+        """Bring each by-head ``TopicPartition`` up and set its ``offset`` to where it resumes."""
         origin_ends: dict[int, int] = {}  # requests partition -> log end, shared by the routing checks
-        try:
-            self._settle()
-            for tp in partitions:
-                if tp.topic == self.requests_topic:
-                    assert self._router is not None
-                    self._router.reset(tp.partition)
-                    continue
-                p = tp.partition
-                if self.erasure is not None:
-                    self.erasure.load(p)  # before the cache: a rebuild opens sealed sample records
-                cache = self.caches.get(p)
-                if cache is None:
-                    ident = {"topic": self.topic, "client_id": self.config.client_id or ""}
-                    cache = FeatureCache.open_partition(  # sqlite NORMAL where the changelog covers a power cut
-                        self.settings.data_dir, self.stream_dir, p, ident,
-                        synchronous="FULL" if self._reader is None else "NORMAL")
-                    self.caches[p] = cache
-                if self._reader is None:
-                    self._assign_local(consumer, tp, cache, origin_ends)
-                else:
-                    self._assign_with_changelog(consumer, tp, cache, self._reader, origin_ends)
-            consumer.assign(partitions)
-        except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
-            self._fatal = exc
-            with contextlib.suppress(Exception):
-                consumer.unassign()  # consume nothing; the poll loop raises right after
-            return
-        if not self.ready.is_set():
-            self.ready.set()
-            if self.on_ready is not None:
-                self.on_ready()
+        for tp in partitions:
+            p = tp.partition
+            if self.erasure is not None:
+                self.erasure.load(p)  # before the cache: a rebuild opens sealed sample records
+            cache = self.caches.get(p)
+            if cache is None:
+                ident = {"topic": self.topics.by_head, "client_id": self.client_id or ""}
+                cache = FeatureCache.open_partition(  # sqlite NORMAL where the changelog covers a power cut
+                    self.settings.data_dir, self.stream_dir, p, ident,
+                    synchronous="FULL" if self._reader is None else "NORMAL")
+                self.caches[p] = cache
+            if self._reader is None:
+                self._assign_local(consumer, tp, cache, origin_ends)
+            else:
+                self._assign_with_changelog(consumer, tp, cache, self._reader, origin_ends)
+
+    def revoke(self, partition: int) -> None:
+        """Close the partition's cache and drop its keys (the next owner takes them from Kafka)."""
+        cache = self.caches.pop(partition, None)
+        if cache is not None:
+            cache.close()
+        if self.erasure is not None:
+            self.erasure.drop(partition)
+
+    def close(self) -> None:
+        """Close every cache (on stop; what a crash left stays in their outboxes)."""
+        for cache in self.caches.values():
+            cache.close()
+        self.caches.clear()
 
     def _assign_local(self, consumer: Any, tp: Any, cache: FeatureCache, origin_ends: dict[int, int]) -> None:
         """No changelog (federated site, own requests topic): the local file is the only copy."""
@@ -97,25 +110,10 @@ class PartitionAssignment(BatchPipeline):
         p = tp.partition
         latest, delivered = reader.latest_position(p)
         plan = resume_plan(cache.local_position(), latest)
-        folded: FoldedChangelog | None = None
-        if plan == "rebuild":
-            t0 = time.monotonic()
-            folded = reader.restore(p, self.erasure.opener(p) if self.erasure is not None else None)
-            pos = folded.position
-            if pos is None:
-                raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
-            if pos.topic != self.topic:
-                raise StaleStateError(
-                    f"changelog {self.changelog_topic}/{p} belongs to {pos.topic!r}, not {self.topic!r}: "
-                    "start over with a fresh ledger, featurizer-cache topic and consumer group")
-            cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values())
-            log.warning("partition %d: feature cache rebuilt from %s (%d samples, %d tombstones, offset %d) in %.2fs",
-                        p, self.changelog_topic, len(folded.samples), len(folded.tombstones), pos.applied_offset,
-                        time.monotonic() - t0)
-        off = cache.applied_offset
-        if off < 0:
+        folded = self._rebuild(p, cache, reader) if plan == "rebuild" else None
+        if cache.applied_offset < 0:
             self._check_not_lost(
-                consumer, p, f"both the feature cache {cache.path} and the changelog {self.changelog_topic}/{p} "
+                consumer, p, f"both the feature cache {cache.path} and the changelog {self.topics.changelog}/{p} "
                              "are empty", "Restore the cache file or the changelog topic")
         tp.offset = self._resume_offset(consumer, p, cache, origin_ends)
         if plan == "continue" and delivered >= cache.generation:
@@ -126,62 +124,77 @@ class PartitionAssignment(BatchPipeline):
         elif plan == "seed":
             self._seed(p, cache)
         elif folded is not None and folded.position is not None and folded.pending:
-            # the changelog's last batch may not have been delivered: finish it (same source ids)
-            pos = folded.position
-            assert self.changelog_topic is not None
-            msgs = [*folded.pending, *self._state_messages(p, folded)]
-            log.warning("partition %d: re-producing %d message(s) of the changelog's last batch", p, len(msgs))
-            self._deliver(msgs)
-            self._mark_delivered(p, pos.generation)
-            self.stats["replayed"] += len(msgs)
+            self._finish_changelog_batch(p, folded, folded.position)
         log.info("partition %d assigned (%s): cache at offset %d, %d samples", p, plan, cache.applied_offset,
                  cache.count())
 
-    def _state_messages(self, p: int, folded: FoldedChangelog) -> list[OutMessage]:
-        """The last batch's sample/head records, written again (a crash may have cut them short)."""
-        assert self.changelog_topic is not None
-        return [OutMessage(self.changelog_topic, k, v, p, PHASE_OUTPUT) for k, v in folded.pending_records]
+    def _rebuild(self, p: int, cache: FeatureCache, reader: ChangelogReader) -> FoldedChangelog:
+        """The cache becomes the changelog's copy (refused if the changelog belongs to another topic)."""
+        t0 = time.monotonic()
+        folded = reader.restore(p, self.erasure.opener(p) if self.erasure is not None else None)
+        pos = folded.position
+        if pos is None:
+            raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
+        if pos.topic != self.topics.by_head:
+            raise StaleStateError(
+                f"changelog {self.topics.changelog}/{p} belongs to {pos.topic!r}, not {self.topics.by_head!r}: "
+                "start over with a fresh ledger, featurizer-cache topic and consumer group")
+        cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values())
+        log.warning("partition %d: feature cache rebuilt from %s (%d samples, %d tombstones, offset %d) in %.2fs",
+                    p, self.topics.changelog, len(folded.samples), len(folded.tombstones), pos.applied_offset,
+                    time.monotonic() - t0)
+        return folded
+
+    def _finish_changelog_batch(self, p: int, folded: FoldedChangelog, pos: Position) -> None:
+        """The changelog's last batch may not have been delivered: finish it (same source ids), with
+        its sample/head records written again (a crash may have cut them short)."""
+        assert self.topics.changelog is not None
+        records = [OutMessage(self.topics.changelog, k, v, p, PHASE_OUTPUT) for k, v in folded.pending_records]
+        msgs = [*folded.pending, *records]
+        log.warning("partition %d: re-producing %d message(s) of the changelog's last batch", p, len(msgs))
+        self.delivery.deliver(msgs)
+        self.delivery.mark_delivered(p, pos.generation)
+        self.stats["replayed"] += len(msgs)
 
     def _seed(self, p: int, cache: FeatureCache) -> None:
         """Upload a local cache the changelog lacks, as one batch that also carries whatever the
         local outbox still had to deliver."""
-        assert self.changelog_topic is not None
+        changelog = self.topics.changelog
+        assert changelog is not None
         downstream = [OutMessage(r.topic, r.key, r.value) for r in
-                      outbox_messages(cache.pending_outbox(), self.changelog_topic, p)
-                      if r.topic != self.changelog_topic]
+                      outbox_messages(cache.pending_outbox(), changelog, p) if r.topic != changelog]
         gen = cache.generation + 1
-        pos = Position(p, cache.applied_offset, self.topic, cache.topic_id or self.topic_id, cache.lineage, gen, 0, "",
-                       cache.origin_offsets(), cache.origin_topic_id, cache.route_partitions)
-        msgs = batch_records(p, self.changelog_topic, snapshot_mutations(cache.all_samples(), cache.heads(),
-                                                                          cache.all_tombstones()),
+        pos = Position(p, cache.applied_offset, self.topics.by_head, cache.topic_id or self.topics.by_head_id,
+                       cache.lineage, gen, 0, "", cache.origin_offsets(), cache.origin_topic_id,
+                       cache.route_partitions)
+        msgs = batch_records(p, changelog, snapshot_mutations(cache.all_samples(), cache.heads(),
+                                                              cache.all_tombstones()),
                              downstream, pos, self.settings.changelog_max_bytes,
                              self.erasure.sample_sealer(p) if self.erasure is not None else None) + downstream
         if self.erasure is not None:
             self.erasure.flush()  # keys of samples cached before sealing existed
         seqs = cache.replace_outbox([m for m in msgs if m.phase == PHASE_CHANGELOG], gen)
-        log.warning("partition %d: uploading the local feature cache (%d samples) to %s", p, cache.count(),
-                    self.changelog_topic)
-        self._deliver(msgs)
+        log.warning("partition %d: uploading the local feature cache (%d samples) to %s", p, cache.count(), changelog)
+        self.delivery.deliver(msgs)
         cache.ack_outbox(seqs)
-        self._mark_delivered(p, gen)
+        self.delivery.mark_delivered(p, gen)
         self.stats["replayed"] += len(downstream)
 
     def _reproduce(self, p: int, cache: FeatureCache) -> None:
         """Re-produce the outbox rows a crash left (in their phases), then forget them."""
         rows = cache.pending_outbox()
         if rows:
-            msgs = outbox_messages(rows, self.changelog_topic, p)  # phase 1 rebuilt from the txn
+            msgs = outbox_messages(rows, self.topics.changelog, p)  # phase 1 rebuilt from the txn
             log.warning("partition %d: re-producing %d outbox message(s) left by a crash", p, len(msgs))
-            self._deliver(msgs)
+            self.delivery.deliver(msgs)
             cache.ack_outbox(r.seq for r in rows)
             self.stats["replayed"] += len(msgs)
-            if self.changelog_topic is not None:
-                self._mark_delivered(p, cache.generation)
+            self.delivery.mark_delivered(p, cache.generation)
 
     def _check_not_lost(self, consumer: Any, p: int, what: str, fix: str) -> None:
         from confluent_kafka import TopicPartition
 
-        committed = consumer.committed([TopicPartition(self.topic, p)], timeout=self.settings.admin_timeout)
+        committed = consumer.committed([TopicPartition(self.topics.by_head, p)], timeout=self.settings.admin_timeout)
         if committed and committed[0].offset > 0:
             raise LostCacheError(
                 f"partition {p}: {what}, but group {self.group!r} committed offset {committed[0].offset}: deletes "
@@ -194,12 +207,12 @@ class PartitionAssignment(BatchPipeline):
         topics (``_check_routing``); else StaleStateError."""
         off = cache.applied_offset
         next_offset = off + 1 if off >= 0 else None
-        low, end = log_bounds(self.settings, consumer, self.topic, partition, next_offset or 0)
+        low, end = log_bounds(self.settings, consumer, self.topics.by_head, partition, next_offset or 0)
         start = check_resume(f"feature cache {cache.path} (partition {partition})", next_offset, cache.topic_id,
-                             self.topic_id, low, end, _STALE_FIX)
+                             self.topics.by_head_id, low, end, _STALE_FIX)
         self._check_routing(consumer, partition, cache, origin_ends)
-        cache.bind_topic_id(self.topic_id)
-        cache.bind_routing(self.requests_topic_id, self.route_partitions)
+        cache.bind_topic_id(self.topics.by_head_id)
+        cache.bind_routing(self.topics.requests_id, self.topics.by_head_partitions)
         return start
 
     def _check_routing(self, consumer: Any, partition: int, cache: FeatureCache, origin_ends: dict[int, int]) -> None:
@@ -208,35 +221,17 @@ class PartitionAssignment(BatchPipeline):
         origin offsets of the same requests topic incarnation and within its log (else the new
         log's records would be dropped as copies). ``origin_ends`` caches the requests log ends."""
         what = f"feature cache {cache.path} (partition {partition})"
-        if cache.route_partitions and cache.route_partitions != self.route_partitions:
+        t = self.topics
+        if cache.route_partitions and cache.route_partitions != t.by_head_partitions:
             raise StaleStateError(f"{what} holds heads routed by {cache.route_partitions} partitions of "
-                                  f"{self.topic}, which now has {self.route_partitions}: {_STALE_FIX}")
-        if cache.origin_topic_id and self.requests_topic_id and cache.origin_topic_id != self.requests_topic_id:
+                                  f"{t.by_head}, which now has {t.by_head_partitions}: {_STALE_FIX}")
+        if cache.origin_topic_id and t.requests_id and cache.origin_topic_id != t.requests_id:
             raise StaleStateError(f"{what} judged requests of topic id {cache.origin_topic_id}, but "
-                                  f"{self.requests_topic} now has id {self.requests_topic_id} (recreated): "
-                                  f"{_STALE_FIX}")
+                                  f"{t.requests} now has id {t.requests_id} (recreated): {_STALE_FIX}")
         for p, last in sorted(cache.origin_offsets().items()):
             if origin_ends.get(p, -1) < last + 1:
-                origin_ends[p] = log_bounds(self.settings, consumer, self.requests_topic, p, last + 1)[1]
+                origin_ends[p] = log_bounds(self.settings, consumer, t.requests, p, last + 1)[1]
             if origin_ends[p] < last + 1:
-                raise StaleStateError(f"{what} judged {self.requests_topic}/{p} up to offset {last}, but the log ends "
+                raise StaleStateError(f"{what} judged {t.requests}/{p} up to offset {last}, but the log ends "
                                       f"at {origin_ends[p]} (truncated, recreated or a different broker): refusing to "
                                       f"drop its records as copies; {_STALE_FIX}")
-
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        try:  # before the caches close; on failure the next owner re-sends the outbox
-            self._settle()
-        except BaseException as exc:  # surfaced by the poll loop
-            self._fatal = exc
-        gone = {(tp.topic, tp.partition) for tp in partitions}
-        # Not-yet-processed messages of revoked partitions are dropped: the cache offset (or the
-        # router's committed offset) says they are not done, so the next owner reads them again.
-        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
-        for topic, p in gone:
-            cache = self.caches.pop(p, None) if topic == self.topic else None
-            if cache is not None:
-                cache.close()
-            if topic == self.topic and self.erasure is not None:
-                self.erasure.drop(p)
-        with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
-            consumer.unassign()

@@ -20,12 +20,16 @@ the origin offset of the record this router session forwarded before it from the
 partition to the same by-head partition. The router is at-least-once (it commits its offsets
 after delivery), so after a crash it forwards some records again; the featurizer drops the
 copies exactly with ``core.admit_routed``.
+
+Everything here but :class:`Router` is pure; :class:`Router` forwards a batch's records through
+the featurizer's producer (``delivery.Delivery``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,10 +38,14 @@ from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 from unlearn.schemas.source_id import format_source_id, parse_source
 from unlearn.streams.featurizer.model import Origin
 
+if TYPE_CHECKING:
+    from unlearn.streams.featurizer.delivery import Acks, Delivery
+
 __all__ = [
     "ORIGIN_HEADER",
     "PREVIOUS_HEADER",
     "Headers",
+    "Router",
     "RouterSession",
     "might_delete",
     "read_origin",
@@ -168,3 +176,39 @@ class RouterSession:
             out.append((PREVIOUS_HEADER, str(previous).encode()))
         self._last[(origin_partition, target)] = origin_offset
         return target, out
+
+
+class Router:
+    """The featurizer's router: forwards ``requests`` records to their heads' by-head partitions
+    (value, key, headers and timestamp kept, origin headers added) through ``delivery``."""
+
+    def __init__(self, origin_stream: str, by_head_topic: str, partitions: int, delivery: Delivery) -> None:
+        self.session = RouterSession(origin_stream, partitions)
+        self.by_head_topic = by_head_topic
+        self.delivery = delivery
+
+    def reset(self, origin_partition: int) -> None:
+        """``origin_partition`` was assigned: a new router session for it."""
+        self.session.reset(origin_partition)
+
+    def forward(self, records: Sequence[Any]) -> tuple[dict[int, int], Acks | None]:
+        """Forward consumed requests records in offset order; return requests partition -> last
+        offset forwarded, and the forwards' acks to await before committing it (DeliveryError:
+        the next session forwards them again)."""
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+        if not records:
+            return {}, None
+        sends: list[dict[str, Any]] = []
+        last: dict[int, int] = {}
+        for m in sorted(records, key=lambda r: (r.partition(), r.offset())):
+            p, off = m.partition(), m.offset()
+            target, headers = self.session.route(m.value(), p, off, m.headers())
+            kind, ts = m.timestamp()
+            send = {"topic": self.by_head_topic, "value": m.value(), "key": m.key(), "partition": target,
+                    "headers": headers}
+            if kind != TIMESTAMP_NOT_AVAILABLE and ts > 0:
+                send["timestamp"] = ts
+            sends.append(send)
+            last[p] = off
+        return last, self.delivery.send(sends)

@@ -6,18 +6,21 @@ and all durable state in :mod:`streams.featurizer.cache`; this module moves byte
 to ``<requests>.by-head`` at their head's partition, and the by-head records are **featurized**
 per micro-batch through the cache's outbox.
 
-The code is split by concept: this module is the process (settings, lifecycle, the poll loop);
-:mod:`streams.featurizer.batch_pipeline` handles each batch (route, judge, seal, commit, deliver
-in phases, settle the overlapped phase 1, commit offsets); :mod:`streams.featurizer.assignment`
-handles the group's rebalances (bring a partition's cache up from the local file or the
-changelog and seek past it; drop a revoked partition's state).
+:class:`FeaturizerService` is the process (settings, lifecycle, the poll loop and the group's
+rebalance callbacks) and owns three parts: a :class:`~streams.featurizer.router.Router` (forwards
+requests records), :class:`~streams.featurizer.partitions.Partitions` (the owned partitions'
+caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch_processor.BatchProcessor`
+(one batch's steps and the commit sequence), which share one
+:class:`~streams.featurizer.delivery.Delivery` (the producer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from unlearn.infra.head_registry import RegistryView
@@ -25,20 +28,20 @@ from unlearn.infra.log_position import topic_id
 from unlearn.infra.profiles import consumer_config, producer_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.schemas.source_id import source_stream
-from unlearn.streams.featurizer.assignment import PartitionAssignment
 from unlearn.streams.featurizer.auth_gate import AuthGate
-from unlearn.streams.featurizer.batch_pipeline import Inflight
-from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.changelog_store import ChangelogReader
+from unlearn.streams.featurizer.batch_processor import BatchProcessor
 from unlearn.streams.featurizer.core import CoreConfig, Encoder, RegistryEncoder
+from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.model import (
     DeliveryError,
     FaultHook,
     FeaturizerError,
     LostCacheError,
     ReadyHook,
+    Topics,
 )
-from unlearn.streams.featurizer.router import RouterSession, might_delete
+from unlearn.streams.featurizer.partitions import Partitions
+from unlearn.streams.featurizer.router import Router, might_delete
 from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.topic_check import check_topics
 from unlearn.streams.featurizer.transit import group_committed
@@ -49,14 +52,25 @@ __all__ = ["DeliveryError", "FeaturizerError", "FeaturizerService", "LostCacheEr
 log = logging.getLogger("unlearn.featurizer")
 
 
-class FeaturizerService(PartitionAssignment):
+def _topics(settings: Settings, config: CoreConfig) -> Topics:
+    """The featurizer's topic names. The changelog backs the shared requests topic only: a
+    federated site's per-sample q must stay on its site, and another requests topic's by-head
+    topic need not be co-partitioned with it."""
+    shared = not config.federated and config.requests_topic == settings.topic("requests")
+    return Topics(requests=config.requests_topic, by_head=config.input_topic,
+                  changelog=settings.topic("featurizer-cache") if shared else None,
+                  origin_stream=source_stream(config.requests_topic, settings.topic_prefix))
+
+
+class FeaturizerService:
     """One featurizer process: a consumer group member on the requests topic (routing) and its
     by-head topic (featurizing).
 
     ``run(stop)`` blocks until ``stop`` is set (then finishes the current batch, flushes, commits
     and returns 0). ``encoder`` replaces the backbone registry (tests); ``fault`` is a crash hook;
     ``on_ready`` is called once the group has assigned this member its partitions (``ready`` is
-    set then too), which is when a readiness line means something.
+    set then too), which is when a readiness line means something. The parts (``router``,
+    ``partitions``, ``batches``) exist while ``run`` runs.
     """
 
     def __init__(
@@ -81,124 +95,168 @@ class FeaturizerService(PartitionAssignment):
         self.settings = settings
         self.config = CoreConfig.from_settings(settings, requests_topic=requests_topic, federated=federated,
                                                client_id=client_id)
-        self.requests_topic = self.config.requests_topic
-        self.topic = self.config.input_topic  # the by-head topic: what the caches follow
-        # the stream in origin headers: the requests topic without the prefix ("requests")
-        self.origin_stream = source_stream(self.requests_topic, settings.topic_prefix)
-        default_group = f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
-        self.group = group or default_group
+        self.topics = _topics(settings, self.config)
+        self.group = group or f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
+        # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
+        self.stream_dir = self.topics.by_head + (f"[{client_id}]" if federated else "")
         self.max_batch = int(max_batch or settings.batch_max_events)
         self.max_ms = int(settings.batch_max_ms if max_ms is None else max_ms)
-        self.close_on_delete = settings.batch_close_on_delete
         if self.max_batch < 1 or self.max_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_ms >= 0")
         self.device = device or settings.device
         self.encoder: Encoder = encoder or RegistryEncoder(self.device)
-        self.fault = fault
-        self.on_ready = on_ready
+        self.fault, self.on_ready = fault, on_ready
         self.ready = threading.Event()
-        # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
-        self.stream_dir = self.topic + (f"[{client_id}]" if federated else "")
-        self.caches: dict[int, FeatureCache] = {}
-        # The changelog backs the shared requests topic only: a federated site's per-sample q must
-        # stay on its site, and another requests topic's by-head topic need not be
-        # co-partitioned with it.
-        shared = not federated and self.requests_topic == settings.topic("requests")
-        self.changelog_topic: str | None = settings.topic("featurizer-cache") if shared else None
-        self._reader = ChangelogReader(settings, self.changelog_topic) if self.changelog_topic else None
-        self._pending: list[Any] = []
-        self._inflight: Inflight | None = None
-        self._fatal: BaseException | None = None
-        self._consumer: Any = None
-        self.topic_id = ""  # the by-head topic's id, read at start
-        self.requests_topic_id = ""  # the requests topic's id, read at start
-        self.route_partitions = self._request_partitions = 0  # by-head and requests partition counts, read at start
-        self._router: RouterSession | None = None
-        self._producer: Any = None
-        self.registry: RegistryView | None = None  # the declared head contracts, followed while running
         self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
-        self.erasure: Erasure | None = None  # per-sample keys and shredding (docs/erasure.md), set by run()
-        self.trimmer: Trimmer | None = None  # DeleteRecords of taken-over raw inputs, set by run() where the broker can
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
+        self._pending: list[Any] = []  # the batch being polled (a revocation drops its partitions' records)
+        self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
+        self._consumer: Any = None
+        self._producer: Any = None
+        self.registry: RegistryView | None = None  # the declared head contracts, followed while running
+        self.erasure: Erasure | None = None  # per-sample keys and shredding (docs/erasure.md)
+        self.trimmer: Trimmer | None = None  # DeleteRecords of taken-over raw inputs, where the broker can
+        self.router: Router | None = None
+        self.partitions: Partitions | None = None
+        self.batches: BatchProcessor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, stop: threading.Event | None = None) -> int:
         """Consume until ``stop`` is set; returns 0 after a clean stop (raises on fatal errors)."""
-        from confluent_kafka import Consumer, Producer
-
         stop = stop or threading.Event()
-        # linger.ms=0: a batch's phase 1 (the deltas) leaves when produced. The flush(0) after it did
-        # not beat librdkafka's linger (the flush's "no linger" flag is dropped when the call
-        # returns, usually before the broker thread looks): with linger.ms=5 the delete's deltas
-        # hop was 10 ms median, 5 without. Batches still form behind the one request in flight;
-        # adds throughput showed no difference (bench/results/pipeline_bench.md section 15).
-        self._producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
-        self._consumer = Consumer(consumer_config(self.settings, self.group))
-        if self.settings.seal_rows and self.changelog_topic is not None:  # with transit keys (docs/erasure.md s.5)
-            self.erasure = Erasure(self.settings, self.config.deltas_topic, self.requests_topic, self.topic,
-                                   lambda: group_committed(self.settings, self.group, self.requests_topic,
-                                                           self._request_partitions))
         clean = False
         try:
-            self.route_partitions, self._request_partitions = check_topics(
-                self.settings, self._consumer, self.requests_topic, self.topic, self.config.registry_topic,
-                self.changelog_topic)
-            self.registry = RegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
-            self.auth.start()
-            self.topic_id = topic_id(self.settings, self.topic)
-            self.requests_topic_id = topic_id(self.settings, self.requests_topic)
-            self._router = RouterSession(self.origin_stream, self.route_partitions)
-            if (quirks(self.settings).delete_records and self.changelog_topic is not None
-                    and self.settings.trim_every_seconds > 0):  # a federated site's cache has no changelog
-                self.trimmer = Trimmer(self.settings, self.group, (self.requests_topic, self.topic))
-            self._consumer.subscribe([self.requests_topic, self.topic], on_assign=self._on_assign,
-                                     on_revoke=self._on_revoke, on_lost=self._on_revoke)
-            log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
-                     "batch<=%d/%dms", self.group, self.requests_topic, self.topic, self.route_partitions,
-                     self.config.stream, self.config.federated, self.settings.auth_mode, self.max_batch, self.max_ms)
+            self._start()
             last_report = time.monotonic()
             while not stop.is_set():
-                batch = self._poll_batch(stop)
-                if batch:
-                    self._process(batch)
-                else:
-                    self._settle()
-                if self.erasure is not None:
-                    self.erasure.tick(self.caches)
-                if self.trimmer is not None and self.trimmer.due():
-                    self.trimmer.offer(self._consumer.assignment())
+                self._turn(stop)
                 if time.monotonic() - last_report > 30:
                     log.info("featurizer stats %s", self.stats)
                     last_report = time.monotonic()
-            self._settle()
+            assert self.batches is not None
+            self.batches.settle()
             clean = True
             return 0
         finally:
-            self._inflight = self._inflight if clean else None  # a crash leaves its outbox, as kill -9 would
+            self._stop(clean)
+
+    def _start(self) -> None:
+        """Connect, check the topics, build the parts and join the group."""
+        from confluent_kafka import Consumer, Producer
+
+        s = self.settings
+        # linger.ms=0: a batch's phase 1 (the deltas) leaves when produced; the flush(0) after it does
+        # not beat librdkafka's linger (delivery.deliver_overlapped).
+        self._producer = Producer(producer_config(s, **{"linger.ms": 0}))
+        self._consumer = Consumer(consumer_config(s, self.group))
+        t = self.topics
+        if s.seal_rows and t.changelog is not None:  # with transit keys (docs/erasure.md s.5)
+            self.erasure = Erasure(s, self.config.deltas_topic, t.requests, t.by_head,
+                                   lambda: group_committed(s, self.group, t.requests, self.topics.requests_partitions))
+        by_head_partitions, requests_partitions = check_topics(s, self._consumer, t.requests, t.by_head,
+                                                               self.config.registry_topic, t.changelog)
+        self.registry = RegistryView(s).start(wait_caught_up=s.admin_timeout)
+        self.auth.start()
+        t = self.topics = replace(t, requests_id=topic_id(s, t.requests), by_head_id=topic_id(s, t.by_head),
+                                  by_head_partitions=by_head_partitions, requests_partitions=requests_partitions)
+        if quirks(s).delete_records and t.changelog is not None and s.trim_every_seconds > 0:
+            self.trimmer = Trimmer(s, self.group, (t.requests, t.by_head))  # a federated cache has no changelog
+        delivery = Delivery(self._producer, t.changelog, self.erasure.delivered if self.erasure is not None else None)
+        self.router = Router(t.origin_stream, t.by_head, t.by_head_partitions, delivery)
+        self.partitions = Partitions(s, t, group=self.group, stream_dir=self.stream_dir,
+                                     client_id=self.config.client_id, delivery=delivery, erasure=self.erasure,
+                                     stats=self.stats)
+        self.batches = BatchProcessor(s, self.config, t, consumer=self._consumer, delivery=delivery,
+                                      router=self.router, partitions=self.partitions, registry=self.registry,
+                                      encoder=self.encoder, auth=self.auth, erasure=self.erasure, fault=self.fault,
+                                      stats=self.stats)
+        self._consumer.subscribe([t.requests, t.by_head], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+        log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
+                 "batch<=%d/%dms", self.group, t.requests, t.by_head, t.by_head_partitions, self.config.stream,
+                 self.config.federated, s.auth_mode, self.max_batch, self.max_ms)
+
+    def _turn(self, stop: threading.Event) -> None:
+        """One turn of the poll loop: a batch processed (or, idle, the one in flight settled), then
+        the erasure and trim timers."""
+        assert self.batches is not None and self.partitions is not None
+        batch = self._poll_batch(stop)
+        if batch:
+            self.batches.process(batch)
+        else:
+            self.batches.settle()
+        if self.erasure is not None:
+            self.erasure.tick(self.partitions.caches)
+        if self.trimmer is not None and self.trimmer.due():
+            self.trimmer.offer(self._consumer.assignment())
+
+    def _stop(self, clean: bool) -> None:
+        """Leave the group and release everything; after a crash the batch in flight is not
+        settled (its outbox stays, as kill -9 would leave it)."""
+        if not clean and self.batches is not None:
+            self.batches.abandon()
+        if self._consumer is not None:
             try:
                 self._consumer.close()  # leaves the group; on_revoke closes the caches
             except Exception as exc:  # closing after a crash: report, do not mask the crash
                 log.warning("consumer close: %s", exc)
-            if clean:
-                self._producer.flush(self.settings.admin_timeout)
-            for cache in self.caches.values():
-                cache.close()
-            self.caches.clear()
-            if self.registry is not None:
-                self.registry.stop()
-            self.auth.stop()
-            if self.erasure is not None:
-                self.erasure.close()
-            if self.trimmer is not None:
-                self.trimmer.close()
-            self._consumer = self._producer = None  # release the librdkafka handles now
-            log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
+        if clean:
+            self._producer.flush(self.settings.admin_timeout)
+        if self.partitions is not None:
+            self.partitions.close()
+        if self.registry is not None:
+            self.registry.stop()
+        self.auth.stop()
+        if self.erasure is not None:
+            self.erasure.close()
+        if self.trimmer is not None:
+            self.trimmer.close()
+        self._consumer = self._producer = None  # release the librdkafka handles now
+        log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 
     def _check_fatal(self) -> None:
         if self._fatal is not None:
             err, self._fatal = self._fatal, None
             raise err
+
+    # ------------------------------------------------------------------ the group's rebalances
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Requests partitions start a router session at the group's committed offset; by-head
+        partitions bring their cache up and seek past its last offset."""
+        assert self.batches is not None and self.router is not None and self.partitions is not None
+        try:
+            self.batches.settle()
+            for tp in partitions:
+                if tp.topic == self.topics.requests:
+                    self.router.reset(tp.partition)
+            self.partitions.assign(consumer, [tp for tp in partitions if tp.topic != self.topics.requests])
+            consumer.assign(partitions)
+        except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
+            self._fatal = exc
+            with contextlib.suppress(Exception):
+                consumer.unassign()  # consume nothing; the poll loop raises right after
+            return
+        if not self.ready.is_set():
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready()
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        assert self.batches is not None and self.partitions is not None
+        try:  # before the caches close; on failure the next owner re-sends the outbox
+            self.batches.settle()
+        except BaseException as exc:  # surfaced by the poll loop
+            self._fatal = exc
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        # Not-yet-processed messages of revoked partitions are dropped: the cache offset (or the
+        # router's committed offset) says they are not done, so the next owner reads them again.
+        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
+        for topic, p in gone:
+            if topic == self.topics.by_head:
+                self.partitions.revoke(p)
+        with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
+            consumer.unassign()
 
     # ------------------------------------------------------------------ the loop
     def _poll_batch(self, stop: threading.Event) -> list[Any]:
@@ -210,6 +268,7 @@ class FeaturizerService(PartitionAssignment):
         self._pending = []
         deadline: float | None = None
         urgent = False
+        close_on_delete = self.settings.batch_close_on_delete
         while len(self._pending) < self.max_batch:
             if deadline is None:
                 # consume() blocks for its whole timeout unless the batch fills; poll() returns on
@@ -224,7 +283,7 @@ class FeaturizerService(PartitionAssignment):
                 err = m.error()
                 if err is None:
                     self._pending.append(m)
-                    urgent = urgent or (self.close_on_delete and might_delete(m.value()))
+                    urgent = urgent or (close_on_delete and might_delete(m.value()))
                 elif err.code() == KafkaError._PARTITION_EOF:
                     continue
                 elif err.fatal():

@@ -13,7 +13,8 @@ import pytest
 
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
+from unlearn.streams.featurizer.cache import FeatureCache, cache_path
+from unlearn.streams.featurizer.cache_file import CACHE_SCHEMA_VERSION, CacheError
 from unlearn.streams.featurizer.core import (
     CachedSample,
     CacheMutations,

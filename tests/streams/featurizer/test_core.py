@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
+from unlearn.features.contract import FeatureRejected
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
@@ -32,7 +33,6 @@ from unlearn.streams.featurizer.core import (
     HeadInfo,
     InMessage,
     RegistryEncoder,
-    Rejected,
     assemble_deltas,
     check_batch,
     encode_adds,
@@ -224,13 +224,13 @@ def test_delete_and_delete_subject_use_the_cached_q_and_label() -> None:
                           cache, cfg(), no_encoder)
     assert out.deadletters == [] and out.accepted == 2 and out.rows == 4
     (delta,) = out.deltas
-    one, subject = delta.entries  # a delete_subject's rows are an entry of their own (subject tombstones)
-    assert (one.sign, one.by_subject, subject.sign, subject.by_subject) == (-1, False, -1, True)
-    assert one.event_ids + subject.event_ids == ("del-d", "forget-s1", "forget-s1", "forget-s1")
-    assert one.sample_ids + subject.sample_ids == ("d", "a", "b", "c")  # subject's samples ordered by sample id
-    assert one.subject_ids + subject.subject_ids == ("s2", "s1", "s1", "s1")
-    np.testing.assert_array_equal(np.concatenate([one.q, subject.q]), [[0, 0, 1], [1, 2, 3], [4, 5, 6], [7, 8, 9]])
-    np.testing.assert_array_equal(np.concatenate([one.labels, subject.labels]), [2, 4, 1, 0])
+    (entry,) = delta.entries
+    assert entry.sign == -1
+    assert entry.event_ids == ("del-d", "forget-s1", "forget-s1", "forget-s1")
+    assert entry.sample_ids == ("d", "a", "b", "c")  # subject's samples ordered by sample id
+    assert entry.subject_ids == ("s2", "s1", "s1", "s1")
+    np.testing.assert_array_equal(entry.q, [[0, 0, 1], [1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    np.testing.assert_array_equal(entry.labels, [2, 4, 1, 0])
     assert set(out.mutations.drop_samples) == {("h", "a"), ("h", "b"), ("h", "c"), ("h", "d")}
     assert out.mutations.put_samples == ()
     cache.apply(out.mutations)
@@ -572,7 +572,7 @@ def test_judge_steps_are_pure_decisions() -> None:
     cache.samples[("h", "x")] = cs
     req = parse_request
     assert judge_delete(req(delete("d", "h", "s", "x")), cache) == [cs]
-    with pytest.raises(Rejected) as exc:
+    with pytest.raises(FeatureRejected) as exc:
         judge_delete(req(delete("d", "h", "other", "x")), cache)
     assert exc.value.reason == "subject_mismatch"
     assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache) == [cs]
@@ -587,9 +587,9 @@ def test_judge_steps_are_pure_decisions() -> None:
     new, got_head, is_new = judge_add(req(add("a", "h", "s", "y", [0, 2], 0)), np.array([0.0, 2.0]), "features",
                                       cache, cfg())
     assert got_head is head and not is_new and new.q.tolist() == ref_q([0, 2]).tolist()
-    with pytest.raises(Rejected, match="duplicate_add"):
+    with pytest.raises(FeatureRejected, match="duplicate_add"):
         judge_add(req(add("a", "h", "s", "x", [0, 2], 0)), np.array([0.0, 2.0]), "features", cache, cfg())
-    with pytest.raises(Rejected, match="dimension_mismatch"):
+    with pytest.raises(FeatureRejected, match="dimension_mismatch"):
         judge_add(req(add("a", "h", "s", "z", [1, 2, 3], 0)), np.array([1.0, 2, 3]), "features", cache, cfg())
     assert cache.samples.keys() == {("h", "x")}  # nothing was written: the caller applies decisions
 

@@ -436,11 +436,13 @@ def test_two_featurizers_rebalance_and_the_caches_move_with_the_partitions(setti
         written = {int(f.stem[1:]) for f in (tmp_path / "data" / "featurizer").glob("*/p*.sqlite")}
         b = Running(s, group="fz-pair", max_batch=4)
         deadline = time.monotonic() + 30
-        while not b.service.caches:  # B joined and got its share (rebalance done)
+        # B joined and got its share (rebalance done)
+        while b.service.partitions is None or not b.service.partitions.caches:
             assert time.monotonic() < deadline, "second featurizer got no partitions"
             time.sleep(0.05)
         time.sleep(0.5)  # let B's on_assign finish filling its cache map
-        assert written & set(b.service.caches), "no partition with a cache moved to B"
+        assert b.service.partitions is not None
+        assert written & set(b.service.partitions.caches), "no partition with a cache moved to B"
         produce(s, reqs[20:])
         got = reader.until(lambda g: len(g["deadletter"]) >= len(reasons)
                            and set(accepted) <= set(ledgers_from(g["deltas"])[1]), timeout=60)
