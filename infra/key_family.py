@@ -7,8 +7,8 @@ One generation topic per (by-head partition P, generation G), one partition each
   tombstone once the key is destroyed (for a compacting broker; the embedded one needs the
   rotation);
 - ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation;
-- transit keys (``streams/featurizer/transit.py``), in ``transit-private`` (an older release kept
-  them in ``subject-keys``), under the head :data:`TRANSIT_HEAD`, outside the id grammar:
+- transit keys (``streams/featurizer/transit.py``), in ``transit-private``, under the head
+  :data:`TRANSIT_HEAD`, outside the id grammar:
   ``8:~transit/<created ms>.<use_until ms>/<key id>`` -> the X25519 private key.
 
 A writer rotates a partition by writing every live key into G+1, then the completion record, then

@@ -8,7 +8,9 @@ ordered, which is what lets the ledger skip redelivered offsets (docs/design.md 
 
 Every entry names, per row, its event, sample and subject ids and its **event time** (integer
 microseconds: an add's, or for a delete row the delete's, exactly as the featurizer judged them,
-``streams/featurizer/tombstones.py``), so the verifier's replay can re-judge remove-wins. Kinds:
+``streams/featurizer/tombstones.py``), and a delete entry says whether its rows were removed by
+delete_subject requests (``by_subject``: each then leaves a tombstone of its whole subject), so
+the verifier's replay can rebuild the tombstones and re-judge remove-wins. Kinds:
 
 - ROWS: signed (+1 add / -1 delete) quantized feature rows ``q`` (n, d) int64 with their labels:
   class indices (n,) int64, or quantized target vectors (n, c) int64.
@@ -68,6 +70,7 @@ _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
 _MAX_EVENT_US = 2**63 - 1
 _ENTRY_MULTISET = 0x0001  # entry flag: a PACKED entry's rows' multiset hash follows its blob
+_ENTRY_SUBJECT = 0x0002  # entry flag: a delete entry whose rows delete_subject requests removed
 #: Size of a multiset hash state (``ledger.multiset_hash.STATE_BYTES``; this module does not import the ledger).
 MULTISET_HASH_BYTES = 4096
 
@@ -97,7 +100,8 @@ def _normalize(entry: Entry) -> None:
 @dataclass(frozen=True, eq=False, slots=True)
 class RowsEntry:
     """n signed rows. ``labels``: (n,) class indices, or (n, c) quantized targets; ``q``: (n, d);
-    ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete).
+    ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete);
+    ``by_subject``: a delete entry whose rows delete_subject requests removed.
 
     Decoded arrays are read-only views into the message bytes (copy them to modify).
     """
@@ -109,6 +113,7 @@ class RowsEntry:
     labels: np.ndarray
     q: np.ndarray
     event_us: tuple[int, ...] = ()
+    by_subject: bool = False
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -126,6 +131,7 @@ class RowsEntry:
             and self.sample_ids == other.sample_ids
             and self.subject_ids == other.subject_ids
             and self.event_us == other.event_us
+            and self.by_subject == other.by_subject
             and self.labels.shape == other.labels.shape
             and np.array_equal(self.labels, other.labels)
             and self.q.shape == other.q.shape
@@ -140,7 +146,7 @@ class PackedEntry:
     """A signed batch whose exact ledger was serialized by the ledger module (opaque here).
     ``multiset_hash``: the 4096-byte multiset hash state of the batch's rows, or None when the
     producer did not compute it (the head's hash of its retained rows then becomes unknown);
-    ``event_us``: each row's event time (as in :class:`RowsEntry`)."""
+    ``event_us``, ``by_subject``: as in :class:`RowsEntry`."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -149,6 +155,7 @@ class PackedEntry:
     ledger_blob: bytes
     multiset_hash: bytes | None = None
     event_us: tuple[int, ...] = ()
+    by_subject: bool = False
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -167,7 +174,7 @@ class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
     (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
     sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes) and its event time
-    (as in :class:`RowsEntry`)."""
+    (``event_us``, ``by_subject``: as in :class:`RowsEntry`)."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -179,6 +186,7 @@ class SealedRowsEntry:
     commitments: tuple[bytes, ...]
     ciphertexts: tuple[bytes, ...]
     event_us: tuple[int, ...] = ()
+    by_subject: bool = False
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -244,6 +252,9 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
         raise CodecError(f"{where}: expected RowsEntry, PackedEntry or SealedRowsEntry, got {type(e).__name__}")
     if e.sign not in (1, -1):
         raise CodecError(f"{where}: sign must be +1 or -1, got {e.sign!r}")
+    if e.by_subject and e.sign != -1:
+        raise CodecError(f"{where}: only a delete entry (sign -1) can be by_subject")
+    flags = _ENTRY_SUBJECT if e.by_subject else 0
     n = len(e.event_ids)
     if n < 1 or len(e.sample_ids) != n or len(e.subject_ids) != n or len(e.event_us) != n:
         raise CodecError(
@@ -252,7 +263,7 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
         )
     if isinstance(e, RowsEntry):
         labels, label_kind, c = _rows_labels(e, d, where)
-        w.pack(_ENTRY, _KIND_ROWS, e.sign, 0, n)
+        w.pack(_ENTRY, _KIND_ROWS, e.sign, flags, n)
         _put_columns(w, e, where)
         w.pack(_ROWS, label_kind, 0, 0, c)
         w.array(labels)
@@ -261,14 +272,14 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
         mset = e.multiset_hash
         if mset is not None and len(mset) != MULTISET_HASH_BYTES:
             raise CodecError(f"{where}: multiset_hash must be {MULTISET_HASH_BYTES} bytes, got {len(mset)}")
-        w.pack(_ENTRY, _KIND_PACKED, e.sign, 0 if mset is None else _ENTRY_MULTISET, n)
+        w.pack(_ENTRY, _KIND_PACKED, e.sign, flags | (0 if mset is None else _ENTRY_MULTISET), n)
         _put_columns(w, e, where)
         w.pack(_BLOB, len(e.ledger_blob))
         w.put(e.ledger_blob)
         if mset is not None:
             w.put(mset)
     else:
-        _put_sealed(w, e, d, where)
+        _put_sealed(w, e, d, flags, where)
 
 
 def _rows_labels(e: RowsEntry, d: int, where: str) -> tuple[np.ndarray, int, int]:
@@ -305,7 +316,7 @@ def _check_sealed_labels(label_kind: int, c: int, err: Callable[[str], Exception
         raise err(f"{where}: sealed label kind {label_kind} with c={c}")
 
 
-def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
+def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -> None:
     n = e.n
     _check_sealed_labels(e.label_kind, e.c, CodecError, where)
     if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
@@ -321,7 +332,7 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, where: str) -> None:
         raise CodecError(f"{where}: commitments must be {_COMMITMENT_BYTES} bytes")
     if any(len(c) != size for c in e.ciphertexts):
         raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width})")
-    w.pack(_ENTRY, _KIND_SEALED, e.sign, 0, n)
+    w.pack(_ENTRY, _KIND_SEALED, e.sign, flags, n)
     _put_columns(w, e, where)
     w.pack(_ROWS, e.label_kind, 0, 0, e.c)
     w.put(kids)
@@ -391,10 +402,12 @@ _Columns = tuple[int, tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # sign
 def _read_entry(r: Reader, d: int, where: str) -> Entry:
     """One entry: header, id and event-time columns, then its kind's body."""
     kind, sign, entry_flags, n = r.unpack(_ENTRY, f"{where} header")
-    if entry_flags and (kind != _KIND_PACKED or entry_flags != _ENTRY_MULTISET):
-        raise r.fail(f"{where}: unknown entry flags {entry_flags:#06x}")
     if sign not in (1, -1):
         raise r.fail(f"{where}: sign must be +1 or -1, got {sign}")
+    known = (_ENTRY_MULTISET if kind == _KIND_PACKED else 0) | (_ENTRY_SUBJECT if sign == -1 else 0)
+    if entry_flags & ~known:
+        raise r.fail(f"{where}: unknown entry flags {entry_flags:#06x}")
+    by_subject = bool(entry_flags & _ENTRY_SUBJECT)
     if n < 1:
         raise r.fail(f"{where}: no events")
     ids = [r.str_column(n, f"{where}: {name}") for name in _ID_COLUMNS]
@@ -408,14 +421,14 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
     cols: _Columns = (sign, ids[0], ids[1], ids[2])
     if kind == _KIND_ROWS:
         labels, q = _read_rows(r, n, d, where)
-        return RowsEntry(*cols, labels, q, event_us=tuple(times.tolist()))
+        return RowsEntry(*cols, labels, q, tuple(times.tolist()), by_subject)
     if kind == _KIND_PACKED:
         (size,) = r.unpack(_BLOB, f"{where} blob length")
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
-        mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags else None
-        return PackedEntry(*cols, blob, mset, event_us=tuple(times.tolist()))
+        mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags & _ENTRY_MULTISET else None
+        return PackedEntry(*cols, blob, mset, tuple(times.tolist()), by_subject)
     if kind == _KIND_SEALED:
-        return _read_sealed(r, cols, d, tuple(times.tolist()), where)
+        return _read_sealed(r, cols, d, (tuple(times.tolist()), by_subject), where)
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 
@@ -439,8 +452,9 @@ def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.nd
     return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
 
 
-def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[int, ...], where: str) -> SealedRowsEntry:
-    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row."""
+def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[tuple[int, ...], bool], where: str) -> SealedRowsEntry:
+    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row (``times``:
+    the entry's event times and by_subject, read before)."""
     n = len(cols[1])
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
     if res1 or res2:
@@ -454,4 +468,4 @@ def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[int, ...], wher
         *cols, label_kind, c,
         tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
         tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
-        tuple(cts[i * size:(i + 1) * size] for i in range(n)), event_us=times)
+        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *times)

@@ -65,7 +65,7 @@ def seal_entry(head_id: str, e: RowsEntry, keys: list[SampleKey]) -> SealedRowsE
         cts.append(seal(key, PURPOSE_ROW, head_id, sample, row))
     return SealedRowsEntry(e.sign, e.event_ids, e.sample_ids, e.subject_ids, 1 if vector else 0,
                            int(labels.shape[1]) if vector else 0, tuple(k.key_id for k in keys), tuple(coms),
-                           tuple(cts), e.event_us)
+                           tuple(cts), e.event_us, e.by_subject)
 
 
 def seal_delta(delta: Delta, key_for: Callable[[str, str], SampleKey]) -> Delta:
@@ -117,6 +117,6 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
         labels = flat[:, delta.d].astype(np.int64) if e.label_kind == 0 else flat[:, delta.d:].astype(np.int64)
         entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
                                  tuple(e.subject_ids[i] for i in keep), labels, q,
-                                 tuple(e.event_us[i] for i in keep)))
+                                 tuple(e.event_us[i] for i in keep), e.by_subject))
     out.delta = replace(delta, entries=tuple(entries))  # the contract block (n_classes, version) stays
     return out

@@ -18,7 +18,7 @@ import pytest
 
 from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
-from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys, superseded_left
+from unlearn.infra.key_family import read_partition_keys, superseded_left
 from unlearn.infra.profiles import quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import (
@@ -108,10 +108,8 @@ def wait_shredded(s: Settings, head: str, samples: set[str], timeout: float = 90
 
 
 def wait_transit_destroyed(s: Settings, key_ids: set[str], timeout: float = 90.0) -> None:
-    """The transit keys ``key_ids`` are in no generation of the ``transit-private`` family (nor, as
-    an older release kept them, of the sample key family)."""
+    """The transit keys ``key_ids`` are in no generation of the ``transit-private`` family."""
     wait_keys_gone(s, transit_private_family(s.topic_prefix), lambda ref: ref[2] in key_ids, timeout)
-    wait_keys_gone(s, keys_family(s.topic_prefix), lambda ref: ref[0] == TRANSIT_HEAD and ref[2] in key_ids, timeout)
 
 
 def wait_keys_gone(s: Settings, fam: TopicFamily, gone: Callable[[tuple[str, str, str]], bool],

@@ -86,13 +86,9 @@ def _hexd(rng: np.random.Generator) -> str:
     return rng.bytes(32).hex()
 
 
-HAS_CLASSES = "retained_classes" in HeadUpdate.__dataclass_fields__
-"""Whether this reference has flag bit 4 (the retained-classes bitmap, issue 24)."""
-
-
 def with_classes(h: HeadUpdate, mask: list[bool]) -> HeadUpdate:
     """``h`` with a retained-classes bitmap (flag bit 4)."""
-    return replace(h, retained_classes=np.asarray(mask, dtype=bool))  # type: ignore[call-arg]
+    return replace(h, retained_classes=np.asarray(mask, dtype=bool))
 
 
 def head_cases() -> list[tuple[str, HeadUpdate]]:
@@ -131,19 +127,18 @@ def head_cases() -> list[tuple[str, HeadUpdate]]:
         ("contract_only", HeadUpdate("c1", 5, "exact", _hexd(rng), 3, 3, [(0, 2)], 0.0, 1.0, 5.0, w(3, 3),
                                      None, None, 1)),
     ]
-    if HAS_CLASSES:
-        cases += [
-            ("classes_partial", with_classes(HeadUpdate("cls", 6, "exact", _hexd(rng), 4, 4, [(0, 3)], 0.0, 1.0,
-                                                        6.0, w(3, 4), spd(3), _hexd(rng), 1),
-                                             [True, False, True, False])),
-            ("classes_none_retained", with_classes(HeadUpdate("cls0", 7, "fast", None, 0, 5, [(0, 4)], 0.0, 1.0,
-                                                              7.0, np.zeros((2, 3))), [False, False, False])),
-            ("classes_nine", with_classes(HeadUpdate("cls9", 8, "fast", None, 20, 25, [(1, 8)], 0.0, 1.0, 8.0,
-                                                     w(2, 9), None, None, 3),
-                                          [True, True, False, True, False, False, True, False, True])),
-            ("classes_zero_outputs", with_classes(HeadUpdate("cls-c0", 9, "exact", _hexd(rng), 0, 0, [], 0.0, 1.0,
-                                                             0.0, np.zeros((2, 0))), [])),
-        ]
+    cases += [
+        ("classes_partial", with_classes(HeadUpdate("cls", 6, "exact", _hexd(rng), 4, 4, [(0, 3)], 0.0, 1.0,
+                                                    6.0, w(3, 4), spd(3), _hexd(rng), 1),
+                                         [True, False, True, False])),
+        ("classes_none_retained", with_classes(HeadUpdate("cls0", 7, "fast", None, 0, 5, [(0, 4)], 0.0, 1.0,
+                                                          7.0, np.zeros((2, 3))), [False, False, False])),
+        ("classes_nine", with_classes(HeadUpdate("cls9", 8, "fast", None, 20, 25, [(1, 8)], 0.0, 1.0, 8.0,
+                                                 w(2, 9), None, None, 3),
+                                      [True, True, False, True, False, False, True, False, True])),
+        ("classes_zero_outputs", with_classes(HeadUpdate("cls-c0", 9, "exact", _hexd(rng), 0, 0, [], 0.0, 1.0,
+                                                         0.0, np.zeros((2, 0))), [])),
+    ]
     return cases
 
 
@@ -254,13 +249,12 @@ def gen_malformed() -> dict[str, Any]:
                                                 np.ones((2, 1)))), 6, struct.pack("<H", 0x0001))))
     cases.append(("hash_flag_without_hash", "padding",
                   _patch(exact, 6, struct.pack("<H", 0x0002))))
-    if HAS_CLASSES:
-        cls = encode_head(with_classes(HeadUpdate("hd", 9, "fast", None, 1, 4, [], 0.0, 1.0, 2.0, np.ones((1, 3))),
-                                       [True, False, False]))
-        at = 16 + 4 + 8 + 1 + 7 + 32 + 8 + 8 + 8 + 8 + 8 + 12  # the bitmap (no hash, no contract)
-        assert cls[at] == 1
-        cases.append(("classes_bit_past_c", "retained_classes", _patch(cls, at, b"\x09")))
-        cases.append(("classes_more_than_retained", "retained_classes", _patch(cls, at, b"\x03")))
+    cls = encode_head(with_classes(HeadUpdate("hd", 9, "fast", None, 1, 4, [], 0.0, 1.0, 2.0, np.ones((1, 3))),
+                                   [True, False, False]))
+    at = 16 + 4 + 8 + 1 + 7 + 32 + 8 + 8 + 8 + 8 + 8 + 12  # the bitmap (no hash, no contract)
+    assert cls[at] == 1
+    cases.append(("classes_bit_past_c", "retained_classes", _patch(cls, at, b"\x09")))
+    cases.append(("classes_more_than_retained", "retained_classes", _patch(cls, at, b"\x03")))
     out = []
     for name, kind, msg in cases:
         try:
@@ -323,7 +317,7 @@ def gen_predict() -> dict[str, Any]:
                 entry["error"] = exc.reason
                 results.append(entry)
                 continue
-            out = predict(served, X, sigma2, top_k) if HAS_CLASSES else predict(served, X, sigma2)
+            out = predict(served, X, sigma2, top_k)
             p = out["predictions"][0]
             fb = con.frac_bits if con is not None else settings_default["frac_bits"]
             entry.update({"q": [int(v) for v in np.rint(X[0] * 2.0 ** fb).astype(np.int64)],
@@ -367,19 +361,18 @@ def gen_predict() -> dict[str, Any]:
     big = upd("wide", 1, "exact", 32, 5, True, 1)
     scenario("wide", [big], [contract("wide", 32, 5, frac_bits=24)],
              [list(rng.standard_normal(32)) for _ in range(3)])
-    if HAS_CLASSES:
-        scenario("retained_classes_only", [with_classes(upd("cls", 3, "exact", 4, 5, True, 1),
-                                                        [False, True, False, True, True])],
-                 [contract("cls", 4, 5)], base_inputs, top_k=2)
-        scenario("retained_classes_top_k_clipped", [with_classes(upd("cls", 4, "fast", 4, 5, False, 1),
-                                                                 [False, False, True, False, True])],
-                 [contract("cls", 4, 5)], base_inputs[:2], top_k=4)
-        scenario("no_retained_class", [with_classes(upd("cls0", 2, "exact", 4, 3, True, 1), [False, False, False])],
-                 [contract("cls0", 4, 3)], base_inputs[:2], top_k=3)
-        tie = upd("tie", 1, "exact", 2, 4, True, 1)
-        tie = replace(tie, weights=np.array([[1.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0]]))
-        scenario("ties_lowest_index", [with_classes(tie, [True, False, True, True])], [contract("tie", 2, 4)],
-                 [[1.0, 0.0], [-1.0, 0.0]], top_k=3)
+    scenario("retained_classes_only", [with_classes(upd("cls", 3, "exact", 4, 5, True, 1),
+                                                    [False, True, False, True, True])],
+             [contract("cls", 4, 5)], base_inputs, top_k=2)
+    scenario("retained_classes_top_k_clipped", [with_classes(upd("cls", 4, "fast", 4, 5, False, 1),
+                                                             [False, False, True, False, True])],
+             [contract("cls", 4, 5)], base_inputs[:2], top_k=4)
+    scenario("no_retained_class", [with_classes(upd("cls0", 2, "exact", 4, 3, True, 1), [False, False, False])],
+             [contract("cls0", 4, 3)], base_inputs[:2], top_k=3)
+    tie = upd("tie", 1, "exact", 2, 4, True, 1)
+    tie = replace(tie, weights=np.array([[1.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0]]))
+    scenario("ties_lowest_index", [with_classes(tie, [True, False, True, True])], [contract("tie", 2, 4)],
+             [[1.0, 0.0], [-1.0, 0.0]], top_k=3)
     return {"about": "serving's HeadStore.offer over 'offers' (results accepted|stale: HeadUpdate.supersedes), "
                      "then services/serving/predict (prepare_inputs with the head's contract: the one whose "
                      "version the served update names, else the latest; none: Settings defaults frac_bits 30, "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 import orjson
 
 from unlearn.infra.cli_args import add_broker_args, settings_from_args
+from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
@@ -67,14 +68,15 @@ def wait_for_head(settings: Settings, head_id: str, predicate: HeadPredicate, ti
                   poll: float = 0.5) -> HeadUpdate:
     """Poll until the head's latest update satisfies ``predicate`` (tests and the demo use it).
     Raises ``TimeoutError`` saying what the head last was."""
-    deadline = time.monotonic() + timeout
     last: HeadUpdate | None = None
-    while time.monotonic() < deadline:
-        last = read_heads(settings, [head_id], timeout=max(1.0, deadline - time.monotonic())).get(head_id)
-        if last is not None and predicate(last):
-            return last
-        time.sleep(poll)
-    raise TimeoutError(f"head {head_id!r} did not reach the expected state within {timeout}s (last: {_describe(last)})")
+
+    def reached(remaining: float) -> HeadUpdate | None:
+        nonlocal last
+        last = read_heads(settings, [head_id], timeout=max(1.0, remaining)).get(head_id)
+        return last if last is not None and predicate(last) else None
+
+    return poll_until(reached, timeout, interval=poll, timed_out=lambda: TimeoutError(
+        f"head {head_id!r} did not reach the expected state within {timeout}s (last: {_describe(last)})"))
 
 
 def _describe(h: HeadUpdate | None) -> str:

@@ -16,8 +16,7 @@ delete in one partition). Each returns a :class:`RequestHandle` naming the event
 Feature vectors travel as JSON numbers by default, or as binary floats (``features_encoding=
 "f64"`` exact, ``"f32"`` half the bytes, quantized from the float32 values) on the client or per
 call: high-rate producers save bytes and the featurizer's parsing. JSON stays the default because
-a featurizer older than the ``features_bin`` input kind dead-letters it (upgrade featurizers
-first), and JSON requests stay readable on the topic and in dead letters (docs/client.md).
+JSON requests stay readable on the topic and in dead letters (docs/client.md).
 
 Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one receipt
 (applied, or rejected with a reason) carrying the request's event id. One

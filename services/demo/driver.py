@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
 from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit, transit_producer_overrides
+from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
 WARMUP_HEAD = "demo-warmup"  # the head of the one warm-up add (not part of the report)
@@ -145,18 +145,6 @@ class ReceiptWatcher:
         self.arrived[r.event_id] = (time.time(), {"status": r.status, "version": r.head_version, "reason": r.reason})
 
 
-@dataclass
-class Phase:
-    name: str
-    events: int
-    seconds: float
-    n_retained: int
-    accuracy: float
-    digest: str | None  # None when the phase ended on a fast head (fast updates carry no digest)
-    version: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class Demo:
     """One run of the demo: ``run()`` owns the broker, the services and every in-process client;
     the phases (``_scenarios``) produce requests and wait on the heads and receipts they cause."""
@@ -172,7 +160,6 @@ class Demo:
         self.signers: dict[str, Signer] = {}  # client id -> its key, in signed mode
         self.sealed = 0  # adds sealed for transit (docs/erasure.md section 5)
 
-    # ------------------------------------------------------------------ helpers
     def request(self, op: str, i: int, client: str) -> Request:
         """The ``op`` request of train sample ``i`` (subject ``user<i mod subjects>``)."""
         self.seq += 1
@@ -215,7 +202,7 @@ class Demo:
                 if h is not None:
                     bar.n = min(h.n_retained, n) if n else 0
                     bar.refresh()
-                    if h.n_retained == n and (not self.pending_receipts or self.receipts_done()):
+                    if h.n_retained == n and all(e in self.receipts.arrived for e in self.pending_receipts):
                         return h
                 if time.monotonic() > deadline:
                     raise TimeoutError(self._stuck_message(n, timeout, h))
@@ -234,9 +221,6 @@ class Demo:
         ledger digest (the timer resets a fast head within UNLEARN_RESET_EVERY_SECONDS)."""
         return self.heads.wait(self.head, lambda u: u.n_retained == n and u.mode == "exact", self.args.timeout)
 
-    def receipts_done(self) -> bool:
-        return all(e in self.receipts.arrived for e in self.pending_receipts)
-
     def accuracy(self, h: HeadUpdate) -> float:
         """Test accuracy of the head's weights on the (quantized, normalized) test features."""
         q = Quantizer(self.settings.frac_bits)
@@ -250,7 +234,6 @@ class Demo:
         tqdm.write(f"  {name:<28} {events:>6} events  {p.seconds:7.1f} s  retained {p.n_retained:>6}  "
                    f"test acc {p.accuracy:.4f}  digest {(p.digest or '(fast head)')[:12]}")
 
-    # ------------------------------------------------------------------ the run
     def run(self) -> int:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
@@ -391,7 +374,8 @@ class Demo:
     def serve_check(self, h: HeadUpdate) -> dict[str, Any]:
         """Ask `unlearn serve` for predictions on a few test inputs; they must come from the final
         head (same version and digest) and agree with the published weights."""
-        got = self._served_predictions(h.version)
+        url = f"http://127.0.0.1:{self.settings.serve_port}/v1/heads/{self.head}/predict"
+        got = served_predictions(url, self.data.serve_inputs, h.version)
         if "predictions" not in got:
             return {"ok": False, "error": f"no prediction from the final head: {got}"}
         q = Quantizer(self.settings.frac_bits)
@@ -402,97 +386,15 @@ class Demo:
                 "mode": got["mode"], "agree_with_published_head": int((served == local).sum()), "probes": k,
                 "mean_variance": float(np.mean([p.get("variance") or 0.0 for p in got["predictions"]]))}
 
-    def _served_predictions(self, version: int, timeout: float = 60.0) -> dict[str, Any]:
-        """Serving's answer once it serves ``version`` or later (it follows ``heads`` on its own);
-        after ``timeout`` seconds, its last answer or ``{"error": ...}``."""
-        import urllib.error
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self.settings.serve_port}/v1/heads/{self.head}/predict"
-        body = json.dumps(self.data.serve_inputs).encode()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    got: dict[str, Any] = json.loads(resp.read())
-                if got.get("version", -1) >= version:
-                    return got
-            except (urllib.error.URLError, OSError) as exc:
-                got = {"error": str(exc)}
-            if time.monotonic() > deadline:
-                got.pop("predictions", None)  # an older head's answer is no answer
-                return got
-            time.sleep(1.0)
-
     def report(self, n: int, lat: np.ndarray, exact_return: bool, cert: dict[str, Any], t_start: float,
                served: dict[str, Any]) -> dict[str, Any]:
         """Write report.json and phases.png, print the summary; the report (``ok`` = every check held)."""
-        # Re-adding restores the digest bit for bit only when the backbone is bit-reproducible:
-        # a neural backbone's output for an input can differ in the last bits with the batch it is
-        # encoded in, and a re-add is a new encoding (its old q was erased with the delete, as
-        # erasure demands). The replay verifier certifies exactness in every case.
-        reproducible = self.data.backbone == "features"
-        ok = bool(cert.get("ok") and served.get("ok") and (exact_return or not reproducible))
-        rep = {
-            "dataset": self.data.name, "backbone": self.data.backbone, "n_train": n, "n_test": len(self.data.y_test),
-            "clients": self.args.clients,
-            "phases": [p.__dict__ for p in self.phases],
-            "delete_to_receipt_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
-            "throughput_events_per_s": self.phases[0].extra.get("events_per_s"),
-            "readd_restores_digest": exact_return, "backbone_bit_reproducible": reproducible,
-            "verifier": cert, "serving": served, "ok": ok, "adds_sealed_for_transit": self.sealed,
-            "wall_seconds": time.time() - t_start,
-            "broker": describe_engine(self.args.engine), "broker_start_s": self.broker_start_s,
-        }
-        (self.out / "report.json").write_text(json.dumps(rep, indent=2, default=str))
-        self.plot()
-        self._print_summary(rep, len(lat))
-        return rep
+        rep = build_report(dataset=self.data.name, backbone=self.data.backbone, n_train=n, n_test=len(self.data.y_test),
+                           clients=self.args.clients, phases=self.phases, lat=lat, exact_return=exact_return,
+                           cert=cert, served=served, sealed=self.sealed, wall_seconds=time.time() - t_start,
+                           broker=describe_engine(self.args.engine), broker_start_s=self.broker_start_s)
+        return write_report(self.out, rep, self.phases, len(lat))
 
-    def _print_summary(self, rep: dict[str, Any], n_burst: int) -> None:
-        cert, served, exact_return = rep["verifier"], rep["serving"], rep["readd_restores_digest"]
-        print("\n== results ==")
-        for p in self.phases:
-            print(f"  {p.name:<28} test acc {p.accuracy:.4f}   {p.seconds:6.1f} s")
-        print(f"  delete->receipt latency  p50 {rep['delete_to_receipt_ms']['p50']:.0f} ms   "
-              f"p99 {rep['delete_to_receipt_ms']['p99']:.0f} ms   (burst of {n_burst})")
-        print(f"  add throughput {rep['throughput_events_per_s']:.0f} events/s end to end (incl. the backbone)")
-        dev = cert.get("retrain_deviation")
-        print(f"  verifier: {'PASS' if cert.get('ok') else 'FAIL'} "
-              f"({cert.get('summary', cert.get('error', ''))})")
-        why = "" if exact_return or rep["backbone_bit_reproducible"] else (
-            f" ({self.data.backbone} re-encoded the re-added inputs with last-bit differences (batch effects), so "
-            "they are new samples to the ledger; their first q's were erased with the deletes)")
-        print(f"  exactness: re-adding the burst restores the ledger digest bit for bit: {exact_return}{why}; "
-              f"deviation from an independent retrain: {dev if dev is not None else 'n/a'}")
-        if served.get("ok"):
-            print(f"  serving: version {served['version']} ({served['mode']}), digest {served['digest'][:16]}: "
-                  f"{served['agree_with_published_head']}/{served['probes']} predictions agree with the published "
-                  f"head (mean predictive variance {served['mean_variance']:.3g})")
-        else:
-            print(f"  serving: FAIL ({served.get('error')})")
-        print(f"  report: {self.out / 'report.json'}   plot: {self.out / 'phases.png'}   "
-              f"total {rep['wall_seconds']:.0f} s")
-
-    def plot(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        names = [p.name for p in self.phases]
-        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-        ax[0].plot(range(len(names)), [p.accuracy for p in self.phases], "o-")
-        ax[0].set_title(f"test accuracy per phase ({self.data.name})")
-        ax[1].plot(range(len(names)), np.cumsum([p.seconds for p in self.phases]), "s-", color="C1")
-        ax[1].set_title("cumulative wall time (s)")
-        for a_ in ax:
-            a_.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-            a_.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(self.out / "phases.png", dpi=110)
-        plt.close(fig)
 
 
 def demo_main(argv: list[str] | None = None) -> int:

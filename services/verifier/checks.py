@@ -40,6 +40,7 @@ from .orders import (
     shuffled_digest,
 )
 from .reading import live_updates
+from .remove_wins import receipt_tombstones, violations
 from .replay import UNIT_CLASS_ROW, UNIT_VECTOR_ROW, LogReplay, Units, replay_log
 
 
@@ -139,8 +140,7 @@ def check_delete_matching(ev: Evidence) -> Check | None:
 def check_tombstoned_receipts(ev: Evidence) -> Check | None:
     """A ``tombstoned`` receipt (remove wins, docs/featurizer.md) says its delete removed nothing:
     no delete row of the replay may carry its event id. Only reported when the head has such
-    receipts. (Its other claim, that no older add of it enters, needs event times the deltas do
-    not carry: not checked here.)"""
+    receipts. (Its other claim, that no older add of it enters: :func:`check_remove_wins`.)"""
     if not ev.tombstoned:
         return None
     removing = {e for i, evs in enumerate(ev.units.events) if ev.units.sign[i] < 0 for e in evs}
@@ -152,6 +152,28 @@ def check_tombstoned_receipts(ev: Evidence) -> Check | None:
     return Check("tombstoned_receipts", "pass",
                  f"{len(ev.tombstoned)} tombstoned receipts: none of their deletes removed a row",
                  {"receipts": len(ev.tombstoned)})
+
+
+def check_remove_wins(ev: Evidence) -> Check:
+    """Remove wins, in event time (``remove_wins.py``): no add the whole log retains is dated at
+    or before a tombstone that matches it, rebuilt from the applied delete rows and the
+    ``tombstoned`` receipts and judged with the featurizer's own rule."""
+    rep = ev.replay
+    if rep.ledger is None:
+        return Check("remove_wins", "skipped", "nothing to replay")
+    tombs = rep.times.tombstones + receipt_tombstones(ev.tombstoned)
+    retained = rep.times.retained()
+    bad = violations(retained, tombs)
+    data: dict[str, Any] = {"violations": len(bad), "retained_adds": len(retained), "tombstones": len(tombs)}
+    if bad:
+        data["examples"] = [{"event_id": a.event_id, "sample_id": a.sample_id, "subject_id": a.subject_id,
+                             "event_us": a.event_us, "tombstone_event_id": t.event_id, "tombstone_kind": t.kind,
+                             "tombstone_us": t.event_us} for a, t in bad[:20]]
+        return Check("remove_wins", "fail",
+                     f"{len(bad)} retained adds are dated at or before a delete of their sample or subject "
+                     f"(of {len(retained)} retained, {len(tombs)} tombstones): remove-wins was not applied", data)
+    return Check("remove_wins", "pass", f"none of the {len(retained)} retained adds is dated at or before any of "
+                 f"the {len(tombs)} tombstones of its sample or subject", data)
 
 
 def check_shuffled_orders(ev: Evidence, orders: int, rng: np.random.Generator) -> Check:
@@ -253,7 +275,7 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
     head without one, the latest exact update's digest against the replay at that version and
     the live retained-rows hash against the replay's at the live version.
     ``require_live``: a missing live head fails (broker) instead of being skipped (export without heads)."""
-    latest, exact, led, rep, base = ev.latest, ev.latest_exact, ev.ledger, ev.replay, ev.digest
+    latest, led = ev.latest, ev.ledger
     if latest is None:
         return Check("live_digest", "fail" if require_live else "skipped",
                      f"no head update for {ev.head_id!r}" + (" on the heads topic" if require_live else
@@ -261,6 +283,26 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
     if led is None:
         return Check("live_digest", "fail", f"the live head is at version {latest.version} but no deltas of "
                                             f"{ev.head_id!r} could be replayed")
+    replay_cv = ev.replay.contract_version_at.get(latest.version)
+    data: dict[str, Any] = {"live_digest": latest.digest, "replay_digest": ev.digest,
+                            "live_contract_version": latest.contract_version, "replay_contract_version": replay_cv}
+    problems = _live_facts(ev, latest, led) + _live_classes(ev, latest, led, data)
+    compared = _live_content(ev, latest, data, problems)
+    if problems:
+        return Check("live_digest", "fail", "; ".join(problems), data)
+    if not compared:
+        return Check("live_digest", "skipped",
+                     f"not checkable: live head version {latest.version} ({latest.mode}) matches the replay's version "
+                     "and n_retained, but carries no digest or retained-rows hash, and no exact update was published",
+                     data)
+    return Check("live_digest", "pass",
+                 f"live head version {latest.version} ({latest.mode}) matches the replay: " + " and ".join(compared),
+                 data)
+
+
+def _live_facts(ev: Evidence, latest: HeadUpdate, led: ExactLedger) -> list[str]:
+    """Where the live head's version, n_retained, covered offset and contract differ from the replay's."""
+    rep = ev.replay
     problems = []
     if rep.version != latest.version:
         problems.append(f"live version {latest.version} but the deltas log yields {rep.final_version} applied "
@@ -276,48 +318,48 @@ def check_live_digest(ev: Evidence, require_live: bool) -> Check:
         # an update without one (a ledger older than the field) is not held against the replay
         problems.append(f"live head names contract version {latest.contract_version} but its deltas name "
                         f"{replay_cv} at version {latest.version}")
-    data: dict[str, Any] = {"live_digest": latest.digest, "replay_digest": base,
-                            "live_contract_version": latest.contract_version, "replay_contract_version": replay_cv}
-    if latest.retained_classes is not None and rep.version == latest.version:
-        # the classes a prediction may name: the replay's exact per-class counts > 0
-        live_classes = np.flatnonzero(latest.retained_classes).tolist()
-        counts = led.class_counts
-        replay_classes = np.flatnonzero(counts > 0).tolist() if int(counts.sum()) == led.count else None
-        data.update(live_retained_classes=live_classes, replay_retained_classes=replay_classes)
-        if live_classes != replay_classes:
-            problems.append(f"live head says classes {live_classes[:20]} hold retained samples, the replay "
-                            f"{replay_classes if replay_classes is None else replay_classes[:20]}")
-    compared: list[str] = []
+    return problems
+
+
+def _live_classes(ev: Evidence, latest: HeadUpdate, led: ExactLedger, data: dict[str, Any]) -> list[str]:
+    """The classes a prediction may name: the live head's against the replay's exact per-class counts > 0."""
+    if latest.retained_classes is None or ev.replay.version != latest.version:
+        return []
+    live_classes = np.flatnonzero(latest.retained_classes).tolist()
+    counts = led.class_counts
+    replay_classes = np.flatnonzero(counts > 0).tolist() if int(counts.sum()) == led.count else None
+    data.update(live_retained_classes=live_classes, replay_retained_classes=replay_classes)
+    if live_classes == replay_classes:
+        return []
+    return [f"live head says classes {live_classes[:20]} hold retained samples, the replay "
+            f"{replay_classes if replay_classes is None else replay_classes[:20]}"]
+
+
+def _live_content(ev: Evidence, latest: HeadUpdate, data: dict[str, Any], problems: list[str]) -> list[str]:
+    """What the live head's content was compared by (its digest; else the latest exact update's
+    digest and its retained-rows hash); a mismatch is appended to ``problems``."""
     if latest.digest is not None:
-        compared.append("its digest")
-        if latest.digest != base:
-            problems.append(f"live digest {latest.digest} != replay digest {base}")
-    else:
-        if exact is not None:
-            at_exact = ev.replay.at_version.get(exact.version)
-            replay_exact = at_exact.digest() if at_exact is not None else None
-            data.update(exact_version=exact.version, exact_digest=exact.digest, replay_digest_at_exact=replay_exact)
-            compared.append(f"the digest of the latest exact update (version {exact.version})")
-            if replay_exact != exact.digest:
-                problems.append(f"exact update version {exact.version} digest {exact.digest} != replay digest "
-                                f"{replay_exact} at that version")
-        replay_hash = rep.retained_hash_at.get(latest.version)
-        if latest.retained_hash is not None:
-            data.update(live_retained_hash=latest.retained_hash, replay_retained_hash=replay_hash)
-            compared.append("its retained-rows hash")
-            if replay_hash != latest.retained_hash:
-                problems.append(f"live retained-rows hash {latest.retained_hash} != replay {replay_hash} at version "
-                                f"{latest.version}")
-    if problems:
-        return Check("live_digest", "fail", "; ".join(problems), data)
-    if not compared:
-        return Check("live_digest", "skipped",
-                     f"not checkable: live head version {latest.version} ({latest.mode}) matches the replay's version "
-                     "and n_retained, but carries no digest or retained-rows hash, and no exact update was published",
-                     data)
-    return Check("live_digest", "pass",
-                 f"live head version {latest.version} ({latest.mode}) matches the replay: " + " and ".join(compared),
-                 data)
+        if latest.digest != ev.digest:
+            problems.append(f"live digest {latest.digest} != replay digest {ev.digest}")
+        return ["its digest"]
+    compared: list[str] = []
+    exact = ev.latest_exact
+    if exact is not None:
+        at_exact = ev.replay.at_version.get(exact.version)
+        replay_exact = at_exact.digest() if at_exact is not None else None
+        data.update(exact_version=exact.version, exact_digest=exact.digest, replay_digest_at_exact=replay_exact)
+        compared.append(f"the digest of the latest exact update (version {exact.version})")
+        if replay_exact != exact.digest:
+            problems.append(f"exact update version {exact.version} digest {exact.digest} != replay digest "
+                            f"{replay_exact} at that version")
+    replay_hash = ev.replay.retained_hash_at.get(latest.version)
+    if latest.retained_hash is not None:
+        data.update(live_retained_hash=latest.retained_hash, replay_retained_hash=replay_hash)
+        compared.append("its retained-rows hash")
+        if replay_hash != latest.retained_hash:
+            problems.append(f"live retained-rows hash {latest.retained_hash} != replay {replay_hash} at version "
+                            f"{latest.version}")
+    return compared
 
 
 def check_retained_hash(ev: Evidence) -> Check:
@@ -463,4 +505,5 @@ def run_checks(ev: Evidence, rng: np.random.Generator, *, orders: int, partition
     tombstoned = check_tombstoned_receipts(ev)
     if tombstoned is not None:
         checks.append(tombstoned)
+    checks.append(check_remove_wins(ev))
     return checks

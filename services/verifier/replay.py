@@ -9,7 +9,9 @@ key check) is mirrored: an undecodable message or a key/head mismatch is a ``bad
 Accepted entries are collected as ``Units`` (one per row of a rows entry, one per packed entry),
 the material the shuffled orders and partitionings re-apply (``orders.py``). The multiset hash of
 the retained rows is folded along with the ledger by the runtime's own ``fold_multiset``, and its
-fingerprint recorded at every version, for the receipts that name one.
+fingerprint recorded at every version, for the receipts that name one. The rows' event times are
+followed over the whole log (``remove_wins.EventTimes``), so remove-wins is judged on the state
+every applied delta describes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from unlearn.streams.ledger.head_runtime import (
 )
 
 from .reading import record_value
+from .remove_wins import EventTimes
 
 #: What a unit is: one row with a class label, one row with a target vector, one packed entry.
 UNIT_CLASS_ROW = 0
@@ -162,6 +165,7 @@ class LogReplay:
     skipped: list[Skipped] = field(default_factory=list)  # whole messages
     rejected: list[Skipped] = field(default_factory=list)  # entries
     partitions: set[int] = field(default_factory=set)
+    times: EventTimes = field(default_factory=EventTimes)  # every applied message, not only up to the stop version
     error: str | None = None
 
     def counts(self) -> dict[str, int]:
@@ -238,6 +242,17 @@ def _apply_to(ledger: ExactLedger, e: RowsEntry | PackedEntry) -> RowsEntry | tu
     return e, blob
 
 
+@dataclass
+class _State:
+    """What the replay carries from one message to the next (the live runtime's head state)."""
+
+    ledger: ExactLedger | None = None
+    mset: MultisetHash | None = None
+    pos: _Position = field(default_factory=_Position)
+    contract_version: int | None = None
+    collecting: bool = True
+
+
 def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | None = None,
                capture: Iterable[int] = (), created_at: Container[tuple[int, int]] = frozenset()) -> LogReplay:
     """The log-order pass with the live ledger's rules (``head_runtime``).
@@ -251,11 +266,7 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
     rep = LogReplay(head_id)
     want = set(capture)
     key = head_id.encode("utf-8")
-    ledger: ExactLedger | None = None
-    mset: MultisetHash | None = None
-    pos = _Position()
-    contract_version: int | None = None
-    collecting = True
+    st = _State()
     for r in records:
         if r.key and r.key != key:
             continue
@@ -264,51 +275,78 @@ def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | N
             continue
         rep.messages += 1
         rep.partitions.add(r.partition)
-        if ledger is None:
-            if not creates_head(delta) and (r.partition, r.offset) not in created_at:
-                rep.rejected.extend(Skipped(r.partition, r.offset, "unknown_head",
-                                            "a delete before the head's first add", i, e.sign, e.event_ids)
-                                    for i, e in enumerate(delta.entries))
-                continue
-            ledger = ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits)
-            mset = MultisetHash(delta.d, delta.frac_bits, delta.label_frac_bits)
-            rep.units.d, rep.units.k, rep.units.k_y = delta.d, delta.frac_bits, delta.label_frac_bits
-        applied_before = pos.applied_offset
-        skipped = admit(pos, delta, r.offset)
+        if st.ledger is None and not _create_head(rep, st, r, delta, created_at):
+            continue
+        applied_before = st.pos.applied_offset
+        skipped = admit(st.pos, delta, r.offset)
         if skipped:
             rep.skipped.append(Skipped(r.partition, r.offset, skipped,
-                                       _skip_detail(skipped, delta, r.offset, pos, applied_before)))
+                                       _skip_detail(skipped, delta, r.offset, st.pos, applied_before)))
             continue
-        accepted: list[RowsEntry | tuple[PackedEntry, ExactLedger]] = []
-        contract_version = declare_outputs(ledger, delta, contract_version)
-        for _, entry, result in apply_entries(head_id, delta, ledger, partial(_apply_to, ledger)):
-            if isinstance(result, Rejection):
-                rep.rejected.append(Skipped.rejected(r, result))
-            else:
-                accepted.append(result)
-                if collecting:  # nothing reads the hash beyond the stop version
-                    mset = fold_multiset(mset, entry)
-        record_applied(pos, delta, r.offset)
+        accepted = _apply_message(rep, st, r, delta)
+        record_applied(st.pos, delta, r.offset)
         rep.final_version += 1
-        if collecting:
-            rep.version = rep.final_version
-            rep.offset_of_version[rep.version] = (r.partition, r.offset)
-            rep.retained_hash_at[rep.version] = None if mset is None else mset.fingerprint()
-            rep.contract_version_at[rep.version] = contract_version
-            for a in accepted:
-                if isinstance(a, RowsEntry):
-                    rep.units.add_rows(a)
-                else:
-                    rep.units.add_packed(*a)
-            if rep.final_version in want:
-                rep.at_version[rep.final_version] = ledger.copy()
-            if stop_version is not None and rep.final_version >= stop_version:
-                collecting = False
-                rep.ledger = ledger.copy()
-                rep.units.c = ledger.n_outputs
+        if st.collecting:
+            _collect(rep, st, r, accepted, stop_version, want)
         else:
             rep.pending += 1
-    if rep.ledger is None and ledger is not None:
+    if rep.ledger is None and st.ledger is not None:
+        rep.ledger = st.ledger.copy()
+        rep.units.c = st.ledger.n_outputs
+    return rep
+
+
+def _create_head(rep: LogReplay, st: _State, r: LogRecord, delta: Delta,
+                 created_at: Container[tuple[int, int]]) -> bool:
+    """Start the head's ledger at its first add (or a message that had one as sent); a delete
+    before it is rejected as ``unknown_head``, as the live ledger does."""
+    if not creates_head(delta) and (r.partition, r.offset) not in created_at:
+        rep.rejected.extend(Skipped(r.partition, r.offset, "unknown_head", "a delete before the head's first add",
+                                    i, e.sign, e.event_ids) for i, e in enumerate(delta.entries))
+        return False
+    st.ledger = ExactLedger(delta.d, 0, delta.frac_bits, delta.label_frac_bits)
+    st.mset = MultisetHash(delta.d, delta.frac_bits, delta.label_frac_bits)
+    rep.units.d, rep.units.k, rep.units.k_y = delta.d, delta.frac_bits, delta.label_frac_bits
+    return True
+
+
+def _apply_message(rep: LogReplay, st: _State, r: LogRecord,
+                   delta: Delta) -> list[RowsEntry | tuple[PackedEntry, ExactLedger]]:
+    """Apply an admitted message's entries with the runtime's rules; returns what the units need
+    of the accepted ones (the multiset hash is folded only while collecting: nothing reads it later)."""
+    ledger = st.ledger
+    assert ledger is not None
+    accepted: list[RowsEntry | tuple[PackedEntry, ExactLedger]] = []
+    st.contract_version = declare_outputs(ledger, delta, st.contract_version)
+    for _, entry, result in apply_entries(rep.head_id, delta, ledger, partial(_apply_to, ledger)):
+        if isinstance(result, Rejection):
+            rep.rejected.append(Skipped.rejected(r, result))
+            continue
+        accepted.append(result)
+        rep.times.apply(rep.head_id, entry)
+        if st.collecting:
+            st.mset = fold_multiset(st.mset, entry)
+    return accepted
+
+
+def _collect(rep: LogReplay, st: _State, r: LogRecord, accepted: list[RowsEntry | tuple[PackedEntry, ExactLedger]],
+             stop_version: int | None, want: set[int]) -> None:
+    """Record the version just applied (units, hash, contract, captured ledger); stop collecting
+    at ``stop_version``."""
+    ledger = st.ledger
+    assert ledger is not None
+    rep.version = rep.final_version
+    rep.offset_of_version[rep.version] = (r.partition, r.offset)
+    rep.retained_hash_at[rep.version] = None if st.mset is None else st.mset.fingerprint()
+    rep.contract_version_at[rep.version] = st.contract_version
+    for a in accepted:
+        if isinstance(a, RowsEntry):
+            rep.units.add_rows(a)
+        else:
+            rep.units.add_packed(*a)
+    if rep.final_version in want:
+        rep.at_version[rep.final_version] = ledger.copy()
+    if stop_version is not None and rep.final_version >= stop_version:
+        st.collecting = False
         rep.ledger = ledger.copy()
         rep.units.c = ledger.n_outputs
-    return rep

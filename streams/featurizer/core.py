@@ -139,15 +139,18 @@ __all__ = [
 
 # --------------------------------------------------------------------------- overlay
 class HeadRows:
-    """Rows of one head in one batch, in the four entry groups (the order of a delta's entries)."""
+    """Rows of one head in one batch, in the entry groups (the order of a delta's entries): adds,
+    deletes' rows and delete_subjects' rows (``by_subject``: they leave subject tombstones), per
+    label kind."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple[int, str], list[tuple[str, CachedSample]]] = {
-            (1, "class"): [], (1, "vector"): [], (-1, "class"): [], (-1, "vector"): [],
+        self.groups: dict[tuple[int, str, bool], list[tuple[str, CachedSample]]] = {
+            (sign, kind, by_subject): [] for sign, by_subject in ((1, False), (-1, False), (-1, True))
+            for kind in ("class", "vector")
         }
 
-    def add(self, sign: int, event_id: str, cs: CachedSample) -> None:
-        self.groups[(sign, cs.label_kind)].append((event_id, cs))
+    def add(self, sign: int, event_id: str, cs: CachedSample, by_subject: bool = False) -> None:
+        self.groups[(sign, cs.label_kind, by_subject)].append((event_id, cs))
 
     def __len__(self) -> int:
         return sum(len(items) for items in self.groups.values())
@@ -412,13 +415,14 @@ class Judgement:
         self.rows.setdefault(cs.head_id, HeadRows()).add(+1, event_id, cs)
         self.accepted += 1
 
-    def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample], event_us: int) -> None:
+    def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample], event_us: int,
+                       by_subject: bool) -> None:
         """Drop the samples from the cache and give each a ``-q`` row (all with the delete's event
-        id and event time, so the verifier can rebuild its tombstone)."""
+        id, event time and kind, so the verifier can rebuild its tombstone)."""
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
-            hr.add(-1, event_id, replace(cs, event_us=event_us))
+            hr.add(-1, event_id, replace(cs, event_us=event_us), by_subject)
         self.accepted += 1
 
     def tombstone_only(self, receipt: Receipt) -> None:
@@ -486,7 +490,7 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
         if horizon is None or t.event_us >= horizon:
             j.overlay.put_tombstone(t)
     if gone:
-        j.accept_deletes(r.head_id, r.event_id, gone, t_del)
+        j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject")
         return
     expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
     j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
@@ -504,7 +508,7 @@ def use_packed(head: HeadInfo, n_rows: int, config: CoreConfig) -> bool:
 
 def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: str,
                     config: CoreConfig) -> tuple[list[Delta], int]:
-    """(one delta per head touched, rows over all of them). Entries follow the four groups' order;
+    """(one delta per head touched, rows over all of them). Entries follow the groups' order;
     exact integer sums commute, so this gives the same ledger as the event order. Each delta names
     the head's contract (class count and version) its adds were judged against, so the ledger
     sizes the head's label columns from the contract, never from the labels seen."""
@@ -515,9 +519,9 @@ def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: s
         assert head is not None, f"rows for head {head_id!r} without head info"
         packed = use_packed(head, len(hr), config)
         entries = []
-        for (sign, _kind), items in hr.groups.items():
+        for (sign, _kind, by_subject), items in hr.groups.items():
             if items:
-                entries.append(_entry(sign, items, head, packed))
+                entries.append(_entry(sign, items, head, packed, by_subject))
                 n_rows += len(items)
         contract = delta_contract(head, config)
         named = (None, None) if contract is None else (contract.n_outputs, contract.version)
@@ -526,7 +530,8 @@ def assemble_deltas(rows: Mapping[str, HeadRows], heads: CacheView, source_id: s
     return deltas, n_rows
 
 
-def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool) -> RowsEntry | PackedEntry:
+def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, packed: bool,
+           by_subject: bool) -> RowsEntry | PackedEntry:
     event_ids = tuple(e for e, _ in items)
     sample_ids = tuple(cs.sample_id for _, cs in items)
     subject_ids = tuple(cs.subject_id for _, cs in items)
@@ -537,11 +542,11 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
     else:
         labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)
     if not packed:
-        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us)
+        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject)
     blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
     # The rows' multiset hash, so the ledger's retained-rows hash stays known (docs/design.md s.6).
     mset = MultisetHash.of_rows(Q, labels, head.frac_bits, head.label_frac_bits).to_bytes()
-    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us)
+    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us, by_subject)
 
 
 # --------------------------------------------------------------------------- the batch

@@ -44,7 +44,7 @@ from .keystore import KeyStore
 from .model import BatchOutcome
 from .probes import Probes, run_with_consumers
 from .sealing import open_sample_record, sample_sealer, seal_outcome
-from .transit import TransitKeys, is_transit_ref
+from .transit import TransitKeys
 from .transit_open import TransitGate
 
 __all__ = ["Erasure", "ledger_floors"]
@@ -120,7 +120,7 @@ class Erasure:
     def load(self, partition: int) -> None:
         self.keys.load(partition)
         if self.transit is not None:
-            self.transit.load(partition, legacy=self.keys)
+            self.transit.load(partition)
         self._unchecked.add(partition)
 
     def drop(self, partition: int) -> None:
@@ -183,8 +183,6 @@ class Erasure:
         for p in todo:
             cache = caches[p]
             for ref in self.keys.live(p):
-                if is_transit_ref(ref):  # an older release's transit key: moved out by TransitKeys.load
-                    continue
                 h, s, kid = ref
                 cur = self.keys.key_of(h, s)
                 if ref not in self.pending and (cache.get_sample(h, s) is None or cur is None or cur.key_id != kid):

@@ -10,8 +10,7 @@ before the current one's ``use_until``, so a producer always finds a valid key).
   written by a :class:`KeyStore` like the sample keys' ``subject-keys``) under the record key
   ``~transit/<created ms>.<use_until ms>/<key id>``. It moves with the partition's ownership, and
   is destroyed by that family's rotation (``KeyStore.destroy``), which rewrites only the one or two
-  live transit keys: the sample key family rotates only when sample keys are due. Keys an older
-  release kept in ``subject-keys`` are moved over on load (:meth:`TransitKeys.load`).
+  live transit keys: the sample key family rotates only when sample keys are due.
 - **Public half**: on ``<prefix>transit-keys`` (partition P modulo its partition count, record
   key ``p<P>``), acknowledged *after* the private half is durable (:func:`publish`).
 - **Destruction** of a superseded epoch, in stages (:meth:`TransitKeys.due`): (a) wall time is
@@ -150,14 +149,11 @@ class TransitKeys:
         return self.settings.topic("transit-keys")
 
     # ------------------------------------------------------------------ ownership
-    def load(self, partition: int, legacy: KeyStore | None = None) -> None:
-        """Partition taken over: its epochs from the ``transit-private`` family (transit keys an
-        older release kept in ``legacy``, the sample key store, are moved over first); the current
-        one's public half published again (a crash may have cut the first publication) or a new
-        epoch started."""
+    def load(self, partition: int) -> None:
+        """Partition taken over: its epochs from the ``transit-private`` family; the current one's
+        public half published again (a crash may have cut the first publication) or a new epoch
+        started."""
         self.keys.load(partition)
-        if legacy is not None:
-            self._migrate(partition, legacy)
         gen = self.keys.gens[partition]
         eps = [e for ref, k in gen.keys.items() if (e := Epoch.from_ref(partition, ref, k)) is not None]
         self.epochs[partition] = {e.pair.key_id: e for e in eps}
@@ -168,19 +164,6 @@ class TransitKeys:
         else:
             self._publish(current)
         log.info("transit keys of partition %d: %d epoch(s)", partition, len(self.epochs[partition]))
-
-    def _migrate(self, partition: int, legacy: KeyStore) -> None:
-        """Transit keys in the sample key family (written before ``transit-private`` existed):
-        made durable here first, then destroyed there (a crash in between leaves both copies,
-        and the next load moves them again)."""
-        old = [(ref, k) for ref, k in legacy.gens[partition].keys.items() if is_transit_ref(ref)]
-        if not old:
-            return
-        for ref, k in old:
-            self.keys.put(partition, ref, k)
-        self.keys.flush()
-        legacy.destroy(partition, [ref for ref, _ in old])
-        log.info("%d transit key(s) of partition %d moved out of the sample key family", len(old), partition)
 
     def drop(self, partition: int) -> None:
         """Partition revoked: forget its epochs and the AES keys derived from them (the next owner

@@ -8,11 +8,9 @@ piece carries the snapshot generation, the applied input offset, its index, the 
 the SHA-256 of the whole state, so a mixed or partial set can never be mistaken for a snapshot
 (docs/ledger-processor.md has the byte layout).
 
-The state blob is versioned. Version 2 adds the head's multiset hash of its retained rows
-(docs/design.md section 6). A version 1 blob, written before it existed, still loads: its head's
-hash is *unknown* (None) from then on, as after a packed entry without one, and head updates and
-receipts then carry none. Refusing it would stop every upgraded worker with exit code 2, and
-rebuilding from the log needs a ``deltas`` log that retention may have cut.
+The state blob is versioned (version 2); it holds the head's meta, the multiset hash of its
+retained rows (docs/design.md section 6; empty when unknown, as after a packed entry without
+one) and its exact ledger.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ _PIECE = struct.Struct("<4sHQqII32s")  # magic, version, generation, offset, ind
 _PIECE_MAGIC = b"ULSP"
 _STATE_MAGIC = b"ULST"
 _VERSION = 1  # of the pieces
-_STATE_VERSION = 2  # of the state blob: 1 = meta + ledger, 2 = meta + multiset hash + ledger
+_STATE_VERSION = 2  # of the state blob: meta + multiset hash + ledger
 _STATE_HEADER = struct.Struct("<HI")  # version, meta length
 _U32 = struct.Struct("<I")
 
@@ -81,22 +79,20 @@ def encode_state(state: HeadState) -> bytes:
 
 
 def decode_state(blob: bytes) -> HeadState:
-    """Version 2, or version 1 (no multiset hash: it loads as unknown). SnapshotError otherwise."""
+    """The head state ``blob`` holds (version 2); SnapshotError if it is not one."""
     if blob[:4] != _STATE_MAGIC:
         raise SnapshotError("not a head state blob")
     version, mlen = _STATE_HEADER.unpack_from(blob, 4)
-    if version not in (1, _STATE_VERSION):
+    if version != _STATE_VERSION:
         raise SnapshotError(f"unknown head state version {version}")
     pos = 4 + _STATE_HEADER.size
     meta = HeadMeta.from_json(blob[pos:pos + mlen])
     pos += mlen
-    raw_mset = b""
-    if version == _STATE_VERSION:
-        (size,) = _U32.unpack_from(blob, pos)
-        if size not in (0, STATE_BYTES):
-            raise SnapshotError(f"multiset hash of {size} bytes (0 or {STATE_BYTES})")
-        raw_mset = blob[pos + _U32.size:pos + _U32.size + size]
-        pos += _U32.size + size
+    (size,) = _U32.unpack_from(blob, pos)
+    if size not in (0, STATE_BYTES):
+        raise SnapshotError(f"multiset hash of {size} bytes (0 or {STATE_BYTES})")
+    raw_mset = blob[pos + _U32.size:pos + _U32.size + size]
+    pos += _U32.size + size
     ledger = ExactLedger.from_bytes(blob[pos:])
     mset = (MultisetHash.from_bytes(raw_mset, ledger.dim, ledger.frac_bits, ledger.label_frac_bits)
             if raw_mset else None)

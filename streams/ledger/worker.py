@@ -248,8 +248,7 @@ class LedgerWorker:
             head = HeadRuntime.from_snapshot(state, self._head_config(None))
             if head.multiset is None:
                 log.warning("head %r: the multiset hash of its retained rows is unknown (a packed entry without "
-                            "one, or a snapshot written before it existed, which deleting the ledger-state "
-                            "topics rebuilds from the log): head updates and receipts carry none", head_id)
+                            "one): head updates and receipts carry none", head_id)
             ps.heads[head_id] = head
             self.head_partition[head_id] = partition
             # The last update a reader saw may be a fast one that its writer never got to reset:

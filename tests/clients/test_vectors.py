@@ -50,8 +50,7 @@ def test_vectors_cover_every_head_flag() -> None:
     seen = 0
     for case in heads["cases"]:
         seen |= case["flags"]
-    known = 0x1F if GEN.HAS_CLASSES else 0x0F
-    assert seen == known
+    assert seen == 0x1F
     bad = json.loads((VECTORS / "heads_malformed.json").read_text())
     assert {c["kind"] for c in bad["cases"]} >= {"truncated", "checksum", "unknown version", "unknown flags",
                                                  "magic", "weights", "padding"}

@@ -42,7 +42,8 @@ def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
     else:
         labels = draw(hnp.arrays(np.int64, (n, draw(st.integers(1, 4))), elements=_I64))
     q = draw(hnp.arrays(np.int64, (n, d), elements=_I64))
-    return RowsEntry(draw(st.sampled_from([1, -1])), *ids, labels, q, draw(_event_times(n)))
+    sign = draw(st.sampled_from([1, -1]))
+    return RowsEntry(sign, *ids, labels, q, draw(_event_times(n)), sign < 0 and draw(st.booleans()))
 
 
 def _event_times(n: int) -> st.SearchStrategy[list[int]]:
@@ -56,8 +57,9 @@ _multiset_hash = st.none() | st.integers(0, 2**32 - 1).map(lambda s: np.random.d
 def _packed(draw: st.DrawFn) -> PackedEntry:
     n = draw(st.integers(1, 5))
     ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
-    return PackedEntry(draw(st.sampled_from([1, -1])), *ids, draw(st.binary(max_size=64)), draw(_multiset_hash),
-                       draw(_event_times(n)))
+    sign = draw(st.sampled_from([1, -1]))
+    return PackedEntry(sign, *ids, draw(st.binary(max_size=64)), draw(_multiset_hash), draw(_event_times(n)),
+                       sign < 0 and draw(st.booleans()))
 
 
 @st.composite
@@ -318,6 +320,14 @@ def test_delta_event_times_are_checked() -> None:
     body[at:at + 8] = struct.pack("<q", -7)
     with pytest.raises(CodecError, match="negative event time"):
         decode_delta(_reframe(raw, bytes(body)))
+    with pytest.raises(CodecError, match="by_subject"):  # only deletes leave tombstones
+        encode_delta(Delta("h", "f", 2, 30, 0, [RowsEntry(1, ["e"], ["s"], ["u"], labels, q, [7], True)]))
+    by_subject = encode_delta(Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], labels, q, [7], True)]))
+    assert decode_delta(by_subject).entries[0].by_subject
+    body = bytearray(by_subject[PREFIX.size:-4])
+    body[body.index(struct.pack("<BbHI", 1, -1, 2, 1)) + 1] = 1  # the same entry as an add: flag refused
+    with pytest.raises(CodecError, match="unknown entry flags"):
+        decode_delta(_reframe(by_subject, bytes(body)))
     for version in (2, 3):  # one version: nothing else was ever released
         with pytest.raises(CodecError, match=f"unknown version {version}"):
             decode_delta(_reframe(raw, version=version))

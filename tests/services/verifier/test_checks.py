@@ -137,7 +137,7 @@ def test_one_function_per_check_on_the_evidence() -> None:
     names = [c.name for c in run_checks(ev, np.random.default_rng(0), orders=1, partitionings=1, tolerance=1e-8,
                                         require_live=True, gamma=None)]
     assert names == ["log_replay", "shuffled_orders", "repartitionings", "from_scratch", "live_digest",
-                     "retained_hash", "canonical_head", "retrain_deviation"]
+                     "retained_hash", "canonical_head", "retrain_deviation", "remove_wins"]
     offline = Evidence.gather(recs, None, "h")
     assert check_live_digest(offline, require_live=False).status == "skipped"
     assert check_live_digest(offline, require_live=True).status == "fail"

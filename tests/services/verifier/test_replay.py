@@ -22,7 +22,8 @@ def test_replay_certifies_the_live_head_with_the_live_skip_rules() -> None:
     assert cert.ok, cert.summary()
     assert {c.name: c.status for c in cert.checks} == {
         "log_replay": "pass", "shuffled_orders": "pass", "repartitionings": "pass", "from_scratch": "pass",
-        "live_digest": "pass", "retained_hash": "pass", "canonical_head": "pass", "retrain_deviation": "pass"}
+        "live_digest": "pass", "retained_hash": "pass", "canonical_head": "pass", "retrain_deviation": "pass",
+        "remove_wins": "pass"}
     # the same skip decisions as the live rules
     assert cert.replay["version"] == rt.version and cert.replay["digest"] == rt.ledger.digest()
     assert cert.replay["digest"] == b.reference().digest()

@@ -224,13 +224,13 @@ def test_delete_and_delete_subject_use_the_cached_q_and_label() -> None:
                           cache, cfg(), no_encoder)
     assert out.deadletters == [] and out.accepted == 2 and out.rows == 4
     (delta,) = out.deltas
-    (entry,) = delta.entries
-    assert entry.sign == -1
-    assert entry.event_ids == ("del-d", "forget-s1", "forget-s1", "forget-s1")
-    assert entry.sample_ids == ("d", "a", "b", "c")  # subject's samples ordered by sample id
-    assert entry.subject_ids == ("s2", "s1", "s1", "s1")
-    np.testing.assert_array_equal(entry.q, [[0, 0, 1], [1, 2, 3], [4, 5, 6], [7, 8, 9]])
-    np.testing.assert_array_equal(entry.labels, [2, 4, 1, 0])
+    one, subject = delta.entries  # a delete_subject's rows are an entry of their own (subject tombstones)
+    assert (one.sign, one.by_subject, subject.sign, subject.by_subject) == (-1, False, -1, True)
+    assert one.event_ids + subject.event_ids == ("del-d", "forget-s1", "forget-s1", "forget-s1")
+    assert one.sample_ids + subject.sample_ids == ("d", "a", "b", "c")  # subject's samples ordered by sample id
+    assert one.subject_ids + subject.subject_ids == ("s2", "s1", "s1", "s1")
+    np.testing.assert_array_equal(np.concatenate([one.q, subject.q]), [[0, 0, 1], [1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    np.testing.assert_array_equal(np.concatenate([one.labels, subject.labels]), [2, 4, 1, 0])
     assert set(out.mutations.drop_samples) == {("h", "a"), ("h", "b"), ("h", "c"), ("h", "d")}
     assert out.mutations.put_samples == ()
     cache.apply(out.mutations)

@@ -59,7 +59,7 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
                                      **{"enable.auto.commit": False, "enable.partition.eof": True}))
     try:
         samples.load(0)
-        transit.load(0, legacy=samples)
+        transit.load(0)
         (first,) = transit.epochs[0].values()
         # the private half is durable in the transit-private family, the public half published
         stored = read_partition_keys(s, fam, [fam.topic(0, 0)], 0)
@@ -112,35 +112,4 @@ def test_a_lagging_router_keeps_a_superseded_transit_key_until_everything_is_rou
     finally:
         group.close()
         keys.retire_due(force=True)
-        samples.close()
-
-
-def test_transit_keys_an_older_release_kept_in_the_sample_key_family_are_moved_out(settings: Settings) -> None:
-    """Before ``transit-private`` existed, the private halves lived in ``subject-keys``: on load they
-    are made durable in ``transit-private`` first, then destroyed in ``subject-keys`` (a tombstone; one
-    rotation where the broker does not compact)."""
-    from unlearn.schemas.sealed import SampleKey
-    from unlearn.schemas.transit import new_transit_key
-    from unlearn.streams.featurizer.transit import Epoch
-
-    s = settings.with_(transit_rotate_seconds=10.0)
-    clock = Clock(1_000_000.0)
-    samples = KeyStore(s)
-    try:
-        samples.load(0)
-        old = Epoch(0, new_transit_key(), clock.t - 4.0, clock.t + 6.0)  # still current
-        samples.put(0, old.ref, SampleKey(old.pair.key_id, old.pair.private_key))
-        samples.flush()
-        fam = transit_private_family(s.topic_prefix)
-        transit = TransitKeys(s, KeyStore(s, fam, samples), s.topic("requests"), s.topic("requests.by-head"),
-                              clock=clock)
-        transit.load(0, legacy=samples)
-        assert set(transit.epochs[0]) == {old.pair.key_id}  # kept as the current epoch, not replaced
-        # gone from the sample family: a tombstone where the broker compacts, else one rotation
-        assert samples.live(0) == [] and samples.gens[0].generation == (0 if samples.compacts else 1)
-        stored = read_partition_keys(s, fam, [fam.topic(0, 0)], 0)
-        assert stored is not None and list(stored.keys) == [old.ref]
-        assert transit.lookup(0, old.pair.key_id) == old.pair
-    finally:
-        samples.retire_due(force=True)
         samples.close()

@@ -1,0 +1,97 @@
+"""Remove-wins, re-judged by the replay: no retained add is dated at or before a delete of it.
+
+The featurizer refuses an add whose event time is not later than a matching tombstone, and a
+delete removes every cached add dated at or before it (``streams/featurizer/tombstones.py``).
+So in the state the whole ``deltas`` log describes, no retained add may be dated at or before
+a tombstone that matches it. The replay rebuilds the tombstones from what it reads:
+
+- every applied delete row: a tombstone of its (head, sample, subject), or of its (head,
+  subject) when a delete_subject removed it (``by_subject``), dated with the row's event time
+  (the delete's, carried in the delta: ``schemas/delta_codec.py``);
+- every ``tombstoned`` receipt (a delete that removed nothing): a sample tombstone when it names
+  its sample, else (a delete_subject) a subject tombstone, dated ``tombstone_ts``;
+
+and judges every retained add with the featurizer's own rule (``blocking_tombstone``). What it
+cannot see: which client a tombstone was scoped to (neither deltas nor receipts name it; in
+signed mode a client without ``may_delete_others`` leaves tombstones of its own adds only), so
+every rebuilt tombstone matches every client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, SealedRowsEntry
+from unlearn.schemas.receipts import Receipt
+from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone, seconds_to_us
+
+__all__ = ["EventTimes", "RetainedAdd", "receipt_tombstones", "violations"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedAdd:
+    """An add row the log retains, named as the rule needs it (``tombstones.AddName``)."""
+
+    head_id: str
+    sample_id: str
+    subject_id: str
+    event_id: str
+    event_us: int
+    client_id: str = ""  # deltas do not name the client: judged as any client's
+
+
+@dataclass
+class EventTimes:
+    """The applied rows' event times in log order: per sample the stack of adds no delete has
+    removed yet (a delete removes the latest earlier add, as ``orders.dependencies`` matches them),
+    and the tombstones the delete rows leave."""
+
+    adds: dict[str, list[RetainedAdd]] = field(default_factory=dict)
+    tombstones: list[Tombstone] = field(default_factory=list)
+
+    def apply(self, head_id: str, e: RowsEntry | PackedEntry | SealedRowsEntry) -> None:
+        """One applied entry: push its adds, or pop the adds its deletes remove and keep their tombstones."""
+        for ev, sample, subject, t in zip(e.event_ids, e.sample_ids, e.subject_ids, e.event_us, strict=True):
+            if e.sign > 0:
+                self.adds.setdefault(sample, []).append(RetainedAdd(head_id, sample, subject, ev, t))
+                continue
+            stack = self.adds.get(sample)
+            if stack:
+                stack.pop()
+            kind, id_ = ("subject", subject) if e.by_subject else ("sample", sample)
+            self.tombstones.append(Tombstone(head_id, kind, id_, subject, "", t, ev))
+
+    def retained(self) -> list[RetainedAdd]:
+        """Every add no delete removed, in sample order."""
+        return [a for sample in sorted(self.adds) for a in self.adds[sample]]
+
+
+def receipt_tombstones(receipts: Iterable[Receipt]) -> list[Tombstone]:
+    """The tombstones ``tombstoned`` receipts say their deletes left (a delete names its sample,
+    a delete_subject none)."""
+    out = []
+    for r in receipts:
+        if r.status != "tombstoned" or r.tombstone_ts is None:
+            continue
+        t = seconds_to_us(r.tombstone_ts)
+        if r.sample_ids:
+            out += [Tombstone(r.head_id, "sample", s, r.subject_id, "", t, r.event_id) for s in r.sample_ids]
+        else:
+            out.append(Tombstone(r.head_id, "subject", r.subject_id, r.subject_id, "", t, r.event_id))
+    return out
+
+
+def violations(retained: Sequence[RetainedAdd], tombstones: Iterable[Tombstone]) -> list[tuple[RetainedAdd, Tombstone]]:
+    """Each retained add a tombstone refuses, with the latest such tombstone (the featurizer's rule)."""
+    by_name: dict[tuple[str, str, str], list[Tombstone]] = {}
+    for t in tombstones:
+        by_name.setdefault((t.kind, t.id, t.subject_id), []).append(t)
+    out = []
+    for a in retained:
+        found = by_name.get(("sample", a.sample_id, a.subject_id), []) + by_name.get(
+            ("subject", a.subject_id, a.subject_id), [])
+        block = blocking_tombstone(a, a.event_us, found)
+        if block is not None:
+            out.append((a, block))
+    return out

@@ -1,0 +1,111 @@
+"""The verifier re-judges remove-wins (``services/verifier/remove_wins.py``): the deltas carry each
+row's event time, the replay rebuilds the tombstones from the delete rows and the ``tombstoned``
+receipts, and a retained add dated at or before one of them fails the certificate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.streams.featurizer.test_tombstones import BASE, NOW, add_req, cfg, scenarios
+from unlearn.infra.topic_reader import LogRecord
+from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.receipts import Receipt
+from unlearn.services.verifier.checks import Evidence, check_remove_wins
+from unlearn.streams.featurizer.cache import FeatureCache
+from unlearn.streams.featurizer.core import InMessage, featurize_batch
+from unlearn.streams.featurizer.tombstones import seconds_to_us
+
+
+def _rows(sign: int, ev: str, sample: str, subject: str, t_us: int, by_subject: bool = False) -> RowsEntry:
+    return RowsEntry(sign, [ev], [sample], [subject], np.array([0]), np.array([[1, 2]]), [t_us], by_subject)
+
+
+def _records(deltas: list[Delta]) -> list[LogRecord]:
+    return [LogRecord(0, i, 0, d.head_id.encode(), encode_delta(d)) for i, d in enumerate(deltas)]
+
+
+def test_a_retained_add_dated_at_or_before_a_delete_fails() -> None:
+    """Delete rows (of a sample, or of a subject: a delete_subject's) and tombstoned receipts (of
+    a sample, or of a subject: no sample named) are tombstones; an add after them passes, one at
+    or before them fails, counted in the check."""
+    deltas = [Delta("h", "src", 2, 30, 0, [_rows(1, "a1", "x1", "u", 10), _rows(1, "a3", "x3", "s", 10)]),
+              Delta("h", "src", 2, 30, 0, [_rows(-1, "d1", "x1", "u", 20), _rows(-1, "ds", "x3", "s", 50, True)]),
+              Delta("h", "src", 2, 30, 0, [_rows(1, "a1b", "x1", "u", 21), _rows(1, "a2", "x2", "v", 31)])]
+    receipts = [Receipt.tombstoned("d2", "v", "h", ["x2"], 30e-6, None, 1.0),
+                Receipt.tombstoned("d3", "w", "h", [], 40e-6, None, 1.0)]
+    ok = check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
+    assert ok.status == "pass" and ok.data == {"violations": 0, "retained_adds": 2, "tombstones": 4}, ok
+    for late in (_rows(1, "late-x1", "x1", "u", 20), _rows(1, "late-x2", "x2", "v", 30),
+                 _rows(1, "late-w", "x9", "w", 39), _rows(1, "late-s", "x4", "s", 50)):
+        bad = check_remove_wins(Evidence.gather(_records([*deltas, Delta("h", "f", 2, 30, 0, [late])]), None, "h",
+                                                receipts))
+        assert bad.status == "fail" and bad.data["violations"] == 1, bad
+        assert bad.data["examples"][0]["event_id"] == late.event_ids[0]
+    # a receipt's tombstone of another head or another subject refuses nothing here
+    other = [Receipt.tombstoned("d4", "v", "other", ["x2"], 99e-6, None, 1.0),
+             Receipt.tombstoned("d5", "z", "h", ["x2"], 99e-6, None, 1.0)]
+    assert check_remove_wins(Evidence.gather(_records(deltas), None, "h", [*receipts, *other])).status == "pass"
+
+
+def _featurize(reqs: list[Request], cuts: list[int], cache: FeatureCache) -> tuple[list[Delta], list[Receipt], dict]:
+    """The requests through the featurizer's core in batches: its deltas, receipts and refused adds."""
+    deltas, receipts, refused = [], [], {}
+    at = offset = 0
+    while at < len(reqs):
+        chunk = reqs[at: at + cuts[at]]
+        msgs = [InMessage(0, offset + i, encode_request(r), r.subject_id.encode()) for i, r in enumerate(chunk)]
+        out = featurize_batch(msgs, cache, cfg(), now=NOW)
+        deltas += out.deltas
+        receipts += out.receipts
+        refused.update({dl.event_id: dl.reason for dl in out.deadletters})
+        cache.commit_batch(out.mutations, [], out.last_offset)
+        offset += len(chunk)
+        at += len(chunk)
+    return deltas, receipts, refused
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenario=scenarios(), data=st.data())
+def test_the_featurizers_deltas_pass_and_an_add_it_refused_fails(
+        tmp_path_factory: pytest.TempPathFactory, scenario: tuple[list[Request], list[int]],
+        data: st.DataObject) -> None:
+    """Any interleaving through the featurizer's core: the verifier's replay of its deltas and
+    receipts finds no violation; an add the featurizer refused as ``deleted_before_arrival``,
+    slipped into the deltas with the event time it was judged with, is found."""
+    reqs, cuts = scenario
+    with FeatureCache(tmp_path_factory.mktemp("rw") / "p0.sqlite") as cache:
+        deltas, receipts, refused = _featurize(reqs, cuts, cache)
+    for d in deltas:  # each row names the event time it was judged with
+        for e in d.entries:
+            by_event = {r.event_id: r for r in reqs}
+            for ev, t in zip(e.event_ids, e.event_us, strict=True):
+                assert t == seconds_to_us(by_event[ev].ts)  # type: ignore[arg-type]
+    check = check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
+    assert check.status == ("pass" if deltas else "skipped"), check
+    late = sorted(ev for ev, reason in refused.items() if reason == "deleted_before_arrival")
+    if not late or not deltas:
+        return
+    pick = data.draw(st.sampled_from(late))
+    r = next(x for x in reqs if x.event_id == pick)
+    forged = Delta("h", "forged", deltas[0].d, deltas[0].frac_bits, deltas[0].label_frac_bits,
+                   [RowsEntry(1, [r.event_id], [str(r.sample_id)], [r.subject_id], [0], [[1] * deltas[0].d],
+                              [seconds_to_us(r.ts or BASE)])])
+    bad = check_remove_wins(Evidence.gather(_records([*deltas, forged]), None, "h", receipts))
+    assert bad.status == "fail" and bad.data["violations"] >= 1, bad
+    assert r.event_id in {x["event_id"] for x in bad.data["examples"]}
+
+
+def test_an_add_name_is_what_the_rule_reads() -> None:
+    """The verifier's retained row and a request are judged by the same function."""
+    from unlearn.services.verifier.remove_wins import RetainedAdd, violations
+    from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone
+
+    t = Tombstone("h", "sample", "x", "u", "", seconds_to_us(BASE + 5), "d")
+    req = add_req("a", "x", "u", BASE + 5)
+    row = RetainedAdd("h", "x", "u", "a", seconds_to_us(BASE + 5))
+    assert blocking_tombstone(req, row.event_us, [t]) == t == violations([row], [t])[0][1]
+    assert not violations([RetainedAdd("h", "x", "u", "a", seconds_to_us(BASE + 5) + 1)], [t])
