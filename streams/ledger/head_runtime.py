@@ -1,12 +1,12 @@
 """One head inside the ledger processor: exact ledger + fast tracker + bookkeeping, no I/O.
 
-The ledger worker (worker.py) is a thin shell around this: it hands each ``deltas`` message with
-its offset to ``HeadRuntime.apply``, which applies it to the exact ledger and the retained rows'
-multiset hash (one version per message), then once per poll calls ``HeadRuntime.sync``, which
-brings the fast head up to the ledger in one tracker update or a reset (coalescing,
-docs/ledger-processor.md), and publishes what came back. Keeping the logic here makes every rule
-(skip redelivered offsets, reject bad entries without touching state, receipts, reset policy)
-testable without a broker.
+The ledger worker hands each ``deltas`` message with its offset to ``HeadRuntime.apply``
+(fold.py), which applies it to the exact ledger and the retained rows' multiset hash (one version
+per message); once per poll, before publishing the head, ``HeadRuntime.sync`` (outputs.py) brings
+the fast head up to the ledger in one tracker update or a reset (``TrackedHead.sync``:
+coalescing, docs/ledger-processor.md). Keeping the logic here makes every rule (skip redelivered
+offsets, reject bad entries without touching state, receipts, reset policy) testable without a
+broker.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head
@@ -20,18 +19,15 @@ from unlearn.services.client.predict import featurize_rows, predict_features
 from unlearn.services.serving.predict import predict
 from unlearn.services.serving.store import ServedHead
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.worker import LedgerWorker
+from unlearn.streams.ledger.outputs import head_update
 
 GAMMA = 0.5
 CFG = HeadConfig(gamma=GAMMA, reset_every=1000, drift_threshold=1.0)
 
 
 def published(rt: HeadRuntime) -> HeadUpdate:
-    """What the ledger processor publishes for ``rt``, through the codec (``head_update`` reads
-    only the worker's settings)."""
-    w = LedgerWorker.__new__(LedgerWorker)
-    w.settings = Settings(gamma=GAMMA)
-    return decode_head(encode_head(w.head_update(rt)))
+    """What the ledger processor publishes for ``rt`` (with its posterior, the default), through the codec."""
+    return decode_head(encode_head(head_update(rt, posterior=True)))
 
 
 def retrain(rows: list[tuple[np.ndarray, int]], d: int, c: int) -> np.ndarray:

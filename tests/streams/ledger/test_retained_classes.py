@@ -10,7 +10,7 @@ from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.worker import LedgerWorker
+from unlearn.streams.ledger.outputs import head_update
 
 D = 8
 CFG = HeadConfig(gamma=1.0, reset_every=1000, drift_threshold=1.0)  # no drift-triggered resets
@@ -31,13 +31,8 @@ def delta(src: int, *entries: RowsEntry, classes: int = 10) -> Delta:
 
 
 def update(rt: HeadRuntime) -> HeadUpdate:
-    """The update the worker publishes for ``rt``, through the codec (``head_update`` reads only
-    the worker's settings, so a bare instance without a broker will do)."""
-    from unlearn.infra.settings import Settings
-
-    w = LedgerWorker.__new__(LedgerWorker)
-    w.settings = Settings()
-    return decode_head(encode_head(w.head_update(rt)))
+    """The update the worker publishes for ``rt`` (with its posterior, the default), through the codec."""
+    return decode_head(encode_head(head_update(rt, posterior=True)))
 
 
 def test_retained_classes_follow_the_exact_counts_through_deletes_fast_and_exact() -> None:
