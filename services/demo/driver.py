@@ -28,6 +28,7 @@ from tqdm import tqdm
 from unlearn.infra.broker import LocalBroker, free_port
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
@@ -194,21 +195,19 @@ class Demo:
 
     def wait_retained(self, n: int, desc: str, timeout: float) -> HeadUpdate:
         """Wait until the head retains ``n`` samples and every pending receipt arrived."""
-        deadline = time.monotonic() + timeout
-        bar = tqdm(total=n, desc=desc, unit="samples", leave=False)
-        try:
-            while True:
+        with tqdm(total=n, desc=desc, unit="samples", leave=False) as bar:
+
+            def reached(_remaining: float) -> HeadUpdate | None:
                 h = self.heads.get(self.head)
                 if h is not None:
                     bar.n = min(h.n_retained, n) if n else 0
                     bar.refresh()
                     if h.n_retained == n and all(e in self.receipts.arrived for e in self.pending_receipts):
                         return h
-                if time.monotonic() > deadline:
-                    raise TimeoutError(self._stuck_message(n, timeout, h))
-                time.sleep(0.1)
-        finally:
-            bar.close()
+                return None
+
+            return poll_until(reached, timeout, interval=0.1, timed_out=lambda: TimeoutError(
+                self._stuck_message(n, timeout, self.heads.get(self.head))))
 
     def _stuck_message(self, n: int, timeout: float, h: HeadUpdate | None) -> str:
         logs = "\n".join(f"--- {p.name}\n{p.log_tail(15)}" for p in self.procs)
