@@ -36,7 +36,7 @@ class LedgerParts(NamedTuple):
     n_outputs: int
     frac_bits: int
     label_frac_bits: int
-    count: int
+    retained: int  # samples
     class_counts: NDArray[np.int64]
     gram: Limbs  # AA, X, BB (d, d)
     moments: Limbs  # GAA, GX, GBB (d, c)
@@ -82,7 +82,7 @@ def ledger_digest(p: LedgerParts) -> str:
     """
     h = hashlib.sha256()
     h.update(DIGEST_DOMAIN)
-    h.update(struct.pack("<qqqqq", p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.count))
+    h.update(struct.pack("<qqqqq", p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.retained))
     # S's upper triangle, row-major, fed to the hash 32 rows at a time: the same byte stream as
     # one encoding of the whole triangle, without its (d^2 / 2)-entry temporaries (every reset)
     d = p.dim
@@ -103,7 +103,7 @@ def encode_ledger(p: LedgerParts) -> bytes:
     i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
     """
     parts = [
-        BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.count),
+        BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.retained),
         p.class_counts.astype("<i8").tobytes(),
         *(M.astype("<i8").tobytes() for M in upper_limbs(p.gram)),
         *(M.astype("<i8").tobytes() for M in p.moments),

@@ -351,5 +351,5 @@ class ExactLedger:
         led._class_counts = p.class_counts
         led._AA, led._X, led._BB = p.gram
         led._GAA, led._GX, led._GBB = p.moments
-        led._count = p.count
+        led._count = p.retained
         return led
