@@ -26,7 +26,8 @@ KeyLookup = Callable[[str, str, str], SampleKey | None]
 
 @dataclass(frozen=True)
 class ErasedRow:
-    """A sealed row whose key no longer exists: only its identifiers and commitment are known."""
+    """A sealed row whose key no longer exists: only its identifiers, commitment, event time and
+    (a delete's) ``by_subject`` are known."""
 
     sign: int
     event_id: str
@@ -34,6 +35,8 @@ class ErasedRow:
     subject_id: str
     key_id: str
     commitment: bytes
+    event_us: int = 0
+    by_subject: bool = False
 
     def pair_key(self) -> tuple[str, str, bytes]:
         """What an erased add and its erased delete share (the head is the delta's)."""
@@ -100,7 +103,8 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             sample, kid = e.sample_ids[i], e.key_ids[i]
             key = lookup(delta.head_id, sample, kid)
             if key is None:
-                out.erased.append(ErasedRow(e.sign, e.event_ids[i], sample, e.subject_ids[i], kid, e.commitments[i]))
+                out.erased.append(ErasedRow(e.sign, e.event_ids[i], sample, e.subject_ids[i], kid, e.commitments[i],
+                                            e.event_us[i], e.by_subject))
                 continue
             row = unseal(key, PURPOSE_ROW, delta.head_id, sample, e.ciphertexts[i])
             if commitment(key, delta.head_id, sample, row) != e.commitments[i]:

@@ -18,6 +18,7 @@ from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed_delta import is_sealed
+from unlearn.streams.featurizer.tombstones import Tombstone
 from unlearn.streams.ledger.unseal import RowOpener
 
 from .certificate import Certificate, Check, head_json
@@ -26,13 +27,19 @@ from .erasure import check_erased_pairs, open_records, unreproducible_versions
 from .errors import VerifyError
 from .export import read_export
 from .reading import decode_receipts, delta_head, read_head_records, read_head_updates, read_receipt_records
+from .remove_wins import erased_tombstones
+
+#: What the replay needs of erased rows: the messages that created the head as sent, the deletes' tombstones.
+_Erased = tuple[set[tuple[int, int]], list[Tombstone]]
+_NOTHING_ERASED: _Erased = (set(), [])
 
 
 def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None, head_id: str, *,
            orders: int = 3, partitionings: int = 3, seed: int | None = None, tolerance: float = 1e-8,
            source: dict[str, Any] | None = None, require_live: bool = True,
            gamma: float | None = None, receipts: Sequence[Receipt] = (),
-           created_at: Container[tuple[int, int]] = frozenset()) -> Certificate:
+           created_at: Container[tuple[int, int]] = frozenset(),
+           erased_tombstones: Sequence[Tombstone] = ()) -> Certificate:
     """Run every check on a head's deltas (log order) and its head updates (log order; None when
     there are none to compare with). ``require_live``: a missing live head fails the live check
     (broker mode) instead of skipping it (a file exported without heads). ``gamma`` is used for
@@ -40,7 +47,8 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
     the head's applied receipts are checked for their retained-rows hash, its tombstoned ones for
     removing nothing (rejected ones are ignored).
     ``created_at``: messages that had an add as sent though every row of it is erased since
-    (``ErasureEvidence.sealed_adds``): they created the head live, so they do in the replay.
+    (``ErasureEvidence.sealed_adds``): they created the head live, so they do in the replay;
+    ``erased_tombstones``: the tombstones of delete rows erased since, for remove-wins.
 
     Runs with one BLAS thread: the replays are many small exact GEMMs, which a multithreaded BLAS
     only slows down on a shared box (~3x here); results are exact integers either way."""
@@ -49,7 +57,7 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
     with threadpool_limits(limits=1, user_api="blas"):
         seed = int(seed) if seed is not None else secrets.randbits(63)  # recorded: the run can be redone
         rng = np.random.default_rng(seed)
-        ev = Evidence.gather(delta_records, head_updates, head_id, receipts, created_at)
+        ev = Evidence.gather(delta_records, head_updates, head_id, receipts, created_at, erased_tombstones)
         rep = ev.replay
         warnings: list[str] = []
         if len(rep.partitions) > 1:
@@ -66,9 +74,10 @@ def verify(delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate
 
 def _open_sealed(settings: Settings, deltas: Sequence[LogRecord], updates: list[HeadUpdate],
                  receipts: list[Receipt], head_id: str) -> tuple[list[LogRecord], list[HeadUpdate], list[Receipt],
-                                                             Check | None, set[tuple[int, int]]]:
+                                                             Check | None, _Erased]:
     """Sealed rows opened with the key family (docs/erasure.md); the updates and receipts at
-    versions nobody can reproduce after an erasure left out; the ``erased_pairs`` check."""
+    versions nobody can reproduce after an erasure left out; the ``erased_pairs`` check; what
+    the replay needs of the erased rows (the messages that created the head, the deletes' tombstones)."""
     try:
         opened, erased = open_records(deltas, head_id, RowOpener(settings, batch=True, role="verifier"))
     except KeysUnavailable as exc:
@@ -78,7 +87,7 @@ def _open_sealed(settings: Settings, deltas: Sequence[LogRecord], updates: list[
     updates = [u for u in updates if u.version not in gone]
     receipts = [r for r in receipts if int(r.head_version or 0) not in gone]
     return (opened, updates, receipts, check_erased_pairs(erased, len(gone), n_claims - len(updates) - len(receipts)),
-            erased.sealed_adds)
+            (erased.sealed_adds, erased_tombstones(head_id, (row for _, _, row in erased.erased))))
 
 
 def _sealed(r: LogRecord) -> bool:
@@ -97,7 +106,7 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
     receipts = decode_receipts(read_receipt_records(settings, head_id, timeout))
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
-    deltas, updates, receipts, pairs, created_at = _open_sealed(settings, deltas, updates, receipts, head_id)
+    deltas, updates, receipts, pairs, (created_at, tombs) = _open_sealed(settings, deltas, updates, receipts, head_id)
     cert = verify(deltas, updates, head_id,
                   orders=settings.verify_orders if orders is None else orders,
                   partitionings=settings.verify_partitionings if partitionings is None else partitionings,
@@ -105,7 +114,7 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
                   source={"kind": "broker", "bootstrap": settings.bootstrap,
                           "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern,
                           "receipts_topic": settings.topic("receipts")},
-                  require_live=True, receipts=receipts, created_at=created_at)
+                  require_live=True, receipts=receipts, created_at=created_at, erased_tombstones=tombs)
     if pairs is not None:
         cert.checks.append(pairs)
     if bad:
@@ -140,12 +149,13 @@ def verify_file(path: str | Path, head_id: str | None = None, *, orders: int = 3
         head_id = ids.pop()
     updates, bad = read_head_updates(heads, head_id)
     decoded = decode_receipts(receipts)
-    pairs, created_at = None, set[tuple[int, int]]()
+    pairs, (created_at, tombs) = None, _NOTHING_ERASED
     if keys_from is not None:
-        deltas, updates, decoded, pairs, created_at = _open_sealed(keys_from, deltas, updates, decoded, head_id)
+        deltas, updates, decoded, pairs, (created_at, tombs) = _open_sealed(keys_from, deltas, updates, decoded,
+                                                                             head_id)
     cert = verify(deltas, updates if heads else None, head_id, orders=orders, partitionings=partitionings,
                   seed=seed, tolerance=tolerance, source={"kind": "file", "path": str(path)}, require_live=False,
-                  gamma=gamma, receipts=decoded, created_at=created_at)
+                  gamma=gamma, receipts=decoded, created_at=created_at, erased_tombstones=tombs)
     if pairs is not None:
         cert.checks.append(pairs)
     if keys_from is None and any(_sealed(r) for r in deltas):

@@ -27,6 +27,7 @@ from unlearn.ledger.smw import relative_deviation
 from unlearn.ledger.solve import posterior_inverse_cho_solve
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 from .certificate import Check
 from .orders import (
@@ -60,16 +61,19 @@ class Evidence:
     comps: list[list[int]]
     receipts: list[Receipt] = field(default_factory=list)
     tombstoned: list[Receipt] = field(default_factory=list)  # the head's deletes that removed nothing
+    erased_tombstones: list[Tombstone] = field(default_factory=list)  # of delete rows erased since
     _solved: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def gather(cls, delta_records: Sequence[LogRecord], head_updates: Sequence[HeadUpdate] | None,
                head_id: str, receipts: Sequence[Receipt] = (),
-               created_at: Container[tuple[int, int]] = frozenset()) -> Evidence:
+               created_at: Container[tuple[int, int]] = frozenset(),
+               erased_tombstones: Sequence[Tombstone] = ()) -> Evidence:
         """Replay to the live head's version (so every digest describes the events it covers),
         keeping a ledger copy at the latest exact update's version for the canonical check.
         ``receipts``: any receipts; the head's applied ones are kept. ``created_at``: see
-        ``replay_log`` (messages that created the head as sent, though erased since)."""
+        ``replay_log`` (messages that created the head as sent, though erased since);
+        ``erased_tombstones``: ``remove_wins.erased_tombstones`` of the rows erased since."""
         updates = list(head_updates or [])
         latest, latest_exact = live_updates(updates)
         stop = latest.version if latest is not None else None
@@ -79,7 +83,7 @@ class Evidence:
         applied = [r for r in receipts if r.head_id == head_id and r.status == "applied"]
         tombstoned = [r for r in receipts if r.head_id == head_id and r.status == "tombstoned"]
         return cls(head_id, rep, updates, latest, latest_exact, digest, dependencies(rep.units),
-                   components(rep.units), applied, tombstoned)
+                   components(rep.units), applied, tombstoned, list(erased_tombstones))
 
     @property
     def units(self) -> Units:
@@ -156,12 +160,12 @@ def check_tombstoned_receipts(ev: Evidence) -> Check | None:
 
 def check_remove_wins(ev: Evidence) -> Check:
     """Remove wins, in event time (``remove_wins.py``): no add the whole log retains is dated at
-    or before a tombstone that matches it, rebuilt from the applied delete rows and the
-    ``tombstoned`` receipts and judged with the featurizer's own rule."""
+    or before a tombstone that matches it, rebuilt from the delete rows (applied, or erased since)
+    and the ``tombstoned`` receipts and judged with the featurizer's own rule."""
     rep = ev.replay
     if rep.ledger is None:
         return Check("remove_wins", "skipped", "nothing to replay")
-    tombs = rep.times.tombstones + receipt_tombstones(ev.tombstoned)
+    tombs = rep.times.tombstones + ev.erased_tombstones + receipt_tombstones(ev.tombstoned)
     retained = rep.times.retained()
     bad = violations(retained, tombs)
     data: dict[str, Any] = {"violations": len(bad), "retained_adds": len(retained), "tombstones": len(tombs)}

@@ -8,6 +8,7 @@ a tombstone that matches it. The replay rebuilds the tombstones from what it rea
 - every applied delete row: a tombstone of its (head, sample, subject), or of its (head,
   subject) when a delete_subject removed it (``by_subject``), dated with the row's event time
   (the delete's, carried in the delta: ``schemas/delta_codec.py``);
+- every delete row erased since (its key destroyed: ``erasure.open_records``), the same way;
 - every ``tombstoned`` receipt (a delete that removed nothing): a sample tombstone when it names
   its sample, else (a delete_subject) a subject tombstone, dated ``tombstone_ts``;
 
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.receipts import Receipt
+from unlearn.schemas.sealed_delta import ErasedRow
 from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone, seconds_to_us
 
-__all__ = ["EventTimes", "RetainedAdd", "receipt_tombstones", "violations"]
+__all__ = ["EventTimes", "RetainedAdd", "erased_tombstones", "receipt_tombstones", "violations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +61,24 @@ class EventTimes:
             stack = self.adds.get(sample)
             if stack:
                 stack.pop()
-            kind, id_ = ("subject", subject) if e.by_subject else ("sample", sample)
-            self.tombstones.append(Tombstone(head_id, kind, id_, subject, "", t, ev))
+            self.tombstones.append(_delete_tombstone(head_id, sample, subject, t, ev, e.by_subject))
 
     def retained(self) -> list[RetainedAdd]:
         """Every add no delete removed, in sample order."""
         return [a for sample in sorted(self.adds) for a in self.adds[sample]]
+
+
+def _delete_tombstone(head_id: str, sample: str, subject: str, t: int, event_id: str, by_subject: bool) -> Tombstone:
+    """The tombstone a delete row stands for: its subject's when a delete_subject removed it."""
+    kind, id_ = ("subject", subject) if by_subject else ("sample", sample)
+    return Tombstone(head_id, kind, id_, subject, "", t, event_id)
+
+
+def erased_tombstones(head_id: str, rows: Iterable[ErasedRow]) -> list[Tombstone]:
+    """The tombstones of erased delete rows (sealed rows whose key is destroyed: the replay never
+    applies them, but their deletes happened)."""
+    return [_delete_tombstone(head_id, r.sample_id, r.subject_id, r.event_us, r.event_id, r.by_subject)
+            for r in rows if r.sign < 0]
 
 
 def receipt_tombstones(receipts: Iterable[Receipt]) -> list[Tombstone]:

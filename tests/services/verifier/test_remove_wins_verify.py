@@ -4,16 +4,24 @@ receipts, and a retained add dated at or before one of them fails the certificat
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
+from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.streams.featurizer.test_tombstones import BASE, NOW, add_req, cfg, scenarios
+from unlearn.infra.profiles import producer_config
+from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord
-from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import Request, encode_request
-from unlearn.schemas.receipts import Receipt
+from unlearn.schemas.receipts import Receipt, decode_receipt
+from unlearn.services.verifier import Certificate, Check, verify
 from unlearn.services.verifier.checks import Evidence, check_remove_wins
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import InMessage, featurize_batch
@@ -109,3 +117,71 @@ def test_an_add_name_is_what_the_rule_reads() -> None:
     row = RetainedAdd("h", "x", "u", "a", seconds_to_us(BASE + 5))
     assert blocking_tombstone(req, row.event_us, [t]) == t == violations([row], [t])[0][1]
     assert not violations([RetainedAdd("h", "x", "u", "a", seconds_to_us(BASE + 5) + 1)], [t])
+
+
+# --------------------------------------------------------------------------- on a real broker
+def certify_messages(got: dict[str, list], head_id: str) -> Certificate:
+    """The verifier on what a test read from the broker (``deltas`` opened, ``receipts``), without
+    a live head (no ledger ran): its replay and remove-wins checks."""
+    from tests.sealed_support import plain_delta
+
+    records = [LogRecord(m.partition(), m.offset(), m.timestamp()[1], m.key(),
+                         encode_delta(plain_delta(m.value(), m.topic())), m.topic()) for m in got["deltas"]]
+    receipts = [decode_receipt(m.value()) for m in got["receipts"]]
+    return verify(records, None, head_id, orders=1, partitionings=1, seed=1, require_live=False, receipts=receipts)
+
+
+def _check(cert: Certificate, name: str) -> Check:
+    return next(c for c in cert.checks if c.name == name)
+
+
+@pytest.mark.broker
+def test_an_add_written_to_the_deltas_topic_before_its_delete_fails_the_certificate(settings: Settings,
+                                                                                    tmp_path: Path) -> None:
+    """The featurizer and the ledger run; a delete removes an add, another is tombstoned (nothing
+    to remove): the certificate passes. Then an add of the tombstoned sample, dated before its
+    delete, is written straight to the deltas topic: the ledger applies it (digests still agree),
+    and only ``remove_wins`` fails."""
+    from tests.test_pipeline import pipeline_settings, services
+    from unlearn.services.client.head_reader import wait_for_head
+    from unlearn.services.verifier import verify_broker
+    from unlearn.services.verifier.reading import read_head_records
+
+    s = pipeline_settings(settings, tmp_path)
+    head, t0 = "rwv", time.time()
+    p = Producer(producer_config(s))
+    for i, (op, subject, sample) in enumerate([("add", "u", "x1"), ("add", "u", "x2"), ("add", "v", "x3"),
+                                               ("delete", "u", "x1"), ("delete", "v", "x9")]):
+        r = (add_req(f"ev-{sample}", sample, subject, t0 + i / 1000) if op == "add" else
+             Request(f"del-{sample}", "delete", head, "eraser", subject, sample, ts=t0 + i / 1000))
+        p.produce(s.topic("requests"), encode_request(replace(r, head_id=head)), subject.encode())
+    assert p.flush(30) == 0
+    feat, led = services(s, tmp_path)
+    try:
+        wait_for_head(s, head, lambda u: u.n_retained == 2 and u.mode == "exact", timeout=120)
+        deadline = time.monotonic() + 60
+        while (cert := verify_broker(s, head, orders=1, partitionings=1, seed=1)).ok and \
+                "tombstoned_receipts" not in {c.name for c in cert.checks} and time.monotonic() < deadline:
+            time.sleep(0.5)  # the tombstoned receipt of x9 may follow the head
+        assert cert.ok, cert.summary()
+        assert _check(cert, "remove_wins").data == {"violations": 0, "retained_adds": 2, "tombstones": 2}
+        # (x1's delete row counts whether applied or erased since: its key destroyed by the shredder)
+        # an add of x9 dated before its delete, written straight to the deltas topic
+        rec = read_head_records(s, s.topic("deltas"), head)[0]
+        d = decode_delta(rec.value or b"")
+        forged = RowsEntry(1, ["forged-x9"], ["x9"], ["v"], np.array([1]), np.ones((1, d.d), np.int64),
+                           [seconds_to_us(t0)])
+        p.produce(s.topic("deltas"), encode_delta(Delta(head, "forged", d.d, d.frac_bits, d.label_frac_bits,
+                                                        [forged], d.n_classes, d.contract_version)),
+                  head.encode(), partition=rec.partition)
+        assert p.flush(30) == 0
+        wait_for_head(s, head, lambda u: u.n_retained == 3 and u.mode == "exact", timeout=60)
+        cert = verify_broker(s, head, orders=1, partitionings=1, seed=1)
+    finally:
+        feat.stop()
+        led.stop()
+    assert not cert.ok and [c.name for c in cert.checks if c.status == "fail"] == ["remove_wins"], cert.summary()
+    check = _check(cert, "remove_wins")
+    assert check.data["violations"] == 1 and check.data["examples"][0]["event_id"] == "forged-x9"
+    assert check.data["examples"][0]["tombstone_event_id"] == "del-x9"
+    assert "remove_wins" in cert.summary_line() and "FAIL" in cert.summary()
