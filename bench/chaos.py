@@ -66,6 +66,7 @@ import orjson
 
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import admin_config, producer_config
@@ -178,12 +179,14 @@ class Workload:
         rows = list(self.live[head].values())
         if not rows:
             return np.zeros((0, self.cfg.dim), np.int64), np.zeros(0, np.int64)
-        Q = np.stack([quantize_feature_row(f, settings.frac_bits, settings.feature_bound) for f, _, _ in rows])
+        heads = HeadSettings.of(settings)
+        Q = np.stack([quantize_feature_row(f, heads.frac_bits, heads.feature_bound) for f, _, _ in rows])
         return Q, np.array([lab for _, lab, _ in rows], np.int64)
 
     def reference_digest(self, head: str, n_outputs: int, settings: Settings) -> str:
         Q, y = self._retained(head, settings)
-        led = ExactLedger(self.cfg.dim, n_outputs, settings.frac_bits, settings.label_frac_bits)
+        heads = HeadSettings.of(settings)
+        led = ExactLedger(self.cfg.dim, n_outputs, heads.frac_bits, heads.label_frac_bits)
         if len(y):
             led.add(Q, y)
         led.grow_outputs(n_outputs)
@@ -191,7 +194,8 @@ class Workload:
 
     def reference_retained_hash(self, head: str, settings: Settings) -> str:
         Q, y = self._retained(head, settings)
-        return MultisetHash.of_rows(Q, y, settings.frac_bits, settings.label_frac_bits).fingerprint()
+        heads = HeadSettings.of(settings)
+        return MultisetHash.of_rows(Q, y, heads.frac_bits, heads.label_frac_bits).fingerprint()
 
 
 class Pipeline:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.cli_args import log_ready
+from unlearn.infra.local_broker_settings import LocalBrokerSettings
 from unlearn.infra.local_s3 import (
     S3_BUCKET,
     S3RVER_KEY,
@@ -86,11 +87,12 @@ def find_tansu_binary(settings: Settings | None = None) -> str:
     ``CALF_TANSU_BIN``), then ``tansu`` on PATH.
     """
     settings = settings or Settings.from_env()
-    if settings.broker_bin:
-        if os.path.isfile(settings.broker_bin) and os.access(settings.broker_bin, os.X_OK):
-            return settings.broker_bin
+    broker_bin = LocalBrokerSettings.of(settings).broker_bin
+    if broker_bin:
+        if os.path.isfile(broker_bin) and os.access(broker_bin, os.X_OK):
+            return broker_bin
         raise BrokerBinaryNotFound(
-            f"UNLEARN_BROKER_BIN={settings.broker_bin!r} is not an executable file"
+            f"UNLEARN_BROKER_BIN={LocalBrokerSettings.of(settings).broker_bin!r} is not an executable file"
         )
     problems: list[str] = []
     try:
@@ -295,9 +297,8 @@ class LocalBroker:
                     continue
                 try:
                     self._spawn(binary, port)
-                    wait_for_broker(
-                        f"{self.host}:{port}", self.settings.broker_start_timeout, lambda: self.running
-                    )
+                    wait_for_broker(f"{self.host}:{port}", LocalBrokerSettings.of(self.settings).broker_start_timeout,
+                                    lambda: self.running)
                     return self
                 except BrokerError as exc:
                     error = exc
@@ -311,8 +312,9 @@ class LocalBroker:
     def _start_s3(self) -> None:
         """The local S3 under the data dir (``LocalS3``), listening before tansu starts."""
         assert self.data_dir is not None
-        s3 = LocalS3(self.data_dir, self.host, start_timeout=self.settings.broker_start_timeout,
-                     stop_timeout=self.settings.broker_stop_timeout, die_with_parent=self._die_with_parent)
+        local = LocalBrokerSettings.of(self.settings)
+        s3 = LocalS3(self.data_dir, self.host, start_timeout=local.broker_start_timeout,
+                     stop_timeout=local.broker_stop_timeout, die_with_parent=self._die_with_parent)
         try:
             s3.start()
         except S3rverMissing as exc:
@@ -374,12 +376,13 @@ class LocalBroker:
         if self._finalizer is not None:
             self._finalizer.detach()
         procs = [p for p in (self._proc, self._s3.proc if self._s3 is not None else None) if p is not None]
-        self._finalizer = weakref.finalize(self, terminate_all, procs, self.settings.broker_stop_timeout)
+        self._finalizer = weakref.finalize(self, terminate_all, procs,
+                                           LocalBrokerSettings.of(self.settings).broker_stop_timeout)
 
     def _kill_tansu(self) -> None:
         """Stop tansu only (a failed start attempt; the S3 stays for the next attempt)."""
         if self._proc is not None:
-            terminate(self._proc, self.settings.broker_stop_timeout)
+            terminate(self._proc, LocalBrokerSettings.of(self.settings).broker_stop_timeout)
         self._proc = None
         self.port = self._requested_port
         self._set_finalizer()
@@ -387,7 +390,7 @@ class LocalBroker:
     def _kill_child(self) -> None:
         """Stop everything: tansu first, then the S3 it writes to, then unlock the data dir."""
         if self._proc is not None:
-            terminate(self._proc, self.settings.broker_stop_timeout)
+            terminate(self._proc, LocalBrokerSettings.of(self.settings).broker_stop_timeout)
         if self._s3 is not None:
             self._s3.stop()
         if self._finalizer is not None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.broker import BrokerError, free_port, port_is_free, wait_for_broker
+from unlearn.infra.local_broker_settings import LocalBrokerSettings
 from unlearn.infra.local_s3 import DataDirInUse, DataDirLock
 from unlearn.infra.processes import terminate, with_pdeathsig
 from unlearn.infra.settings import Settings
@@ -100,10 +101,11 @@ def kafka_version() -> str:
 def find_kafka_jars(settings: Settings | None = None) -> Path:
     """The folder of broker jars: ``UNLEARN_KAFKA_JARS``, else the verified cache of ``make kafka``."""
     settings = settings or Settings.from_env()
-    if settings.kafka_jars:
-        lib = Path(settings.kafka_jars)
+    jars = LocalBrokerSettings.of(settings).kafka_jars
+    if jars:
+        lib = Path(jars)
         if not any(lib.glob("kafka_2.13-*.jar")):
-            raise KafkaJarsMissing(f"UNLEARN_KAFKA_JARS={settings.kafka_jars!r} holds no kafka_2.13-*.jar")
+            raise KafkaJarsMissing(f"UNLEARN_KAFKA_JARS={jars!r} holds no kafka_2.13-*.jar")
         return lib
     version = kafka_version()
     cache = _CHECKOUT / ".cache" / "kafka" / version
@@ -384,7 +386,7 @@ class LocalKafka:
     @property
     def start_timeout(self) -> float:
         """Seconds a start may take: a JVM on a busy 2-core box needs more than tansu."""
-        return max(self.settings.broker_start_timeout, 90.0)
+        return max(LocalBrokerSettings.of(self.settings).broker_start_timeout, 90.0)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> LocalKafka:
@@ -508,7 +510,7 @@ class LocalKafka:
         with self._lock:
             n = self.node(node_id)
             if n.proc is not None:
-                _stop_procs([n.proc], max(self.settings.broker_stop_timeout, 10.0))
+                _stop_procs([n.proc], max(LocalBrokerSettings.of(self.settings).broker_stop_timeout, 10.0))
             n.proc = None
 
     def start_node(self, node_id: int, wait: bool = True) -> KafkaNode:
@@ -531,7 +533,7 @@ class LocalKafka:
         if kill:
             _kill_procs(procs)
         else:
-            _stop_procs(procs, max(self.settings.broker_stop_timeout, 10.0))
+            _stop_procs(procs, max(LocalBrokerSettings.of(self.settings).broker_stop_timeout, 10.0))
         for n in self.nodes:
             n.proc = None
         if self._finalizer is not None:

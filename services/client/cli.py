@@ -28,6 +28,7 @@ from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
 from unlearn.schemas.receipts import receipt_to_dict
+from unlearn.services.client.settings import ClientSettings
 
 if TYPE_CHECKING:  # the SDK (confluent-kafka) loads only when a request is produced
     from unlearn.services.client.sdk import RequestHandle, UnlearnClient
@@ -193,7 +194,7 @@ def _defaults(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     d: dict[str, Any] = {
         "head_id": args.head,
         "subject_id": args.subject,
-        "client_id": args.client_id or settings.client_id,
+        "client_id": args.client_id or ClientSettings.of(settings).client_id,
         "ts": time.time(),
     }
     if getattr(args, "sample", None) is not None:
@@ -226,8 +227,8 @@ def _run(command: str, argv: Sequence[str] | None) -> int:
         args = ap.parse_args(argv)
         settings = settings_from_args(args)
         if args.key_file or args.key_id:
-            settings = settings.with_(client_key_file=args.key_file or settings.client_key_file,
-                                      client_key_id=args.key_id or settings.client_key_id)
+            settings = settings.with_(client_key_file=args.key_file or ClientSettings.of(settings).client_key_file,
+                                      client_key_id=args.key_id or ClientSettings.of(settings).client_key_id)
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     try:
@@ -266,7 +267,7 @@ def _produce_and_wait(settings: Settings, reqs: list[Request], args: argparse.Na
     from unlearn.services.client.sdk import ClientError, UnlearnClient
 
     wait = bool(getattr(args, "wait", False))
-    timeout = getattr(args, "timeout", None) or settings.receipt_timeout
+    timeout = getattr(args, "timeout", None) or ClientSettings.of(settings).receipt_timeout
     show_bar = bool(args.file) and not args.quiet
     try:
         client = UnlearnClient(settings, listen_receipts=wait)

@@ -62,6 +62,7 @@ from unlearn.schemas.envelope import (
 )
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.schemas.signature import Signer
+from unlearn.services.client.settings import ClientSettings
 from unlearn.services.client.transit_keys import (
     TransitKeyCache,
     TransitUnavailable,
@@ -285,7 +286,7 @@ class RequestHandle:
 
     def wait_delivered(self, timeout: float | None = None) -> None:
         """Block until the broker acknowledged the request; DeliveryFailed / TimeoutError."""
-        t = self._client.settings.receipt_timeout if timeout is None else timeout
+        t = ClientSettings.of(self._client.settings).receipt_timeout if timeout is None else timeout
         deadline = time.monotonic() + t
         while not self._delivered.is_set():
             remaining = deadline - time.monotonic()
@@ -306,7 +307,7 @@ class RequestHandle:
                               "(use wait_delivered() for an add)")
         if self._receipt is not None:
             return self._receipt
-        t = self._client.settings.receipt_timeout if timeout is None else float(timeout)
+        t = ClientSettings.of(self._client.settings).receipt_timeout if timeout is None else float(timeout)
         start = time.monotonic()
         try:
             self.wait_delivered(t)
@@ -335,16 +336,17 @@ class UnlearnClient:
                  signer: Signer | None = None) -> None:
         _features_dtype(features_encoding)  # an unknown encoding fails here, not at the first add
         # Signed requests (docs/security.md): an explicit signer, else UNLEARN_CLIENT_KEY_FILE's key.
-        self.signer = signer or (Signer.from_file(settings.client_key_file, settings.client_key_id or None)
-                                 if settings.client_key_file else None)
+        client = ClientSettings.of(settings)
+        self.signer = signer or (Signer.from_file(client.client_key_file, client.client_key_id or None)
+                                 if client.client_key_file else None)
         self.settings = settings
         self.features_encoding: FeaturesEncoding = features_encoding
-        self.client_id = client_id or settings.client_id
+        self.client_id = client_id or ClientSettings.of(settings).client_id
         self.requests_topic = settings.topic("requests")
         self.receipts_topic = settings.topic("receipts")
         self._producer = Producer(producer_config(settings, **{"linger.ms": 5, **transit_producer_overrides(settings),
                                                                **(producer_overrides or {})}))
-        self.transit = TransitKeyCache(settings) if settings.transit_seal != "off" else None
+        self.transit = TransitKeyCache(settings) if ClientSettings.of(settings).transit_seal != "off" else None
         self._listener: ReceiptListener | None = None
         self._listener_lock = threading.Lock()
         self._closed = False
@@ -385,7 +387,7 @@ class UnlearnClient:
         if self._closed:
             raise ClientError("client is closed")
         try:
-            req = seal_for_transit(req, self.transit, self.settings.transit_seal)
+            req = seal_for_transit(req, self.transit, ClientSettings.of(self.settings).transit_seal)
         except TransitUnavailable as exc:
             raise ClientError(str(exc)) from None
         value = encode_request(req)  # validates: a bad request fails here, not in deadletter
@@ -428,7 +430,8 @@ class UnlearnClient:
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every produced request to be acknowledged; returns how many are still queued."""
-        return int(self._producer.flush(self.settings.receipt_timeout if timeout is None else timeout))
+        wait = ClientSettings.of(self.settings).receipt_timeout if timeout is None else timeout
+        return int(self._producer.flush(wait))
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush outstanding requests (up to ``timeout`` seconds; what is still queued then is

@@ -34,6 +34,7 @@ import uuid
 from typing import Any
 
 from unlearn.infra.between_stages import head_partition, routed_topic_name
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.profiles import consumer_config
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError, read_range
@@ -46,6 +47,7 @@ from unlearn.schemas.transit import (
     TransitSealer,
     decode_public_record,
 )
+from unlearn.services.client.settings import ClientSettings
 
 __all__ = ["TransitKeyCache", "TransitUnavailable", "seal_for_transit", "transit_producer_overrides"]
 
@@ -65,9 +67,9 @@ def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
     """librdkafka settings of a producer that seals: ``message.timeout.ms`` at three quarters of
     the grace (the rest covers clock skew), so a sealed request is delivered or fails before its
     key can be destroyed. Empty when sealing is off."""
-    if settings.transit_seal == "off":
+    if ClientSettings.of(settings).transit_seal == "off":
         return {}
-    return {"message.timeout.ms": max(1000, int(settings.transit_grace_seconds * 750))}
+    return {"message.timeout.ms": max(1000, int(ErasureSettings.of(settings).transit_grace_seconds * 750))}
 
 
 class TransitKeyCache:
@@ -194,7 +196,7 @@ def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> R
     while True:
         sealer = keys.sealer_for(req.head_id)
         if sealer is None and mode == "auto":
-            wait = keys.settings.transit_wait_seconds
+            wait = ClientSettings.of(keys.settings).transit_wait_seconds
             log.info("no transit key published yet for head %r: waiting up to %gs", req.head_id, wait)
             if keys.wait_for(req.head_id, wait) is not None:
                 continue

@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 from tqdm import tqdm
 
 from unlearn.infra.broker import LocalBroker, free_port
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.polling import poll_until
@@ -42,8 +43,10 @@ from unlearn.schemas.head_scores import score_rows
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
+from unlearn.services.client.settings import ClientSettings
 from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
+from unlearn.services.serving.settings import ServeSettings
 
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
 WARMUP_HEAD = "demo-warmup"  # the head of the one warm-up add (not part of the report)
@@ -173,7 +176,7 @@ class Demo:
     def produce(self, req: Request, key: bytes) -> None:
         """Produce one request, sealed for transit like the SDK does (UNLEARN_TRANSIT_SEAL) and
         signed by its client's key in signed mode."""
-        req = seal_for_transit(req, self.transit, self.settings.transit_seal)
+        req = seal_for_transit(req, self.transit, ClientSettings.of(self.settings).transit_seal)
         self.sealed += isinstance(req.input, SealedInput)
         value = encode_request(req)
         signer = self.signers.get(req.client_id)
@@ -222,7 +225,7 @@ class Demo:
 
     def accuracy(self, h: HeadUpdate) -> float:
         """Test accuracy of the head's weights on the (quantized, normalized) test features."""
-        q = Quantizer(self.settings.frac_bits)
+        q = Quantizer(HeadSettings.of(self.settings).frac_bits)
         F = q.dequantize(q.quantize(l2_normalize(self.data.F_test)))
         # over the classes with retained samples only, as serving predicts (schemas/head_scores.py)
         return float(np.mean(score_rows(h, F).predicted == self.data.y_test))
@@ -261,7 +264,7 @@ class Demo:
             print(f"      signed requests: {len(ids)} clients registered, keys in {self.out / 'keys'}")
         print(f"[2/6] {describe_engine(self.args.engine)} broker at {broker.bootstrap} (up in "
               f"{self.broker_start_s:.1f} s); starting featurizer, ledger worker and serving "
-              f"(http://127.0.0.1:{self.settings.serve_port})")
+              f"(http://127.0.0.1:{ServeSettings.of(self.settings).serve_port})")
         self.procs = [ServiceProcess(name, [name], self.settings, self.out / "logs")
                       for name in ("featurizer", "ledger", "serve")]
         try:
@@ -280,7 +283,8 @@ class Demo:
         self.receipts = ReceiptWatcher(self.settings)
         self.heads = HeadFollower(self.settings, [self.head, WARMUP_HEAD])
         self.producer = Producer(producer_config(self.settings, **transit_producer_overrides(self.settings)))
-        self.transit = TransitKeyCache(self.settings) if self.settings.transit_seal != "off" else None
+        sealing = ClientSettings.of(self.settings).transit_seal != "off"
+        self.transit = TransitKeyCache(self.settings) if sealing else None
         try:
             self.receipts.start(30)
             self.heads.start(30)
@@ -373,11 +377,11 @@ class Demo:
     def serve_check(self, h: HeadUpdate) -> dict[str, Any]:
         """Ask `unlearn serve` for predictions on a few test inputs; they must come from the final
         head (same version and digest) and agree with the published weights."""
-        url = f"http://127.0.0.1:{self.settings.serve_port}/v1/heads/{self.head}/predict"
+        url = f"http://127.0.0.1:{ServeSettings.of(self.settings).serve_port}/v1/heads/{self.head}/predict"
         got = served_predictions(url, self.data.serve_inputs, h.version)
         if "predictions" not in got:
             return {"ok": False, "error": f"no prediction from the final head: {got}"}
-        q = Quantizer(self.settings.frac_bits)
+        q = Quantizer(HeadSettings.of(self.settings).frac_bits)
         k = len(got["predictions"])
         local = score_rows(h, q.dequantize(q.quantize(l2_normalize(self.data.F_test[:k])))).predicted
         served = np.array([p["predicted_class"] for p in got["predictions"]])

@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import TopicFamily, keys_family, transit_private_family
@@ -182,7 +183,7 @@ def _check_keys(settings: Settings, rep: ErasureReport, plain: list[str], sealed
             live_kids.add(kid)
             held.append(f"key {kid} of sample {s!r} in {topic}")
     # older generations may hold keys destroyed since: they must be deleted (within the grace)
-    grace = settings.keys_retire_seconds + 10.0
+    grace = ErasureSettings.of(settings).keys_retire_seconds + 10.0
     held += [f"superseded generation {t} not yet deleted (it may hold keys)"
              for t in superseded_left(settings, fam, newest, grace)]
     rep.checks.append(StoreCheck("subject-keys", not held, "no generation holds a key of the subject's samples"

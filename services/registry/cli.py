@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from unlearn.infra.cli_args import add_broker_args
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_contract import ContractError, HeadContract
 from unlearn.services.registry.command import run_registry_command
@@ -65,8 +66,9 @@ def contract_from_args(args: argparse.Namespace, settings: Settings) -> HeadCont
     Raises :class:`ContractError` (or ValueError) for a contract the deployment cannot take."""
     from unlearn.features.contract import FeatureRejected, fixed_dim, resolve_backbone
 
+    heads = HeadSettings.of(settings)
     kind = args.input_kind
-    name = args.backbone or settings.backbone_for(args.head)
+    name = args.backbone or heads.backbone_for(args.head)
     if name is not None and kind is None:
         from unlearn.features.backbones import BackboneError, backbone_info
 
@@ -85,22 +87,22 @@ def contract_from_args(args: argparse.Namespace, settings: Settings) -> HeadCont
         raise ContractError(f"backbone {name!r} does not fix a dimension: give --dim")
     if fixed is not None and dim != fixed:
         raise ContractError(f"backbone {name!r} has d={fixed}, not {dim}")
-    if dim > settings.max_feature_dim:
-        raise ContractError(f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={settings.max_feature_dim}")
+    if dim > heads.max_feature_dim:
+        raise ContractError(f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={heads.max_feature_dim}")
     names = _names(args.labels) if args.labels is not None else None
     width = args.label_width or 0
     n_classes = len(names) if names is not None else (args.classes or 0)
-    if max(n_classes, width) > settings.max_classes:
-        raise ContractError(f"{max(n_classes, width)} label columns exceed UNLEARN_MAX_CLASSES={settings.max_classes}")
-    normalization: Literal["l2", "none"] = args.normalization or ("l2" if settings.normalize_features else "none")
+    if max(n_classes, width) > heads.max_classes:
+        raise ContractError(f"{max(n_classes, width)} label columns exceed UNLEARN_MAX_CLASSES={heads.max_classes}")
+    normalization: Literal["l2", "none"] = args.normalization or ("l2" if heads.normalize_features else "none")
     return HeadContract(
         head_id=args.head, version=1, dimension=dim, backbone=name, input_kind=kind,
         normalization=normalization,
-        feature_bound=settings.feature_bound if args.feature_bound is None else args.feature_bound,
-        frac_bits=settings.frac_bits if args.frac_bits is None else args.frac_bits,
-        label_frac_bits=settings.label_frac_bits if args.label_frac_bits is None else args.label_frac_bits,
+        feature_bound=heads.feature_bound if args.feature_bound is None else args.feature_bound,
+        frac_bits=heads.frac_bits if args.frac_bits is None else args.frac_bits,
+        label_frac_bits=heads.label_frac_bits if args.label_frac_bits is None else args.label_frac_bits,
         label_kind="vector" if width else "class",
-        gamma=settings.gamma_for(args.head) if args.gamma is None else args.gamma,
+        gamma=heads.gamma_for(args.head) if args.gamma is None else args.gamma,
         n_classes=0 if width else n_classes, label_names=names, label_width=width,
     )
 
@@ -124,8 +126,9 @@ def heads_main(argv: Sequence[str] | None = None) -> int:
         if args.action != "extend":
             return None  # show
         grown = current.extend(args.classes, _names(args.add_labels) if args.add_labels else ())
-        if grown.n_classes > settings.max_classes:
-            raise ContractError(f"{grown.n_classes} classes exceed UNLEARN_MAX_CLASSES={settings.max_classes}")
+        max_classes = HeadSettings.of(settings).max_classes
+        if grown.n_classes > max_classes:
+            raise ContractError(f"{grown.n_classes} classes exceed UNLEARN_MAX_CLASSES={max_classes}")
         return grown
 
     return run_registry_command(

@@ -18,6 +18,7 @@ from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, se
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
 from unlearn.services.serving.http import build_app, listen
+from unlearn.services.serving.settings import ServeSettings
 
 __all__ = ["serve_main"]
 
@@ -45,9 +46,10 @@ async def _serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        runner, port = await listen(build_app(settings), settings.serve_host, settings.serve_port)
+        serve = ServeSettings.of(settings)
+        runner, port = await listen(build_app(settings), serve.serve_host, serve.serve_port)
         try:
-            log_ready("serve", url=f"http://{settings.serve_host}:{port}",
+            log_ready("serve", url=f"http://{ServeSettings.of(settings).serve_host}:{port}",
                       heads_topics=heads_family(settings.topic_prefix).pattern)
             await stop.wait()
             log.info("stopping (%s)", got[0])
@@ -71,6 +73,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(_serve(settings))
     except OSError as exc:
-        print(f"error: cannot listen on {settings.serve_host}:{settings.serve_port}: {exc}", file=sys.stderr)
+        serve = ServeSettings.of(settings)
+        print(f"error: cannot listen on {serve.serve_host}:{serve.serve_port}: {exc}", file=sys.stderr)
         return 1
     return 0

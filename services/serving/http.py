@@ -26,6 +26,7 @@ from unlearn.schemas.head_codec import head_to_json
 from unlearn.services.serving.follower import HeadsFollower
 from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.predict import MAX_TOP_K, PredictError, parse_predict_body, predict, prepare_inputs
+from unlearn.services.serving.settings import ServeSettings
 from unlearn.services.serving.store import HeadStore
 
 __all__ = ["OPENAPI_RESOURCE", "ServingServer", "build_app", "follower_of", "listen", "metrics_of",
@@ -155,7 +156,7 @@ async def _predict(request: web.Request) -> web.Response:
             X = await loop.run_in_executor(request.app[_POOL], prepare_inputs, settings, head, kind, items, contract)
     except PredictError as exc:
         return _error(exc.status, exc.reason, exc.detail)
-    out = predict(head, X, settings.serve_sigma2, top_k)
+    out = predict(head, X, ServeSettings.of(settings).serve_sigma2, top_k)
     out["batched"] = batched
     out["contract_version"] = contract.version if contract is not None else None
     return _json(out)

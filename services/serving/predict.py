@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer, resolve_backbone
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_codec import retained_class_list
 from unlearn.schemas.head_contract import HeadContract
@@ -63,7 +64,7 @@ def _backbone_name(settings: Settings, head_id: str, kind: str) -> str:
     ``resolve_backbone``): a head configured for another input kind refuses, as the featurizer
     dead-letters; a backbone that cannot be resolved is the server's problem (500)."""
     try:
-        name, _key = resolve_backbone(head_id, kind, settings.backbone_for(head_id))
+        name, _key = resolve_backbone(head_id, kind, HeadSettings.of(settings).backbone_for(head_id))
     except FeatureRejected as exc:
         raise PredictError(500 if exc.reason == "backbone_unavailable" else 400, exc.reason, exc.detail) from None
     return name
@@ -113,7 +114,8 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
     input_kind = "image" if kind == "image_png" else kind
     if contract is None:
         name = _backbone_name(settings, head_id, input_kind)
-        frac_bits, bound, normalize = settings.frac_bits, settings.feature_bound, settings.normalize_features
+        heads = HeadSettings.of(settings)
+        frac_bits, bound, normalize = heads.frac_bits, heads.feature_bound, heads.normalize_features
     elif contract.input_kind != input_kind:
         raise PredictError(400, "backbone_mismatch", f"head {head_id!r} takes {contract.input_kind} inputs "
                                                      f"(contract v{contract.version}), got {input_kind}")
@@ -126,7 +128,7 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
         from unlearn.features.backbones import BackboneError, get_backbone
 
         try:
-            bb = get_backbone(name, settings.device)
+            bb = get_backbone(name, HeadSettings.of(settings).device)
             feats = bb.encode(list(items))
         except BackboneError as exc:
             status = 400 if exc.index is not None else 500

@@ -18,6 +18,7 @@ from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.head_codec import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed_delta import is_sealed
+from unlearn.services.verifier.settings import VerifySettings
 from unlearn.streams.featurizer.tombstones import Tombstone
 from unlearn.streams.ledger.unseal import RowOpener
 
@@ -107,10 +108,11 @@ def verify_broker(settings: Settings, head_id: str, *, orders: int | None = None
     deltas = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
     updates, bad = read_head_updates(heads, head_id)
     deltas, updates, receipts, pairs, (created_at, tombs) = _open_sealed(settings, deltas, updates, receipts, head_id)
+    tuning = VerifySettings.of(settings)
     cert = verify(deltas, updates, head_id,
-                  orders=settings.verify_orders if orders is None else orders,
-                  partitionings=settings.verify_partitionings if partitionings is None else partitionings,
-                  seed=seed, tolerance=settings.verify_tolerance if tolerance is None else tolerance,
+                  orders=tuning.verify_orders if orders is None else orders,
+                  partitionings=tuning.verify_partitionings if partitionings is None else partitionings,
+                  seed=seed, tolerance=tuning.verify_tolerance if tolerance is None else tolerance,
                   source={"kind": "broker", "bootstrap": settings.bootstrap,
                           "deltas_topic": settings.topic("deltas"), "heads_topics": heads_topics.pattern,
                           "receipts_topic": settings.topic("receipts")},

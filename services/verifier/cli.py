@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.head_settings import HeadSettings
+from unlearn.services.verifier.settings import VerifySettings
 
 from .certify import verify_broker, verify_file
 from .errors import VerifyError
@@ -41,16 +43,16 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(args, require_broker=False)
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
-    orders = settings.verify_orders if args.orders is None else args.orders
-    parts = settings.verify_partitionings if args.partitions is None else args.partitions
-    tol = settings.verify_tolerance if args.tolerance is None else args.tolerance
+    orders = VerifySettings.of(settings).verify_orders if args.orders is None else args.orders
+    parts = VerifySettings.of(settings).verify_partitionings if args.partitions is None else args.partitions
+    tol = VerifySettings.of(settings).verify_tolerance if args.tolerance is None else args.tolerance
     if orders < 0 or parts < 0 or not tol > 0:
         print("error: --orders and --partitions must be >= 0 and --tolerance > 0", file=sys.stderr)
         return 2
     try:
         if args.deltas_file:
             cert = verify_file(args.deltas_file, args.head, orders=orders, partitionings=parts, seed=args.seed,
-                               tolerance=tol, gamma=settings.gamma_for(args.head) if args.head else settings.gamma,
+                               tolerance=tol, gamma=HeadSettings.of(settings).gamma_for(args.head or ""),
                                keys_from=settings if settings.bootstrap else None)
         else:
             if not args.head:

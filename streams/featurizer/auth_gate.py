@@ -7,6 +7,7 @@ from __future__ import annotations
 from unlearn.infra.client_registry import ClientRegistryView
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 __all__ = ["AuthGate"]
 
@@ -38,4 +39,4 @@ class AuthGate:
             return None
         assert self.view is not None, "AuthGate.start() first"
         state = self.states.setdefault(partition, AuthState())
-        return Authorizer(self.view.snapshot(), state, self.settings.auth_replay_window_seconds)
+        return Authorizer(self.view.snapshot(), state, FeaturizerSettings.of(self.settings).auth_replay_window_seconds)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.key_family import (
     COMPLETE_KEY,
     KeyGeneration,
@@ -89,7 +90,7 @@ class KeyStore:
         self.next_gen[partition] = max([gen.generation, *existing]) + 1
         stale = [self.family.topic(partition, g) for g in existing if g != gen.generation]
         if stale:
-            self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, stale))
+            self.retiring.append((time.monotonic() + ErasureSettings.of(self.settings).keys_retire_seconds, stale))
         self.gens[partition] = gen
         if self.compacts:  # a crashed owner may have left tombstones in the active segment
             self._schedule_roll(gen.topic)
@@ -183,7 +184,7 @@ class KeyStore:
         self._produce_acked([(new.topic, key_record_key(*ref), encode_key_record(k)) for ref, k in new.keys.items()]
                             + [(new.topic, COMPLETE_KEY, b"1")])
         self.gens[partition] = new
-        self.retiring.append((time.monotonic() + self.settings.keys_retire_seconds, [gen.topic]))
+        self.retiring.append((time.monotonic() + ErasureSettings.of(self.settings).keys_retire_seconds, [gen.topic]))
         log.info("%s partition %d: %d key(s) destroyed, rotated to generation %d (%d live keys)",
                  self.family.name, partition, len(gone), new.generation, len(new.keys))
         return len(gone)
@@ -191,7 +192,7 @@ class KeyStore:
     def _schedule_roll(self, topic: str) -> None:
         now = time.monotonic()
         self._tombstoned[topic] = now
-        self.rolls.setdefault(topic, now + self.settings.segment_ms / 1000.0 + 1.0)
+        self.rolls.setdefault(topic, now + ErasureSettings.of(self.settings).segment_ms / 1000.0 + 1.0)
 
     def roll_due(self, force: bool = False) -> list[str]:
         """Append a completion record to each generation whose tombstones' segment is old enough
@@ -203,7 +204,7 @@ class KeyStore:
             return []
         self._produce_acked([(t, COMPLETE_KEY, b"1") for t in due])
         for t in due:
-            again = self._tombstoned.get(t, 0.0) + self.settings.segment_ms / 1000.0 + 1.0
+            again = self._tombstoned.get(t, 0.0) + ErasureSettings.of(self.settings).segment_ms / 1000.0 + 1.0
             if again > now and not force:
                 self.rolls[t] = again
             else:

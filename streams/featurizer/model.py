@@ -15,6 +15,9 @@ from unlearn.features.contract import (
     quantizer,
 )
 from unlearn.infra.between_stages import routed_topic_name
+from unlearn.infra.erasure_settings import ErasureSettings
+from unlearn.infra.head_settings import HeadSettings
+from unlearn.infra.settings import Settings
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta, encode_delta
 from unlearn.schemas.envelope import (
@@ -24,6 +27,7 @@ from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth import AUTH_REASONS
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import TOMBSTONE_REASONS, Tombstone, TombstoneKey, TombstonePolicy
 from unlearn.streams.featurizer.transit_open import TRANSIT_REASONS
 
@@ -253,14 +257,15 @@ class CoreConfig:
         return self.routed_topic or self.requests_topic
 
     @classmethod
-    def from_settings(cls, settings: Any, *, requests_topic: str | None = None, federated: bool = False,
+    def from_settings(cls, settings: Settings, *, requests_topic: str | None = None, federated: bool = False,
                       client_id: str | None = None) -> CoreConfig:
-        """From ``infra.settings.Settings`` (``requests_topic`` default: ``<prefix>requests``); the
-        featurizer reads ``routed_topic_name(requests_topic)`` and names its source ids after it."""
+        """From the settings (``requests_topic`` default: ``<prefix>requests``); the featurizer
+        reads ``routed_topic_name(requests_topic)`` and names its source ids after it."""
         topic = requests_topic or settings.topic("requests")
         routed = routed_topic_name(topic)
+        heads, featurizer = HeadSettings.of(settings), FeaturizerSettings.of(settings)
         overrides = {}
-        for item in filter(None, (p.strip() for p in settings.head_backbones.split(","))):
+        for item in filter(None, (p.strip() for p in heads.head_backbones.split(","))):
             name, _, value = item.partition("=")
             overrides[name.strip()] = value.strip()
         return cls(
@@ -270,24 +275,24 @@ class CoreConfig:
             receipts_topic=settings.topic("receipts"),
             stream=source_stream(routed, settings.topic_prefix, client_id if federated else None),
             routed_topic=routed,
-            frac_bits=settings.frac_bits,
-            label_frac_bits=settings.label_frac_bits,
-            feature_bound=settings.feature_bound,
-            normalize=settings.normalize_features,
-            max_dim=settings.max_feature_dim,
+            frac_bits=heads.frac_bits,
+            label_frac_bits=heads.label_frac_bits,
+            feature_bound=heads.feature_bound,
+            normalize=heads.normalize_features,
+            max_dim=heads.max_feature_dim,
             head_backbones=overrides,
             federated=federated,
             client_id=client_id if federated else None,
             max_message_bytes=settings.max_message_bytes,
             registry_topic=settings.topic("head-registry"),
-            auto_create_heads=settings.auto_create_heads,
-            default_classes=settings.default_classes,
-            max_classes=settings.max_classes,
-            gamma=settings.gamma,
-            head_gammas={h: settings.gamma_for(h) for h in _names(settings.head_gammas)},
-            require_sealed_input=settings.require_sealed_input,
-            redact_deadletter_inputs=settings.deadletter_inputs == "redact",
-            tombstones=TombstonePolicy(settings.max_clock_skew_seconds, settings.tombstone_retention_seconds),
+            auto_create_heads=heads.auto_create_heads,
+            default_classes=heads.default_classes,
+            max_classes=heads.max_classes,
+            gamma=heads.gamma,
+            head_gammas={h: heads.gamma_for(h) for h in _names(heads.head_gammas)},
+            require_sealed_input=featurizer.require_sealed_input,
+            redact_deadletter_inputs=ErasureSettings.of(settings).deadletter_inputs == "redact",
+            tombstones=TombstonePolicy(featurizer.max_clock_skew_seconds, featurizer.tombstone_retention_seconds),
         )
 
 

@@ -23,7 +23,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.head_registry import RegistryView
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import topic_id
 from unlearn.infra.profiles import consumer_config, producer_config, quirks
 from unlearn.infra.settings import Settings
@@ -42,6 +44,7 @@ from unlearn.streams.featurizer.model import (
 )
 from unlearn.streams.featurizer.partitions import Partitions
 from unlearn.streams.featurizer.router import Router, might_delete
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.topic_check import check_topics
 from unlearn.streams.featurizer.transit import group_committed
@@ -99,11 +102,11 @@ class FeaturizerService:
         self.group = group or f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
         # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
         self.stream_dir = self.topics.by_head + (f"[{client_id}]" if federated else "")
-        self.max_batch = int(max_batch or settings.batch_max_events)
-        self.max_ms = int(settings.batch_max_ms if max_ms is None else max_ms)
+        self.max_batch = int(max_batch or FeaturizerSettings.of(settings).batch_max_events)
+        self.max_ms = int(FeaturizerSettings.of(settings).batch_max_ms if max_ms is None else max_ms)
         if self.max_batch < 1 or self.max_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_ms >= 0")
-        self.device = device or settings.device
+        self.device = device or HeadSettings.of(settings).device
         self.encoder: Encoder = encoder or RegistryEncoder(self.device)
         self.fault, self.on_ready = fault, on_ready
         self.ready = threading.Event()
@@ -151,7 +154,7 @@ class FeaturizerService:
         self._producer = Producer(producer_config(s, **{"linger.ms": 0}))
         self._consumer = Consumer(consumer_config(s, self.group))
         t = self.topics
-        if s.seal_rows and t.changelog is not None:  # with transit keys (docs/erasure.md s.5)
+        if FeaturizerSettings.of(s).seal_rows and t.changelog is not None:  # with transit keys (docs/erasure.md s.5)
             self.erasure = Erasure(s, self.config.deltas_topic, t.requests, t.by_head,
                                    lambda: group_committed(s, self.group, t.requests, self.topics.requests_partitions))
         by_head_partitions, requests_partitions = check_topics(s, self._consumer, t.requests, t.by_head,
@@ -160,7 +163,7 @@ class FeaturizerService:
         self.auth.start()
         t = self.topics = replace(t, requests_id=topic_id(s, t.requests), by_head_id=topic_id(s, t.by_head),
                                   by_head_partitions=by_head_partitions, requests_partitions=requests_partitions)
-        if quirks(s).delete_records and t.changelog is not None and s.trim_every_seconds > 0:
+        if quirks(s).delete_records and t.changelog is not None and ErasureSettings.of(s).trim_every_seconds > 0:
             self.trimmer = Trimmer(s, self.group, (t.requests, t.by_head))  # a federated cache has no changelog
         delivery = Delivery(self._producer, t.changelog, self.erasure.delivered if self.erasure is not None else None)
         self.router = Router(t.origin_stream, t.by_head, t.by_head_partitions, delivery)
@@ -268,7 +271,7 @@ class FeaturizerService:
         self._pending = []
         deadline: float | None = None
         urgent = False
-        close_on_delete = self.settings.batch_close_on_delete
+        close_on_delete = FeaturizerSettings.of(self.settings).batch_close_on_delete
         while len(self._pending) < self.max_batch:
             if deadline is None:
                 # consume() blocks for its whole timeout unless the batch fills; poll() returns on

@@ -38,6 +38,7 @@ from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.delta_codec import CodecError, SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import SampleKey
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 from .changelog import OpenSample
 from .keystore import KeyStore
@@ -229,7 +230,7 @@ class Erasure:
             self.destroyed += n
             return n
         now = time.monotonic()
-        every = self.settings.shred_every_seconds
+        every = FeaturizerSettings.of(self.settings).shred_every_seconds
         self._read_floors(now, force)
         due: dict[int, list[SampleRef]] = {}
         for ref, pend in self.pending.items():
@@ -265,7 +266,7 @@ class Erasure:
         answer = self.probes.take(FLOORS)
         if answer is not None:
             self._floors, self._floors_asked = answer.result(), answer.asked
-        if now - self._floors_at >= self.settings.shred_every_seconds and self.probes.ask(
+        if now - self._floors_at >= FeaturizerSettings.of(self.settings).shred_every_seconds and self.probes.ask(
                 FLOORS, lambda make: ledger_floors(self.settings, make())):
             self._floors_at = now
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.key_family import TRANSIT_HEAD, SampleRef
 from unlearn.infra.log_position import log_ends
 from unlearn.infra.settings import Settings
@@ -53,6 +54,7 @@ from unlearn.schemas.transit import (
     encode_public_record,
     new_transit_key,
 )
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 from .delivery import produce_acked
 from .keystore import KeyStore, KeyStoreError
@@ -142,7 +144,7 @@ class TransitKeys:
 
     def __post_init__(self) -> None:
         if self.derived is None:
-            self.derived = DerivedKeys(self.settings.transit_open_cache)
+            self.derived = DerivedKeys(FeaturizerSettings.of(self.settings).transit_open_cache)
 
     @property
     def topic(self) -> str:
@@ -196,13 +198,13 @@ class TransitKeys:
     def _lead(self) -> float:
         # the next epoch is published this long before the current one's use_until: at least 2 s
         # (rotate >= 4 s), more than the SDK's 1 s margin, so a producer always finds a valid key
-        return min(5.0, self.settings.transit_rotate_seconds / 2)
+        return min(5.0, FeaturizerSettings.of(self.settings).transit_rotate_seconds / 2)
 
     def rotate(self, partition: int) -> Epoch:
         """Start a new epoch: the private half made durable in the key family first, then the
         public half published (both acknowledged; KeyStoreError if not)."""
         now = self.clock()
-        until = now + self.settings.transit_rotate_seconds
+        until = now + FeaturizerSettings.of(self.settings).transit_rotate_seconds
         epoch = Epoch(partition, new_transit_key(), round(now * 1000) / 1000, round(until * 1000) / 1000)
         self.keys.put(partition, epoch.ref, SampleKey(epoch.pair.key_id, epoch.pair.private_key))
         self.keys.flush()
@@ -237,14 +239,14 @@ class TransitKeys:
         requests partition; ``positions``: per owned by-head partition, one past the last offset
         durably judged."""
         now = self.clock()
-        advance = now - self._advanced_at >= max(0.2, self.settings.shred_every_seconds)
+        advance = now - self._advanced_at >= max(0.2, FeaturizerSettings.of(self.settings).shred_every_seconds)
         ready: list[Epoch] = []
         for p, eps in list(self.epochs.items()):
             newest = max(eps.values(), key=lambda e: e.use_until, default=None)
             if newest is None or newest.use_until - self._lead() <= now:
                 newest = self.rotate(p)
             ready += [e for e in eps.values() if advance and e is not newest
-                      and e.use_until + self.settings.transit_grace_seconds <= now]
+                      and e.use_until + ErasureSettings.of(self.settings).transit_grace_seconds <= now]
         if self.probes is None:
             if not ready:
                 return {}

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.profiles import admin_config
 from unlearn.infra.settings import Settings
 
@@ -56,7 +57,7 @@ class Trimmer:
         self.settings = settings
         self.group = group
         self.topics = frozenset(topics)
-        self.every = settings.trim_every_seconds
+        self.every = ErasureSettings.of(settings).trim_every_seconds
         self.admin: Any = AdminClient(admin_config(settings))
         self.trimmed: dict[TP, int] = {}  # the log start this trimmer last set, per partition
         self.stats = {"trims": 0, "records": 0, "failures": 0}

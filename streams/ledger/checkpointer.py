@@ -12,6 +12,7 @@ from typing import Any
 
 from unlearn.infra.between_stages import Checkpoint
 from unlearn.infra.settings import Settings
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .checkpoint import safe_floor
 from .outputs import Outputs
@@ -58,10 +59,10 @@ class Checkpointer:
         s, now = self.settings, time.monotonic()
         due: list[tuple[int, bool]] = []
         for ps in owned:
-            if ps.erasure_since is not None and now - ps.erasure_since >= s.erasure_rotate_seconds:
+            if ps.erasure_since is not None and now - ps.erasure_since >= LedgerSettings.of(s).erasure_rotate_seconds:
                 due.append((ps.partition, True))
-            elif ps.pending and (ps.pending >= s.checkpoint_every_messages
-                                 or now - ps.last_checkpoint >= s.checkpoint_every_seconds):
+            elif ps.pending and (ps.pending >= LedgerSettings.of(s).checkpoint_every_messages
+                                 or now - ps.last_checkpoint >= LedgerSettings.of(s).checkpoint_every_seconds):
                 due.append((ps.partition, False))
         return due
 
@@ -89,7 +90,7 @@ class Checkpointer:
             log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
                      "written); the superseded heads generation goes in %.0fs", part, len(ps.heads),
                      time.monotonic() - started, self.store.written.get(part, 0),
-                     self.store.heads_written.get(part, 0), self.settings.heads_retire_seconds)
+                     self.store.heads_written.get(part, 0), LedgerSettings.of(self.settings).heads_retire_seconds)
         self._commit_floor(part, floor)  # 8
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from unlearn.infra.head_registry import RegistryView, read_contracts
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError
 from unlearn.schemas.head_contract import HeadContract
@@ -57,5 +58,5 @@ class ContractGammas:
         if c is not None:
             return c.gamma
         log.warning("head %r has no contract in the head registry: gamma from the settings (%g)", head_id,
-                    self.settings.gamma_for(head_id))
-        return self.settings.gamma_for(head_id)
+                    HeadSettings.of(self.settings).gamma_for(head_id))
+        return HeadSettings.of(self.settings).gamma_for(head_id)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.sealed import SealError
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .contracts import ContractGammas
 from .head_runtime import HeadConfig, HeadRuntime, creates_head
@@ -74,7 +75,7 @@ class DeltaFold:
             log.info("head %r created (d=%d)", delta.head_id, delta.d)
         outcome = head.apply(delta, offset, part)
         ps.last_touched[head.head_id] = offset
-        if outcome.deletes and ps.erasure_since is None and self.settings.erasure_rotate_seconds > 0:
+        if outcome.deletes and ps.erasure_since is None and LedgerSettings.of(self.settings).erasure_rotate_seconds > 0:
             ps.erasure_since = time.monotonic()
         if outcome.skipped:
             log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)

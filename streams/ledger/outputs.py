@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.settings import Settings
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
@@ -21,6 +22,7 @@ from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.redaction import redact_delta
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .head_runtime import ApplyOutcome, HeadRuntime, Rejection, group_by_event
 from .state_store import ChangelogStore
@@ -114,7 +116,7 @@ class Outputs:
         even without the posterior. Then the state stays exact and a dead letter says why: a head
         too large to publish must not stop the worker (and every head on its partition) in a crash
         loop."""
-        update = head_update(head, mode, posterior=self.settings.publish_posterior)
+        update = head_update(head, mode, posterior=LedgerSettings.of(self.settings).publish_posterior)
         value = encode_head(update)
         limit = self.settings.max_message_bytes
         if len(value) > limit and update.posterior is not None:
@@ -152,7 +154,7 @@ class Outputs:
         """What a dead letter of the refused deltas message ``raw`` keeps: under
         UNLEARN_DEADLETTER_INPUTS=redact (the default) no plaintext row, label or ledger bytes,
         which no delete could reach there (``schemas/redaction.redact_delta``); ``keep``: ``raw``."""
-        return redact_delta(raw) if self.settings.deadletter_inputs == "redact" else raw
+        return redact_delta(raw) if ErasureSettings.of(self.settings).deadletter_inputs == "redact" else raw
 
     def bad_delta(self, raw: bytes, part: int, offset: int, key: bytes | None, detail: str) -> None:
         """A deltas message that does not decode or open: one dead letter, no receipt."""

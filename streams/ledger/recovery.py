@@ -15,6 +15,7 @@ from typing import Any
 
 from unlearn.infra.log_position import log_bounds
 from unlearn.infra.settings import Settings
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .checkpoint import check_recovery
 from .head_runtime import HeadConfig, HeadRuntime
@@ -65,7 +66,7 @@ class Recovery:
         self.store.end_heads_generation(superseded)
         if cp is not None:
             ps.pointers = dict(cp.heads)
-            if cp.erasure_pending and self.settings.erasure_rotate_seconds > 0:
+            if cp.erasure_pending and LedgerSettings.of(self.settings).erasure_rotate_seconds > 0:
                 # A delete made durable before the crash, not yet rotated away: its window restarts
                 # now (a delete past the floor is replayed, and marks the partition again).
                 ps.erasure_since = time.monotonic()

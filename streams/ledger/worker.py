@@ -29,9 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from unlearn.infra.cli_args import log_ready
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import StaleStateError, topic_id
 from unlearn.infra.profiles import consumer_config, producer_config
 from unlearn.infra.settings import Settings
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .checkpointer import Checkpointer
 from .contracts import ContractGammas
@@ -69,7 +71,8 @@ class LedgerWorker:
         self.contracts = ContractGammas(settings)
         self.owned = OwnedPartitions()
         self.outputs = Outputs(settings, self.producer, self.store)
-        config = HeadConfig(settings.gamma, settings.reset_every_events, settings.drift_threshold)
+        ledger = LedgerSettings.of(settings)
+        config = HeadConfig(HeadSettings.of(settings).gamma, ledger.reset_every_events, ledger.drift_threshold)
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings), config)
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
         self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs)
@@ -147,7 +150,7 @@ class LedgerWorker:
         and republished as exact (same version: the ledger did not change)."""
         for ps in self.owned:
             for head in ps.heads.values():
-                if head.timed_reset_due(self.settings.reset_every_seconds):
+                if head.timed_reset_due(LedgerSettings.of(self.settings).reset_every_seconds):
                     head.reset("timer")
                     self.outputs.publish_head(ps.partition, head)
 
@@ -219,7 +222,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
 
     # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
     # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).
-    with threadpool_limits(limits=settings.ledger_blas_threads, user_api="blas"):
+    with threadpool_limits(limits=LedgerSettings.of(settings).ledger_blas_threads, user_api="blas"):
         create_topics(settings)
         worker = LedgerWorker(settings, worker_id)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -70,7 +70,7 @@ def test_explicit_port_that_is_taken_is_a_clear_error() -> None:
 
 
 def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
-    s = Settings(broker_bin=str(tmp_path / "no-such-tansu"))
+    s = Settings().with_(broker_bin=str(tmp_path / "no-such-tansu"))
     with pytest.raises(BrokerBinaryNotFound, match="UNLEARN_BROKER_BIN"):
         find_tansu_binary(s)
     with pytest.raises(BrokerBinaryNotFound):

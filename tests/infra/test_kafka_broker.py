@@ -170,7 +170,7 @@ def test_missing_jars_say_run_make_kafka(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(KafkaJarsMissing, match="make kafka"):
         LocalKafka(1, settings=Settings()).start()
     with pytest.raises(KafkaJarsMissing, match=r"no kafka_2\.13"):
-        LocalKafka(1, settings=Settings(kafka_jars=str(tmp_path))).start()
+        LocalKafka(1, settings=Settings().with_(kafka_jars=str(tmp_path))).start()
 
 
 def test_missing_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,6 +41,7 @@ from confluent_kafka.admin import (
 )
 
 from unlearn.infra.acl_matrix import PRINCIPALS
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import TopicFamily, heads_family, state_family
 
@@ -248,8 +249,8 @@ def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) 
             receipt = sdk.delete(HEAD, "s1", "u1").wait_receipt(180)
         assert receipt.status == "applied" and receipt.sample_ids == ("s1",) and receipt.head_version is not None
         kept = [0, 2, 3, 4]
-        ref = ExactLedger(D, client.default_classes)
-        ref.add(np.stack([quantize_feature_row(F[i], client.frac_bits) for i in kept]),
+        ref = ExactLedger(D, HeadSettings.of(client).default_classes)
+        ref.add(np.stack([quantize_feature_row(F[i], HeadSettings.of(client).frac_bits) for i in kept]),
                 np.array([labels[i] for i in kept]))
         head = wait_for_head(client, HEAD, lambda u: u.mode == "exact" and u.version >= receipt.head_version,
                              timeout=120)  # `unlearn head`, as the client

@@ -35,9 +35,8 @@ def test_mtls_needs_certificate_and_key(tmp_path: Path) -> None:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
     key.write_text("x")
-    s = Settings(bootstrap="b", security_protocol="SSL", ssl_certificate_location=str(cert),
-                 ssl_key_location=str(key), ssl_key_password="pw")
-    s.validate()
+    s = Settings(bootstrap="b").with_(security_protocol="SSL", ssl_certificate_location=str(cert),
+                                      ssl_key_location=str(key), ssl_key_password="pw")
     assert security_config(s)["ssl.key.location"] == str(key) and "pw" not in repr(s)
     with pytest.raises(ValueError, match="both UNLEARN_SSL_CERTIFICATE_LOCATION and UNLEARN_SSL_KEY_LOCATION"):
         s.with_(ssl_key_location="")
@@ -54,4 +53,4 @@ def test_mtls_needs_certificate_and_key(tmp_path: Path) -> None:
 ])
 def test_impossible_security_settings_fail_naming_the_variable(changes: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Settings(bootstrap="b", **changes).validate()  # type: ignore[arg-type]
+        Settings(bootstrap="b").with_(**changes)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas import SCHEMA_DIR
 from unlearn.schemas.head_codec import HeadUpdate
@@ -112,9 +113,9 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
     assert receipt["status"] == "applied" and receipt["sample_ids"] == ["a1"] and receipt["subject_id"] == "alice"
     # the receipt's retained-rows hash, and the exact head's digest at that version, are those of
     # what is retained: anyone can recompute them
-    Q = np.stack([quantize_feature_row(F[i], s.frac_bits) for i in (0, 2, 3)])
+    Q = np.stack([quantize_feature_row(F[i], HeadSettings.of(s).frac_bits) for i in (0, 2, 3)])
     y = np.array([labels[i] for i in (0, 2, 3)])
-    ref = ExactLedger(D, s.default_classes)  # columns: the auto contract's class count
+    ref = ExactLedger(D, HeadSettings.of(s).default_classes)  # columns: the auto contract's class count
     ref.add(Q, y)
     assert "digest" not in receipt and receipt["retained_hash"] == MultisetHash.of_rows(Q, y).fingerprint()
     head = exact_head_from(s, "plain", receipt["head_version"])
@@ -197,17 +198,19 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     for head in heads:
         assert sorted(rows[head]) == [f"x{i}" for i in range(5)]
         assert receipts[head].status == "applied"
+    heads = HeadSettings.of(s)
     for i in range(5):
         np.testing.assert_array_equal(rows["enc-f64"][f"x{i}"], rows["enc-json"][f"x{i}"])
-        np.testing.assert_array_equal(rows["enc-json"][f"x{i}"], quantize_feature_row(F[i], s.frac_bits))
+        np.testing.assert_array_equal(rows["enc-json"][f"x{i}"], quantize_feature_row(F[i], heads.frac_bits))
         np.testing.assert_array_equal(rows["enc-f32"][f"x{i}"],
-                                      quantize_feature_row(F[i].astype(np.float32), s.frac_bits))
+                                      quantize_feature_row(F[i].astype(np.float32), heads.frac_bits))
     # the ledger: the same retained-rows hash on the receipts, the same digest on the exact heads
     assert receipts["enc-json"].retained_hash == receipts["enc-f64"].retained_hash != receipts["enc-f32"].retained_hash
     kept = [0, 2, 3, 4]
     for head, X in (("enc-json", F), ("enc-f64", F), ("enc-f32", F.astype(np.float32))):
-        ref = ExactLedger(768, s.default_classes)
-        ref.add(np.stack([quantize_feature_row(X[i], s.frac_bits) for i in kept]), np.array([labels[i] for i in kept]))
+        ref = ExactLedger(768, heads.default_classes)
+        ref.add(np.stack([quantize_feature_row(X[i], heads.frac_bits) for i in kept]),
+                np.array([labels[i] for i in kept]))
         wait_for_head(s, head, lambda u, ref=ref: u.mode == "exact" and u.digest == ref.digest(), timeout=60)
 
 

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from unlearn.infra.head_registry import RegistryView, publish_contract, read_contracts
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.cli import main
@@ -26,8 +27,9 @@ def test_create_show_list_extend(settings: Settings, capsys: pytest.CaptureFixtu
     doc = orjson.loads(out)
     assert (doc["head_id"], doc["version"], doc["dimension"], doc["n_classes"], doc["backbone"]) == \
         ("faces", 1, 4, 3, "features")
+    defaults = HeadSettings.of(settings)
     assert (doc["frac_bits"], doc["label_frac_bits"], doc["gamma"], doc["origin"]) == \
-        (settings.frac_bits, settings.label_frac_bits, settings.gamma, "declared")
+        (defaults.frac_bits, defaults.label_frac_bits, defaults.gamma, "declared")
 
     rc, _, err = heads(settings, capsys, "create", "--head", "faces", "--dim", "8", "--classes", "2")
     assert rc == 1 and "exists (contract v1)" in err

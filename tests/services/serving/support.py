@@ -13,6 +13,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from unlearn.features.contract import quantize_feature_row
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer
 from unlearn.schemas.head_codec import HeadUpdate, encode_head
@@ -36,9 +37,10 @@ def make_head(version: int, mode: str = "exact", seed: int = 0, head: str = "h",
 
 def dequantized(settings: Settings, rows: list[list[float]]) -> np.ndarray:
     """What the featurizer's q is, back on the real scale (the test's own reference)."""
-    Q = np.stack([quantize_feature_row(np.asarray(r), settings.frac_bits, settings.feature_bound,
-                                       settings.normalize_features) for r in rows])
-    return Quantizer(settings.frac_bits, settings.feature_bound).dequantize(Q)
+    heads = HeadSettings.of(settings)
+    Q = np.stack([quantize_feature_row(np.asarray(r), heads.frac_bits, heads.feature_bound, heads.normalize_features)
+                  for r in rows])
+    return Quantizer(heads.frac_bits, heads.feature_bound).dequantize(Q)
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:

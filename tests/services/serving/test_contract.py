@@ -31,12 +31,12 @@ def test_prepare_inputs_follows_the_contract_over_the_settings() -> None:
     store.offer(make_head(1))
     sh = store.get("h")
     assert sh is not None
-    own = Settings(frac_bits=12, normalize_features=False, feature_bound=4.0)
+    own = Settings().with_(frac_bits=12, normalize_features=False, feature_bound=4.0)
     X = prepare_inputs(own, sh, "features", ROWS, contract())
-    assert np.array_equal(X, dequantized(Settings(frac_bits=30), ROWS))
+    assert np.array_equal(X, dequantized(Settings().with_(frac_bits=30), ROWS))
     assert not np.array_equal(prepare_inputs(own, sh, "features", ROWS), X)  # no contract: the settings
     X20 = prepare_inputs(own, sh, "features", ROWS, contract(frac_bits=20, normalization="none", feature_bound=4.0))
-    assert np.array_equal(X20, dequantized(Settings(frac_bits=20, normalize_features=False, feature_bound=4.0),
+    assert np.array_equal(X20, dequantized(Settings().with_(frac_bits=20, normalize_features=False, feature_bound=4.0),
                                            ROWS))
     with pytest.raises(PredictError) as e:
         prepare_inputs(own, sh, "text", ["hello"], contract())

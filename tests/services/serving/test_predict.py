@@ -18,7 +18,7 @@ SERVING = Path(__file__).resolve().parents[3] / "services" / "serving"
 
 
 def test_inputs_go_through_the_featurizer_quantization() -> None:
-    s = Settings(frac_bits=20)
+    s = Settings().with_(frac_bits=20)
     store = HeadStore()
     store.offer(make_head(1))
     sh = store.get("h")
@@ -87,8 +87,8 @@ def test_backbone_resolution_follows_the_contract() -> None:
     store.offer(make_head(1, d=2))
     sh = store.get("h")
     with pytest.raises(PredictError) as e:  # a configured backbone that does not exist: the server's fault
-        prepare_inputs(Settings(head_backbones="h=no-such-backbone"), sh, "features", [[1.0, 0.0]])
+        prepare_inputs(Settings().with_(head_backbones="h=no-such-backbone"), sh, "features", [[1.0, 0.0]])
     assert (e.value.status, e.value.reason) == (500, "backbone_unavailable")
     with pytest.raises(PredictError) as e:  # a head configured with a text backbone refuses an image
-        prepare_inputs(Settings(head_backbones="h=minilm"), sh, "image_png", [b"\x89PNG"])
+        prepare_inputs(Settings().with_(head_backbones="h=minilm"), sh, "image_png", [b"\x89PNG"])
     assert (e.value.status, e.value.reason) == (400, "backbone_mismatch")

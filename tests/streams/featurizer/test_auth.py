@@ -33,9 +33,11 @@ from unlearn.schemas.signature import (
     sign_value,
     verify_value,
 )
+from unlearn.services.client.settings import ClientSettings
 from unlearn.streams.featurizer.auth import AUTH_REASONS, Authorizer, AuthState
 from unlearn.streams.featurizer.core import InMessage, featurize_batch
 from unlearn.streams.featurizer.model import FEATURIZER_REASONS
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 NOW = 1_800_000_000.0
 KEY_A = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -351,7 +353,8 @@ def test_auth_settings_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("UNLEARN_AUTH_REPLAY_WINDOW_SECONDS", "60")
     monkeypatch.setenv("UNLEARN_CLIENT_KEY_FILE", str(key))
     s = Settings.from_env()
-    assert (s.auth_mode, s.auth_replay_window_seconds, s.client_key_file) == ("signed", 60.0, str(key))
+    window, key_file = FeaturizerSettings.of(s).auth_replay_window_seconds, ClientSettings.of(s).client_key_file
+    assert (s.auth_mode, window, key_file) == ("signed", 60.0, str(key))
     for bad, needle in (({"auth_mode": "maybe"}, "UNLEARN_AUTH_MODE"),
                         ({"auth_replay_window_seconds": 0.0}, "UNLEARN_AUTH_REPLAY_WINDOW_SECONDS"),
                         ({"client_key_file": str(tmp_path / "none.pem")}, "UNLEARN_CLIENT_KEY_FILE"),
@@ -366,7 +369,7 @@ def test_sdk_signs_with_the_key_file(tmp_path: Path) -> None:
 
     key = tmp_path / "k.pem"
     generate_key_file(key)
-    s = Settings(bootstrap="127.0.0.1:1", client_key_file=str(key), client_key_id="mine")
+    s = Settings().with_(bootstrap="127.0.0.1:1", client_key_file=str(key), client_key_id="mine")
     client = UnlearnClient(s)
     try:
         assert client.signer is not None and client.signer.key_id == "mine"

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from tests.sealed_support import plain_delta
+from tests.services.verifier.test_remove_wins_verify import certify_messages
 from tests.streams.featurizer.test_routing import reference_digest
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.processes import ServiceProcess
@@ -25,6 +26,7 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.streams.featurizer.cache import FeatureCache
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 pytestmark = pytest.mark.broker
 
@@ -87,6 +89,13 @@ def assert_head_is(got: dict[str, list], s: Settings, rows: dict[str, tuple[tupl
     ref = {k: (list(v), y) for k, (v, y) in rows.items()}
     assert led.count == len(rows)
     assert led.digest() == reference_digest(ref, s, led.n_outputs)
+
+
+def assert_certified(got: dict[str, list]) -> None:
+    """The verifier's replay of these deltas and receipts (no ledger ran: no live head) passes,
+    remove-wins re-judged from the rows' event times included."""
+    cert = certify_messages(got, HEAD)
+    assert cert.ok and {c.name: c.status for c in cert.checks}["remove_wins"] == "pass", cert.summary()
 
 
 def removed_by(got: dict[str, list], event_id: str) -> list[str]:
@@ -162,7 +171,8 @@ def test_deletes_racing_ahead_of_a_lagging_partition_win(settings: Settings, tmp
         for ev in [*deletes, "forget-u1"]:
             r = receipts[ev]
             assert r.status == "tombstoned" and not r.removed and r.tombstone_ts is not None, r
-            assert r.tombstone_expires == pytest.approx(r.tombstone_ts + s.tombstone_retention_seconds)
+            retention = FeaturizerSettings.of(s).tombstone_retention_seconds
+            assert r.tombstone_expires == pytest.approx(r.tombstone_ts + retention)
         assert receipts["del-3"].sample_ids == ("x3",) and receipts["forget-u1"].sample_ids == ()
         # a re-add of x3, dated after its delete, on another partition: it enters
         readd = add_req("readd-3", "u3", "x3", 99, ts=time.time())
@@ -182,6 +192,7 @@ def test_deletes_racing_ahead_of_a_lagging_partition_win(settings: Settings, tmp
     dls = dead_letters_of(got)
     assert dls == {ev: "deleted_before_arrival" for ev in refused}, dls
     assert_head_is(got, s, rows)
+    assert_certified(got)
     # nothing the deletes named entered; the later re-add did
     _, events = ledgers_from(got["deltas"])
     assert "readd-3" in events and not refused & set(events)
@@ -231,6 +242,7 @@ def test_delete_subject_racing_its_subjects_adds_in_flight(settings: Settings, t
         reader.close()
         run.stop_event.set()
     assert_head_is(got, s, {"b0": (features(7), 7 % 3), "e2": (features(42), 42 % 3)})
+    assert_certified(got)
 
 
 # --------------------------------------------------------------------------- kill -9

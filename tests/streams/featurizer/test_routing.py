@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.between_stages import head_partition
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
@@ -94,9 +95,10 @@ def heads_on_two_partitions(n: int) -> tuple[str, str]:
 
 
 def reference_digest(rows: dict[str, tuple[list[float], int]], settings: Settings, n_outputs: int) -> str:
-    led = ExactLedger(DIM, n_outputs, settings.frac_bits, settings.label_frac_bits)
+    heads = HeadSettings.of(settings)
+    led = ExactLedger(DIM, n_outputs, heads.frac_bits, heads.label_frac_bits)
     if rows:
-        Q = np.stack([quantize_feature_row(np.asarray(v), settings.frac_bits, settings.feature_bound)
+        Q = np.stack([quantize_feature_row(np.asarray(v), heads.frac_bits, heads.feature_bound)
                       for v, _ in rows.values()])
         led.add(Q, np.array([y for _, y in rows.values()]))
     led.grow_outputs(n_outputs)

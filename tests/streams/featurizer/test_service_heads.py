@@ -10,6 +10,7 @@ import pytest
 from tests.sealed_support import plain_delta
 from tests.streams.featurizer.test_service import Reader, Running, add, produce
 from unlearn.infra.head_registry import read_contracts
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.cli import main
@@ -39,12 +40,12 @@ def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings
         # each delta names the contract it was judged under: the head's columns, whatever labels came
         first = {d.head_id: d for d in (plain_delta(m.value(), m.topic()) for m in got["deltas"])}
         assert (first["faces"].n_classes, first["faces"].contract_version) == (3, 1)
-        assert (first["auto"].n_classes, first["auto"].contract_version) == (s.default_classes, 1)
+        assert (first["auto"].n_classes, first["auto"].contract_version) == (HeadSettings.of(s).default_classes, 1)
         # the undeclared head was auto-created, its contract published with its first delta
         deadline = time.monotonic() + 20
         while "auto" not in (contracts := read_contracts(s)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert (contracts["auto"].origin, contracts["auto"].n_classes) == ("auto", s.default_classes)
+        assert (contracts["auto"].origin, contracts["auto"].n_classes) == ("auto", HeadSettings.of(s).default_classes)
         assert heads(s, "extend", "--head", "faces", "--classes", "4") == 0
         while run.service.registry is None or run.service.registry.get("faces").version < 2:  # type: ignore[union-attr]
             assert time.monotonic() < deadline + 20

@@ -16,6 +16,7 @@ from unlearn.schemas.delta_codec import RowsEntry
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import (
     Tombstone,
     TombstonePolicy,
@@ -230,7 +231,8 @@ def test_settings_bound_the_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNLEARN_MAX_CLOCK_SKEW_SECONDS", "60")
     s = Settings.from_env()
     assert CoreConfig.from_settings(s).tombstones == TombstonePolicy(60.0, 86_400.0)
-    assert Settings.from_env(tombstone_retention_seconds=0).tombstone_retention_seconds == 0  # for ever
+    forever = Settings.from_env(tombstone_retention_seconds=0)
+    assert FeaturizerSettings.of(forever).tombstone_retention_seconds == 0  # for ever
     for bad in ({"tombstone_retention_seconds": 30}, {"tombstone_retention_seconds": -1},
                 {"max_clock_skew_seconds": -1}, {"tombstone_retention_seconds": float("inf")}):
         with pytest.raises(ValueError):

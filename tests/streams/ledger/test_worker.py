@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
@@ -22,6 +23,7 @@ from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head_codec import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
+from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.state_store import ChangelogStore
 
 pytestmark = pytest.mark.broker
@@ -114,7 +116,8 @@ def assert_final_heads_exact(s: Settings, stream: Stream, timeout: float = 90.0)
         assert got.n_retained == ref.count
         assert got.retained_hash == stream.reference_retained_hash(h), f"{h}: retained-rows hash from scratch"
         ref.grow_outputs(got.weights.shape[1])
-        assert np.array_equal(np.asarray(got.weights), solve_head(ref, s.gamma)), f"{h}: canonical head bit for bit"
+        gamma = HeadSettings.of(s).gamma
+        assert np.array_equal(np.asarray(got.weights), solve_head(ref, gamma)), f"{h}: canonical head bit for bit"
 
 
 def test_end_to_end_several_heads_bit_exact(settings: Settings, tmp_path: Path) -> None:
@@ -289,7 +292,7 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
             worker.start()
         produce(s, [stream.next_message() for _ in range(20)])
         assert_final_heads_exact(s, stream, timeout=120)
-        time.sleep(s.heads_retire_seconds + 1.5)  # superseded heads topics go after their grace period
+        time.sleep(LedgerSettings.of(s).heads_retire_seconds + 1.5)  # superseded heads topics go after their grace
     finally:
         assert worker.stop() == 0
     state = [t for t in prefixed_topics(s) if ".ledger-state." in t]
@@ -367,7 +370,7 @@ def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings
         parts = {h: _partition_of(s, h) for h in stream.heads}
         # No deletes: no erasure rotation, whatever the time.
         before = {p: _family_topics(s, p) for p in set(parts.values())}
-        time.sleep(s.erasure_rotate_seconds + s.heads_retire_seconds + 2.0)
+        time.sleep(LedgerSettings.of(s).erasure_rotate_seconds + LedgerSettings.of(s).heads_retire_seconds + 2.0)
         assert {p: _family_topics(s, p) for p in before} == before
         assert "erasure rotation" not in worker.log_path.read_text()
 
@@ -379,7 +382,8 @@ def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings
         produce(s, [stream.delete_message(h, 2)])
         time.sleep(1.0)
         produce(s, [stream.delete_message(h, 1)])  # the same window: the same rotation
-        deadline = t0 + s.erasure_rotate_seconds + s.heads_retire_seconds + 15.0  # + a loaded box's slack
+        ledger = LedgerSettings.of(s)
+        deadline = t0 + ledger.erasure_rotate_seconds + ledger.heads_retire_seconds + 15.0  # + a loaded box's slack
         while True:
             now = _family_topics(s, p)
             if not (set(now["ledger-state"]) & set(old["ledger-state"]) or set(now["heads"]) & set(old["heads"])):
@@ -387,7 +391,7 @@ def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings
             assert time.monotonic() < deadline, f"pre-delete generations still there: {now} (were {old})"
             time.sleep(0.2)
         took = time.monotonic() - t0
-        assert took >= s.erasure_rotate_seconds, took  # the window batches, it does not rotate per delete
+        assert took >= ledger.erasure_rotate_seconds, took  # the window batches, it does not rotate per delete
         assert now["ledger-state"] and now["heads"], now
         assert {q: _family_topics(s, q) for q in before if q != p} == {q: t for q, t in before.items() if q != p}
         log = worker.log_path.read_text()
@@ -449,13 +453,13 @@ def test_a_worker_killed_mid_erasure_rotation_recovers_exactly(settings: Setting
         h = max(stream.heads, key=lambda k: len(stream.retained[k]))
         produce(s, [stream.delete_message(h, 1)])
         wait_for_head(s, h, lambda u: u.version == stream.n_msgs[h], timeout=60)
-        time.sleep(3 * s.checkpoint_every_seconds)
+        time.sleep(3 * LedgerSettings.of(s).checkpoint_every_seconds)
         slow.kill9()
         assert "erasure rotation" not in slow.log_path.read_text()
         old = _family_topics(s, 0)
         worker.start()  # no message to replay: only the checkpoint says a delete is pending
         worker.wait_for_log("erasure rotation done", timeout=60)
-        deadline = time.monotonic() + s.heads_retire_seconds + 20.0
+        deadline = time.monotonic() + LedgerSettings.of(s).heads_retire_seconds + 20.0
         while (now := _family_topics(s, 0)) and (set(now["heads"]) & set(old["heads"])
                                                  or set(now["ledger-state"]) & set(old["ledger-state"])):
             assert time.monotonic() < deadline, (old, now)
@@ -538,7 +542,7 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
         worker.start()
         worker.wait_for_log("unlearn ledger ready", timeout=60)
         assert_final_heads_exact(s, stream)
-        deadline = t0 + s.erasure_rotate_seconds + s.heads_retire_seconds + 30.0
+        deadline = t0 + LedgerSettings.of(s).erasure_rotate_seconds + LedgerSettings.of(s).heads_retire_seconds + 30.0
         while (now := _family_topics(s, 0)) and (set(now["heads"]) & set(old["heads"])
                                                  or set(now["ledger-state"]) & set(old["ledger-state"])):
             assert time.monotonic() < deadline, (old, now)

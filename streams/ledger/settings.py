@@ -1,0 +1,40 @@
+"""Settings of the ledger processor (``unlearn ledger --help``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from unlearn.infra.settings import Section, Settings, setting
+
+
+@dataclass(frozen=True)
+class LedgerSettings(Section):
+    """Factor resets, checkpoints, state-topic rotation and head-update contents."""
+
+    title: ClassVar[str] = "ledger"
+
+    reset_every_events: int = setting(1000, "refactor a head's Cholesky factor after this many events")
+    reset_every_seconds: float = setting(5.0, "... or after this many seconds")
+    drift_threshold: float = setting(1e-9, "... or when the drift estimate passes this")
+    checkpoint_every_messages: int = setting(50, "snapshot period in messages")
+    checkpoint_every_seconds: float = setting(5.0, "snapshot period in seconds")
+    state_rotate_bytes: int = setting(64_000_000, "size bound of a ledger-state / heads topic generation")
+    heads_retire_seconds: float = setting(10.0, "a superseded heads topic lives this long")
+    erasure_rotate_seconds: float = setting(20.0, "rotate state topics holding erased rows this often (0 = off)")
+    publish_posterior: bool = setting(True, "head updates carry T = H^-1")
+    ledger_blas_threads: int = setting(1, "BLAS threads of the ledger process")
+
+    def check(self) -> None:
+        if self.checkpoint_every_messages < 1 or self.checkpoint_every_seconds <= 0:
+            raise ValueError("UNLEARN_CHECKPOINT_EVERY_MESSAGES must be >= 1 and _SECONDS > 0")
+        if self.heads_retire_seconds < 3.0:
+            raise ValueError("UNLEARN_HEADS_RETIRE_SECONDS must be at least 3 (readers move to a new heads "
+                             "generation within about a second and must be off the old one before it is deleted)")
+        if self.erasure_rotate_seconds < 0:
+            raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
+                             f"got {self.erasure_rotate_seconds}")
+
+    def check_with(self, settings: Settings) -> None:
+        if self.state_rotate_bytes < settings.changelog_max_bytes:
+            raise ValueError("UNLEARN_STATE_ROTATE_BYTES must be at least UNLEARN_CHANGELOG_MAX_BYTES")
