@@ -15,7 +15,7 @@ a broker:
    a partition at its checkpoint's floor (not at a consumer-group offset, which a framework or an
    operator may move), and refuses state that does not belong to the log it reads: another topic
    incarnation (topic id), a floor beyond the log's end (truncated or recreated log), or a log
-   that starts after the floor (events lost to retention). It raises :class:`StaleStateError`
+   that starts after the floor (events lost to retention). It raises ``infra.log_position.StaleStateError``
    naming the mismatch instead of guessing.
 3. **A (head, version) pair has one digest**: versions count applied deltas messages and replay
    starts from a snapshot taken at a message boundary, so a replay recomputes the same versions
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from unlearn.infra.between_stages import Checkpoint
-from unlearn.infra.log_position import StaleStateError, check_resume
+from unlearn.infra.log_position import check_resume
 
-__all__ = ["StaleStateError", "check_recovery", "piece_key", "plan_generations", "safe_floor"]
+__all__ = ["check_recovery", "piece_key", "plan_generations", "safe_floor"]
 
 _FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
         "broker and topics its state came from")
@@ -74,7 +74,7 @@ def safe_floor(next_offset: int, last_touched: Mapping[str, int], durable: Mappi
 
 
 def check_recovery(cp: Checkpoint | None, topic_id: str, log_start: int, log_end: int) -> int:
-    """Where to resume a partition, or :class:`StaleStateError` (invariant 2).
+    """Where to resume a partition, or ``StaleStateError`` (invariant 2).
 
     ``log_start``/``log_end``: the first offset and one past the last offset the deltas partition
     holds now; ``topic_id``: the deltas topic's id now ("" where the broker has none)."""

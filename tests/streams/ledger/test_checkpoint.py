@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
-from unlearn.streams.ledger.checkpoint import StaleStateError, check_recovery, safe_floor
+from unlearn.infra.log_position import StaleStateError
+from unlearn.streams.ledger.checkpoint import check_recovery, safe_floor
 
 HEADS = st.sampled_from(["a", "b", "c", "d"])
 
