@@ -34,6 +34,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family, state_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
+from unlearn.streams.ledger.settings import LedgerSettings
 
 from .checkpoint import piece_key, plan_generations
 from .snapshot import HeadState, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
@@ -125,10 +126,10 @@ class ChangelogStore:
         return self.state.generations(self._topics(), partition)
 
     def needs_rotation(self, partition: int) -> bool:
-        return self.written.get(partition, 0) >= self.settings.state_rotate_bytes
+        return self.written.get(partition, 0) >= LedgerSettings.of(self.settings).state_rotate_bytes
 
     def needs_heads_rotation(self, partition: int) -> bool:
-        return self.heads_written.get(partition, 0) >= self.settings.state_rotate_bytes
+        return self.heads_written.get(partition, 0) >= LedgerSettings.of(self.settings).state_rotate_bytes
 
     def begin_generation(self, partition: int) -> int:
         """Switch writes of ``partition`` to a new, empty generation; returns the old one. The
@@ -144,7 +145,7 @@ class ChangelogStore:
         (the featurizer's shredder reads checkpoint floors; a read of a topic being deleted
         crashes librdkafka, infra.topic_reader.source_partitions); recovery ignores it meanwhile,
         since it takes the newest generation holding a checkpoint."""
-        self.retiring.append((time.monotonic() + self.settings.heads_retire_seconds,
+        self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds,
                               [self.state.topic(partition, old)]))
 
     def begin_heads_generation(self, partition: int, fresh: bool = False) -> list[str]:
@@ -162,7 +163,7 @@ class ChangelogStore:
         ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them (infra.topic_reader.source_partitions
         says why a reader must not be on a topic when it is deleted)."""
         if superseded:
-            self.retiring.append((time.monotonic() + self.settings.heads_retire_seconds, superseded))
+            self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds, superseded))
 
     def retire_due(self) -> None:
         """Delete the superseded heads and ledger-state topics whose grace period is over (cheap when
