@@ -70,8 +70,9 @@ class EventTimes:
 
 def _delete_tombstone(head_id: str, sample: str, subject: str, t: int, event_id: str, by_subject: bool) -> Tombstone:
     """The tombstone a delete row stands for: its subject's when a delete_subject removed it."""
-    kind, id_ = ("subject", subject) if by_subject else ("sample", sample)
-    return Tombstone(head_id, kind, id_, subject, "", t, event_id)
+    if by_subject:
+        return Tombstone(head_id, "subject", subject, subject, "", t, event_id)
+    return Tombstone(head_id, "sample", sample, subject, "", t, event_id)
 
 
 def erased_tombstones(head_id: str, rows: Iterable[ErasedRow]) -> list[Tombstone]:
