@@ -3,14 +3,13 @@ so anyone can re-verify a head offline with their own decoder (``unlearn verify 
 
 All integers little-endian::
 
-    file   := "ULDX" | u16 version (1 or 2) | u16 reserved (=0) | record*
+    file   := "ULDX" | u16 version (1) | u16 reserved (=0) | record*
     record := u8 kind | u8 reserved (=0) | u16 key_len | i32 partition | i64 offset
               | i64 timestamp_ms | u64 value_len | key bytes | value bytes
 
-``kind`` 1 = a raw ``deltas`` message (``ULDT``), 2 = a raw ``heads`` message (``ULHD``), 3 (version
-2 only) = a raw ``receipts`` message (JSON), in log order per kind; partition/offset/timestamp are
-where the message was on its topic. A file is written as version 1 unless it holds receipts, so an
-older reader reads every file it can. A tombstone is written as an empty value (undecodable).
+``kind`` 1 = a raw ``deltas`` message (``ULDT``), 2 = a raw ``heads`` message (``ULHD``), 3 = a raw
+``receipts`` message (JSON), in log order per kind; partition/offset/timestamp are where the
+message was on its topic. A tombstone is written as an empty value (undecodable).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from .errors import VerifyError
 from .reading import delta_head, read_head_records, read_receipt_records, record_value
 
 EXPORT_MAGIC = b"ULDX"
-EXPORT_VERSION = 2  # the newest version written; 1 and 2 are read
+EXPORT_VERSION = 1  # the one version written and read
 KIND_DELTA = 1
 KIND_HEAD = 2
 KIND_RECEIPT = 3
@@ -51,7 +50,7 @@ def write_export(path: str | Path, deltas: Sequence[LogRecord], heads: Sequence[
     p.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(p, "wb") as f:
-        n += f.write(_FILE_HEADER.pack(EXPORT_MAGIC, EXPORT_VERSION if receipts else 1, 0))
+        n += f.write(_FILE_HEADER.pack(EXPORT_MAGIC, EXPORT_VERSION, 0))
         for kind, recs in ((KIND_DELTA, deltas), (KIND_HEAD, heads), (KIND_RECEIPT, receipts)):
             for r in recs:
                 key = r.key or b""
@@ -74,13 +73,11 @@ def read_export(path: str | Path) -> Export:
     magic, version, _ = _FILE_HEADER.unpack_from(data, 0)
     if magic != EXPORT_MAGIC:
         raise VerifyError(f"{path}: not a deltas export (magic {magic!r}, expected {EXPORT_MAGIC!r})")
-    if version not in (1, 2):
-        raise VerifyError(f"{path}: export version {version} is unknown (this verifier reads 1 and 2)")
+    if version != EXPORT_VERSION:
+        raise VerifyError(f"{path}: export version {version} is unknown (this verifier reads {EXPORT_VERSION})")
     pos = _FILE_HEADER.size
     out = Export([], [], [])
     by_kind = {KIND_DELTA: out.deltas, KIND_HEAD: out.heads, KIND_RECEIPT: out.receipts}
-    if version == 1:
-        del by_kind[KIND_RECEIPT]
     i = 0
     while pos < len(data):
         if pos + _RECORD.size > len(data):
@@ -94,7 +91,7 @@ def read_export(path: str | Path) -> Export:
         value = data[pos + klen:pos + klen + vlen]
         pos += klen + vlen
         if kind not in by_kind:
-            raise VerifyError(f"{path}: record {i} has unknown kind {kind} (export version {version})")
+            raise VerifyError(f"{path}: record {i} has unknown kind {kind}")
         by_kind[kind].append(LogRecord(part, off, ts, key, value))
         i += 1
     return out

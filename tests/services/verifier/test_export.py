@@ -30,7 +30,7 @@ def test_export_file_roundtrip_and_offline_verify(tmp_path: Path) -> None:
     path = tmp_path / "h.uldx"
     write_export(path, [r for r in recs if r.key == b"h"], heads)
     d2, h2, r2 = read_export(path)
-    assert r2 == [] and path.read_bytes()[4:6] == struct.pack("<H", 1)  # no receipts: version 1
+    assert r2 == [] and path.read_bytes()[4:6] == struct.pack("<H", 1)
     assert [r.value for r in d2] == [r.value for r in recs if r.key == b"h"] and len(h2) == len(ups)
     assert [(r.partition, r.offset, r.timestamp_ms, r.key) for r in d2] == \
         [(r.partition, r.offset, r.timestamp_ms, r.key) for r in recs if r.key == b"h"]
@@ -80,7 +80,7 @@ def test_tombstones_are_written_as_empty_values(tmp_path: Path) -> None:
 
 
 def test_receipts_in_the_export_are_checked_offline(tmp_path: Path) -> None:
-    """A file with receipts is version 2 (record kind 3); verify_file checks their retained-rows
+    """Receipts are record kind 3; verify_file checks their retained-rows
     hash like the broker mode does, and a forged one fails the certificate."""
     b = anomalous_stream(seed=8, n_msgs=12)
     recs = records_of(b.msgs)
@@ -90,7 +90,7 @@ def test_receipts_in_the_export_are_checked_offline(tmp_path: Path) -> None:
     rrecs = [LogRecord(1, i, 0, r.subject_id.encode(), encode_receipt(r)) for i, r in enumerate(receipts)]
     path = tmp_path / "h.uldx"
     write_export(path, deltas, heads, rrecs)
-    assert path.read_bytes()[4:6] == struct.pack("<H", 2)
+    assert path.read_bytes()[4:6] == struct.pack("<H", 1)
     back = read_export(path)
     assert [r.value for r in back.receipts] == [r.value for r in rrecs] and len(back.deltas) == len(deltas)
     cert = verify_file(path, orders=0, partitionings=0, seed=1)
@@ -100,8 +100,8 @@ def test_receipts_in_the_export_are_checked_offline(tmp_path: Path) -> None:
                                                  "retained_hash": "e" * 64}))
     write_export(path, deltas, heads, [*rrecs, LogRecord(1, 99, 0, b"x", forged)])
     assert status(verify_file(path, orders=0, partitionings=0, seed=1), "retained_hash") == "fail"
-    # a receipt record in a version 1 file is an unknown kind
+    # one version: nothing else was ever released
     data = path.read_bytes()
-    (tmp_path / "v1.uldx").write_bytes(data[:4] + struct.pack("<H", 1) + data[6:])
-    with pytest.raises(VerifyError, match="unknown kind 3"):
-        read_export(tmp_path / "v1.uldx")
+    (tmp_path / "v2.uldx").write_bytes(data[:4] + struct.pack("<H", 2) + data[6:])
+    with pytest.raises(VerifyError, match="version 2 is unknown"):
+        read_export(tmp_path / "v2.uldx")
