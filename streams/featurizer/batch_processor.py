@@ -190,10 +190,10 @@ class BatchProcessor:
         messages = outcome.messages(config)
         generation: int | None = None
         durable = messages  # what the outbox keeps: with the changelog, phase 0 (outputs_of_txn)
-        if self.topics.changelog is not None:
+        t = self.topics
+        if t.changelog is not None:
             # the changelog records ride in the same sqlite transaction, ahead of the outputs
             generation = cache.generation + 1
-            t = self.topics
             pos = Position(p, outcome.last_offset, t.by_head, t.by_head_id, cache.lineage, generation, 0, "",
                            {**origins, **outcome.origin_offsets}, t.requests_id, t.by_head_partitions)
             messages = batch_records(p, t.changelog, outcome.mutations, messages, pos,

@@ -66,7 +66,6 @@ from unlearn.schemas.source_id import format_source_id, parse_source, parse_sour
 from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from .heads import auto_contracts, check_contract, delta_contract, judged_contract
 from .model import (
-    FEATURIZER_REASONS,
     STAGE,
     BatchOutcome,
     CachedSample,
@@ -80,6 +79,7 @@ from .model import (
     OutMessage,
     RegistryEncoder,
 )
+from .reasons import FEATURIZER_REASONS
 from .refusal import refusal, salvage_delete_ids
 from .tombstones import (
     TombstonePolicy,

@@ -36,7 +36,7 @@ from unlearn.schemas.signature import (
 from unlearn.services.client.settings import ClientSettings
 from unlearn.streams.featurizer.auth import AUTH_REASONS, Authorizer, AuthState
 from unlearn.streams.featurizer.core import InMessage, featurize_batch
-from unlearn.streams.featurizer.model import FEATURIZER_REASONS
+from unlearn.streams.featurizer.reasons import FEATURIZER_REASONS
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 NOW = 1_800_000_000.0
