@@ -64,6 +64,8 @@ __all__ = [
 ]
 
 MEMORY_STORAGE = "memory://tansu/"
+START_TIMEOUT = 20.0  # seconds a started local broker (and its S3) may take to answer
+STOP_TIMEOUT = 5.0  # SIGTERM grace before SIGKILL
 S3_STORAGE = f"s3://{S3_BUCKET}/"
 
 
@@ -297,8 +299,7 @@ class LocalBroker:
                     continue
                 try:
                     self._spawn(binary, port)
-                    wait_for_broker(f"{self.host}:{port}", LocalBrokerSettings.of(self.settings).broker_start_timeout,
-                                    lambda: self.running)
+                    wait_for_broker(f"{self.host}:{port}", START_TIMEOUT, lambda: self.running)
                     return self
                 except BrokerError as exc:
                     error = exc
@@ -312,9 +313,8 @@ class LocalBroker:
     def _start_s3(self) -> None:
         """The local S3 under the data dir (``LocalS3``), listening before tansu starts."""
         assert self.data_dir is not None
-        local = LocalBrokerSettings.of(self.settings)
-        s3 = LocalS3(self.data_dir, self.host, start_timeout=local.broker_start_timeout,
-                     stop_timeout=local.broker_stop_timeout, die_with_parent=self._die_with_parent)
+        s3 = LocalS3(self.data_dir, self.host, start_timeout=START_TIMEOUT, stop_timeout=STOP_TIMEOUT,
+                     die_with_parent=self._die_with_parent)
         try:
             s3.start()
         except S3rverMissing as exc:
@@ -376,13 +376,12 @@ class LocalBroker:
         if self._finalizer is not None:
             self._finalizer.detach()
         procs = [p for p in (self._proc, self._s3.proc if self._s3 is not None else None) if p is not None]
-        self._finalizer = weakref.finalize(self, terminate_all, procs,
-                                           LocalBrokerSettings.of(self.settings).broker_stop_timeout)
+        self._finalizer = weakref.finalize(self, terminate_all, procs, STOP_TIMEOUT)
 
     def _kill_tansu(self) -> None:
         """Stop tansu only (a failed start attempt; the S3 stays for the next attempt)."""
         if self._proc is not None:
-            terminate(self._proc, LocalBrokerSettings.of(self.settings).broker_stop_timeout)
+            terminate(self._proc, STOP_TIMEOUT)
         self._proc = None
         self.port = self._requested_port
         self._set_finalizer()
@@ -390,7 +389,7 @@ class LocalBroker:
     def _kill_child(self) -> None:
         """Stop everything: tansu first, then the S3 it writes to, then unlock the data dir."""
         if self._proc is not None:
-            terminate(self._proc, LocalBrokerSettings.of(self.settings).broker_stop_timeout)
+            terminate(self._proc, STOP_TIMEOUT)
         if self._s3 is not None:
             self._s3.stop()
         if self._finalizer is not None:
@@ -402,7 +401,7 @@ class LocalBroker:
         _LIVE.discard(self)
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``broker_stop_timeout`` seconds. Idempotent."""
+        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT`` seconds. Idempotent."""
         with self._lock:
             self._kill_child()
 

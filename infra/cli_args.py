@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from typing import Any, Literal
 
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Section, SecuritySettings, Settings, help_epilog
 
 BrokerArg = Literal["bootstrap", "prefix", "profile"]
 
@@ -46,6 +47,15 @@ def add_loglevel_arg(parser: argparse.ArgumentParser) -> None:
     command that takes no broker options (``unlearn broker``)."""
     parser.add_argument("--loglevel", default="info", choices=("debug", "info", "warning", "error"),
                         help="log level (default: info; the readiness line is logged at info)")
+
+
+def settings_help(parser: argparse.ArgumentParser, *sections: type[Section], cluster: bool = True) -> None:
+    """List the variables of ``sections`` (after the shared ``Settings`` and ``SecuritySettings``
+    unless ``cluster`` is false) with default and meaning at the end of the command's ``--help``."""
+    shown = ((Settings, SecuritySettings) if cluster else ()) + sections
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    own = textwrap.fill(parser.epilog, 100) if parser.epilog else ""
+    parser.epilog = "\n\n".join(filter(None, (own, help_epilog(*shown))))
 
 
 def setup_logging(level: str) -> None:

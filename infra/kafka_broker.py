@@ -386,7 +386,7 @@ class LocalKafka:
     @property
     def start_timeout(self) -> float:
         """Seconds a start may take: a JVM on a busy 2-core box needs more than tansu."""
-        return max(LocalBrokerSettings.of(self.settings).broker_start_timeout, 90.0)
+        return 90.0
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> LocalKafka:
@@ -510,7 +510,7 @@ class LocalKafka:
         with self._lock:
             n = self.node(node_id)
             if n.proc is not None:
-                _stop_procs([n.proc], max(LocalBrokerSettings.of(self.settings).broker_stop_timeout, 10.0))
+                _stop_procs([n.proc], 10.0)
             n.proc = None
 
     def start_node(self, node_id: int, wait: bool = True) -> KafkaNode:
@@ -533,7 +533,7 @@ class LocalKafka:
         if kill:
             _kill_procs(procs)
         else:
-            _stop_procs(procs, max(LocalBrokerSettings.of(self.settings).broker_stop_timeout, 10.0))
+            _stop_procs(procs, 10.0)
         for n in self.nodes:
             n.proc = None
         if self._finalizer is not None:

@@ -148,6 +148,8 @@ class Settings(Section):
 
     def section(self, cls: type[S]) -> S:
         """Section ``cls``: given to ``with_``, else read from the captured environment once."""
+        if isinstance(self, cls):
+            return self
         given = self.sections.get(cls)
         if given is not None:
             return given  # type: ignore[return-value]
@@ -260,14 +262,18 @@ def owner_of(name: str) -> type[Section]:
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One line per ``UNLEARN_*`` variable in ``environ`` that no section reads (a typo, or a
-    setting that was removed), with the closest real name."""
-    all_sections()
-    known = {variable(name) for name in _OWNERS}
+    setting that was removed), with the closest real name. Imports every section module only
+    when a variable is not one of the sections already imported."""
+    def unknown() -> list[str]:
+        return sorted(name for name in environ if name.startswith("UNLEARN_") and name not in NON_SETTINGS
+                      and not name.endswith("_PASSWORD") and name[len("UNLEARN_"):].lower() not in _OWNERS)
+
+    if unknown():
+        all_sections()
+    known = sorted(variable(name) for name in _OWNERS)
     lines = []
-    for name in sorted(environ):
-        if not name.startswith("UNLEARN_") or name in known or name in NON_SETTINGS or name.endswith("_PASSWORD"):
-            continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+    for name in unknown():
+        close = difflib.get_close_matches(name, known, n=1)
         lines.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close else ""))
     return lines
 

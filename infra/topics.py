@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args
+from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args, settings_help
 from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.polling import poll_until
 from unlearn.infra.profiles import admin_config, quirks, topic_config
@@ -240,6 +240,7 @@ def topics_main(argv: Sequence[str] | None = None) -> int:
     add_broker_args(parser, "bootstrap")
     parser.add_argument("--partitions", type=int, help="default: UNLEARN_PARTITIONS")
     add_broker_args(parser, "prefix", "profile")
+    settings_help(parser, ErasureSettings)
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args, partitions=args.partitions)

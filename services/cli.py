@@ -33,10 +33,14 @@ def _ledger_main(argv: list[str]) -> int:
     """``unlearn ledger``: the worker options every long-running command takes, plus --worker-id."""
     import argparse
 
-    from unlearn.infra.cli_args import add_worker_args, settings_from_args, setup_logging
+    from unlearn.infra.cli_args import add_worker_args, settings_from_args, settings_help, setup_logging
+    from unlearn.infra.erasure_settings import ErasureSettings
+    from unlearn.infra.head_settings import HeadSettings
+    from unlearn.streams.ledger.settings import LedgerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
     add_worker_args(ap)
+    settings_help(ap, HeadSettings, LedgerSettings, ErasureSettings)
     ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and as its Kafka client.id")
     args = ap.parse_args(argv)
     setup_logging(args.loglevel)
@@ -54,7 +58,8 @@ def _broker_main(argv: list[str]) -> int:
     the address on stdout, then the readiness line in the log (stderr)."""
     import argparse
 
-    from unlearn.infra.cli_args import add_loglevel_arg, setup_logging
+    from unlearn.infra.cli_args import add_loglevel_arg, settings_help, setup_logging
+    from unlearn.infra.local_broker_settings import LocalBrokerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn broker", description="Run a local broker: tansu (default) "
                                  "or Apache Kafka in KRaft mode.")
@@ -72,6 +77,7 @@ def _broker_main(argv: list[str]) -> int:
                     "no access without an ACL, super user admin with the password in KAFKA_ADMIN_PASSWORD); "
                     "then `bash infra/kafka/init.sh` creates the service users and ACLs (docs/security.md)")
     add_loglevel_arg(ap)
+    settings_help(ap, LocalBrokerSettings, cluster=False)
     args = ap.parse_args(argv)
     if args.engine == "tansu" and args.nodes != 1:
         ap.error("--nodes needs --engine kafka (tansu runs one broker)")
@@ -134,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         print(f"unlearn: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    from unlearn.infra.settings import unknown_variables
+
+    for line in unknown_variables(os.environ):  # a warning: the environment may be shared with other tools
+        print(f"unlearn: warning: {line}", file=sys.stderr)
     try:
         return cmd(args[1:])
     except KeyboardInterrupt:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args, settings_help
+from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
 from unlearn.schemas.receipts import receipt_to_dict
@@ -64,6 +65,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
                "image_file; missing fields come from the options. See docs/client.md.",
     )
     add_broker_args(ap)
+    settings_help(ap, ClientSettings, ErasureSettings)
     ap.add_argument("--head", help="head id (required unless every --file line has head_id)")
     ap.add_argument("--subject", help="subject id (the message key)")
     if op != "delete_subject":

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
-from unlearn.infra.cli_args import add_broker_args, settings_from_args
+from unlearn.infra.cli_args import add_broker_args, settings_from_args, settings_help
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
@@ -153,6 +153,7 @@ class HeadFollower:
 def _head_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="unlearn head", description="Print the latest published head.")
     add_broker_args(ap)
+    settings_help(ap)
     ap.add_argument("--head", required=True)
     ap.add_argument("--json", action="store_true", help="one JSON object incl. weights (d rows x c columns)")
     ap.add_argument("--timeout", type=float, default=30.0)

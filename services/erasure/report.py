@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
 from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key, superseded_left
 from unlearn.infra.settings import Settings
@@ -292,6 +292,7 @@ def erasure_report_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="unlearn erasure-report", description=(
         "Check that none of a subject's data can still be read (docs/erasure.md). Exit 0 only if all clear."))
     add_broker_args(ap)
+    settings_help(ap, ErasureSettings)
     ap.add_argument("--head", required=True, help="head id")
     ap.add_argument("--subject", required=True, help="subject id")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to read each topic to its end")

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Literal
 
-from unlearn.infra.cli_args import add_broker_args
+from unlearn.infra.cli_args import add_broker_args, settings_help
 from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_contract import ContractError, HeadContract
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="print every declared head")
     for p in (create, extend, show, lst):
         add_broker_args(p)
+        settings_help(p, HeadSettings)
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return ap
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args
+from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
 from unlearn.infra.head_settings import HeadSettings
 from unlearn.services.verifier.settings import VerifySettings
 
@@ -30,6 +30,7 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
         "Replay a head's deltas through the exact ledger in shuffled orders and random partitionings, and "
         "certify the live head (digest, canonical W bit for bit, deviation from a scikit-learn retrain)."))
     _common(ap)
+    settings_help(ap, HeadSettings, VerifySettings)
     ap.add_argument("--head", help="head id (required with --bootstrap; with --deltas-file when it holds several)")
     ap.add_argument("--deltas-file", help="verify an export file (unlearn export-deltas) instead of the broker")
     ap.add_argument("--orders", type=int, help="shuffled replay orders (default: UNLEARN_VERIFY_ORDERS)")
@@ -79,6 +80,7 @@ def export_deltas_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="unlearn export-deltas", description=(
         "Write a head's deltas (and head updates and receipts) to a file for offline verify."))
     _common(ap)
+    settings_help(ap)
     ap.add_argument("--head", required=True, help="head id")
     ap.add_argument("--out", required=True, help="output file")
     ap.add_argument("--no-heads", action="store_true", help="no head updates (verify then skips the live-head checks)")

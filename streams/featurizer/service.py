@@ -271,7 +271,6 @@ class FeaturizerService:
         self._pending = []
         deadline: float | None = None
         urgent = False
-        close_on_delete = FeaturizerSettings.of(self.settings).batch_close_on_delete
         while len(self._pending) < self.max_batch:
             if deadline is None:
                 # consume() blocks for its whole timeout unless the batch fills; poll() returns on
@@ -286,7 +285,7 @@ class FeaturizerService:
                 err = m.error()
                 if err is None:
                     self._pending.append(m)
-                    urgent = urgent or (close_on_delete and might_delete(m.value()))
+                    urgent = urgent or might_delete(m.value())
                 elif err.code() == KafkaError._PARTITION_EOF:
                     continue
                 elif err.fatal():

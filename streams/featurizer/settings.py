@@ -16,7 +16,6 @@ class FeaturizerSettings(Section):
 
     batch_max_events: int = setting(256, "most events in one micro-batch")
     batch_max_ms: int = setting(10, "batch window after the first event (latency vs batch size)")
-    batch_close_on_delete: bool = setting(True, "a batch holding a delete closes once fetched events are in")
     auth_replay_window_seconds: float = setting(300.0, "signed mode: |now - ts| bound, event ids kept this long")
     max_clock_skew_seconds: float = setting(300.0, "an add dated more than this ahead is refused")
     tombstone_retention_seconds: float = setting(604_800.0, "a delete's tombstone is kept this long (0: for ever)")
@@ -24,7 +23,6 @@ class FeaturizerSettings(Section):
     require_sealed_input: bool = setting(False, "refuse plaintext adds")
     shred_every_seconds: float = setting(2.0, "at most one subject-key rotation per partition per period")
     transit_rotate_seconds: float = setting(20.0, "a new transit key per partition this often")
-    transit_open_cache: int = setting(4096, "AES keys kept per (transit key, producer key), LRU (0: none)")
 
     def check(self) -> None:
         if self.batch_max_events < 1 or self.batch_max_ms < 0:
@@ -42,5 +40,3 @@ class FeaturizerSettings(Section):
         if self.transit_rotate_seconds < 4.0:
             raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS must be at least 4 (a successor is published ahead "
                              "of use_until)")
-        if self.transit_open_cache < 0:
-            raise ValueError("UNLEARN_TRANSIT_OPEN_CACHE must be >= 0 (0 = derive per request)")

@@ -138,13 +138,9 @@ class TransitKeys:
     destroyed: dict[int, set[str]] = field(default_factory=dict)
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
-    derived: DerivedKeys | None = None  # AES keys per (key id, producer epk): UNLEARN_TRANSIT_OPEN_CACHE
+    derived: DerivedKeys = field(default_factory=DerivedKeys)  # AES keys per (key id, producer epk)
     probes: Probes | None = None  # the reads run off the poll loop (streams/featurizer/probes.py)
     _advanced_at: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.derived is None:
-            self.derived = DerivedKeys(FeaturizerSettings.of(self.settings).transit_open_cache)
 
     @property
     def topic(self) -> str:
@@ -173,7 +169,7 @@ class TransitKeys:
         eps = self.epochs.pop(partition, {})
         for e in eps.values():
             self.stages.pop(e.ref, None)
-        self._derived().drop(eps)
+        self.derived.drop(eps)
         self.keys.drop(partition)
 
     # ------------------------------------------------------------------ keys
@@ -185,11 +181,7 @@ class TransitKeys:
     def gate(self, partition: int) -> TransitGate:
         """What featurizing a batch of ``partition`` needs to open its sealed inputs."""
         return TransitGate(lambda kid: self.lookup(partition, kid), lambda kid: self.was_destroyed(partition, kid),
-                           self._derived())
-
-    def _derived(self) -> DerivedKeys:
-        assert self.derived is not None  # set in __post_init__
-        return self.derived
+                           self.derived)
 
     def was_destroyed(self, partition: int, key_id: str) -> bool:
         """Whether this featurizer destroyed ``key_id`` of ``partition`` (since it took it over)."""
@@ -340,7 +332,7 @@ class TransitKeys:
     def forget(self, partition: int, refs: list[SampleRef]) -> None:
         """The key family destroyed ``refs``: forget the epochs and every AES key derived from them
         (no derived key outlives its private key), remember their ids."""
-        self._derived().drop(ref[2] for ref in refs)
+        self.derived.drop(ref[2] for ref in refs)
         for ref in refs:
             e = self.epochs.get(partition, {}).pop(ref[2], None)
             self.stages.pop(ref, None)

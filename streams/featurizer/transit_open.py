@@ -9,7 +9,7 @@ the message as sent, i.e. the sealed bytes: noise once the transit key is destro
 
 A producer reuses one ephemeral key for many requests under one transit key
 (``schemas/transit.TransitSealer``), so the AES key derived for a (transit key id, epk) pair is
-kept in :class:`DerivedKeys`, a bounded LRU (``UNLEARN_TRANSIT_OPEN_CACHE`` entries): one X25519
+kept in :class:`DerivedKeys`, a bounded LRU (``DERIVED_KEYS`` entries): one X25519
 exchange and HKDF per producer session and epoch instead of per request. Its entries for a
 transit key are dropped when that key is destroyed or its partition revoked
 (``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its private key here.
@@ -49,12 +49,15 @@ class UnopenedRequest(InvalidRequest):
         self.request = request
 
 
+DERIVED_KEYS = 4096  # AES keys a featurizer keeps (a few per producer session and transit key)
+
+
 class DerivedKeys:
     """The AES keys derived per (transit key id, epk), least recently used dropped beyond
     ``size`` (0: none kept, every request derives its own). Not thread-safe: one per featurizer,
     used by its batch loop."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int = DERIVED_KEYS) -> None:
         self.size = size
         self._keys: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
 

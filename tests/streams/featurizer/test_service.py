@@ -29,7 +29,6 @@ from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.streams.featurizer.core import parse_source
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
-from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 pytestmark = pytest.mark.broker
 
@@ -277,7 +276,6 @@ def test_a_delete_closes_the_batch_window(settings: Settings, tmp_path: Path) ->
     featurizing both), instead of waiting out the window: with a two-minute window the delete's
     receipt still comes within the reader's patience; with the hint off it would not."""
     s = settings.with_(data_dir=str(tmp_path / "data"))
-    assert FeaturizerSettings.of(s).batch_close_on_delete  # the default
     run = Running(s, group="fz-window", max_ms=120_000)
     reader = Reader(s)
     try:

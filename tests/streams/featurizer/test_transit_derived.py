@@ -24,8 +24,8 @@ def _add(i: int) -> Request:
     return Request(f"ev{i}", "add", "faces", "app", "alice", f"x{i}", 1, TextInput(f"secret {i}"), 1.0)
 
 
-def _transit(size: int = 4096) -> tuple[TransitKeys, list[Epoch]]:
-    s = Settings.from_env(transit_open_cache=size)
+def _transit() -> tuple[TransitKeys, list[Epoch]]:
+    s = Settings.from_env()
     transit = TransitKeys(s, cast(Any, SimpleNamespace(drop=lambda p: None)), "t.requests", "t.requests.by-head")
     eps = [Epoch(p, new_transit_key(), 0.0, 1e12) for p in (0, 0, 1)]
     for e in eps:
