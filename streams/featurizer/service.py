@@ -6,8 +6,9 @@ and all durable state in :mod:`streams.featurizer.cache`; this module moves byte
 to ``<requests>.by-head`` at their head's partition, and the by-head records are **featurized**
 per micro-batch through the cache's outbox.
 
-:class:`FeaturizerService` is the process (settings, lifecycle, the poll loop and the group's
-rebalance callbacks) and owns three parts: a :class:`~streams.featurizer.router.Router` (forwards
+:class:`FeaturizerService` is the process (settings, lifecycle, the poll loop over a
+:class:`~streams.featurizer.batch_window.BatchWindow`, and the group's rebalance callbacks) and
+owns three parts: a :class:`~streams.featurizer.router.Router` (forwards
 requests records), :class:`~streams.featurizer.partitions.Partitions` (the owned partitions'
 caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch_processor.BatchProcessor`
 (one batch's steps and the commit sequence), which share one
@@ -32,6 +33,7 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.batch_processor import BatchProcessor
+from unlearn.streams.featurizer.batch_window import BatchWindow
 from unlearn.streams.featurizer.core import CoreConfig, Encoder, RegistryEncoder
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.model import (
@@ -43,7 +45,7 @@ from unlearn.streams.featurizer.model import (
     Topics,
 )
 from unlearn.streams.featurizer.partitions import Partitions
-from unlearn.streams.featurizer.router import Router, might_delete
+from unlearn.streams.featurizer.router import Router
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.topic_check import check_topics
@@ -102,10 +104,9 @@ class FeaturizerService:
         self.group = group or f"{settings.topic_prefix}featurizer" + (f".{client_id}" if federated else "")
         # the cache directory: full topic name (+ client), so deployments sharing a data dir never mix
         self.stream_dir = self.topics.by_head + (f"[{client_id}]" if federated else "")
-        self.max_batch = int(max_batch or FeaturizerSettings.of(settings).batch_max_events)
-        self.max_ms = int(FeaturizerSettings.of(settings).batch_max_ms if max_ms is None else max_ms)
-        if self.max_batch < 1 or self.max_ms < 0:
-            raise ValueError("max_batch must be >= 1 and max_ms >= 0")
+        fs = FeaturizerSettings.of(settings)
+        self.window = BatchWindow(int(max_batch or fs.batch_max_events),
+                                  int(fs.batch_max_ms if max_ms is None else max_ms))
         self.device = device or HeadSettings.of(settings).device
         self.encoder: Encoder = encoder or RegistryEncoder(self.device)
         self.fault, self.on_ready = fault, on_ready
@@ -113,7 +114,6 @@ class FeaturizerService:
         self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
-        self._pending: list[Any] = []  # the batch being polled (a revocation drops its partitions' records)
         self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
         self._consumer: Any = None
         self._producer: Any = None
@@ -178,13 +178,13 @@ class FeaturizerService:
                                  on_lost=self._on_revoke)
         log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
                  "batch<=%d/%dms", self.group, t.requests, t.by_head, t.by_head_partitions, self.config.stream,
-                 self.config.federated, s.auth_mode, self.max_batch, self.max_ms)
+                 self.config.federated, s.auth_mode, self.window.max_batch, self.window.max_ms)
 
     def _turn(self, stop: threading.Event) -> None:
         """One turn of the poll loop: a batch processed (or, idle, the one in flight settled), then
         the erasure and trim timers."""
         assert self.batches is not None and self.partitions is not None
-        batch = self._poll_batch(stop)
+        batch = self.window.poll(self._consumer, stop, self._check_fatal)
         if batch:
             self.batches.process(batch)
         else:
@@ -252,53 +252,9 @@ class FeaturizerService:
         except BaseException as exc:  # surfaced by the poll loop
             self._fatal = exc
         gone = {(tp.topic, tp.partition) for tp in partitions}
-        # Not-yet-processed messages of revoked partitions are dropped: the cache offset (or the
-        # router's committed offset) says they are not done, so the next owner reads them again.
-        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
+        self.window.drop(gone)  # not yet processed: the next owner reads them again
         for topic, p in gone:
             if topic == self.topics.by_head:
                 self.partitions.revoke(p)
         with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
             consumer.unassign()
-
-    # ------------------------------------------------------------------ the loop
-    def _poll_batch(self, stop: threading.Event) -> list[Any]:
-        """Up to max_batch messages, waiting at most max_ms after the first one; a batch that
-        holds a delete closes as soon as what was already fetched is in (``might_delete``): the
-        window buys adds throughput, a delete only waits in it."""
-        from confluent_kafka import KafkaError
-
-        self._pending = []
-        deadline: float | None = None
-        urgent = False
-        while len(self._pending) < self.max_batch:
-            if deadline is None:
-                # consume() blocks for its whole timeout unless the batch fills; poll() returns on
-                # the first message, which starts the batch window (latency of a lone delete).
-                first = self._consumer.poll(0.2)
-                got = [] if first is None else [first]
-            else:
-                timeout = 0.0 if urgent else max(0.0, deadline - time.monotonic())
-                got = self._consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
-            self._check_fatal()
-            for m in got:
-                err = m.error()
-                if err is None:
-                    self._pending.append(m)
-                    urgent = urgent or might_delete(m.value())
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                elif err.fatal():
-                    raise FeaturizerError(f"consumer: {err.str()}")
-                else:
-                    log.warning("consumer: %s", err.str())
-            if deadline is None:
-                if not self._pending:
-                    return []  # idle: let the caller look at the stop flag
-                deadline = time.monotonic() + self.max_ms / 1000.0
-            elif urgent:
-                break  # what was already fetched is taken (a non-blocking consume): close now
-            if time.monotonic() >= deadline or stop.is_set():
-                break
-        batch, self._pending = self._pending, []
-        return batch
