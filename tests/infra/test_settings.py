@@ -5,9 +5,11 @@ variable that no section reads draws a warning with the closest real name."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import MISSING
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,11 @@ def test_a_misspelt_variable_is_a_warning_with_the_real_name() -> None:
                           text=True, env={**env, "PYTHONPATH": ":".join(sys.path)}, timeout=60)
     assert done.returncode == 0, done.stderr  # a warning, not a failure: the environment may be shared
     assert "warning: UNLEARN_BATCH_MAX_EVENT is not a setting (did you mean UNLEARN_BATCH_MAX_EVENTS?)" in done.stderr
+
+
+def test_the_configuration_doc_lists_every_variable_and_no_other() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    named = set(re.findall(r"UNLEARN_[A-Z0-9_]*[A-Z0-9]", doc))
+    every = set(names_of(all_sections()))
+    assert every <= named, sorted(every - named)
+    assert named - every <= {"UNLEARN_BATCH_MAX_EVENT"}, sorted(named - every)  # the doc's typo example
