@@ -52,17 +52,18 @@ class Checkpointer:
         self.store = store
         self.outputs = outputs
         self.deltas_topic = settings.topic("deltas")
+        self.tuning = LedgerSettings.of(settings)
 
     def due(self, owned: OwnedPartitions) -> list[tuple[int, bool]]:
         """(partition, erasure) of every checkpoint due now: an erasure rotation whose window
         passed, or ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` since the last."""
-        s, now = self.settings, time.monotonic()
+        s, now = self.tuning, time.monotonic()
         due: list[tuple[int, bool]] = []
         for ps in owned:
-            if ps.erasure_since is not None and now - ps.erasure_since >= LedgerSettings.of(s).erasure_rotate_seconds:
+            if ps.erasure_since is not None and now - ps.erasure_since >= s.erasure_rotate_seconds:
                 due.append((ps.partition, True))
-            elif ps.pending and (ps.pending >= LedgerSettings.of(s).checkpoint_every_messages
-                                 or now - ps.last_checkpoint >= LedgerSettings.of(s).checkpoint_every_seconds):
+            elif ps.pending and (ps.pending >= s.checkpoint_every_messages
+                                 or now - ps.last_checkpoint >= s.checkpoint_every_seconds):
                 due.append((ps.partition, False))
         return due
 
@@ -90,7 +91,7 @@ class Checkpointer:
             log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
                      "written); the superseded heads generation goes in %.0fs", part, len(ps.heads),
                      time.monotonic() - started, self.store.written.get(part, 0),
-                     self.store.heads_written.get(part, 0), LedgerSettings.of(self.settings).heads_retire_seconds)
+                     self.store.heads_written.get(part, 0), self.tuning.heads_retire_seconds)
         self._commit_floor(part, floor)  # 8
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0

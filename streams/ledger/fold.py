@@ -40,6 +40,7 @@ class DeltaFold:
         self.contracts = contracts  # a new head's gamma: its contract's
         self.opener = opener  # sealed rows -> rows (docs/erasure.md)
         self.config = config  # a new head's runtime settings, but for its gamma
+        self.tuning = LedgerSettings.of(settings)
 
     def fold(self, ps: PartitionState, offset: int, key: bytes | None, raw: bytes, poll: PollOutputs) -> None:
         """Fold one deltas message (already counted in ``ps``) into its head's ledger; its head
@@ -75,7 +76,7 @@ class DeltaFold:
             log.info("head %r created (d=%d)", delta.head_id, delta.d)
         outcome = head.apply(delta, offset, part)
         ps.last_touched[head.head_id] = offset
-        if outcome.deletes and ps.erasure_since is None and LedgerSettings.of(self.settings).erasure_rotate_seconds > 0:
+        if outcome.deletes and ps.erasure_since is None and self.tuning.erasure_rotate_seconds > 0:
             ps.erasure_since = time.monotonic()
         if outcome.skipped:
             log.info("head %r: offset %d/%d skipped (%s)", head.head_id, part, offset, outcome.skipped)

@@ -80,6 +80,8 @@ class Outputs:
         self.deltas_topic = settings.topic("deltas")
         self.receipts_topic = settings.topic("receipts")
         self.deadletter_topic = settings.topic("deadletter")
+        self.publish_posterior = LedgerSettings.of(settings).publish_posterior
+        self.redact_inputs = ErasureSettings.of(settings).deadletter_inputs == "redact"
         self.delivery_errors: list[str] = []
 
     # ---------------------------------------------------------------- delivery
@@ -116,7 +118,7 @@ class Outputs:
         even without the posterior. Then the state stays exact and a dead letter says why: a head
         too large to publish must not stop the worker (and every head on its partition) in a crash
         loop."""
-        update = head_update(head, mode, posterior=LedgerSettings.of(self.settings).publish_posterior)
+        update = head_update(head, mode, posterior=self.publish_posterior)
         value = encode_head(update)
         limit = self.settings.max_message_bytes
         if len(value) > limit and update.posterior is not None:
@@ -154,7 +156,7 @@ class Outputs:
         """What a dead letter of the refused deltas message ``raw`` keeps: under
         UNLEARN_DEADLETTER_INPUTS=redact (the default) no plaintext row, label or ledger bytes,
         which no delete could reach there (``schemas/redaction.redact_delta``); ``keep``: ``raw``."""
-        return redact_delta(raw) if ErasureSettings.of(self.settings).deadletter_inputs == "redact" else raw
+        return redact_delta(raw) if self.redact_inputs else raw
 
     def bad_delta(self, raw: bytes, part: int, offset: int, key: bytes | None, detail: str) -> None:
         """A deltas message that does not decode or open: one dead letter, no receipt."""

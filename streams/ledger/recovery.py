@@ -39,6 +39,7 @@ class Recovery:
         self.outputs = outputs
         self.config = config  # a restored head's runtime settings (its gamma is in its state)
         self.deltas_topic = settings.topic("deltas")
+        self.tuning = LedgerSettings.of(settings)
 
     def recover(self, partition: int, topic_id: str) -> PartitionState:
         """Rebuild ``partition`` from its checkpoint and check it belongs to the log whose topic id
@@ -66,7 +67,7 @@ class Recovery:
         self.store.end_heads_generation(superseded)
         if cp is not None:
             ps.pointers = dict(cp.heads)
-            if cp.erasure_pending and LedgerSettings.of(self.settings).erasure_rotate_seconds > 0:
+            if cp.erasure_pending and self.tuning.erasure_rotate_seconds > 0:
                 # A delete made durable before the crash, not yet rotated away: its window restarts
                 # now (a delete past the floor is replayed, and marks the partition again).
                 ps.erasure_since = time.monotonic()

@@ -71,8 +71,9 @@ class LedgerWorker:
         self.contracts = ContractGammas(settings)
         self.owned = OwnedPartitions()
         self.outputs = Outputs(settings, self.producer, self.store)
-        ledger = LedgerSettings.of(settings)
-        config = HeadConfig(HeadSettings.of(settings).gamma, ledger.reset_every_events, ledger.drift_threshold)
+        self.tuning = LedgerSettings.of(settings)
+        config = HeadConfig(HeadSettings.of(settings).gamma, self.tuning.reset_every_events,
+                            self.tuning.drift_threshold)
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings), config)
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
         self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs)
@@ -150,7 +151,7 @@ class LedgerWorker:
         and republished as exact (same version: the ledger did not change)."""
         for ps in self.owned:
             for head in ps.heads.values():
-                if head.timed_reset_due(LedgerSettings.of(self.settings).reset_every_seconds):
+                if head.timed_reset_due(self.tuning.reset_every_seconds):
                     head.reset("timer")
                     self.outputs.publish_head(ps.partition, head)
 
