@@ -318,8 +318,7 @@ def _live_facts(ev: Evidence, latest: HeadUpdate, led: ExactLedger) -> list[str]
         problems.append(f"live head covers deltas offset {list(latest.offsets[-1])} but version "
                         f"{latest.version} is the delta at {list(where)}")
     replay_cv = rep.contract_version_at.get(latest.version)
-    if latest.contract_version is not None and latest.contract_version != replay_cv:
-        # an update without one (a ledger older than the field) is not held against the replay
+    if latest.contract_version != replay_cv:
         problems.append(f"live head names contract version {latest.contract_version} but its deltas name "
                         f"{replay_cv} at version {latest.version}")
     return problems
