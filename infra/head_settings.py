@@ -66,6 +66,10 @@ class HeadSettings(Section):
                 return float(value)
         return self.gamma
 
+    def backbone_overrides(self) -> dict[str, str]:
+        """Every ``head=backbone`` entry of UNLEARN_HEAD_BACKBONES (a repeated head: the last)."""
+        return {name: value for name, _, value in _entries(self.head_backbones)}
+
     def backbone_for(self, head_id: str) -> str | None:
         """A head's backbone from UNLEARN_HEAD_BACKBONES, or None (then the input kind decides)."""
         for name, _, value in _entries(self.head_backbones):

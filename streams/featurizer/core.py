@@ -338,12 +338,13 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
         if fixed is not None and dim != fixed:
             raise FeatureRejected("dimension_mismatch",
                            f"backbone {backbone_key!r} has d={fixed}, this add has {dim} features")
-        if dim > config.max_dim:
+        max_dim = config.heads.max_feature_dim
+        if dim > max_dim:
             raise FeatureRejected("dimension_too_large",
-                           f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={config.max_dim} for new head {r.head_id!r}")
+                           f"d={dim} exceeds UNLEARN_MAX_FEATURE_DIM={max_dim} for new head {r.head_id!r}")
         declared = config.contracts.get(r.head_id)  # the contract wins: a new head takes its grid
-        k, k_y = (declared.frac_bits, declared.label_frac_bits) if declared else (config.frac_bits,
-                                                                                  config.label_frac_bits)
+        k, k_y = (declared.frac_bits, declared.label_frac_bits) if declared else (config.heads.frac_bits,
+                                                                                  config.heads.label_frac_bits)
     kind, width, label = quantize_label(r.label, k_y)
     if head is not None and (kind != head.label_kind or width != head.label_width):
         what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
@@ -582,7 +583,7 @@ def featurize_batch(
         return BatchOutcome(partition, last, [], [], [], CacheMutations(), reforwarded=admitted.reforwarded,
                             gaps=admitted.gaps)
     ts = time.time() if now is None else float(now)
-    reqs = open_sealed(parse_batch(fresh), transit, config.require_sealed_input)
+    reqs = open_sealed(parse_batch(fresh), transit, config.featurizer.require_sealed_input)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
     view = BatchView(cache, named_samples(reqs), named_tombstones(reqs))  # one cache lookup per batch, not per event

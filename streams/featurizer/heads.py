@@ -43,10 +43,10 @@ def auto_contract(head_id: str, input_kind: str, dim: int, label_kind: str, labe
     vector = label_kind == "vector"
     return HeadContract(
         head_id=head_id, version=1, dimension=dim, backbone=name, input_kind=input_kind,
-        normalization="l2" if config.normalize else "none", feature_bound=config.feature_bound,
+        normalization="l2" if config.heads.normalize_features else "none", feature_bound=config.heads.feature_bound,
         frac_bits=frac_bits, label_frac_bits=label_frac_bits, label_kind="vector" if vector else "class",
-        gamma=config.head_gammas.get(head_id, config.gamma),
-        n_classes=0 if vector else config.default_classes, label_width=label_width if vector else 0,
+        gamma=config.heads.gamma_for(head_id),
+        n_classes=0 if vector else config.heads.default_classes, label_width=label_width if vector else 0,
         origin="auto",
     )
 
@@ -65,7 +65,7 @@ def delta_contract(head: HeadInfo, config: CoreConfig) -> HeadContract | None:
     declared = config.contracts.get(head.head_id)
     if declared is not None:
         return declared
-    if not config.auto_create_heads:
+    if not config.heads.auto_create_heads:
         return None
     return auto_contract(head.head_id, head.input_kind, head.dim, head.label_kind, head.label_width,
                          head.frac_bits, head.label_frac_bits, config)
@@ -80,18 +80,18 @@ def judged_contract(r: Request, head: HeadInfo | None, dim: int, label_kind: str
     declared = config.contracts.get(r.head_id)
     if declared is not None:
         return declared
-    if not config.auto_create_heads:
+    if not config.heads.auto_create_heads:
         raise FeatureRejected("undeclared_head", f"head {r.head_id!r} is not declared (`unlearn heads create`) and "
                                                  "UNLEARN_AUTO_CREATE_HEADS is off")
     assert r.input is not None
     if head is not None:
         return auto_contract(r.head_id, head.input_kind, head.dim, head.label_kind, head.label_width,
                              head.frac_bits, head.label_frac_bits, config)
-    if label_width > config.max_classes:
+    if label_width > config.heads.max_classes:
         raise FeatureRejected("label_out_of_range", f"a label vector of {label_width} values is wider than "
-                                                    f"UNLEARN_MAX_CLASSES={config.max_classes}")
-    return auto_contract(r.head_id, r.input.kind, dim, label_kind, label_width, config.frac_bits,
-                         config.label_frac_bits, config)
+                                                    f"UNLEARN_MAX_CLASSES={config.heads.max_classes}")
+    return auto_contract(r.head_id, r.input.kind, dim, label_kind, label_width, config.heads.frac_bits,
+                         config.heads.label_frac_bits, config)
 
 
 def check_contract(r: Request, c: HeadContract, head: HeadInfo | None, backbone_key: str, dim: int,

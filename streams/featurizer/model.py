@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -189,30 +190,25 @@ class CoreConfig:
     receipts_topic: str
     stream: str = "requests"
     routed_topic: str = ""  # the by-head topic read; "" = requests_topic itself (no routing)
-    frac_bits: int = 30
-    label_frac_bits: int = 0
-    feature_bound: float = 1.0
-    normalize: bool = True
-    max_dim: int = 2048
-    head_backbones: Mapping[str, str] = field(default_factory=dict)
     federated: bool = False
     client_id: str | None = None
-    max_message_bytes: int = 100_000_000
     contracts: Mapping[str, HeadContract] = field(default_factory=dict)  # declared heads (the registry, per batch)
     registry_topic: str = ""  # where auto contracts are published; "" = not published
-    auto_create_heads: bool = True
-    default_classes: int = 100
-    max_classes: int = 1024
-    gamma: float = 1.0
-    head_gammas: Mapping[str, float] = field(default_factory=dict)
-    require_sealed_input: bool = False  # refuse plaintext adds (UNLEARN_REQUIRE_SEALED_INPUT)
+    head_backbones: Mapping[str, str] = field(default_factory=dict)  # this batch's: the settings', then contracts'
+    heads: HeadSettings = field(default_factory=HeadSettings)  # a new head's contract defaults
+    featurizer: FeaturizerSettings = field(default_factory=FeaturizerSettings)  # admission: sealing, remove wins
+    max_message_bytes: int = 100_000_000  # UNLEARN_MAX_MESSAGE_BYTES
     redact_deadletter_inputs: bool = True  # UNLEARN_DEADLETTER_INPUTS=redact (schemas/redaction.py)
-    tombstones: TombstonePolicy = field(default_factory=TombstonePolicy)  # remove wins (tombstones.py)
 
     def __post_init__(self) -> None:
         if self.federated and not self.client_id:
             raise ValueError("federated mode needs a client_id (the data owner this site serves)")
-        quantizer(self.frac_bits, self.feature_bound)  # raises on an impossible grid
+        quantizer(self.heads.frac_bits, self.heads.feature_bound)  # raises on an impossible grid
+
+    @cached_property
+    def tombstones(self) -> TombstonePolicy:
+        """Remove wins' clock bounds (tombstones.py)."""
+        return TombstonePolicy(self.featurizer.max_clock_skew_seconds, self.featurizer.tombstone_retention_seconds)
 
     @property
     def input_topic(self) -> str:
@@ -226,11 +222,6 @@ class CoreConfig:
         reads ``routed_topic_name(requests_topic)`` and names its source ids after it."""
         topic = requests_topic or settings.topic("requests")
         routed = routed_topic_name(topic)
-        heads, featurizer = HeadSettings.of(settings), FeaturizerSettings.of(settings)
-        overrides = {}
-        for item in filter(None, (p.strip() for p in heads.head_backbones.split(","))):
-            name, _, value = item.partition("=")
-            overrides[name.strip()] = value.strip()
         return cls(
             requests_topic=topic,
             deltas_topic=settings.topic("deltas"),
@@ -238,30 +229,15 @@ class CoreConfig:
             receipts_topic=settings.topic("receipts"),
             stream=source_stream(routed, settings.topic_prefix, client_id if federated else None),
             routed_topic=routed,
-            frac_bits=heads.frac_bits,
-            label_frac_bits=heads.label_frac_bits,
-            feature_bound=heads.feature_bound,
-            normalize=heads.normalize_features,
-            max_dim=heads.max_feature_dim,
-            head_backbones=overrides,
+            head_backbones=HeadSettings.of(settings).backbone_overrides(),
             federated=federated,
             client_id=client_id if federated else None,
             max_message_bytes=settings.max_message_bytes,
             registry_topic=settings.topic("head-registry"),
-            auto_create_heads=heads.auto_create_heads,
-            default_classes=heads.default_classes,
-            max_classes=heads.max_classes,
-            gamma=heads.gamma,
-            head_gammas={h: heads.gamma_for(h) for h in _names(heads.head_gammas)},
-            require_sealed_input=featurizer.require_sealed_input,
+            heads=HeadSettings.of(settings),
+            featurizer=FeaturizerSettings.of(settings),
             redact_deadletter_inputs=ErasureSettings.of(settings).deadletter_inputs == "redact",
-            tombstones=TombstonePolicy(featurizer.max_clock_skew_seconds, featurizer.tombstone_retention_seconds),
         )
-
-
-def _names(spec: str) -> list[str]:
-    """The head ids of a ``head=value,...`` setting."""
-    return [p.partition("=")[0].strip() for p in spec.split(",") if p.strip()]
 
 
 @dataclass

@@ -11,6 +11,7 @@ import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
 from unlearn.features.contract import FeatureRejected
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
@@ -262,7 +263,7 @@ def test_add_then_delete_in_one_batch_and_delete_then_readd() -> None:
 
 def test_vector_labels_quantized_with_label_frac_bits_and_entry_order() -> None:
     cache = MemCache()
-    c = cfg(label_frac_bits=8)
+    c = cfg(heads=HeadSettings(label_frac_bits=8))
     out = featurize_batch(batch(add("e1", "soft", "s", "a", [1, 2], [0.5, -0.25]),
                                 add("e2", "hard", "s", "b", [2, 1], 3),
                                 add("e3", "soft", "s", "b", [1, 1], [1.0, 0.0])), cache, c, no_encoder)
@@ -349,7 +350,8 @@ def test_bad_events_go_to_deadletter_and_the_batch_proceeds() -> None:
 
 
 def test_head_dimension_backbone_overrides_and_limits() -> None:
-    c = cfg(head_backbones={"fixed": "features:4", "txt": "minilm", "bogus": "no-such-model"}, max_dim=8)
+    c = cfg(head_backbones={"fixed": "features:4", "txt": "minilm", "bogus": "no-such-model"},
+            heads=HeadSettings(max_feature_dim=8))
     out = featurize_batch(batch(
         add("a", "fixed", "s", "1", [1, 2, 3], 0),          # backbone says d=4
         add("b", "txt", "s", "1", [1, 2, 3], 0),            # minilm takes text

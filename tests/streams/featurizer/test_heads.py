@@ -7,6 +7,7 @@ import numpy as np
 
 from tests.streams.featurizer.test_core import MemCache, add, batch, cfg, no_encoder, ref_q
 from unlearn.features.contract import quantize_feature_row
+from unlearn.infra.head_settings import HeadSettings
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head_contract import HeadContract, decode_contract
 from unlearn.streams.featurizer.core import featurize_batch
@@ -25,7 +26,7 @@ def reasons(out) -> list[tuple[str, str]]:
 
 
 def test_label_outside_an_undeclared_heads_default_space_is_refused_and_never_sizes_it() -> None:
-    config = cfg(registry_topic="t.head-registry", default_classes=10)
+    config = cfg(registry_topic="t.head-registry", heads=HeadSettings(default_classes=10))
     cache = MemCache()
     out = featurize_batch(batch(add("big", "h", "s", "x0", [1, 0, 0, 0], 100000),
                                 add("ok", "h", "s", "x1", [1, 0, 0, 0], 9)), cache, config, no_encoder)
@@ -65,7 +66,7 @@ def test_declared_contract_wins_and_extend_admits_a_new_class() -> None:
 
 
 def test_undeclared_heads_policy_and_conflicts() -> None:
-    off = cfg(auto_create_heads=False)
+    off = cfg(heads=HeadSettings(auto_create_heads=False))
     out = featurize_batch(batch(add("a", "h", "s", "x0", [1, 0, 0, 0], 0)), MemCache(), off, no_encoder)
     assert reasons(out) == [("a", "undeclared_head")] and not out.deltas
     # a head that holds rows on the settings' grid, declared afterwards on another grid
@@ -80,7 +81,8 @@ def test_undeclared_heads_policy_and_conflicts() -> None:
     out = featurize_batch(batch(add("b", "h", "s", "x1", [1, 0, 0, 0], 0), start=1), cache, config, no_encoder)
     assert reasons(out) == [("b", "backbone_mismatch")]  # the cached head is on "features"
     # a vector head: the auto contract takes the first add's width, bounded by max_classes
-    out = featurize_batch(batch(add("w", "v", "s", "y0", [1, 0], [1.0] * 9)), MemCache(), cfg(max_classes=8),
+    few = HeadSettings(default_classes=8, max_classes=8)
+    out = featurize_batch(batch(add("w", "v", "s", "y0", [1, 0], [1.0] * 9)), MemCache(), cfg(heads=few),
                           no_encoder)
     assert reasons(out) == [("w", "label_out_of_range")]
     out = featurize_batch(batch(add("w", "v", "s", "y0", [1, 0], [1.0] * 3)), MemCache(), cfg(), no_encoder)

@@ -208,16 +208,16 @@ def test_a_tombstone_survives_a_restart_and_refuses_the_late_add(tmp_path: Path)
 
 
 def test_expired_tombstones_are_dropped_batch_by_batch(tmp_path: Path) -> None:
-    policy = TombstonePolicy(max_skew=10, retention=100)
+    policy = FeaturizerSettings(max_clock_skew_seconds=10, tombstone_retention_seconds=100)
     with FeatureCache(tmp_path / "p0.sqlite") as cache:
         out = featurize_batch([InMessage(0, 0, encode_request(Request("d", "delete", "h", "e", "s", "x", ts=BASE)))],
-                              cache, cfg(tombstones=policy), now=BASE + 1)
+                              cache, cfg(featurizer=policy), now=BASE + 1)
         cache.commit_batch(out.mutations, [], out.last_offset)
         assert len(cache.all_tombstones()) == 1
         # 101 s later the tombstone is past the retention: the next batch drops it (and its
         # changelog record becomes a tombstone), and an add that old is refused as too old
         old = featurize_batch([InMessage(0, 1, encode_request(add_req("a", "x", "s", BASE)))], cache,
-                              cfg(tombstones=policy), now=BASE + 101)
+                              cfg(featurizer=policy), now=BASE + 101)
         assert old.reasons() == {"event_too_old": 1}
         assert [k[2] for k in old.mutations.drop_tombstones] == ["x"]
         cache.commit_batch(old.mutations, [], old.last_offset)
