@@ -25,7 +25,8 @@ import orjson
 
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.changelog import Position, batch_records
-from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.model import CoreConfig, InMessage
 
 
 def adds(n: int, first: int, dim: int, rng: np.random.Generator) -> list[InMessage]:

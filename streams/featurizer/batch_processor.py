@@ -39,10 +39,10 @@ from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.changelog import PHASE_CHANGELOG, Position, batch_records
-from unlearn.streams.featurizer.core import CoreConfig, Encoder, InMessage, OutMessage, featurize_batch
+from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.delivery import Acks, Delivery
 from unlearn.streams.featurizer.heads import with_registry
-from unlearn.streams.featurizer.model import FaultHook, Topics, count_batch
+from unlearn.streams.featurizer.model import CoreConfig, Encoder, FaultHook, InMessage, OutMessage, Topics, count_batch
 from unlearn.streams.featurizer.partitions import Partitions
 from unlearn.streams.featurizer.router import Router, read_origin
 from unlearn.streams.featurizer.shredder import Erasure

@@ -40,7 +40,7 @@ from typing import Literal, Protocol
 import numpy as np
 import orjson
 
-from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey
 
 __all__ = [

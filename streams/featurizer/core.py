@@ -39,7 +39,6 @@ import numpy as np
 
 from unlearn.features.backbones import BackboneError
 from unlearn.features.contract import (
-    DEFAULT_BACKBONES,
     BatchQuantizer,
     FeatureRejected,
     QuantizeRow,
@@ -61,12 +60,11 @@ from unlearn.schemas.envelope import (
     parse_request,
 )
 from unlearn.schemas.receipts import Receipt
-from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
+from unlearn.schemas.source_id import format_source_id
 
 from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from .heads import auto_contracts, check_contract, delta_contract, judged_contract
 from .model import (
-    STAGE,
     BatchOutcome,
     CachedSample,
     CacheMutations,
@@ -76,10 +74,8 @@ from .model import (
     HeadInfo,
     InMessage,
     Origin,
-    OutMessage,
     RegistryEncoder,
 )
-from .reasons import FEATURIZER_REASONS
 from .refusal import refusal, salvage_delete_ids
 from .tombstones import (
     TombstonePolicy,
@@ -95,45 +91,23 @@ from .transit_open import TransitGate, UnopenedRequest, open_sealed
 from .view import BatchView, Overlay, named_samples, named_tombstones
 
 __all__ = [
-    "DEFAULT_BACKBONES",
-    "FEATURIZER_REASONS",
-    "STAGE",
     "Admitted",
-    "BatchOutcome",
-    "CacheMutations",
-    "CacheView",
-    "CachedSample",
-    "CoreConfig",
     "EncodedAdds",
-    "Encoder",
-    "HeadInfo",
     "HeadRows",
-    "InMessage",
     "Judgement",
-    "Origin",
-    "OutMessage",
-    "Overlay",
-    "RegistryEncoder",
     "admit_routed",
     "assemble_deltas",
     "check_batch",
     "encode_adds",
     "encode_group",
     "featurize_batch",
-    "format_source_id",
     "judge_add",
     "judge_batch",
     "judge_delete",
     "judge_delete_subject",
     "judge_remove_wins",
     "parse_batch",
-    "parse_source",
-    "parse_source_id",
-    "quantize_feature_row",
-    "refusal",
     "route_adds",
-    "salvage_delete_ids",
-    "source_stream",
     "use_packed",
 ]
 

@@ -29,9 +29,8 @@ from unlearn.streams.featurizer.changelog import (
     snapshot_mutations,
 )
 from unlearn.streams.featurizer.changelog_reader import ChangelogReader
-from unlearn.streams.featurizer.core import OutMessage
 from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
-from unlearn.streams.featurizer.model import FeaturizerError, LostCacheError, Topics
+from unlearn.streams.featurizer.model import FeaturizerError, LostCacheError, OutMessage, Topics
 from unlearn.streams.featurizer.shredder import Erasure
 
 __all__ = ["Partitions"]

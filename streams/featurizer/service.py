@@ -34,14 +34,16 @@ from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.batch_processor import BatchProcessor
 from unlearn.streams.featurizer.batch_window import BatchWindow
-from unlearn.streams.featurizer.core import CoreConfig, Encoder, RegistryEncoder
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.model import (
+    CoreConfig,
     DeliveryError,
+    Encoder,
     FaultHook,
     FeaturizerError,
     LostCacheError,
     ReadyHook,
+    RegistryEncoder,
     Topics,
 )
 from unlearn.streams.featurizer.partitions import Partitions

@@ -30,7 +30,7 @@ from unlearn.streams.featurizer.changelog import (
     snapshot_mutations,
     tombstone_key,
 )
-from unlearn.streams.featurizer.core import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 from unlearn.streams.featurizer.tombstones import Tombstone
 
 TOPIC = "t.featurizer-cache"

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
-from unlearn.features.contract import FeatureRejected
+from unlearn.features.contract import FeatureRejected, quantize_feature_row
 from unlearn.infra.head_settings import HeadSettings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
@@ -28,12 +28,6 @@ from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 from unlearn.streams.featurizer.core import (
-    CachedSample,
-    CacheMutations,
-    CoreConfig,
-    HeadInfo,
-    InMessage,
-    RegistryEncoder,
     assemble_deltas,
     check_batch,
     encode_adds,
@@ -43,12 +37,18 @@ from unlearn.streams.featurizer.core import (
     judge_delete,
     judge_delete_subject,
     parse_batch,
-    quantize_feature_row,
-    refusal,
     route_adds,
-    salvage_delete_ids,
     use_packed,
 )
+from unlearn.streams.featurizer.model import (
+    CachedSample,
+    CacheMutations,
+    CoreConfig,
+    HeadInfo,
+    InMessage,
+    RegistryEncoder,
+)
+from unlearn.streams.featurizer.refusal import refusal, salvage_delete_ids
 from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30

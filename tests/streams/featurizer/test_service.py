@@ -27,7 +27,7 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.streams.featurizer.core import parse_source
+from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
 
 pytestmark = pytest.mark.broker

@@ -15,7 +15,8 @@ from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import RowsEntry
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.model import CoreConfig, InMessage
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import (
     Tombstone,
