@@ -32,14 +32,16 @@ def add_broker_args(parser: argparse.ArgumentParser, *only: BrokerArg) -> None:
         parser.add_argument(f"--{name}", **_BROKER_ARGS[name])
 
 
-def add_worker_args(parser: argparse.ArgumentParser) -> None:
-    """The options every long-running command takes (featurizer, ledger, serve, broker): the broker
-    options, ``--data-dir`` and ``--loglevel``. Read back with ``settings_from_args`` (which maps
-    ``--data-dir``) and ``setup_logging(args.loglevel)``."""
+def add_worker_args(parser: argparse.ArgumentParser, *sections: type[Section]) -> None:
+    """The options every long-running command takes (featurizer, ledger, serve): the broker
+    options, ``--data-dir`` and ``--loglevel``, and in ``--help`` the variables of the cluster
+    sections and ``sections``. Read back with ``settings_from_args`` (which maps ``--data-dir``)
+    and ``setup_logging(args.loglevel)``."""
     add_broker_args(parser)
     parser.add_argument("--data-dir", help="local state dir (default: UNLEARN_DATA_DIR)")
     parser.add_argument("--loglevel", default="info", choices=("debug", "info", "warning", "error"),
                         help="log level (default: info; the readiness line is logged at info)")
+    settings_help(parser, *sections)
 
 
 def add_loglevel_arg(parser: argparse.ArgumentParser) -> None:

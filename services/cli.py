@@ -33,14 +33,13 @@ def _ledger_main(argv: list[str]) -> int:
     """``unlearn ledger``: the worker options every long-running command takes, plus --worker-id."""
     import argparse
 
-    from unlearn.infra.cli_args import add_worker_args, settings_from_args, settings_help, setup_logging
+    from unlearn.infra.cli_args import add_worker_args, settings_from_args, setup_logging
     from unlearn.infra.erasure_settings import ErasureSettings
     from unlearn.infra.head_settings import HeadSettings
     from unlearn.streams.ledger.settings import LedgerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
-    add_worker_args(ap)
-    settings_help(ap, HeadSettings, LedgerSettings, ErasureSettings)
+    add_worker_args(ap, HeadSettings, LedgerSettings, ErasureSettings)
     ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and as its Kafka client.id")
     args = ap.parse_args(argv)
     setup_logging(args.loglevel)

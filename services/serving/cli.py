@@ -14,14 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from unlearn.infra.cli_args import (
-    add_worker_args,
-    cli_exit_code,
-    log_ready,
-    settings_from_args,
-    settings_help,
-    setup_logging,
-)
+from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import heads_family
@@ -35,8 +28,7 @@ log = logging.getLogger("unlearn.serve")
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="unlearn serve", description="HTTP predictions from the latest heads.")
-    add_worker_args(ap)
-    settings_help(ap, HeadSettings, ServeSettings)
+    add_worker_args(ap, HeadSettings, ServeSettings)
     ap.add_argument("--port", type=int, help="listen port (default: UNLEARN_SERVE_PORT; 0: a free one)")
     ap.add_argument("--host", help="listen address (default: UNLEARN_SERVE_HOST)")
     return ap

@@ -14,14 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from unlearn.infra.cli_args import (
-    add_worker_args,
-    cli_exit_code,
-    log_ready,
-    settings_from_args,
-    settings_help,
-    setup_logging,
-)
+from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import StaleStateError
@@ -34,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``unlearn featurizer`` options: the shared worker options (``add_worker_args``) plus the
     featurizer's own."""
     parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
-    add_worker_args(parser)
-    settings_help(parser, HeadSettings, FeaturizerSettings, ErasureSettings)
+    add_worker_args(parser, HeadSettings, FeaturizerSettings, ErasureSettings)
     parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
     parser.add_argument("--federated", action="store_true",
                         help="data-owner site: send only packed exact statistics per micro-batch")
