@@ -27,7 +27,7 @@ another host rebuild it. Each file holds:
 - ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
   and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 
-The file's schema, pragmas and upgrades are in ``cache_file.py``; the rows of ``samples``/``heads``,
+The file's schema and pragmas are in ``cache_file.py``; the rows of ``samples``/``heads``,
 ``tombstones`` and ``outbox`` are read and written by ``cache_samples.py``,
 ``cache_tombstones.py`` and ``cache_outbox.py``; this module keeps the rest (position, lineage,
 origins, routing state) and the transactions that span tables.

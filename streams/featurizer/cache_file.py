@@ -1,4 +1,4 @@
-"""The feature cache's sqlite file: schema, pragmas, in-place upgrades, transactions and the
+"""The feature cache's sqlite file: schema, pragmas, transactions and the
 ``meta`` table (identity checked on open). ``cache.FeatureCache`` is what the service uses; the
 tables' rows are read and written by ``cache_samples``, ``cache_tombstones`` and
 ``cache_outbox``.
@@ -20,14 +20,9 @@ from types import TracebackType
 __all__ = ["CACHE_SCHEMA_VERSION", "PAGE_SIZE", "WAL_AUTOCHECKPOINT_PAGES", "CacheError", "Transaction", "check_meta",
            "open_cache_db", "read_meta"]
 
-CACHE_SCHEMA_VERSION = 5
-"""2: outbox rows carry a partition and a delivery phase; the ``lineage`` table. 3: the ``origins``
-table. 4: where the changelog backs the cache, a batch's outbox rows are its phase 0 only (phase 1
-is rebuilt from the txn, ``delivery.outbox_messages``); code of version 3 would re-send phase 0
-alone, so it must refuse the file (it does: the version differs). 5: the ``tombstones`` table and
-``samples.event_us`` (remove wins); code of version 4 would ignore the tombstones, so it refuses
-the file. Older files are upgraded in place on open (their pending phase-1 rows are delivered as
-they are; their cached samples get event time 0: any delete removes them)."""
+CACHE_SCHEMA_VERSION = 1
+"""Written into a new cache file and checked on every open: a file of another version is refused
+(CacheError; start over with an empty data dir), never read with another meaning."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -120,8 +115,8 @@ class Transaction:
 
 
 def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> sqlite3.Connection:
-    """Open (or create) a cache file: pragmas, upgrade, schema, and ``identity`` checked against
-    (or written into) ``meta``. CacheError if the file belongs to something else."""
+    """Open (or create) a cache file: pragmas, schema, and the schema version and ``identity``
+    checked against (or written into) ``meta``. CacheError if the file belongs to something else."""
     if synchronous not in ("FULL", "NORMAL"):
         raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,37 +128,12 @@ def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> 
         db.execute(f"PRAGMA synchronous={synchronous}")
         db.execute("PRAGMA busy_timeout=30000")
         db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)
-        _upgrade(db)
         db.executescript(_SCHEMA)
         check_meta(db, path, {"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity)})
     except Exception:
         db.close()
         raise
     return db
-
-
-def _upgrade(db: sqlite3.Connection) -> None:
-    """Version 1 -> 2 in place: the outbox gets partition and phase columns and nullable values
-    (changelog tombstones); its pending rows are kept. 2 -> 3: the ``origins`` table (created
-    empty by the schema script). 3 -> 4: nothing to change (the outbox's meaning widens). 4 -> 5:
-    ``samples.event_us`` (0 for what was cached) and the ``tombstones`` table (the script)."""
-    with Transaction(db):
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
-            return
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        columns = {str(c[1]) for c in db.execute("PRAGMA table_info(samples)").fetchall()}
-        if row is not None and columns and "event_us" not in columns:
-            db.execute("ALTER TABLE samples ADD COLUMN event_us INTEGER NOT NULL DEFAULT 0")
-        if row is not None and row[0] in ("2", "3", "4"):
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
-        if row is not None and row[0] == "1":
-            db.execute("ALTER TABLE outbox RENAME TO outbox_v1")
-            db.execute("CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
-                       "key BLOB, value BLOB, partition INTEGER, phase INTEGER NOT NULL DEFAULT 1, "
-                       "CHECK (value IS NOT NULL OR partition IS NOT NULL))")
-            db.execute("INSERT INTO outbox (seq, topic, key, value) SELECT seq, topic, key, value FROM outbox_v1")
-            db.execute("DROP TABLE outbox_v1")
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
 
 
 def check_meta(db: sqlite3.Connection, path: Path, wanted: Mapping[str, str]) -> None:

@@ -490,8 +490,8 @@ def resume_plan(local: LocalPosition, changelog: Position | None) -> ResumePlan:
     - ``rebuild``: the changelog was written by another lineage (another host took the
       partition meanwhile), or the local cache is empty: load the cache from the changelog and
       drop the local one (an unsent local batch was never delivered: phase 0 comes first);
-    - ``seed``: no position in the changelog but a local cache (an upgrade, a recreated
-      ``featurizer-cache`` topic, or a crash before the first batch reached it): upload it;
+    - ``seed``: no position in the changelog but a local cache (a recreated ``featurizer-cache``
+      topic, or a crash before the first batch reached it): upload it;
     - ``fresh``: both empty.
     """
     if changelog is None:

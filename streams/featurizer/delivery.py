@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unlearn.streams.featurizer.cache_outbox import OutboxRow
-from unlearn.streams.featurizer.changelog import PHASE_CHANGELOG, delivered_record, outputs_of_txn
+from unlearn.streams.featurizer.changelog import delivered_record, outputs_of_txn
 from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.
@@ -102,12 +102,11 @@ def deliver_overlapped(producer: Any, messages: Sequence[OutMessage | OutboxRow]
 
 def outbox_messages(rows: Sequence[OutboxRow], changelog_topic: str | None,
                     partition: int) -> list[OutboxRow | OutMessage]:
-    """What a crash left to deliver: the outbox rows, plus the phase 1 rebuilt from their txn
-    (``changelog.outputs_of_txn``) when they hold phase 0 only. Why: where the changelog backs
-    the cache, the outbox keeps a batch's phase 0 alone (its txn holds phase 1 byte for byte), so
-    q is stored once there; a schema-3 outbox (phase 1 stored too) or one without a changelog is
-    delivered as it is."""
-    if changelog_topic is None or not rows or any(r.phase != PHASE_CHANGELOG for r in rows):
+    """What a crash left to deliver: the outbox rows, plus, where the changelog backs the cache,
+    the phase 1 rebuilt from their txn (``changelog.outputs_of_txn``). Why: there the outbox keeps
+    a batch's phase 0 alone (its txn holds phase 1 byte for byte), so q is stored once; without a
+    changelog the outbox holds every message and is delivered as it is."""
+    if changelog_topic is None or not rows:
         return list(rows)
     return [*rows, *outputs_of_txn(changelog_topic, partition, rows)]
 

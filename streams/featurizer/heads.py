@@ -61,7 +61,7 @@ def auto_contracts(new_heads: Iterable[HeadInfo], config: CoreConfig) -> list[He
 def delta_contract(head: HeadInfo, config: CoreConfig) -> HeadContract | None:
     """The contract a head's delta names (its class count and version: ``schemas/delta_codec.py``),
     the one its adds were judged against in this batch: the declared one, else the auto one; None
-    when neither applies (an undeclared head with auto-creation off: its delta keeps the old format)."""
+    when neither applies (an undeclared head with auto-creation off: its delta names no contract)."""
     declared = config.contracts.get(head.head_id)
     if declared is not None:
         return declared

@@ -87,7 +87,7 @@ class CachedSample:
     event_id: str  # the add's event id
     label: int | np.ndarray  # class index, or int64 quantized target vector (c,)
     q: np.ndarray  # int64 (d,)
-    event_us: int = 0  # the add's event time (tombstones.py; 0: cached before event times were kept)
+    event_us: int = 0  # the add's event time (tombstones.py; 0: dated before every tombstone)
 
     @property
     def label_kind(self) -> str:

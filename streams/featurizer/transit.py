@@ -209,7 +209,7 @@ class TransitKeys:
         # every topic listed, none named: naming one may auto-create it on some brokers
         md = self.keys.admin.list_topics(timeout=self.settings.admin_timeout).topics.get(self.topic)
         n = len(md.partitions) if md is not None and md.error is None and md.partitions else 0
-        if n == 0:  # a deployment older than transit keys: created like the by-head topic
+        if n == 0:  # missing (not made by `unlearn topics create`): created like the by-head topic
             try:
                 n = self.settings.partitions
                 ensure_topic(self.settings, self.topic, partitions=n, compacted=True, admin=self.keys.admin)

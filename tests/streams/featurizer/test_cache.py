@@ -94,39 +94,15 @@ def test_origin_offsets_commit_with_the_batch_and_survive_reopen(tmp_path: Path)
         assert (cache.origin_topic_id, cache.route_partitions) == ("rid", 4)
 
 
-def test_a_version_2_file_is_upgraded_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite"
-    with FeatureCache(path) as cache:
-        cache.commit_batch(CacheMutations(put_heads=(HEAD,), put_samples=(sample("a", "s", [1, 2, 3]),)),
-                           [OutMessage("t.deltas", b"h", b"d")], 7)
-        cache._db.execute("DROP TABLE origins")
-        cache._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
-    with FeatureCache(path) as cache:
-        assert cache.count() == 1 and cache.applied_offset == 7 and len(cache.pending_outbox()) == 1
-        assert cache.origin_offsets() == {}
-        version = cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert version == (str(CACHE_SCHEMA_VERSION),) == ("5",)
-
-
-def test_a_version_4_file_gets_event_times_and_tombstones(tmp_path: Path) -> None:
-    """4 -> 5: ``samples.event_us`` (0 for what was cached: any delete removes it) and the
-    ``tombstones`` table, in place."""
+def test_a_file_of_another_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     with FeatureCache(path) as cache:
         cache.commit_batch(CacheMutations(put_heads=(HEAD,), put_samples=(sample("a", "s", [1, 2, 3]),)), [], 7)
-        db = cache._db
-        db.execute("DROP TABLE tombstones")
-        db.execute("CREATE TABLE s4 AS SELECT head_id, sample_id, subject_id, client_id, event_id, label_class, "
-                   "label_vec, q FROM samples")
-        db.execute("DROP TABLE samples")
-        db.execute("ALTER TABLE s4 RENAME TO samples")
-        db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
-    with FeatureCache(path) as cache:
-        (got,) = cache.all_samples()
-        assert got.event_us == 0 and cache.all_tombstones() == []
-        t = Tombstone("h", "sample", "a", "s", "", 9, "d")
-        cache.commit_batch(CacheMutations(put_tombstones=(t,)), [], 8)
-        assert cache.tombstones("h", "sample", "a", "s") == [t]
+        version = cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert version == (str(CACHE_SCHEMA_VERSION),)
+        cache._db.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    with pytest.raises(CacheError, match="schema_version"):
+        FeatureCache(path)
 
 
 def test_tombstones_only_move_later_expire_and_survive_reopen(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def test_delivered_record_clears_the_pending_batch() -> None:
 
 def test_a_seed_uploads_the_tombstones_with_the_samples() -> None:
     """A seed (a local cache the changelog lacks) is one batch of the whole cache: its tombstones
-    travel with it, so remove wins survives an upgrade or a recreated changelog topic."""
+    travel with it, so remove wins survives a recreated changelog topic."""
     tombs = [Tombstone("h", "sample", "gone", "s", "", 7, "d1"), Tombstone("h", "subject", "s2", "s2", "c", 9, "d2")]
     snap = snapshot_mutations([mk("h", "a", "s", 1)], [HEADS["h"]], tombs)
     folded = fold_changelog([(m.key or b"", m.value) for m in batch_records(2, TOPIC, snap, [], pos(5, 1), 100)], 2)
@@ -180,7 +180,7 @@ def test_a_corrupt_txn_is_refused() -> None:
 def test_resume_plan() -> None:
     local = LocalPosition(40, "L", 4)
     assert resume_plan(LocalPosition(-1, "L", 0), None) == "fresh"
-    assert resume_plan(local, None) == "seed"  # upgrade / recreated changelog / crash before the first batch
+    assert resume_plan(local, None) == "seed"  # recreated changelog / crash before the first batch
     assert resume_plan(LocalPosition(-1, "L", 0), pos(40, 4)) == "rebuild"  # empty data dir
     assert resume_plan(local, pos(40, 4)) == "continue"
     assert resume_plan(local, pos(30, 3)) == "continue"  # local ahead: its outbox brings the changelog up
