@@ -131,10 +131,11 @@ class Reader:
         self.pos += count * itemsize
         return out
 
-    def str_column(self, count: int, what: str) -> tuple[str, ...]:
-        """``count`` strings: u16 byte lengths[count], then the UTF-8 bytes back to back."""
+    def str_column(self, count: int, what: str, allow_empty: bool = False) -> tuple[str, ...]:
+        """``count`` strings: u16 byte lengths[count], then the UTF-8 bytes back to back (empty
+        strings only where ``allow_empty``)."""
         lengths = self.array("<u2", count, f"{what} lengths", align=False)
-        if count and not lengths.all():
+        if count and not allow_empty and not lengths.all():
             raise self.fail(f"{what}: empty string")
         total = int(lengths.sum(dtype=np.int64))
         blob = bytes(self.raw(total, f"{what} bytes"))
@@ -194,7 +195,7 @@ class Writer:
         a = np.ascontiguousarray(a)
         self.put(a.reshape(-1).data.cast("B") if a.size else b"")
 
-    def str_column(self, items: Sequence[str], what: str) -> None:
+    def str_column(self, items: Sequence[str], what: str, allow_empty: bool = False) -> None:
         try:
             encoded = [s.encode("utf-8") for s in items]
         except AttributeError:
@@ -203,8 +204,9 @@ class Writer:
         except UnicodeEncodeError as exc:  # lone surrogates
             raise CodecError(f"{what}: not encodable as UTF-8: {exc.reason}") from None
         lengths = list(map(len, encoded))
-        if lengths and not (min(lengths) >= 1 and max(lengths) <= 0xFFFF):
-            raise CodecError(f"{what}: each must be 1..65535 UTF-8 bytes")
+        least = 0 if allow_empty else 1
+        if lengths and not (min(lengths) >= least and max(lengths) <= 0xFFFF):
+            raise CodecError(f"{what}: each must be {least}..65535 UTF-8 bytes")
         self.put(struct.pack(f"<{len(lengths)}H", *lengths))
         self.put(b"".join(encoded))
 

@@ -6,11 +6,13 @@ header, entries of columnar little-endian arrays (8-aligned, so decoding is a ze
 view) and a CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally
 ordered, which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
 
-Every entry names, per row, its event, sample and subject ids and its **event time** (integer
-microseconds: an add's, or for a delete row the delete's, exactly as the featurizer judged them,
-``streams/featurizer/tombstones.py``), and a delete entry says whether its rows were removed by
-delete_subject requests (``by_subject``: each then leaves a tombstone of its whole subject), so
-the verifier's replay can rebuild the tombstones and re-judge remove-wins. Kinds:
+Every entry names, per row, its event, sample and subject ids, its **client** (an add row: the
+client that added it; a delete row: the client its tombstone is scoped to, "" when it refuses
+every client's adds) and its **event time** (integer microseconds: an add's, or for a delete row
+the delete's, exactly as the featurizer judged them, ``streams/featurizer/tombstones.py``), and a
+delete entry says whether its rows were removed by delete_subject requests (``by_subject``: each
+then leaves a tombstone of its whole subject), so the verifier's replay can rebuild the
+tombstones and re-judge remove-wins. Kinds:
 
 - ROWS: signed (+1 add / -1 delete) quantized feature rows ``q`` (n, d) int64 with their labels:
   class indices (n,) int64, or quantized target vectors (n, c) int64.
@@ -88,20 +90,26 @@ def _ids(v: Sequence[str]) -> tuple[str, ...]:
 
 
 def _normalize(entry: Entry) -> None:
-    """Ids as tuples; ``event_us`` as a tuple of ints, 0 per row when left out."""
+    """Ids as tuples; ``event_us`` as a tuple of ints, 0 per row when left out; ``client_ids``
+    "" per row when left out."""
     for name in _ID_COLUMNS:
         object.__setattr__(entry, name, _ids(getattr(entry, name)))
     times = entry.event_us
     if isinstance(times, np.ndarray):
         times = tuple(times.tolist())
-    object.__setattr__(entry, "event_us", tuple(times) if len(times) else (0,) * len(entry.event_ids))
+    n = len(entry.event_ids)
+    object.__setattr__(entry, "event_us", tuple(times) if len(times) else (0,) * n)
+    clients = _ids(entry.client_ids)
+    object.__setattr__(entry, "client_ids", clients if clients else ("",) * n)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
 class RowsEntry:
     """n signed rows. ``labels``: (n,) class indices, or (n, c) quantized targets; ``q``: (n, d);
     ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete);
-    ``by_subject``: a delete entry whose rows delete_subject requests removed.
+    ``by_subject``: a delete entry whose rows delete_subject requests removed; ``client_ids``:
+    an add row's client, a delete row's tombstone scope ("": every client; left out: "" per row,
+    an add of no named client, which the verifier judges against every tombstone).
 
     Decoded arrays are read-only views into the message bytes (copy them to modify).
     """
@@ -114,6 +122,7 @@ class RowsEntry:
     q: np.ndarray
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
+    client_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -132,6 +141,7 @@ class RowsEntry:
             and self.subject_ids == other.subject_ids
             and self.event_us == other.event_us
             and self.by_subject == other.by_subject
+            and self.client_ids == other.client_ids
             and self.labels.shape == other.labels.shape
             and np.array_equal(self.labels, other.labels)
             and self.q.shape == other.q.shape
@@ -146,7 +156,7 @@ class PackedEntry:
     """A signed batch whose exact ledger was serialized by the ledger module (opaque here).
     ``multiset_hash``: the 4096-byte multiset hash state of the batch's rows, or None when the
     producer did not compute it (the head's hash of its retained rows then becomes unknown);
-    ``event_us``, ``by_subject``: as in :class:`RowsEntry`."""
+    ``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -156,6 +166,7 @@ class PackedEntry:
     multiset_hash: bytes | None = None
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
+    client_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -174,7 +185,7 @@ class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
     (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
     sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes) and its event time
-    (``event_us``, ``by_subject``: as in :class:`RowsEntry`)."""
+    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`)."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -187,6 +198,7 @@ class SealedRowsEntry:
     ciphertexts: tuple[bytes, ...]
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
+    client_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -256,11 +268,10 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
         raise CodecError(f"{where}: only a delete entry (sign -1) can be by_subject")
     flags = _ENTRY_SUBJECT if e.by_subject else 0
     n = len(e.event_ids)
-    if n < 1 or len(e.sample_ids) != n or len(e.subject_ids) != n or len(e.event_us) != n:
-        raise CodecError(
-            f"{where}: event_ids/sample_ids/subject_ids/event_us must have the same length >= 1, got "
-            f"{n}/{len(e.sample_ids)}/{len(e.subject_ids)}/{len(e.event_us)}"
-        )
+    lengths = (n, len(e.sample_ids), len(e.subject_ids), len(e.client_ids), len(e.event_us))
+    if n < 1 or len(set(lengths)) != 1:
+        raise CodecError(f"{where}: event_ids/sample_ids/subject_ids/client_ids/event_us must have the same "
+                         f"length >= 1, got {'/'.join(map(str, lengths))}")
     if isinstance(e, RowsEntry):
         labels, label_kind, c = _rows_labels(e, d, where)
         w.pack(_ENTRY, _KIND_ROWS, e.sign, flags, n)
@@ -341,13 +352,24 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
 
 
 def _put_columns(w: Writer, e: Entry, where: str) -> None:
-    """The three id columns, then the event times (8-aligned i64 per row, 0..2^63-1)."""
+    """The three id columns, the client column (ids or ""), then the event times (8-aligned i64
+    per row, 0..2^63-1)."""
     w.str_column(e.event_ids, f"{where}: event_ids")
     w.str_column(e.sample_ids, f"{where}: sample_ids")
     w.str_column(e.subject_ids, f"{where}: subject_ids")
+    bad = _bad_client(e.client_ids)
+    if bad is not None:
+        raise CodecError(f"{where}: {bad}")
+    w.str_column(e.client_ids, f"{where}: client_ids", allow_empty=True)
     if any(not isinstance(t, (int, np.integer)) or not 0 <= t <= _MAX_EVENT_US for t in e.event_us):
         raise CodecError(f"{where}: event_us must be ints in 0..2^63-1 (microseconds since the epoch)")
     w.array(np.asarray(e.event_us, dtype="<i8"))
+
+
+def _bad_client(clients: Sequence[str]) -> str | None:
+    """What is wrong with a client column (each an id, or "" for no client), or None."""
+    bad = next((c for c in clients if c != "" and not is_valid_id(c)), None)
+    return None if bad is None else f"client_ids holds {str(bad)[:80]!r}, neither an id nor \"\""
 
 
 def _int64(a: object, what: str) -> np.ndarray:
@@ -397,6 +419,7 @@ def decode_delta(buf: bytes | bytearray | memoryview) -> Delta:
 
 
 _Columns = tuple[int, tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # sign, event, sample, subject ids
+_Tail = tuple[tuple[int, ...], bool, tuple[str, ...]]  # event_us, by_subject, client_ids
 
 
 def _read_entry(r: Reader, d: int, where: str) -> Entry:
@@ -415,20 +438,25 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         bad = next((i for i in column if not is_valid_id(i)), None)
         if bad is not None:
             raise r.fail(f"{where}: {name} holds {bad[:80]!r}, not an id (1..128 characters of [{ID_CHARS}])")
+    clients = r.str_column(n, f"{where}: client_ids", allow_empty=True)
+    bad = _bad_client(clients)
+    if bad is not None:
+        raise r.fail(f"{where}: {bad}")
     times = r.array("<i8", n, f"{where}: event_us")
     if times.min() < 0:
         raise r.fail(f"{where}: negative event time")
     cols: _Columns = (sign, ids[0], ids[1], ids[2])
+    tail: _Tail = (tuple(times.tolist()), by_subject, clients)
     if kind == _KIND_ROWS:
         labels, q = _read_rows(r, n, d, where)
-        return RowsEntry(*cols, labels, q, tuple(times.tolist()), by_subject)
+        return RowsEntry(*cols, labels, q, *tail)
     if kind == _KIND_PACKED:
         (size,) = r.unpack(_BLOB, f"{where} blob length")
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
         mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags & _ENTRY_MULTISET else None
-        return PackedEntry(*cols, blob, mset, tuple(times.tolist()), by_subject)
+        return PackedEntry(*cols, blob, mset, *tail)
     if kind == _KIND_SEALED:
-        return _read_sealed(r, cols, d, (tuple(times.tolist()), by_subject), where)
+        return _read_sealed(r, cols, d, tail, where)
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 
@@ -452,9 +480,9 @@ def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.nd
     return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
 
 
-def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[tuple[int, ...], bool], where: str) -> SealedRowsEntry:
-    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row (``times``:
-    the entry's event times and by_subject, read before)."""
+def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, where: str) -> SealedRowsEntry:
+    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row (``tail``:
+    the entry's event times, by_subject and client ids, read before)."""
     n = len(cols[1])
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
     if res1 or res2:
@@ -468,4 +496,4 @@ def _read_sealed(r: Reader, cols: _Columns, d: int, times: tuple[tuple[int, ...]
         *cols, label_kind, c,
         tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
         tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
-        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *times)
+        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *tail)

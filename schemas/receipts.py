@@ -12,8 +12,9 @@ One receipt per delete / delete_subject, in one of three statuses:
   samples, was not in the head when it was judged, or only with a later event time; ``sample_ids``:
   the sample named, or none for a delete_subject), and its tombstone, dated ``tombstone_ts`` (its
   event time), refuses any add of it dated at or before then until ``tombstone_expires`` (absent:
-  kept for ever; docs/featurizer.md "Remove wins"). Every delete that is not rejected leaves such
-  a tombstone, applied or not.
+  kept for ever; docs/featurizer.md "Remove wins"); ``tombstone_client_id``, when present, says
+  it refuses only that client's adds (signed mode, a client without ``may_delete_others``).
+  Every delete that is not rejected leaves such a tombstone, applied or not.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ RECEIPT_SCHEMA_V3 = "unlearn.receipt/v3"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED = frozenset(
     ("schema", "event_id", "subject_id", "head_id", "sample_ids", "status", "reason", "head_version", "digest", "ts",
-     "retained_hash", "tombstone_ts", "tombstone_expires")
+     "retained_hash", "tombstone_ts", "tombstone_expires", "tombstone_client_id")
 )
-_TOMBSTONE_FIELDS = ("tombstone_ts", "tombstone_expires")
+_TOMBSTONE_FIELDS = ("tombstone_ts", "tombstone_expires", "tombstone_client_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class Receipt:
     retained_hash: str | None = None
     tombstone_ts: float | None = None  # tombstoned: the delete's event time (Unix seconds)
     tombstone_expires: float | None = None  # tombstoned: when the tombstone may be dropped (None: never)
+    tombstone_client_id: str | None = None  # tombstoned: the only client whose adds it refuses (None: every client)
 
     def __post_init__(self) -> None:
         if not isinstance(self.sample_ids, tuple):
@@ -85,11 +87,14 @@ class Receipt:
 
     @classmethod
     def tombstoned(cls, event_id: str, subject_id: str, head_id: str, sample_ids: Sequence[str],
-                   tombstone_ts: float, tombstone_expires: float | None, ts: float) -> Receipt:
+                   tombstone_ts: float, tombstone_expires: float | None, ts: float,
+                   tombstone_client_id: str | None = None) -> Receipt:
         """Nothing was removed (nothing of it was in the head, or only with a later event time);
-        no add of it dated at or before ``tombstone_ts`` can enter until ``tombstone_expires``."""
+        no add of it dated at or before ``tombstone_ts`` (by ``tombstone_client_id``, None: by any
+        client) can enter until ``tombstone_expires``."""
         return cls(event_id, subject_id, head_id, tuple(sample_ids), "tombstoned", ts,
-                   tombstone_ts=tombstone_ts, tombstone_expires=tombstone_expires)
+                   tombstone_ts=tombstone_ts, tombstone_expires=tombstone_expires,
+                   tombstone_client_id=tombstone_client_id)
 
     @property
     def removed(self) -> bool:
@@ -115,7 +120,7 @@ def _check_common(d: dict[str, Any]) -> None:
         raise CodecError("receipt: sample_ids must be a list of ids")
     _non_negative(d["ts"], "ts")
     if d["status"] != "tombstoned" and any(k in d for k in _TOMBSTONE_FIELDS):
-        raise CodecError("receipt: only a tombstoned receipt has tombstone_ts or tombstone_expires")
+        raise CodecError(f"receipt: only a tombstoned receipt has {', '.join(_TOMBSTONE_FIELDS)}")
 
 
 def _non_negative(v: object, name: str) -> float:
@@ -160,8 +165,12 @@ def _tombstoned(d: dict[str, Any]) -> dict[str, Any]:
     if "tombstone_ts" not in d:
         raise CodecError("receipt: a tombstoned receipt needs tombstone_ts")
     expires = d.get("tombstone_expires")
+    client = d.get("tombstone_client_id")
+    if "tombstone_client_id" in d and not is_valid_id(client):
+        raise CodecError(f"receipt: tombstone_client_id must be 1..{ID_MAX_CHARS} characters of [{ID_CHARS}]")
     return {"tombstone_ts": _non_negative(d["tombstone_ts"], "tombstone_ts"),
-            "tombstone_expires": None if "tombstone_expires" not in d else _non_negative(expires, "tombstone_expires")}
+            "tombstone_expires": None if "tombstone_expires" not in d else _non_negative(expires, "tombstone_expires"),
+            "tombstone_client_id": client}
 
 
 _BY_STATUS = {"applied": _applied, "rejected": _rejected, "tombstoned": _tombstoned}
@@ -203,6 +212,8 @@ def receipt_to_dict(r: Receipt) -> dict[str, Any]:
         d["tombstone_ts"] = r.tombstone_ts
     if r.tombstone_expires is not None:
         d["tombstone_expires"] = r.tombstone_expires
+    if r.tombstone_client_id is not None:
+        d["tombstone_client_id"] = r.tombstone_client_id
     return d
 
 

@@ -26,8 +26,8 @@ KeyLookup = Callable[[str, str, str], SampleKey | None]
 
 @dataclass(frozen=True)
 class ErasedRow:
-    """A sealed row whose key no longer exists: only its identifiers, commitment, event time and
-    (a delete's) ``by_subject`` are known."""
+    """A sealed row whose key no longer exists: only its identifiers, commitment, event time,
+    client (a delete's: its tombstone scope) and (a delete's) ``by_subject`` are known."""
 
     sign: int
     event_id: str
@@ -37,6 +37,7 @@ class ErasedRow:
     commitment: bytes
     event_us: int = 0
     by_subject: bool = False
+    client_id: str = ""
 
     def pair_key(self) -> tuple[str, str, bytes]:
         """What an erased add and its erased delete share (the head is the delta's)."""
@@ -68,7 +69,7 @@ def seal_entry(head_id: str, e: RowsEntry, keys: list[SampleKey]) -> SealedRowsE
         cts.append(seal(key, PURPOSE_ROW, head_id, sample, row))
     return SealedRowsEntry(e.sign, e.event_ids, e.sample_ids, e.subject_ids, 1 if vector else 0,
                            int(labels.shape[1]) if vector else 0, tuple(k.key_id for k in keys), tuple(coms),
-                           tuple(cts), e.event_us, e.by_subject)
+                           tuple(cts), e.event_us, e.by_subject, e.client_ids)
 
 
 def seal_delta(delta: Delta, key_for: Callable[[str, str], SampleKey]) -> Delta:
@@ -104,7 +105,7 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             key = lookup(delta.head_id, sample, kid)
             if key is None:
                 out.erased.append(ErasedRow(e.sign, e.event_ids[i], sample, e.subject_ids[i], kid, e.commitments[i],
-                                            e.event_us[i], e.by_subject))
+                                            e.event_us[i], e.by_subject, e.client_ids[i]))
                 continue
             row = unseal(key, PURPOSE_ROW, delta.head_id, sample, e.ciphertexts[i])
             if commitment(key, delta.head_id, sample, row) != e.commitments[i]:
@@ -121,6 +122,7 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
         labels = flat[:, delta.d].astype(np.int64) if e.label_kind == 0 else flat[:, delta.d:].astype(np.int64)
         entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
                                  tuple(e.subject_ids[i] for i in keep), labels, q,
-                                 tuple(e.event_us[i] for i in keep), e.by_subject))
+                                 tuple(e.event_us[i] for i in keep), e.by_subject,
+                                 tuple(e.client_ids[i] for i in keep)))
     out.delta = replace(delta, entries=tuple(entries))  # the contract block (n_classes, version) stays
     return out

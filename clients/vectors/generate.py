@@ -626,12 +626,15 @@ def gen_receipts() -> dict[str, Any]:
     ]
     tomb = {"schema": "unlearn.receipt/v3", "event_id": "ev-3", "subject_id": "u", "head_id": "faces",
             "sample_ids": ["s-1"], "status": "tombstoned", "tombstone_ts": 1767225600.5, "ts": 1767225601}
-    valid_docs += [orjson.dumps(tomb), orjson.dumps({**tomb, "tombstone_expires": 1767312000, "sample_ids": []})]
+    valid_docs += [orjson.dumps(tomb), orjson.dumps({**tomb, "tombstone_expires": 1767312000, "sample_ids": []}),
+                   orjson.dumps({**tomb, "tombstone_client_id": "app-1"})]
     invalid_docs += [orjson.dumps({**tomb, "schema": "unlearn.receipt/v2"}),
                      orjson.dumps({k: v for k, v in tomb.items() if k != "tombstone_ts"}),
                      orjson.dumps({**tomb, "head_version": 3}), orjson.dumps({**tomb, "tombstone_ts": -1}),
                      orjson.dumps({**base, "tombstone_ts": 1.0}), orjson.dumps({**rej, "tombstone_expires": 1.0}),
-                     orjson.dumps({**tomb, "tombstone_expires": "soon"})]
+                     orjson.dumps({**tomb, "tombstone_expires": "soon"}),
+                     orjson.dumps({**tomb, "tombstone_client_id": ""}), orjson.dumps({**tomb, "tombstone_client_id": 7}),
+                     orjson.dumps({**base, "tombstone_client_id": "app-1"})]
     valid = []
     for doc in valid_docs:
         r = decode_receipt(doc)
@@ -639,7 +642,8 @@ def gen_receipts() -> dict[str, Any]:
             "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id, "sample_ids": list(r.sample_ids),
             "status": r.status, "ts": r.ts, "head_version": None if r.head_version is None else str(r.head_version),
             "digest": r.digest, "reason": r.reason, "retained_hash": r.retained_hash,
-            "tombstone_ts": r.tombstone_ts, "tombstone_expires": r.tombstone_expires}})
+            "tombstone_ts": r.tombstone_ts, "tombstone_expires": r.tombstone_expires,
+            "tombstone_client_id": r.tombstone_client_id}})
     invalid = []
     for doc in invalid_docs:
         try:

@@ -7,21 +7,23 @@ a tombstone that matches it. The replay rebuilds the tombstones from what it rea
 
 - every applied delete row: a tombstone of its (head, sample, subject), or of its (head,
   subject) when a delete_subject removed it (``by_subject``), dated with the row's event time
-  (the delete's, carried in the delta: ``schemas/delta_codec.py``);
+  and scoped to the row's client (the delete's, carried in the delta: ``schemas/delta_codec.py``;
+  "" matches every client);
 - every delete row erased since (its key destroyed: ``erasure.open_records``), the same way;
 - every ``tombstoned`` receipt (a delete that removed nothing): a sample tombstone when it names
-  its sample, else (a delete_subject) a subject tombstone, dated ``tombstone_ts``;
+  its sample, else (a delete_subject) a subject tombstone, dated ``tombstone_ts`` and scoped to
+  ``tombstone_client_id`` (absent: every client);
 
-and judges every retained add with the featurizer's own rule (``blocking_tombstone``). What it
-cannot see: which client a tombstone was scoped to (neither deltas nor receipts name it; in
-signed mode a client without ``may_delete_others`` leaves tombstones of its own adds only), so
-every rebuilt tombstone matches every client.
+and judges every retained add, as the client its row names, with the featurizer's own rule
+(``blocking_tombstone``): in signed mode a client without ``may_delete_others`` leaves
+tombstones of its own adds only, so another client's older add may stay. An add row that names
+no client ("") is judged against every tombstone, scoped or not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.receipts import Receipt
@@ -40,7 +42,7 @@ class RetainedAdd:
     subject_id: str
     event_id: str
     event_us: int
-    client_id: str = ""  # deltas do not name the client: judged as any client's
+    client_id: str = ""  # "": no client named, every tombstone matches it
 
 
 @dataclass
@@ -54,31 +56,34 @@ class EventTimes:
 
     def apply(self, head_id: str, e: RowsEntry | PackedEntry | SealedRowsEntry) -> None:
         """One applied entry: push its adds, or pop the adds its deletes remove and keep their tombstones."""
-        for ev, sample, subject, t in zip(e.event_ids, e.sample_ids, e.subject_ids, e.event_us, strict=True):
+        rows = zip(e.event_ids, e.sample_ids, e.subject_ids, e.event_us, e.client_ids, strict=True)
+        for ev, sample, subject, t, client in rows:
             if e.sign > 0:
-                self.adds.setdefault(sample, []).append(RetainedAdd(head_id, sample, subject, ev, t))
+                self.adds.setdefault(sample, []).append(RetainedAdd(head_id, sample, subject, ev, t, client))
                 continue
             stack = self.adds.get(sample)
             if stack:
                 stack.pop()
-            self.tombstones.append(_delete_tombstone(head_id, sample, subject, t, ev, e.by_subject))
+            self.tombstones.append(_delete_tombstone(head_id, sample, subject, t, ev, e.by_subject, client))
 
     def retained(self) -> list[RetainedAdd]:
         """Every add no delete removed, in sample order."""
         return [a for sample in sorted(self.adds) for a in self.adds[sample]]
 
 
-def _delete_tombstone(head_id: str, sample: str, subject: str, t: int, event_id: str, by_subject: bool) -> Tombstone:
-    """The tombstone a delete row stands for: its subject's when a delete_subject removed it."""
+def _delete_tombstone(head_id: str, sample: str, subject: str, t: int, event_id: str, by_subject: bool,
+                      scope: str) -> Tombstone:
+    """The tombstone a delete row stands for: its subject's when a delete_subject removed it,
+    scoped to the row's client ("": every client)."""
     if by_subject:
-        return Tombstone(head_id, "subject", subject, subject, "", t, event_id)
-    return Tombstone(head_id, "sample", sample, subject, "", t, event_id)
+        return Tombstone(head_id, "subject", subject, subject, scope, t, event_id)
+    return Tombstone(head_id, "sample", sample, subject, scope, t, event_id)
 
 
 def erased_tombstones(head_id: str, rows: Iterable[ErasedRow]) -> list[Tombstone]:
     """The tombstones of erased delete rows (sealed rows whose key is destroyed: the replay never
     applies them, but their deletes happened)."""
-    return [_delete_tombstone(head_id, r.sample_id, r.subject_id, r.event_us, r.event_id, r.by_subject)
+    return [_delete_tombstone(head_id, r.sample_id, r.subject_id, r.event_us, r.event_id, r.by_subject, r.client_id)
             for r in rows if r.sign < 0]
 
 
@@ -89,16 +94,17 @@ def receipt_tombstones(receipts: Iterable[Receipt]) -> list[Tombstone]:
     for r in receipts:
         if r.status != "tombstoned" or r.tombstone_ts is None:
             continue
-        t = seconds_to_us(r.tombstone_ts)
+        t, scope = seconds_to_us(r.tombstone_ts), r.tombstone_client_id or ""
         if r.sample_ids:
-            out += [Tombstone(r.head_id, "sample", s, r.subject_id, "", t, r.event_id) for s in r.sample_ids]
+            out += [Tombstone(r.head_id, "sample", s, r.subject_id, scope, t, r.event_id) for s in r.sample_ids]
         else:
-            out.append(Tombstone(r.head_id, "subject", r.subject_id, r.subject_id, "", t, r.event_id))
+            out.append(Tombstone(r.head_id, "subject", r.subject_id, r.subject_id, scope, t, r.event_id))
     return out
 
 
 def violations(retained: Sequence[RetainedAdd], tombstones: Iterable[Tombstone]) -> list[tuple[RetainedAdd, Tombstone]]:
-    """Each retained add a tombstone refuses, with the latest such tombstone (the featurizer's rule)."""
+    """Each retained add a tombstone refuses, with the latest such tombstone (the featurizer's
+    rule; an add that names no client meets every tombstone as if unscoped)."""
     by_name: dict[tuple[str, str, str], list[Tombstone]] = {}
     for t in tombstones:
         by_name.setdefault((t.kind, t.id, t.subject_id), []).append(t)
@@ -106,6 +112,8 @@ def violations(retained: Sequence[RetainedAdd], tombstones: Iterable[Tombstone])
     for a in retained:
         found = by_name.get(("sample", a.sample_id, a.subject_id), []) + by_name.get(
             ("subject", a.subject_id, a.subject_id), [])
+        if not a.client_id:
+            found = [replace(t, client_id="") for t in found]
         block = blocking_tombstone(a, a.event_us, found)
         if block is not None:
             out.append((a, block))

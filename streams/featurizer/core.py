@@ -391,13 +391,14 @@ class Judgement:
         self.accepted += 1
 
     def accept_deletes(self, head_id: str, event_id: str, samples: Sequence[CachedSample], event_us: int,
-                       by_subject: bool) -> None:
+                       by_subject: bool, scope: str) -> None:
         """Drop the samples from the cache and give each a ``-q`` row (all with the delete's event
-        id, event time and kind, so the verifier can rebuild its tombstone)."""
+        id, event time, kind and tombstone scope as their client, so the verifier can rebuild its
+        tombstone)."""
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
-            hr.add(-1, event_id, replace(cs, event_us=event_us), by_subject)
+            hr.add(-1, event_id, replace(cs, event_us=event_us, client_id=scope), by_subject)
         self.accepted += 1
 
     def tombstone_only(self, receipt: Receipt) -> None:
@@ -461,15 +462,16 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
     if client is not None:
         Authorizer.check_owner(client, r, gone)
     horizon = policy.horizon_us(seconds_to_us(now))
-    for t in tombstones_of(r, "" if client is None or client.may_delete_others else client.client_id, t_del):
+    scope = "" if client is None or client.may_delete_others else client.client_id
+    for t in tombstones_of(r, scope, t_del):
         if horizon is None or t.event_us >= horizon:
             j.overlay.put_tombstone(t)
     if gone:
-        j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject")
+        j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject", scope)
         return
     expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
     j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
-                                        t_del / 1e6, expires, now))
+                                        t_del / 1e6, expires, now, scope or None))
 
 
 # --------------------------------------------------------------------------- step 4: assemble
@@ -511,17 +513,18 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
     sample_ids = tuple(cs.sample_id for _, cs in items)
     subject_ids = tuple(cs.subject_id for _, cs in items)
     event_us = tuple(cs.event_us for _, cs in items)  # each row's judged event time (the verifier re-judges)
+    clients = tuple(cs.client_id for _, cs in items)  # an add's client, a delete's tombstone scope
     Q = np.stack([cs.q for _, cs in items]).astype(np.int64, copy=False)
     if items[0][1].label_kind == "class":
         labels = np.asarray([cs.label for _, cs in items], dtype=np.int64)
     else:
         labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)
     if not packed:
-        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject)
+        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject, clients)
     blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
     # The rows' multiset hash, so the ledger's retained-rows hash stays known (docs/design.md s.6).
     mset = MultisetHash.of_rows(Q, labels, head.frac_bits, head.label_frac_bits).to_bytes()
-    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us, by_subject)
+    return PackedEntry(sign, event_ids, sample_ids, subject_ids, blob, mset, event_us, by_subject, clients)
 
 
 # --------------------------------------------------------------------------- the batch

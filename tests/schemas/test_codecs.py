@@ -290,14 +290,15 @@ def test_encoder_rejects_inconsistent_values() -> None:
 def test_delta_layout_is_documented_exactly() -> None:
     """Pin the byte layout of a tiny delta (docs/formats.md walks through the same bytes)."""
     t = 1_700_000_000_000_999  # the delete's event time, microseconds
-    delta = Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]), [t])])
+    delta = Delta("h", "f", 2, 30, 0, [RowsEntry(-1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, -2]]), [t],
+                                                 False, ["c"])])  # a delete whose tombstone is client c's
     raw = encode_delta(delta)
     expect = (
         b"ULDT" + struct.pack("<HHQ", 1, 0, len(raw))
         + b"\x01\x00h" + b"\x01\x00f"
         + struct.pack("<IBBHI", 2, 30, 0, 0, 1)
         + struct.pack("<BbHI", 1, -1, 0, 1)
-        + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
+        + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u" + b"\x01\x00c"
     )
     expect += bytes((-len(expect)) % 8) + struct.pack("<q", t)
     expect += struct.pack("<BBHI", 0, 0, 0, 0)
@@ -305,6 +306,28 @@ def test_delta_layout_is_documented_exactly() -> None:
     expect += struct.pack("<qq", 1, -2)
     expect += struct.pack("<I", crc32c(expect))
     assert raw == expect and len(raw) == 100
+
+
+def test_delta_client_column_is_checked() -> None:
+    """One client per row: an id, or "" (a delete's tombstone that matches every client; left
+    out, every row is ""); the column survives a round trip in every entry kind."""
+    q, labels = np.array([[1, -2], [3, 4]]), np.array([5, 6])
+    assert RowsEntry(1, ["e", "f"], ["s", "t"], ["u", "u"], labels, q).client_ids == ("", "")
+    for bad in (["c"], ["c", "bad id"], ["c", 7]):
+        with pytest.raises(CodecError, match="client_ids"):
+            encode_delta(Delta("h", "f", 2, 30, 0, [RowsEntry(1, ["e", "f"], ["s", "t"], ["u", "u"], labels, q,
+                                                              client_ids=bad)]))
+    entries = [RowsEntry(1, ["e", "f"], ["s", "t"], ["u", "u"], labels, q, client_ids=["a", "b"]),
+               PackedEntry(-1, ["g"], ["s"], ["u"], b"blob", None, [9], True, ["a"]),
+               PackedEntry(-1, ["h"], ["t"], ["u"], b"blob", None, [9], False, [""])]
+    back = decode_delta(encode_delta(Delta("h", "f", 2, 30, 0, entries)))
+    assert [e.client_ids for e in back.entries] == [("a", "b"), ("a",), ("",)] and back.entries[0] == entries[0]
+    raw = encode_delta(Delta("h", "f", 2, 30, 0, [entries[1]]))
+    body = bytearray(raw[PREFIX.size:-4])
+    at = body.index(b"\x01\x00u\x01\x00a") + 5
+    body[at] = ord(" ")
+    with pytest.raises(CodecError, match="client_ids"):
+        decode_delta(_reframe(raw, bytes(body)))
 
 
 def test_delta_event_times_are_checked() -> None:
@@ -376,10 +399,10 @@ def test_packed_multiset_hash_is_entry_flag_bit_0() -> None:
     expect = (
         b"ULDT" + struct.pack("<HHQ", 1, 0, len(raw_new))
         + b"\x01\x00h" + b"\x01\x00f" + struct.pack("<IBBHI", 2, 30, 0, 0, 2)
-        + struct.pack("<BbHI", 2, -1, 0, 1) + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u"
+        + struct.pack("<BbHI", 2, -1, 0, 1) + b"\x01\x00e" + b"\x01\x00s" + b"\x01\x00u" + b"\x00\x00"
     )
     expect += bytes((-len(expect)) % 8) + struct.pack("<qQ", 3, 4) + b"blob"
-    expect += struct.pack("<BbHI", 2, 1, 1, 1) + b"\x02\x00e2" + b"\x02\x00s2" + b"\x01\x00u"
+    expect += struct.pack("<BbHI", 2, 1, 1, 1) + b"\x02\x00e2" + b"\x02\x00s2" + b"\x01\x00u" + b"\x00\x00"
     expect += bytes((-len(expect)) % 8) + struct.pack("<qQ", 4, 5) + b"blob2" + mset
     assert raw_new == expect + struct.pack("<I", crc32c(expect))
     # entry flags: only the hash bit, only on packed entries

@@ -490,6 +490,7 @@ RECEIPTS_VALID = [
     receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
     receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", ["img-3"], 4.5, 604804.5, 5.0)),
     receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", [], 4.5, None, 5.0)),  # kept for ever
+    receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", [], 4.5, None, 5.0, "app-1")),  # scoped
     {"schema": V3, "event_id": "e", "subject_id": "s", "head_id": "h", "sample_ids": [], "status": "tombstoned",
      "ts": 0, "tombstone_ts": 0},
 ]
@@ -505,6 +506,10 @@ RECEIPTS_INVALID = [
     {**_TOMB, "tombstone_ts": -1},
     {**_TOMB, "tombstone_ts": True},
     {**_TOMB, "tombstone_expires": None},  # absent when kept for ever, never null
+    {**_TOMB, "tombstone_client_id": None},  # absent when it matches every client, never null
+    {**_TOMB, "tombstone_client_id": ""},
+    {**_TOMB, "tombstone_client_id": "app 1"},
+    _receipt(tombstone_client_id="app-1"),  # only a tombstoned receipt is scoped
     {**_TOMB, "head_version": 3},
     {**_TOMB, "digest": DIGEST},
     {**_TOMB, "reason": "unknown_sample"},

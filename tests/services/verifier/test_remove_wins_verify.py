@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.streams.featurizer.test_auth import SIGN_A, SIGN_B, record
 from tests.streams.featurizer.test_tombstones import BASE, NOW, add_req, cfg, scenarios
 from unlearn.infra.profiles import producer_config
 from unlearn.infra.settings import Settings
@@ -22,16 +23,21 @@ from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
+from unlearn.schemas.sealed_delta import ErasedRow
+from unlearn.schemas.signature import Signer
 from unlearn.services.verifier import Certificate, Check, verify
 from unlearn.services.verifier.checks import Evidence, check_remove_wins
+from unlearn.services.verifier.remove_wins import erased_tombstones
+from unlearn.streams.featurizer.auth import Authorizer, AuthState
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import InMessage
 from unlearn.streams.featurizer.tombstones import seconds_to_us
 
 
-def _rows(sign: int, ev: str, sample: str, subject: str, t_us: int, by_subject: bool = False) -> RowsEntry:
-    return RowsEntry(sign, [ev], [sample], [subject], np.array([0]), np.array([[1, 2]]), [t_us], by_subject)
+def _rows(sign: int, ev: str, sample: str, subject: str, t_us: int, by_subject: bool = False,
+          client: str = "") -> RowsEntry:
+    return RowsEntry(sign, [ev], [sample], [subject], np.array([0]), np.array([[1, 2]]), [t_us], by_subject, [client])
 
 
 def _records(deltas: list[Delta]) -> list[LogRecord]:
@@ -61,14 +67,49 @@ def test_a_retained_add_dated_at_or_before_a_delete_fails() -> None:
     assert check_remove_wins(Evidence.gather(_records(deltas), None, "h", [*receipts, *other])).status == "pass"
 
 
-def _featurize(reqs: list[Request], cuts: list[int], cache: FeatureCache) -> tuple[list[Delta], list[Receipt], dict]:
-    """The requests through the featurizer's core in batches: its deltas, receipts and refused adds."""
+def test_a_scoped_tombstone_refuses_only_its_clients_adds() -> None:
+    """Signed mode: a client without ``may_delete_others`` leaves tombstones of its own adds only
+    (a delete row's client, a tombstoned receipt's ``tombstone_client_id``, an erased delete
+    row's client), so another client's older add stays and passes; the same add by the deleting
+    client, or by no named client, fails; an unscoped tombstone ("") refuses every client."""
+    def gather(delete_scope: str, late_client: str, receipt_scope: str | None) -> Check:
+        deltas = [Delta("h", "src", 2, 30, 0, [_rows(1, "a1", "x1", "u", 10, client="bob")]),
+                  Delta("h", "src", 2, 30, 0, [_rows(-1, "d1", "x1", "u", 20, client=delete_scope)]),
+                  Delta("h", "src", 2, 30, 0, [_rows(1, "late-x1", "x1", "u", 15, client=late_client),
+                                               _rows(1, "late-w", "x9", "w", 39, client=late_client)])]
+        receipts = [Receipt.tombstoned("d3", "w", "h", [], 40e-6, None, 1.0, receipt_scope)]
+        return check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
+
+    assert gather("bob", "alice", "bob").status == "pass"
+    assert gather("bob", "bob", "bob").data["violations"] == 2
+    assert gather("bob", "", "bob").data["violations"] == 2  # an unnamed add meets every tombstone
+    assert gather("", "alice", None).data["violations"] == 2  # unscoped: every client
+    assert gather("bob", "alice", None).data["violations"] == 1  # only the receipt's is unscoped
+    erased = [ErasedRow(-1, "d9", "x9", "w", "k" * 32, b"c" * 32, 50, True, "bob"),
+              ErasedRow(1, "a9", "x9", "w", "k" * 32, b"c" * 32, 40, False, "alice")]
+    (tomb,) = erased_tombstones("h", erased)
+    assert (tomb.kind, tomb.id, tomb.client_id, tomb.event_us) == ("subject", "w", "bob", 50)
+
+
+#: Signed mode: alice and bob may delete their own samples only, admin anyone's.
+SIGNERS = {"alice": SIGN_A, "bob": SIGN_B, "admin": Signer(SIGN_B.private_key, "adm")}
+CLIENTS = {c: record(c, g, rate_per_second=0.0, burst=1, may_delete_others=c == "admin") for c, g in SIGNERS.items()}
+
+
+def _featurize(reqs: list[Request], cuts: list[int], cache: FeatureCache,
+               signed: bool = False) -> tuple[list[Delta], list[Receipt], dict]:
+    """The requests through the featurizer's core in batches (``signed``: each signed by its
+    client's key and screened): its deltas, receipts and refused adds."""
     deltas, receipts, refused = [], [], {}
     at = offset = 0
+    auth = Authorizer(CLIENTS, AuthState(), 2 * (NOW - BASE)) if signed else None
     while at < len(reqs):
         chunk = reqs[at: at + cuts[at]]
-        msgs = [InMessage(0, offset + i, encode_request(r), r.subject_id.encode()) for i, r in enumerate(chunk)]
-        out = featurize_batch(msgs, cache, cfg(), now=NOW)
+        values = [encode_request(r) for r in chunk]
+        msgs = [InMessage(0, offset + i, v, r.subject_id.encode(), None,
+                          tuple(SIGNERS[r.client_id].headers(v)) if signed else ())
+                for i, (r, v) in enumerate(zip(chunk, values, strict=True))]
+        out = featurize_batch(msgs, cache, cfg(), now=NOW, auth=auth)
         deltas += out.deltas
         receipts += out.receipts
         refused.update({dl.event_id: dl.reason for dl in out.deadletters})
@@ -107,6 +148,62 @@ def test_the_featurizers_deltas_pass_and_an_add_it_refused_fails(
     bad = check_remove_wins(Evidence.gather(_records([*deltas, forged]), None, "h", receipts))
     assert bad.status == "fail" and bad.data["violations"] >= 1, bad
     assert r.event_id in {x["event_id"] for x in bad.data["examples"]}
+
+
+@st.composite
+def signed_scenarios(draw: st.DrawFn) -> tuple[list[Request], list[int]]:
+    """:func:`scenarios` with each request sent by a random client: adds by alice or bob,
+    deletes also by admin (the only one that may delete others' samples)."""
+    reqs, cuts = draw(scenarios())
+    return [replace(r, client_id=draw(st.sampled_from(["alice", "bob"] if r.op == "add" else list(SIGNERS))))
+            for r in reqs], cuts
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenario=signed_scenarios(), data=st.data())
+def test_signed_mode_scoped_deletes_pass_and_an_add_they_refused_fails(
+        tmp_path_factory: pytest.TempPathFactory, scenario: tuple[list[Request], list[int]],
+        data: st.DataObject) -> None:
+    """Any interleaving in signed mode: the rows name their clients (an add's, a delete's scope)
+    and the receipts their scope, so the replay of the featurizer's output passes whoever deleted
+    what; an add it refused as ``deleted_before_arrival``, slipped in under its own client, fails."""
+    reqs, cuts = scenario
+    with FeatureCache(tmp_path_factory.mktemp("rws") / "p0.sqlite") as cache:
+        deltas, receipts, refused = _featurize(reqs, cuts, cache, signed=True)
+    by_event = {r.event_id: r for r in reqs}
+    for e in (e for d in deltas for e in d.entries):
+        for ev, client in zip(e.event_ids, e.client_ids, strict=True):
+            r = by_event[ev]
+            assert client == ("" if r.op != "add" and r.client_id == "admin" else r.client_id)
+    for rc in (rc for rc in receipts if rc.status == "tombstoned"):
+        who = by_event[rc.event_id].client_id
+        assert rc.tombstone_client_id == (None if who == "admin" else who)
+    check = check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
+    assert check.status == ("pass" if deltas else "skipped"), check
+    late = sorted(ev for ev, reason in refused.items() if reason == "deleted_before_arrival")
+    if not late or not deltas:
+        return
+    r = by_event[data.draw(st.sampled_from(late))]
+    forged = Delta("h", "forged", deltas[0].d, deltas[0].frac_bits, deltas[0].label_frac_bits,
+                   [RowsEntry(1, [r.event_id], [str(r.sample_id)], [r.subject_id], [0], [[1] * deltas[0].d],
+                              [seconds_to_us(r.ts or BASE)], client_ids=[r.client_id])])
+    bad = check_remove_wins(Evidence.gather(_records([*deltas, forged]), None, "h", receipts))
+    assert bad.status == "fail" and r.event_id in {x["event_id"] for x in bad.data["examples"]}, bad
+
+
+def test_another_clients_older_add_after_a_scoped_delete_subject_passes(tmp_path: Path) -> None:
+    """The case the client scope exists for: bob (no ``may_delete_others``) deletes subject u,
+    nothing is removed (tombstoned, scoped to bob); then alice's add of u dated before it enters,
+    rightly; the certificate's check passes, and would not if the scope were dropped."""
+    reqs = [replace(Request("d", "delete_subject", "h", "bob", "u", ts=BASE + 5), client_id="bob"),
+            add_req("a", "x", "u", BASE + 3, client="alice"), add_req("b", "y", "u", BASE + 4, client="bob")]
+    with FeatureCache(tmp_path / "p0.sqlite") as cache:
+        deltas, receipts, refused = _featurize(reqs, [1, 2, 1], cache, signed=True)
+    assert refused == {"b": "deleted_before_arrival"} and [rc.tombstone_client_id for rc in receipts] == ["bob"]
+    check = check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
+    assert check.status == "pass" and check.data["retained_adds"] == 1, check
+    unscoped = [replace(rc, tombstone_client_id=None) for rc in receipts]
+    assert check_remove_wins(Evidence.gather(_records(deltas), None, "h", unscoped)).status == "fail"
 
 
 def test_an_add_name_is_what_the_rule_reads() -> None:

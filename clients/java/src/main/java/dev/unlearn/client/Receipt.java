@@ -11,13 +11,15 @@ import java.util.Set;
  * The answer to a delete or delete_subject on {@code <prefix>receipts} (docs/formats.md,
  * "Receipt", {@code unlearn.receipt/v3}): {@code applied} (the first head version that excludes
  * the samples, and that version's retained-rows hash when known), {@code rejected} (a reason code)
- * or {@code tombstoned} (nothing was removed; the delete's tombstone refuses older adds).
+ * or {@code tombstoned} (nothing was removed; the delete's tombstone refuses older adds: of every
+ * client, or only of {@link #tombstoneClientId} when it is not null).
  * {@link #decode} accepts exactly what the reference's {@code decode_receipt} accepts.
  */
 public final class Receipt {
     private static final String SCHEMA = "unlearn.receipt/v3";
     private static final Set<String> ALLOWED = Set.of("schema", "event_id", "subject_id", "head_id", "sample_ids",
-            "status", "reason", "head_version", "digest", "ts", "retained_hash", "tombstone_ts", "tombstone_expires");
+            "status", "reason", "head_version", "digest", "ts", "retained_hash", "tombstone_ts", "tombstone_expires",
+            "tombstone_client_id");
     private static final BigInteger U64 = BigInteger.ONE.shiftLeft(64);
 
     private final String eventId;
@@ -32,10 +34,11 @@ public final class Receipt {
     private final String retainedHash;
     private final Double tombstoneTs;
     private final Double tombstoneExpires;
+    private final String tombstoneClientId;
 
     private Receipt(String eventId, String subjectId, String headId, List<String> sampleIds, String status, double ts,
                     Long headVersion, String digest, String reason, String retainedHash, Double tombstoneTs,
-                    Double tombstoneExpires) {
+                    Double tombstoneExpires, String tombstoneClientId) {
         this.eventId = eventId;
         this.subjectId = subjectId;
         this.headId = headId;
@@ -48,6 +51,7 @@ public final class Receipt {
         this.retainedHash = retainedHash;
         this.tombstoneTs = tombstoneTs;
         this.tombstoneExpires = tombstoneExpires;
+        this.tombstoneClientId = tombstoneClientId;
     }
 
     public String eventId() { return eventId; }
@@ -65,6 +69,8 @@ public final class Receipt {
     public String retainedHash() { return retainedHash; }
     public Double tombstoneTs() { return tombstoneTs; }
     public Double tombstoneExpires() { return tombstoneExpires; }
+    /** Tombstoned: the only client whose adds the tombstone refuses; null: every client's. */
+    public String tombstoneClientId() { return tombstoneClientId; }
 
     @Override
     public String toString() {
@@ -121,8 +127,9 @@ public final class Receipt {
         }
         double ts = nonNegative(d.get("ts"), "ts");
         Object status = d.get("status");
-        if (!"tombstoned".equals(status) && (d.containsKey("tombstone_ts") || d.containsKey("tombstone_expires"))) {
-            throw fail("only a tombstoned receipt has tombstone_ts or tombstone_expires");
+        if (!"tombstoned".equals(status) && (d.containsKey("tombstone_ts") || d.containsKey("tombstone_expires")
+                || d.containsKey("tombstone_client_id"))) {
+            throw fail("only a tombstoned receipt has tombstone_ts, tombstone_expires, tombstone_client_id");
         }
         Long version = null;
         String digest = null;
@@ -130,6 +137,7 @@ public final class Receipt {
         String retained = null;
         Double tombTs = null;
         Double tombExpires = null;
+        String tombClient = null;
         if ("applied".equals(status)) {
             if (!d.containsKey("head_version")) {
                 throw fail("an applied receipt needs head_version");
@@ -166,12 +174,19 @@ public final class Receipt {
             if (d.containsKey("tombstone_expires")) {
                 tombExpires = nonNegative(d.get("tombstone_expires"), "tombstone_expires");
             }
+            if (d.containsKey("tombstone_client_id")) {
+                Object c = d.get("tombstone_client_id");
+                if (!(c instanceof String) || !Ids.isValid((String) c)) {
+                    throw fail("tombstone_client_id must be 1..128 characters of [A-Za-z0-9._:@+-]");
+                }
+                tombClient = (String) c;
+            }
         } else {
             throw fail("status must be applied | rejected | tombstoned, got " + status);
         }
         return new Receipt((String) d.get("event_id"), (String) d.get("subject_id"), (String) d.get("head_id"),
                 Collections.unmodifiableList(ids), (String) status, ts, version, digest, reason, retained, tombTs,
-                tombExpires);
+                tombExpires, tombClient);
     }
 
     private static double nonNegative(Object v, String name) {

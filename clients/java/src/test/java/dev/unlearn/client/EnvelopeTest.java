@@ -188,6 +188,7 @@ class EnvelopeTest {
             assertEquals(e.get("tombstone_ts") == null ? null : Vectors.num(e.get("tombstone_ts")), r.tombstoneTs());
             assertEquals(e.get("tombstone_expires") == null ? null : Vectors.num(e.get("tombstone_expires")),
                     r.tombstoneExpires());
+            assertEquals(e.get("tombstone_client_id"), r.tombstoneClientId());
         }
         for (Map<String, Object> cs : Vectors.list(v, "invalid")) {
             byte[] doc = Vectors.b64(cs.get("doc_b64"));
