@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from . import wide
 from .errors import LedgerError
-from .rows import MAX_CLASS_INDEX
+from .quantize import MAX_CLASS_INDEX
 
 #: Retained-sample budget per ledger; beyond it int64 limbs could overflow.
 MAX_COUNT = (1 << 32) - 1

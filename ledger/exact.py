@@ -28,7 +28,7 @@ from . import wide
 from .encoding import MAX_COUNT, LedgerParts, decode_ledger, encode_ledger, ledger_digest, shifted
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError
 from .limbs import ROW_BLOCK, PendingProducts, accumulate_moments, row_diagonals, split_rows
-from .rows import MAX_CLASS_INDEX, check_rows, label_matrix
+from .quantize import MAX_CLASS_INDEX, check_rows, label_matrix
 
 __all__ = ["MAX_CLASS_INDEX", "MAX_COUNT", "ExactLedger", "SufficientStatistics"]
 
