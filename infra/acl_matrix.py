@@ -140,7 +140,7 @@ MATRIX: tuple[Grant, ...] = (
     _t("client", "deltas", "DESCRIBE", why="`unlearn head` tells 'no such deployment' from 'no head yet'"),
     _g("client", "client-receipts-", "READ", why="receipt listener"),
     _g("client", "head-reader-", "READ", why="`unlearn head`"),
-    _g("client", "head-follower-", "READ", why="`unlearn head --follow`"),
+    _g("client", "head-follower-", "READ", why="the SDK's `HeadFollower`"),
     _g("client", "client-transit-", "READ", why="the SDK's transit key reader"),
 )
 """Every ALLOW rule of the deployment; nothing else is allowed (allow.everyone.if.no.acl.found=false)."""

@@ -130,7 +130,7 @@ ROLE_PRINCIPALS = {
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
     "featurizer": {"featurizer"},                 # infra/key_family.py readers of streams/featurizer/keystore.py
     "head-reader": {"client"},        # services/client/head_reader.py
-    "head-follower": {"client"},                  # services/client/head_reader.py (--follow)
+    "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/sdk.py
     "demo-receipts": set(),                       # the demo runs on the embedded broker only
     "reader": set(), "follower": set(),           # defaults of infra/topic_reader.py
