@@ -241,14 +241,17 @@ def dynamic(bootstrap: str, profile: str, timeout: float = 180.0) -> dict[str, A
 
 
 # ---------------------------------------------------------------------------------------- report
-def markdown(result: dict[str, Any]) -> str:
-    """The report as markdown (what bench/results/code_shape.md holds)."""
+def markdown(result: dict[str, Any], before: dict[str, Any] | None = None) -> str:
+    """The report as markdown (what bench/results/code_shape.md holds), with the baseline's numbers
+    beside this run's when ``before`` (an earlier run's JSON) is given."""
     st = result["static"]
     lines = [f"# Code shape ({result['when']}, commit {result['commit']})", "",
              "`python -m bench.code_shape` (method: its docstring). Targets (issue 21): no class over "
              f"{CLASS_LIMIT} lines, no function over {FUNCTION_LIMIT}, one add from the SDK to a served "
-             "prediction through at most 25 modules, no stage importing another.", "",
-             f"## Over the limits: {len(st['oversized'])}", ""]
+             "prediction through at most 25 modules, no stage importing another.", ""]
+    if before is not None:
+        lines += _comparison(before, result)
+    lines += [f"## Over the limits: {len(st['oversized'])}", ""]
     lines += [f"- `{o['path']}:{o['line']}` {o['kind']} `{o['name']}`: {o['lines']} lines (limit {o['limit']})"
               for o in st["oversized"]] or ["- none"]
     lines += ["", "## Packages", "", "| package | modules | lines |", "|---|---:|---:|"]
@@ -275,6 +278,23 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _summary(r: dict[str, Any]) -> list[str]:
+    st, dyn = r["static"], r.get("dynamic") or {}
+    pk = st["packages"].values()
+    return [str(len(st["oversized"])), str(len(st["stage_imports"])), str(sum(v["modules"] for v in pk)),
+            str(sum(v["lines"] for v in pk)),
+            *(f"{dyn[k]['modules']} in {dyn[k]['folders']} folders" if k in dyn else "-"
+              for k in ("add_to_served_prediction", "delete_to_receipt"))]
+
+
+def _comparison(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    rows = ("classes/functions over the limits", "stage-to-stage imports", "modules", "lines",
+            "modules run by one add", "modules run by one delete")
+    lines = [f"| | baseline ({before['when']}, {before['commit']}) | this run |", "|---|---:|---:|"]
+    lines += [f"| {name} | {b} | {a} |" for name, b, a in zip(rows, _summary(before), _summary(after), strict=True)]
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--static-only", action="store_true", help="sizes and imports only (no broker)")
@@ -293,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
                                          "stage_imports": stage_imports()}}
     if not args.static_only:
         result["dynamic"] = dynamic(args.bootstrap, args.profile)
-    text = markdown(result)
+    before = args.out.with_name(args.out.name + "_before.json")
+    text = markdown(result, json.loads(before.read_text()) if before.exists() else None)
     print(text)
     args.out.with_suffix(".md").write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
