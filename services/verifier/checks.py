@@ -171,8 +171,9 @@ def check_remove_wins(ev: Evidence) -> Check:
     data: dict[str, Any] = {"violations": len(bad), "retained_adds": len(retained), "tombstones": len(tombs)}
     if bad:
         data["examples"] = [{"event_id": a.event_id, "sample_id": a.sample_id, "subject_id": a.subject_id,
-                             "event_us": a.event_us, "tombstone_event_id": t.event_id, "tombstone_kind": t.kind,
-                             "tombstone_us": t.event_us} for a, t in bad[:20]]
+                             "client_id": a.client_id, "event_us": a.event_us, "tombstone_event_id": t.event_id,
+                             "tombstone_kind": t.kind, "tombstone_us": t.event_us,
+                             "tombstone_client_id": t.client_id} for a, t in bad[:20]]
         return Check("remove_wins", "fail",
                      f"{len(bad)} retained adds are dated at or before a delete of their sample or subject "
                      f"(of {len(retained)} retained, {len(tombs)} tombstones): remove-wins was not applied", data)

@@ -81,7 +81,9 @@ def test_a_scoped_tombstone_refuses_only_its_clients_adds() -> None:
         return check_remove_wins(Evidence.gather(_records(deltas), None, "h", receipts))
 
     assert gather("bob", "alice", "bob").status == "pass"
-    assert gather("bob", "bob", "bob").data["violations"] == 2
+    own = gather("bob", "bob", "bob")
+    assert own.data["violations"] == 2
+    assert {(x["client_id"], x["tombstone_client_id"]) for x in own.data["examples"]} == {("bob", "bob")}
     assert gather("bob", "", "bob").data["violations"] == 2  # an unnamed add meets every tombstone
     assert gather("", "alice", None).data["violations"] == 2  # unscoped: every client
     assert gather("bob", "alice", None).data["violations"] == 1  # only the receipt's is unscoped
@@ -291,3 +293,37 @@ def test_an_add_written_to_the_deltas_topic_before_its_delete_fails_the_certific
     assert check.data["violations"] == 1 and check.data["examples"][0]["event_id"] == "forged-x9"
     assert check.data["examples"][0]["tombstone_event_id"] == "del-x9"
     assert "remove_wins" in cert.summary_line() and "FAIL" in cert.summary()
+
+
+@pytest.mark.broker
+def test_signed_mode_a_scoped_delete_subject_leaves_another_clients_older_add_certified(settings: Settings,
+                                                                                       tmp_path: Path) -> None:
+    """Signed mode on the real broker: bob (no ``may_delete_others``) deletes subject u before
+    any of it arrived (a tombstoned receipt scoped to bob); then alice's and bob's adds of u dated
+    before that delete: alice's enters (the tombstone is bob's), bob's is refused. The featurizer
+    and the ledger run; the certificate passes, remove_wins included."""
+    from tests.streams.featurizer.test_signed import register
+    from tests.test_pipeline import pipeline_settings, services
+    from unlearn.services.client.head_reader import wait_for_head
+
+    s = pipeline_settings(settings, tmp_path).with_(auth_mode="signed")
+    for client in ("alice", "bob"):
+        register(s, client, [SIGNERS[client]], rate_per_second=0.0, burst=1)
+    head, t0 = "rws", time.time()
+    p = Producer(producer_config(s))
+    for r in (Request("del-u", "delete_subject", head, "bob", "u", ts=t0 + 0.005),
+              replace(add_req("add-x", "x", "u", t0 + 0.003, client="alice"), head_id=head),
+              replace(add_req("add-y", "y", "u", t0 + 0.004, client="bob"), head_id=head),
+              replace(add_req("add-z", "z", "v", t0 + 0.001, client="alice"), head_id=head)):
+        value = encode_request(r)
+        p.produce(s.topic("requests"), value, r.subject_id.encode(), headers=SIGNERS[r.client_id].headers(value))
+    assert p.flush(30) == 0
+    feat, led = services(s, tmp_path)
+    try:
+        wait_for_head(s, head, lambda u: u.n_retained == 2 and u.mode == "exact", timeout=120)
+        cert = _certify_until(s, head, lambda c: c.ok and "tombstoned_receipts" in {x.name for x in c.checks})
+    finally:
+        feat.stop()
+        led.stop()
+    assert cert.ok, cert.summary()
+    assert _check(cert, "remove_wins").data == {"violations": 0, "retained_adds": 2, "tombstones": 1}
