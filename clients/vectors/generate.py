@@ -633,7 +633,8 @@ def gen_receipts() -> dict[str, Any]:
                      orjson.dumps({**tomb, "head_version": 3}), orjson.dumps({**tomb, "tombstone_ts": -1}),
                      orjson.dumps({**base, "tombstone_ts": 1.0}), orjson.dumps({**rej, "tombstone_expires": 1.0}),
                      orjson.dumps({**tomb, "tombstone_expires": "soon"}),
-                     orjson.dumps({**tomb, "tombstone_client_id": ""}), orjson.dumps({**tomb, "tombstone_client_id": 7}),
+                     orjson.dumps({**tomb, "tombstone_client_id": ""}),
+                     orjson.dumps({**tomb, "tombstone_client_id": 7}),
                      orjson.dumps({**base, "tombstone_client_id": "app-1"})]
     valid = []
     for doc in valid_docs:
