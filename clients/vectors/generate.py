@@ -14,6 +14,7 @@ deterministic; X25519 ephemeral keys and AES-GCM nonces are fixed bytes).
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
@@ -671,7 +672,9 @@ def render(name: str) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else HERE
+    ap = argparse.ArgumentParser(description="Write the shared client test vectors (JSON).")
+    ap.add_argument("out", nargs="?", type=Path, default=HERE, help="folder to write them to (default: here)")
+    out = ap.parse_args(argv).out
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         (out / name).write_bytes(render(name))
