@@ -107,14 +107,9 @@ def _bootstrap(settings: Settings) -> str:
 
 
 def security_config(settings: Settings) -> dict[str, str]:
-    """The broker-security part of every client's config (librdkafka names), from the settings;
-    empty for a plaintext broker such as the embedded one."""
-    sec = SecuritySettings.of(settings)
-    names = {"security.protocol": sec.security_protocol, "sasl.mechanism": sec.sasl_mechanism,
-             "sasl.username": sec.sasl_username, "sasl.password": sec.sasl_password,
-             "ssl.ca.location": sec.ssl_ca_location, "ssl.certificate.location": sec.ssl_certificate_location,
-             "ssl.key.location": sec.ssl_key_location, "ssl.key.password": sec.ssl_key_password}
-    return {k: v for k, v in names.items() if v}
+    """The broker-security part of every client's config (librdkafka names), from the file
+    ``UNLEARN_KAFKA_PROPERTIES`` names; empty for a plaintext broker such as the embedded one."""
+    return dict(SecuritySettings.of(settings).client_config)
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from unlearn.infra.kafka_broker import KafkaNode, LocalKafka
 __all__ = ["SCRAM_MECHANISM", "SECURITY_PROPERTIES", "SecuredLocalKafka"]
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
-"""The deployment's one SASL mechanism (broker.sh, docker-compose.yml's ``UNLEARN_SASL_MECHANISM``)."""
+"""The deployment's one SASL mechanism (broker.sh, the ``sasl.mechanism`` of docker-compose.yml's configs)."""
 
 SECURITY_PROPERTIES: dict[str, str] = {
     "controller.listener.names": "CONTROLLER",

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, TypeVar
 
+from unlearn.infra.kafka_properties import PropertiesError, client_security
+
 BrokerProfile = Literal["tansu", "kafka"]
 AuthMode = Literal["off", "signed"]
 
@@ -43,9 +45,9 @@ NON_SETTINGS = frozenset({"UNLEARN_TEST_BROKER", "UNLEARN_FEATURE_CACHE", "UNLEA
 _OWNERS: dict[str, type[Section]] = {}  # field name -> the section that has it
 
 
-def setting(default: Any, help: str, *, secret: bool = False) -> Any:
-    """A section field: its default and the one line ``--help`` shows (``secret``: never printed)."""
-    return field(default=default, repr=not secret, metadata={"help": help, "secret": secret})
+def setting(default: Any, help: str) -> Any:
+    """A section field: its default and the one line ``--help`` shows."""
+    return field(default=default, metadata={"help": help})
 
 
 def variable(name: str) -> str:
@@ -202,46 +204,25 @@ class Settings(Section):
 
 @dataclass(frozen=True)
 class SecuritySettings(Section):
-    """Broker security, passed to every Kafka client (producers, consumers, admin); "" = unset."""
+    """Broker security, passed to every Kafka client (producers, consumers, admin): the client
+    properties file an operator also gives Kafka's tools (infra/kafka_properties.py)."""
 
     title: ClassVar[str] = "broker security"
 
-    security_protocol: str = setting("", "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")
-    sasl_mechanism: str = setting("", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512")
-    sasl_username: str = setting("", "SASL user")
-    sasl_password: str = setting("", "SASL password (never logged)", secret=True)
-    ssl_ca_location: str = setting("", "CA bundle that signed the brokers' certificates")
-    ssl_certificate_location: str = setting("", "client certificate (mTLS)")
-    ssl_key_location: str = setting("", "client private key (mTLS)")
-    ssl_key_password: str = setting("", "password of the client key (never logged)", secret=True)
+    kafka_properties: str = setting("", "Kafka client properties file: security.protocol, sasl.*, ssl.* "
+                                        "(\"\" = plaintext)")
+    client_config: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def check(self) -> None:
-        """A setting that cannot work fails here, naming the variable, not as a broker-side
-        authentication error after a timeout."""
-        protocols = ("", "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-        if self.security_protocol not in protocols:
-            raise ValueError(f"UNLEARN_SECURITY_PROTOCOL must be one of {protocols[1:]}, "
-                             f"got {self.security_protocol!r}")
-        sasl = self.security_protocol.startswith("SASL_")
-        if self.sasl_mechanism not in ("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-            raise ValueError(f"UNLEARN_SASL_MECHANISM must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, "
-                             f"got {self.sasl_mechanism!r}")
-        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
-            raise ValueError(f"UNLEARN_SECURITY_PROTOCOL={self.security_protocol} needs UNLEARN_SASL_MECHANISM, "
-                             "UNLEARN_SASL_USERNAME and UNLEARN_SASL_PASSWORD")
-        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
-            raise ValueError("UNLEARN_SASL_* is set but UNLEARN_SECURITY_PROTOCOL is not SASL_PLAINTEXT or SASL_SSL")
-        tls = self.security_protocol in ("SSL", "SASL_SSL")
-        files = {"UNLEARN_SSL_CA_LOCATION": self.ssl_ca_location,
-                 "UNLEARN_SSL_CERTIFICATE_LOCATION": self.ssl_certificate_location,
-                 "UNLEARN_SSL_KEY_LOCATION": self.ssl_key_location}
-        if not tls and (any(files.values()) or self.ssl_key_password):
-            raise ValueError("UNLEARN_SSL_* is set but UNLEARN_SECURITY_PROTOCOL is not SSL or SASL_SSL")
-        if bool(self.ssl_certificate_location) != bool(self.ssl_key_location):
-            raise ValueError("mTLS needs both UNLEARN_SSL_CERTIFICATE_LOCATION and UNLEARN_SSL_KEY_LOCATION")
-        for name, path in files.items():
-            if path and not os.path.isfile(path):
-                raise ValueError(f"{name}={path!r} is not a readable file")
+        """Read and check the file now, so a setting that cannot work fails at start naming the
+        variable, file, line and key, not as a broker-side authentication error after a timeout."""
+        config: dict[str, str] = {}
+        if self.kafka_properties:
+            try:
+                config = client_security(self.kafka_properties)
+            except PropertiesError as exc:
+                raise ValueError(f"UNLEARN_KAFKA_PROPERTIES: {exc}") from None
+        object.__setattr__(self, "client_config", config)
 
 
 def all_sections() -> list[type[Section]]:

@@ -1,8 +1,9 @@
 """The secured compose deployment, checked statically (no Docker engine here; what it runs is run
 for real, without Docker, by tests/infra/test_secured_kafka.py). The file parses; every worker
-runs as its own principal with SCRAM settings; the init service creates exactly the matrix's
-principals; the broker script turns the authorizer on; and each service's environment, run
-through the typed settings and ``infra.profiles``, gives its librdkafka clients the SASL config
+runs as its own principal, from its own Kafka client properties file (a compose config mounted
+where ``UNLEARN_KAFKA_PROPERTIES`` points); the init service creates exactly the matrix's
+principals; the broker script turns the authorizer on; and each service's environment and file,
+run through the typed settings and ``infra.profiles``, give its librdkafka clients the SASL config
 (shown in docs/security.md)."""
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import pytest
 import yaml
 
 from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
+from unlearn.infra.kafka_properties import client_security, read_properties
 from unlearn.infra.profiles import admin_config, consumer_config, producer_config, security_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import SecuritySettings, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
+CONFIGS: dict[str, Any] = COMPOSE["configs"]
 WORKERS = {name: svc for name, svc in SERVICES.items()
            if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile" and name != "kafka-init"}
 # Which principal each compose service runs as.
@@ -41,22 +44,36 @@ def _environment(service: str, env: dict[str, str] | None = None) -> dict[str, s
     return {k: _interpolate(v, env or {}) for k, v in raw.items()}
 
 
-def test_every_worker_runs_as_its_own_principal() -> None:
+def _properties(service: str, directory: Path, env: dict[str, str] | None = None) -> tuple[str, Path]:
+    """The config ``service`` mounts at its ``UNLEARN_KAFKA_PROPERTIES``: its name, and its
+    interpolated content written to ``directory`` (as compose writes it into the container)."""
+    (mount,) = SERVICES[service]["configs"]
+    assert mount["target"] == _environment(service)["UNLEARN_KAFKA_PROPERTIES"], service
+    path = directory / f"{service}.properties"
+    path.write_text(_interpolate(CONFIGS[mount["source"]]["content"], env or {}))
+    return mount["source"], path
+
+
+def test_every_worker_runs_as_its_own_principal(tmp_path: Path) -> None:
     assert set(WORKERS) == set(PRINCIPAL_OF)
     assert {PRINCIPAL_OF[w] for w in WORKERS} == set(PRINCIPALS)
+    assert set(CONFIGS) == {f"kafka-{p}" for p in PRINCIPALS}  # one file per principal
     for name in WORKERS:
         env = _environment(name)
         assert env["UNLEARN_PROFILE"] == "kafka"
         assert env["UNLEARN_BOOTSTRAP"] == "kafka:9092"
-        assert env["UNLEARN_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
-        assert env["UNLEARN_SASL_MECHANISM"] == "SCRAM-SHA-512"
-        user = env["UNLEARN_SASL_USERNAME"]
-        assert user == PRINCIPAL_OF[name]
-        raw_password = SERVICES[name]["environment"]["UNLEARN_SASL_PASSWORD"]
-        assert raw_password == f"${{UNLEARN_{user.upper()}_PASSWORD:-{user}-local-only}}", name
+        assert not {k for k in env if k.startswith(("UNLEARN_SASL", "UNLEARN_SSL", "UNLEARN_SECURITY"))}
+        user = PRINCIPAL_OF[name]
+        source, path = _properties(name, tmp_path)
+        assert source == f"kafka-{user}"
+        assert client_security(str(path)) == {
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": f"{user}-local-only"}
+        assert f"sasl.password=${{UNLEARN_{user.upper()}_PASSWORD:-{user}-local-only}}" in \
+            CONFIGS[source]["content"].splitlines(), name
 
 
-def test_init_service_creates_every_principal_with_the_workers_passwords() -> None:
+def test_init_service_creates_every_principal_with_the_workers_passwords(tmp_path: Path) -> None:
     init = SERVICES["kafka-init"]
     assert init["depends_on"] == {"kafka": {"condition": "service_healthy"}}
     assert SERVICES["topics"]["depends_on"] == {"kafka-init": {"condition": "service_completed_successfully"}}
@@ -76,7 +93,8 @@ def test_init_service_creates_every_principal_with_the_workers_passwords() -> No
     # an overridden password reaches both the init service and the worker
     env = {"UNLEARN_LEDGER_PASSWORD": "rotated-2027"}
     assert _environment("kafka-init", env)["UNLEARN_LEDGER_PASSWORD"] == "rotated-2027"
-    assert _environment("ledger", env)["UNLEARN_SASL_PASSWORD"] == "rotated-2027"
+    _, path = _properties("ledger", tmp_path, env)
+    assert read_properties(str(path))["sasl.password"].value == "rotated-2027"
 
 
 def test_broker_requires_scram_and_acls() -> None:
@@ -101,25 +119,28 @@ def test_broker_requires_scram_and_acls() -> None:
     assert "admin" not in PRINCIPALS  # the super user is not a service principal
 
 
-def _settings_of(service: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def _settings_of(service: str, monkeypatch: pytest.MonkeyPatch, directory: Path) -> Settings:
     for k in list(os.environ):
         if k.startswith("UNLEARN_") or k == "KAFKA_BOOTSTRAP":
             monkeypatch.delenv(k)
     for k, v in _environment(service).items():
         monkeypatch.setenv(k, v)
+    _, path = _properties(service, directory)
+    monkeypatch.setenv("UNLEARN_KAFKA_PROPERTIES", str(path))  # where compose mounts it, here
     return Settings.from_env()
 
 
 @pytest.mark.parametrize("service", sorted(PRINCIPAL_OF))
-def test_each_service_gets_its_librdkafka_security_config(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    s = _settings_of(service, monkeypatch)
+def test_each_service_gets_its_librdkafka_security_config(service: str, monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    s = _settings_of(service, monkeypatch, tmp_path)
     user = PRINCIPAL_OF[service]
     want = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
             "sasl.password": f"{user}-local-only"}
     assert security_config(s) == want
     for conf in (producer_config(s), consumer_config(s, "g"), admin_config(s)):
         assert {k: conf[k] for k in want} == want and conf["bootstrap.servers"] == "kafka:9092"
-    assert f"{user}-local-only" not in repr(s)  # never in a log line
+    assert f"{user}-local-only" not in repr(s) and f"{user}-local-only" not in repr(SecuritySettings.of(s))
     assert grants_of(user)  # and the matrix grants that principal something
 
 

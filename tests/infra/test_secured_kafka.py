@@ -61,11 +61,16 @@ class Secured:
     init_output: str
     tmp: Path
 
-    def settings(self, principal: str, **changes: Any) -> Settings:
-        """The Settings a service running as ``principal`` gets (compose: UNLEARN_SASL_*)."""
+    def settings(self, principal: str, password: str | None = None, **changes: Any) -> Settings:
+        """The Settings a service running as ``principal`` gets: like compose, its own Kafka
+        client properties file in ``UNLEARN_KAFKA_PROPERTIES``."""
+        password = self.passwords[principal] if password is None else password
+        path = self.tmp / f"{principal}-{uuid.uuid4().hex[:8]}.properties"
+        path.write_text(f"# {principal}: as docker-compose.yml's kafka-{principal} config\n"
+                        f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+                        f"sasl.username={principal}\nsasl.password={password}\n")
         return Settings.from_env(bootstrap=self.bootstrap, profile="kafka", topic_prefix=self.prefix,
-                                 security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
-                                 sasl_username=principal, sasl_password=self.passwords[principal], **changes)
+                                 kafka_properties=str(path), **changes)
 
     def admin_conf(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
@@ -390,5 +395,5 @@ def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
 
 
 def test_a_wrong_password_gets_nothing(secured: Secured) -> None:
-    s = secured.settings("client").with_(sasl_password="not-the-password")
+    s = secured.settings("client", password="not-the-password")
     assert _produce_error(s, secured.prefix + "requests") == "_AUTHENTICATION"

@@ -37,7 +37,7 @@ from unlearn.streams.ledger.settings import LedgerSettings
 #: One impossible value per section, and the variable its error must name.
 BAD = [
     (Settings, {"profile": "redpanda"}, "UNLEARN_PROFILE"),
-    (SecuritySettings, {"security_protocol": "TLS"}, "UNLEARN_SECURITY_PROTOCOL"),
+    (SecuritySettings, {"kafka_properties": "/no/such/client.properties"}, "UNLEARN_KAFKA_PROPERTIES"),
     (HeadSettings, {"frac_bits": 31}, "UNLEARN_FRAC_BITS"),
     (HeadSettings, {"head_gammas": "faces=-1"}, "UNLEARN_HEAD_GAMMAS"),
     (ErasureSettings, {"segment_ms": 10}, "UNLEARN_SEGMENT_MS"),
@@ -119,14 +119,18 @@ def test_a_bound_across_sections_is_checked() -> None:
         LedgerSettings.of(Settings.from_env({"UNLEARN_CHANGELOG_MAX_BYTES": "100000000"}))
 
 
-def test_a_child_process_gets_the_same_settings() -> None:
+def test_a_child_process_gets_the_same_settings(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=pw\n")
     s = Settings(bootstrap="b:1", topic_prefix="c.").with_(frac_bits=20, seal_rows=False, serve_port=0,
-                                                          sasl_password="")
+                                                          kafka_properties=str(props))
     env = settings_env(s, base={})
+    assert "pw" not in env.values()  # the child reads the file; the password is not in its environment
     again = Settings.from_env(env)
     assert again == s
     for cls in all_sections():
         assert again.section(cls) == s.section(cls), cls
+    assert SecuritySettings.of(again).client_config == SecuritySettings.of(s).client_config
 
 
 def test_kafka_bootstrap_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
