@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from collections.abc import Callable
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         print(f"unlearn: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    # A crash inside a C extension (librdkafka, torch) prints every thread's Python stack to the
+    # log instead of dying silently with -11: the one clue an operator has.
+    faulthandler.enable()
     from unlearn.infra.settings import unknown_variables
 
     for line in unknown_variables(os.environ):  # a warning: the environment may be shared with other tools
