@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.profiles import admin_config
+from unlearn.infra.profiles import admin_config, consumer_config
 from unlearn.infra.settings import Settings
 
 __all__ = ["Trimmer", "trim_bounds"]
@@ -60,6 +60,7 @@ class Trimmer:
         self.every = ErasureSettings.of(settings).trim_every_seconds
         self.admin: Any = AdminClient(admin_config(settings))
         self.trimmed: dict[TP, int] = {}  # the log start this trimmer last set, per partition
+        self._readers: dict[str, Any] = {}  # group -> consumer reading its committed offsets
         self.stats = {"trims": 0, "records": 0, "failures": 0}
         self._next = time.monotonic() + self.every
         self._offered: list[TP] | None = None
@@ -94,23 +95,35 @@ class Trimmer:
                 self.stats["failures"] += 1
                 log.warning("raw-input trim failed (retried in %.1fs): %s", self.every, exc)
 
-    def committed(self) -> dict[str, dict[TP, int]]:
-        """group -> (topic, partition) -> committed offset on this trimmer's topics, for every
-        consumer group under the topic prefix that this principal can see."""
-        from confluent_kafka import ConsumerGroupTopicPartitions
+    def committed(self, partitions: Iterable[TP]) -> dict[str, dict[TP, int]]:
+        """group -> (topic, partition) -> committed offset on ``partitions``, for every consumer
+        group under the topic prefix that this principal can see.
+
+        Read with a consumer of each group (OffsetFetch through its coordinator, never joining the
+        group), not the admin client's ListConsumerGroupOffsets: librdkafka 2.16 dereferences a
+        consumer group the admin client does not have when that response carries a coordinator
+        error, which killed the featurizer with SIGSEGV while a node was down."""
+        from confluent_kafka import TopicPartition
 
         timeout = self.settings.admin_timeout
         listing = self.admin.list_consumer_groups(request_timeout=timeout).result(timeout=timeout)
         groups = {g.group_id for g in listing.valid if g.group_id.startswith(self.settings.topic_prefix)}
         groups.add(self.group)
-        futures = {g: self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)],
-                                                             request_timeout=timeout)[g] for g in sorted(groups)}
+        asked = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
         out: dict[str, dict[TP, int]] = {}
-        for g, fut in futures.items():
-            res = fut.result(timeout=timeout)
-            out[g] = {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions or ()
+        for g in sorted(groups):
+            res = self._reader(g).committed(asked, timeout=timeout)
+            out[g] = {(tp.topic, tp.partition): tp.offset for tp in res
                       if tp.topic in self.topics and tp.error is None and tp.offset >= 0}
         return out
+
+    def _reader(self, group: str) -> Any:
+        """A consumer of ``group`` that only reads its committed offsets (kept per group)."""
+        from confluent_kafka import Consumer
+
+        if group not in self._readers:
+            self._readers[group] = Consumer(consumer_config(self.settings, group, **{"enable.auto.commit": False}))
+        return self._readers[group]
 
     def trim(self, partitions: Iterable[TP]) -> int:
         """Trim ``partitions`` now (the background thread's step; tests call it directly). Returns
@@ -120,7 +133,7 @@ class Trimmer:
         wanted = sorted(set(partitions))
         if not wanted:
             return 0
-        bounds = trim_bounds(self.group, self.committed(), wanted)
+        bounds = trim_bounds(self.group, self.committed(wanted), wanted)
         todo = [TopicPartition(t, p, off) for (t, p), off in sorted(bounds.items())
                 if off > self.trimmed.get((t, p), 0)]
         if not todo:
@@ -142,3 +155,7 @@ class Trimmer:
             self._closed = True
             self._cv.notify()
         self._thread.join(timeout=self.settings.admin_timeout)
+        if not self._thread.is_alive():  # the thread's consumers are closed by the thread's owner only
+            for c in self._readers.values():
+                c.close()
+            self._readers.clear()
