@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -141,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unlearn: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     # A crash inside a C extension (librdkafka, torch) prints every thread's Python stack to the
-    # log instead of dying silently with -11: the one clue an operator has.
-    faulthandler.enable()
+    # log instead of dying silently with -11: the one clue an operator has. (Called in-process
+    # with a captured stderr, as tests do, there is no file descriptor to write to: skipped.)
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+            faulthandler.enable()
     from unlearn.infra.settings import unknown_variables
 
     for line in unknown_variables(os.environ):  # a warning: the environment may be shared with other tools
