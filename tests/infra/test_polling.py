@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from unlearn.infra.polling import poll_until
@@ -27,10 +25,9 @@ def test_a_falsy_answer_other_than_none_is_an_answer() -> None:
 
 def test_times_out_with_the_callers_error_after_asking_at_least_once() -> None:
     calls: list[float] = []
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="never"):
         poll_until(lambda r: calls.append(r), 0.05, interval=0.01, timed_out=lambda: TimeoutError("never"))
-    assert time.monotonic() - t0 >= 0.05 and len(calls) >= 2 and calls[-1] >= 0.0
+    assert len(calls) >= 2 and calls[0] > calls[-1] >= 0.0  # asked again, with less time left each time
     once: list[float] = []
     with pytest.raises(TimeoutError):
         poll_until(lambda r: once.append(r), 0.0, interval=0.01, timed_out=lambda: TimeoutError("zero"))

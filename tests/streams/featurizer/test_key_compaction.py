@@ -6,8 +6,10 @@ a new generation as before. Real broker, no mocks."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from unlearn.infra.key_family import key_record_key, read_partition_keys
+from unlearn.infra.polling import poll_until
 from unlearn.infra.profiles import admin_config, quirks
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_family import keys_family
@@ -43,14 +45,15 @@ def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Sett
             return
         assert fam.generations(_topics(s), 0) == [0] and ks.gens[0].topic == first  # no rotation
         doomed_key = key_record_key(*doomed)
-        while True:  # its record physically leaves the log: the roll record, then the cleaner
+
+        def compacted(_remaining: float) -> list[Any] | None:
+            """The log once the record physically left it (the roll record, then the cleaner)."""
             ks.retire_due()
             recs = read_topic(s, first, timeout=30)
-            held = [r for r in recs if r.key == doomed_key and r.value is not None]
-            if not held:
-                break
-            assert time.monotonic() - t0 < DEADLINE_S, f"destroyed key still in {first} after {DEADLINE_S}s"
-            time.sleep(1.0)
+            return None if any(r.key == doomed_key and r.value is not None for r in recs) else recs
+
+        recs = poll_until(compacted, DEADLINE_S, interval=1.0, timed_out=lambda: TimeoutError(
+            f"destroyed key still in {first} after the documented {DEADLINE_S}s"))
         took = time.monotonic() - t0
         live = {r.key for r in recs if r.value is not None}
         assert {key_record_key("h", f"x{i}", keys[i].key_id) for i in (0, 2)} <= live  # the others stay
