@@ -4,7 +4,7 @@ Why: issue 12 asks for 20,000 adds/s end to end (binary features) on 2 cores. An
 broker several times (the request into ``requests``, the router's copy into ``requests.by-head``,
 the featurizer's changelog transaction and its delta, the ledger's head update per poll). This
 measures what the broker alone carries for one produce and one consume of messages of the
-pipeline's sizes, with the project's own client settings (``infra/profiles.py``: acks=all, and on
+pipeline's sizes, with the project's own client settings (``infra/settings.py``: acks=all, and on
 tansu no idempotence and one request in flight), and nothing else running. It bounds what any
 pipeline on the same box can do: if one hop carries R messages/s, an add that crosses the broker
 h times cannot go faster than about R / h, before any featurizing or ledger work.
@@ -35,8 +35,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topics import create_topics
 
 

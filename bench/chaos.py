@@ -65,19 +65,17 @@ import numpy as np
 import orjson
 
 from unlearn.features.contract import quantize_feature_row
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import admin_config, producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.settings import HeadSettings, Settings, admin_config, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.delta_codec import CodecError, decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.schemas.head_codec import HeadUpdate, decode_head
+from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.head_runtime import admit, apply_entries, creates_head, record_applied

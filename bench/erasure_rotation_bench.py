@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
+from unlearn.infra.between_stages import heads_family, state_family
 from unlearn.infra.broker import LocalBroker
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import create_topics, prefixed_topics
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta

@@ -33,8 +33,7 @@ from confluent_kafka import Producer
 
 from bench.pipeline_bench import request
 from unlearn.infra.broker import LocalBroker
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.featurizer.batch_processor import BatchProcessor

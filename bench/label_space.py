@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from unlearn.ledger import ExactLedger, Quantizer, TrackedHead, l2_normalize
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 
 
 def measure(d: int, c: int, adds: int, seed: int = 0) -> dict[str, Any]:

@@ -39,15 +39,14 @@ import numpy as np
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.schemas.delta_codec import decode_delta
-from unlearn.schemas.head_codec import decode_head
+from unlearn.schemas.head import decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 

@@ -34,12 +34,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from unlearn.infra.between_stages import heads_family, keys_family, state_family, transit_private_family
 from unlearn.infra.broker import LocalBroker
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, keys_family, state_family, transit_private_family
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, prefixed_topics
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request

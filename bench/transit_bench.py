@@ -1,5 +1,5 @@
 """Transit sealing micro-benchmark: what sealing an add costs the producer and opening it costs the
-featurizer (docs/erasure.md section 5; schemas/transit.py; results in bench/results/pipeline_bench.md section 10).
+featurizer (docs/erasure.md section 5; schemas/sealed.py; results in bench/results/pipeline_bench.md section 10).
 
 Prints (never asserts) the machine and, for a d-dimensional add (default 768) sent as JSON numbers
 and as ``features_bin`` '<f4', the median microseconds per request over several runs of:
@@ -26,10 +26,10 @@ import cryptography
 import numpy as np
 
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, parse_request
-from unlearn.schemas.transit import TransitPublicKey, new_transit_key, open_request, seal_request
+from unlearn.schemas.sealed import TransitPublicKey, new_transit_key, open_request, seal_request
 
 try:  # absent before the session sealer existed: only the per-request rows are printed then
-    from unlearn.schemas.transit import TransitSealer
+    from unlearn.schemas.sealed import TransitSealer
     from unlearn.streams.featurizer.transit_open import DerivedKeys
 except ImportError:  # pragma: no cover - the "before" run
     TransitSealer = None  # type: ignore[assignment,misc]

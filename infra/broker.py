@@ -15,7 +15,7 @@ that keeps the objects under ``DIR/s3``; tansu writes every produce and offset c
 it, so a broker stopped (even SIGKILLed) and started again on the same port and directory has
 every topic, message and committed offset. docs/design.md, "The embedded broker", has the costs.
 
-Client settings that tansu needs live in :mod:`infra.profiles`, not here.
+Client settings that tansu needs live in :mod:`infra.settings`, not here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.cli_args import log_ready
-from unlearn.infra.local_broker_settings import LocalBrokerSettings
 from unlearn.infra.local_s3 import (
     S3_BUCKET,
     S3RVER_KEY,
@@ -48,7 +47,7 @@ from unlearn.infra.local_s3 import (
 )
 from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import terminate, terminate_all, with_pdeathsig
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import LocalBrokerSettings, Settings
 
 __all__ = [
     "BrokerBinaryNotFound",

@@ -41,10 +41,9 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.broker import BrokerError, free_port, port_is_free, wait_for_broker
-from unlearn.infra.local_broker_settings import LocalBrokerSettings
 from unlearn.infra.local_s3 import DataDirInUse, DataDirLock
 from unlearn.infra.processes import terminate, with_pdeathsig
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import LocalBrokerSettings, Settings
 
 __all__ = [
     "JavaNotFound",

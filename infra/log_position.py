@@ -64,7 +64,7 @@ def topic_id(settings: Settings, topic: str) -> str:
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     admin = AdminClient(admin_config(settings))  # kept alive until the result is in
     try:
@@ -104,7 +104,7 @@ def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at
     it, the true end is read from a fetch (partition EOF), so a correct state is never refused."""
     from confluent_kafka import Consumer
 
-    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.settings import consumer_config
 
     timeout = settings.admin_timeout
     low, high = watermarks(consumer, topic, partition, timeout)

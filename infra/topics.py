@@ -4,7 +4,7 @@ Topics are always created explicitly: tansu auto-creates an unknown topic with 4
 first use, which would silently give a deployment the wrong partition count (and keying by
 subject/head only orders events within a partition). ``featurizer-cache`` is compacted: it is a
 table. Head updates and the ledger's state are not here: they are topic families
-(``infra.topic_family``) that the ledger creates and rotates per ``deltas`` partition.
+(``infra.between_stages``) that the ledger creates and rotates per ``deltas`` partition.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args, settings_help
-from unlearn.infra.erasure_settings import ErasureSettings
 from unlearn.infra.polling import poll_until
-from unlearn.infra.profiles import admin_config, quirks, topic_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings, admin_config, quirks, topic_config
 
 __all__ = [
     "COMPACTED",

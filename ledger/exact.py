@@ -1,4 +1,41 @@
-"""The exact integer ledger: S = sum q q^T and G = sum q y^T over the retained multiset.
+"""Exact limb products of quantized rows through float64 BLAS (docs/design.md section 2).
+
+Every q (|q| <= 2^30) splits as q = a*2^15 + b with b in [-2^14, 2^14), and s = a + b. The ledger's
+three int64 limbs of S = sum q q^T are
+
+    AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T,   S_int = AA*2^30 + X*2^15 + BB.
+
+They come from three *symmetric* products, KK = sum s s^T giving the cross limb as X = KK - AA - BB
+(Karatsuba: three products instead of four), each computed by ``dsyrk`` on the upper triangle only.
+
+Why float64 is exact here: |a| <= 2^15, |b| <= 2^14 and |s| < 1.5*2^15, so one row adds at most
+2^30 to AA and X, 2^28 to BB and 2.25*2^30 to KK. A float64 accumulator fed by at most
+``EXACT_ROWS`` = 2^20 rows therefore only ever holds integers below 2.25*2^50 < 2^53 -- every
+partial sum is exact, whatever the BLAS's summation order, blocking or FMA use -- and the limbs
+derived from it (AA, X, BB) stay below 2^50 in magnitude, which the conversion below requires.
+
+The accumulators live *pending* in float64 (``PendingProducts``) and are folded into the int64
+limbs only when a reader needs exact values or the row budget is spent: an update of S is three in-place
+``dsyrk`` calls and nothing else, and the float->int conversion is paid once per read, not per update.
+
+Small updates (fewer than ``DEFER_ROWS`` rows: a delete, a trickle of adds) are not even multiplied
+at once: their split rows wait in the accumulator and go into one ``dsyrk`` per sign with the rows
+deferred after them, once ``DEFER_ROWS`` are waiting or at the next read. Every product is an exact
+integer whatever the grouping, so the limbs are the same bits; the O(d^2) memory pass of a rank-1
+update (three d x d triangles) is paid once per ``DEFER_ROWS`` rows instead of once per row, and a
+small update costs O(r d). A delete's membership check reads the diagonals, which the deferred rows
+give directly (``diagonals``).
+
+Quantization at the featurizer: floats become exact integers once, and never again.
+
+Features are (optionally) L2-normalized so every component is bounded by 1, then mapped to the
+grid q = rint(f * 2^k) (round half to even, as numpy.rint). The grid is part of the backbone phi:
+the retrain reference uses the same q. Out-of-bound or non-finite input is rejected, never
+clipped, because clipping would silently change the model the user asked for. What an update
+hands the ledger is checked to be on the grid (``check_rows``, ``label_matrix``: class indices
+one-hot scaled by 2^k_y, or a quantized target matrix).
+
+The exact integer ledger: S = sum q q^T and G = sum q y^T over the retained multiset.
 
 Why integers: float ledgers never return to zero after add-then-delete and their residue grows
 with the stream. Integers cancel bit for bit, so the ledger after any interleaving, order or
@@ -12,25 +49,372 @@ The three symmetric limb matrices
 are kept in int64 (bounded by n * 2^30 < 2^62 for n < 2^32 samples) and give
 S_int = AA*2^30 + X*2^15 + BB exactly. G uses the same split of the integer labels. The limbs
 are a deterministic function of the multiset, so equal multisets have equal limbs. The products
-come from float64 ``dsyrk`` calls that are exact by construction (``ledger/limbs.py``); S's limbs
+come from float64 ``dsyrk`` calls that are exact by construction (``ledger/exact.py``); S's limbs
 are stored as upper triangles (the strict lower part is zero) and mirrored only when S is read.
+
+The canonical encodings of an exact ledger's integers: its digest (what verifiers compare) and
+its versioned, checksummed blob (what deltas and checkpoints carry). Pure functions of the limbs;
+``ExactLedger.digest``, ``to_bytes`` and ``from_bytes`` are the API.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.linalg.blas import dsyr, dsyrk
 
-from . import wide
-from .encoding import MAX_COUNT, LedgerParts, decode_ledger, encode_ledger, ledger_digest, shifted
-from .errors import LedgerError, NonMemberDelete, OverflowBudgetError
-from .limbs import ROW_BLOCK, PendingProducts, accumulate_moments, row_diagonals, split_rows
-from .quantize import MAX_CLASS_INDEX, check_rows, label_matrix
+from unlearn.ledger import wide
+from unlearn.ledger.errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
 
-__all__ = ["MAX_CLASS_INDEX", "MAX_COUNT", "ExactLedger", "SufficientStatistics"]
+__all__ = [
+    "MAX_CLASS_INDEX",
+    "MAX_COUNT",
+    "ExactLedger",
+    "SufficientStatistics",
+]
+
+#: Rows one float64 accumulator may hold: products sum below 2.25*2^50 (exact), limbs below 2^50.
+EXACT_ROWS = 1 << 20
+#: Rows split and multiplied per BLAS call: keeps the float halves of a chunk in cache.
+ROW_BLOCK = 512
+#: Updates of fewer rows are deferred, and the deferred rows multiplied once this many wait: one
+#: rank-64 ``dsyrk`` at d = 768 costs about what 3-4 rank-1 updates do (each a pass over 3 x 4.7 MB).
+DEFER_ROWS = 64
+
+# x + 1.5*2^52 has the integer x in its low mantissa bits for |x| < 2^51: the float->int64
+# conversion becomes one float add and one int subtract (SIMD), instead of a scalar cast.
+_MAGIC = 1.5 * 2.0**52
+_MAGIC_BITS = np.array(_MAGIC).view(np.int64)
+
+
+def split_rows(Q: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """The halves a, b and s = a + b of int64 rows, as float64 (exact small integers).
+
+    a = floor((q + 2^14) / 2^15) is computed in float64: q + 2^14 is an integer below 2^31 and the
+    scaling by 2^-15 is exact, so the floor equals the integer shift ``(q + 2^14) >> 15``.
+    """
+    b = Q.astype(np.float64)
+    a = np.add(b, 16384.0)
+    np.multiply(a, 2.0**-15, out=a)
+    np.floor(a, out=a)
+    s = np.multiply(a, 32768.0)
+    np.subtract(b, s, out=b)
+    np.add(a, b, out=s)
+    return a, b, s
+
+
+def split_labels(Y: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The halves of an integer label matrix, as float64 (same split as the rows)."""
+    a, b, _ = split_rows(Y)
+    return a, b
+
+
+def exact_int(M: NDArray[np.float64]) -> NDArray[np.int64]:
+    """int64 of a float64 array holding integers below 2^51 in magnitude (exact, no scalar cast)."""
+    v = np.add(M, _MAGIC).view(np.int64)
+    v -= _MAGIC_BITS
+    return v
+
+
+def _fold_exact(target: NDArray[np.int64], P: NDArray[np.float64]) -> None:
+    """target += P for P holding integers below 2^51; P is clobbered (used as the int buffer)."""
+    P += _MAGIC
+    v = P.view(np.int64)
+    v -= _MAGIC_BITS
+    target += v
+
+
+def syrk_upper(alpha: float, M: NDArray[np.float64], C: NDArray[np.float64], accumulate: bool) -> None:
+    """C[upper] = alpha * M^T M (+ C[upper] when ``accumulate``), in place; C's lower part untouched.
+
+    ``M`` is C-ordered (r, d) and ``C`` a C-ordered (d, d) buffer: BLAS sees C^T (Fortran order) and
+    fills its lower triangle, which is C's upper one -- no copy of either operand. One row takes the
+    level-2 ``dsyr`` (no GEMM set-up: 1.4x-3x faster than ``dsyrk`` with k = 1 at d = 768-1536).
+    """
+    if accumulate and M.shape[0] == 1:
+        out = dsyr(alpha, M[0], a=C.T, lower=1, overwrite_a=1)
+    else:
+        out = dsyrk(alpha, M.T, beta=1.0 if accumulate else 0.0, c=C.T, trans=0, lower=1, overwrite_c=1)
+    if not np.may_share_memory(out, C):  # pragma: no cover - f2py copies only for a wrongly laid out C
+        raise RuntimeError("dsyrk did not update the accumulator in place")
+
+
+class PendingProducts:
+    """float64 upper triangles of AA, BB and KK over the rows not yet folded into the int64 limbs.
+
+    The strict lower triangles are never written (they stay zero), so a fold adds zeros there and the
+    int64 limbs stay upper-triangular. ``rows`` counts the rows accumulated since the last fold (adds
+    and deletes alike, multiplied or deferred: the bound is on sum |product|). While no row has been
+    multiplied since the last fold the buffers hold stale values, and the next product overwrites
+    them (BLAS beta = 0) instead of paying for a reset.
+    """
+
+    def __init__(self, dim: int) -> None:
+        self.AA = np.zeros((dim, dim))
+        self.BB = np.zeros((dim, dim))
+        self.KK = np.zeros((dim, dim))
+        self.rows = 0
+        self._multiplied = 0  # rows whose products are in AA, BB, KK since the last fold
+        self._deferred: dict[int, list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]]] = {
+            1: [], -1: []}
+        self._n_deferred = 0
+        self._deferred_diag = np.zeros((3, dim), np.int64)  # the deferred rows' (aa, bb, kk) diagonals
+
+    @property
+    def room(self) -> int:
+        """Rows that can still be accumulated exactly before a fold."""
+        return EXACT_ROWS - self.rows
+
+    @property
+    def deferred(self) -> int:
+        """Rows waiting to be multiplied (small updates since the last flush)."""
+        return self._n_deferred
+
+    def accumulate(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
+        """Add sign * (a^T a, b^T b, s^T s) for at most ``room`` rows: now (upper triangles, in place),
+        or, for fewer than ``DEFER_ROWS`` rows, with later rows (the arrays are kept, not copied)."""
+        r = a.shape[0]
+        if r > self.room:
+            raise ValueError(f"{r} rows exceed the exact budget ({self.room} left): fold first")
+        self.rows += r
+        if r < DEFER_ROWS:
+            self._deferred[sign].append((a, b, s))
+            self._n_deferred += r
+            for i, v in enumerate((a, b, s)):  # each sum is below 2^53 (fewer than DEFER_ROWS rows): exact
+                diag = exact_int(np.einsum("ij,ij->j", v, v))
+                if sign > 0:
+                    self._deferred_diag[i] += diag
+                else:
+                    self._deferred_diag[i] -= diag
+            if self._n_deferred >= DEFER_ROWS:
+                self.flush()
+            return
+        self._multiply(a, b, s, sign)
+
+    def _multiply(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
+        acc = self._multiplied > 0
+        alpha = float(sign)
+        syrk_upper(alpha, a, self.AA, acc)
+        syrk_upper(alpha, b, self.BB, acc)
+        syrk_upper(alpha, s, self.KK, acc)
+        self._multiplied += a.shape[0]
+
+    def flush(self) -> None:
+        """Multiply the deferred rows: one ``dsyrk`` per limb and sign."""
+        for sign, parts in self._deferred.items():
+            if parts:
+                a, b, s = (np.concatenate([p[i] for p in parts]) for i in range(3))
+                self._multiply(a, b, s, sign)
+                parts.clear()
+        self._n_deferred = 0
+        self._deferred_diag[:] = 0
+
+    def diagonals(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Pending diagonals of (AA, X, BB) as int64, deferred rows included (zeros when nothing is
+        pending): O(d), the deferred rows' diagonals are summed as they arrive."""
+        aa, bb, kk = self._deferred_diag.copy()
+        if self._multiplied:
+            aa += exact_int(np.diagonal(self.AA))
+            bb += exact_int(np.diagonal(self.BB))
+            kk += exact_int(np.diagonal(self.KK))
+        return aa, kk - aa - bb, bb
+
+    def fold_into(self, AA: NDArray[np.int64], X: NDArray[np.int64], BB: NDArray[np.int64]) -> None:
+        """Add the pending products to the int64 limbs exactly, then mark the buffers stale."""
+        self.flush()
+        if self._multiplied:
+            self.KK -= self.AA  # X = KK - AA - BB: integers below 2^51 at every step, so exact
+            self.KK -= self.BB
+            _fold_exact(AA, self.AA)
+            _fold_exact(BB, self.BB)
+            _fold_exact(X, self.KK)
+        self.rows = 0
+        self._multiplied = 0
+
+
+def row_diagonals(Q: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Diagonals of the limbs (AA, X, BB) of these rows alone: what a delete takes off S's diagonal."""
+    out = [np.zeros(Q.shape[1], np.int64) for _ in range(3)]
+    for s0 in range(0, Q.shape[0], ROW_BLOCK):
+        a, b, s = split_rows(Q[s0:s0 + ROW_BLOCK])
+        aa, bb, kk = (np.einsum("ij,ij->j", v, v) for v in (a, b, s))
+        out[0] += exact_int(aa)
+        out[1] += exact_int(kk - aa - bb)
+        out[2] += exact_int(bb)
+    return out[0], out[1], out[2]
+
+
+def accumulate_moments(G: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], a: NDArray[np.float64],
+                       b: NDArray[np.float64], s: NDArray[np.float64], Y: NDArray[np.int64], sign: int) -> None:
+    """G's limbs (GAA, GX, GBB) += sign * (a^T ya, a^T yb + b^T ya, b^T yb) for one chunk of split
+    rows (<= ROW_BLOCK), in place. The same Karatsuba split as S: the cross limb is
+    s^T (ya + yb) minus the other two; every product sums at most ROW_BLOCK terms below
+    2.25*2^30, so the float64 GEMMs are exact."""
+    GAA, GX, GBB = G
+    ya, yb = split_labels(Y)
+    op = np.add if sign > 0 else np.subtract
+    gbb = b.T @ yb
+    if ya.any():
+        gaa = a.T @ ya
+        gx = s.T @ (ya + yb)
+        gx -= gaa
+        gx -= gbb
+        op(GAA, exact_int(gaa), out=GAA)
+    else:  # labels below 2^14 (class indices on a grid k_y <= 13): GAA gets nothing, GX = a^T yb
+        gx = a.T @ yb
+    op(GX, exact_int(gx), out=GX)
+    op(GBB, exact_int(gbb), out=GBB)
+
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+#: Largest |q| the split-GEMM scheme accepts: halves of q stay <= 2^15 so products stay < 2^31.
+QMAX = 1 << 30
+#: Largest class index accepted (keeps c, and so W, a sane size).
+MAX_CLASS_INDEX = (1 << 20) - 1
+
+
+def l2_normalize(F: ArrayLike, eps: float = 1e-12) -> NDArray[np.float64]:
+    """Scale each row to unit L2 norm (rows of zeros stay zero) so |f_i| <= 1 holds by design."""
+    X = np.asarray(F, dtype=np.float64)
+    if X.ndim == 1:
+        X = X[None, :]
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+    return X / np.maximum(norms, eps)[:, None]
+
+
+def with_intercept(F: ArrayLike, value: float = 1.0) -> NDArray[np.float64]:
+    """Append a constant column, the paper's intercept-by-augmentation (f <- [f, 1]).
+
+    The intercept is then regularized like every other weight (as in the paper); choose
+    ``value`` < 1 to regularize it more weakly relative to its scale.
+    """
+    X = np.asarray(F, dtype=np.float64)
+    if X.ndim == 1:
+        X = X[None, :]
+    return np.hstack([X, np.full((X.shape[0], 1), value, dtype=np.float64)])
+
+
+class Quantizer:
+    """Maps float features to int64 on the grid 2^-frac_bits, rejecting what it cannot represent.
+
+    ``bound * 2^frac_bits`` may not exceed 2^30: that is what keeps every split-GEMM product
+    exact (docs/design.md section 2).
+    """
+
+    def __init__(self, frac_bits: int = 30, bound: float = 1.0) -> None:
+        if not isinstance(frac_bits, (int, np.integer)) or not 0 <= int(frac_bits) <= 30:
+            raise ValueError(f"frac_bits must be an int in 0..30, got {frac_bits!r}")
+        if not (np.isfinite(bound) and bound > 0):
+            raise ValueError(f"bound must be a finite positive number, got {bound!r}")
+        if bound * float(1 << int(frac_bits)) > QMAX:
+            raise ValueError(
+                f"bound * 2^frac_bits = {bound} * 2^{frac_bits} exceeds 2^30; "
+                "lower frac_bits or the bound so integer products stay exact"
+            )
+        self.frac_bits = int(frac_bits)
+        self.bound = float(bound)
+        self.scale = float(1 << self.frac_bits)
+
+    def __repr__(self) -> str:
+        return f"Quantizer(frac_bits={self.frac_bits}, bound={self.bound})"
+
+    def quantize(self, F: ArrayLike) -> NDArray[np.int64]:
+        """Return rint(F * 2^k) as int64 (shape (r, d)); a 1-d input is one row.
+
+        Raises QuantizationError naming the first offending row for NaN/Inf or |f| > bound.
+        """
+        X = np.asarray(F)
+        if X.dtype.kind not in "fiub":
+            raise QuantizationError(f"features must be numeric, got dtype {X.dtype}")
+        X = X.astype(np.float64, copy=False)
+        if X.ndim == 1:
+            X = X[None, :]
+        if X.ndim != 2:
+            raise QuantizationError(f"features must be 1-d or 2-d, got shape {X.shape}")
+        finite = np.isfinite(X)
+        if not finite.all():
+            row = int(np.argmin(finite.all(axis=1)))
+            raise QuantizationError(f"row {row}: feature is NaN or infinite")
+        over = np.abs(X) > self.bound
+        if over.any():
+            row = int(np.argmax(over.any(axis=1)))
+            col = int(np.argmax(over[row]))
+            raise QuantizationError(
+                f"row {row}: |feature[{col}]| = {abs(X[row, col]):.6g} exceeds the bound {self.bound} "
+                "(features are rejected, never clipped; L2-normalize them first)"
+            )
+        return np.rint(X * self.scale).astype(np.int64)
+
+    def dequantize(self, Q: ArrayLike) -> NDArray[np.float64]:
+        """The float64 features the ledger actually represents: q * 2^-k (exact)."""
+        return np.asarray(Q, dtype=np.int64).astype(np.float64) / self.scale
+
+
+def quantize_targets(Y: ArrayLike, frac_bits: int, bound: float = 1.0) -> NDArray[np.int64]:
+    """Quantize real-valued/soft labels on their own grid 2^-frac_bits (same rules as features)."""
+    return Quantizer(frac_bits=frac_bits, bound=bound).quantize(Y)
+
+
+def check_rows(Q: ArrayLike, dim: int) -> NDArray[np.int64]:
+    """Validate quantized rows: integer dtype, shape (r, dim), |q| <= 2^30."""
+    arr = np.asarray(Q)
+    if arr.dtype.kind not in "iu":
+        raise LedgerError(f"Q must be an integer array from Quantizer.quantize, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise LedgerError(f"Q must have shape (r, {dim}), got {np.asarray(Q).shape}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > QMAX:
+        raise LedgerError("Q has values beyond 2^30")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.max() > QMAX or arr.min() < -QMAX):  # min/max: no |arr| temporary
+        row = int(np.argmax((np.abs(arr) > QMAX).any(axis=1)))
+        raise LedgerError(f"row {row}: |q| exceeds 2^30, not a value the Quantizer produces")
+    return arr
+
+
+def label_matrix(y: ArrayLike, r: int, n_outputs: int,
+                 label_frac_bits: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+    """Integer label matrix Y (r, c') of ``r`` rows for a head of ``n_outputs`` outputs and, for
+    class-index labels, the indices. Class index j becomes the row with 2^label_frac_bits at
+    column j (one-hot on the label grid)."""
+    arr = np.asarray(y)
+    if arr.ndim == 0:
+        arr = arr[None]
+    if arr.dtype.kind not in "iu":
+        raise LedgerError(
+            "labels must be integer class indices (r,) or an int64 quantized target matrix (r, c); "
+            f"got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        if arr.shape[0] != r:
+            raise LedgerError(f"got {arr.shape[0]} class labels for {r} rows")
+        if r and (arr.min() < 0 or arr.max() > MAX_CLASS_INDEX):
+            raise LedgerError(
+                f"class indices must be in 0..{MAX_CLASS_INDEX}, got {int(arr.min())}..{int(arr.max())}")
+        idx = arr.astype(np.int64)
+        c = max(n_outputs, int(idx.max()) + 1 if r else 0)
+        Y = np.zeros((r, c), np.int64)
+        Y[np.arange(r), idx] = 1 << label_frac_bits
+        return Y, idx
+    if arr.ndim == 2:
+        if arr.shape[0] != r:
+            raise LedgerError(f"target matrix has {arr.shape[0]} rows for {r} feature rows")
+        if arr.shape[1] < n_outputs:
+            raise LedgerError(f"target matrix has {arr.shape[1]} columns, the head has {n_outputs} outputs")
+        if arr.shape[1] > MAX_CLASS_INDEX + 1:
+            raise LedgerError(f"target matrix has too many columns ({arr.shape[1]})")
+        Y = arr.astype(np.int64, copy=False)
+        if Y.size and np.abs(Y).max() > QMAX:
+            raise LedgerError("quantized targets must satisfy |y| <= 2^30")
+        return Y, None
+    raise LedgerError(f"labels must be 1-d class indices or a 2-d target matrix, got shape {arr.shape}")
 
 
 class SufficientStatistics(Protocol):
@@ -353,3 +737,139 @@ class ExactLedger:
         led._GAA, led._GX, led._GBB = p.moments
         led._count = p.retained
         return led
+
+
+#: Retained-sample budget per ledger; beyond it int64 limbs could overflow.
+MAX_COUNT = (1 << 32) - 1
+
+DIGEST_DOMAIN = b"unlearn.ledger/v1\x00"
+BLOB_MAGIC = b"ULDG"
+BLOB_VERSION = 1
+BLOB_HEADER = struct.Struct("<4sHqqqqq")  # magic, version, d, c, k, k_y, count
+#: Rows of S's upper triangle per step of the digest.
+_DIGEST_ROWS = 32
+
+Limbs = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+
+
+class LedgerParts(NamedTuple):
+    """What a blob holds: the grid, the counts and the limbs (S's stored upper-triangular)."""
+
+    dim: int
+    n_outputs: int
+    frac_bits: int
+    label_frac_bits: int
+    retained: int  # samples
+    class_counts: NDArray[np.int64]
+    gram: Limbs  # AA, X, BB (d, d)
+    moments: Limbs  # GAA, GX, GBB (d, c)
+
+
+@lru_cache(maxsize=8)
+def triu_flat(d: int) -> NDArray[np.intp]:
+    """Upper-triangle flat indices (row-major), cached: the digest and blobs use them every time
+    (``M.ravel().take(idx)`` is ~3x faster than ``M[np.triu_indices(d)]``)."""
+    iu = np.triu_indices(d)
+    return iu[0] * d + iu[1]
+
+
+def _triu_start(d: int, i: int) -> int:
+    """Where row i starts in the row-major upper triangle (incl. diagonal) of a d x d matrix."""
+    return i * d - i * (i - 1) // 2
+
+
+def shifted(limbs: Limbs) -> list[tuple[NDArray[np.int64], int]]:
+    """The three limbs with their shifts (2^30, 2^15, 1): what ``wide.combine`` sums exactly."""
+    return list(zip(limbs, (30, 15, 0), strict=True))
+
+
+def upper_limbs(gram: Limbs) -> list[NDArray[np.int64]]:
+    """The upper triangles (row-major) of AA, X, BB: what the digest and the blobs encode."""
+    idx = triu_flat(gram[0].shape[0])
+    return [M.ravel().take(idx) for M in gram]
+
+
+def ledger_digest(p: LedgerParts) -> str:
+    """Hex SHA-256 of the canonical encoding of the exact integers (docs/design.md section 2).
+
+    Byte by byte::
+
+        b"unlearn.ledger/v1\\0"                           18 bytes (domain tag, NUL-terminated)
+        i64 d, i64 c, i64 k, i64 k_y, i64 n               5 x 8 bytes, signed little-endian
+        i128 S_int[i][j], i = 0..d-1, j = i..d-1          upper triangle incl. diagonal, row-major
+        i128 G_int[i][m], i = 0..d-1, m = 0..c-1          row-major
+
+    i128 is signed two's-complement little-endian (16 bytes). S_int = sum q q^T and
+    G_int = sum q y^T over the retained multiset, y the integer label vector (one-hot scaled by
+    2^k_y for class indices). Equal digests = equal ledgers, whoever computes them.
+    """
+    h = hashlib.sha256()
+    h.update(DIGEST_DOMAIN)
+    h.update(struct.pack("<qqqqq", p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.retained))
+    # S's upper triangle, row-major, fed to the hash 32 rows at a time: the same byte stream as
+    # one encoding of the whole triangle, without its (d^2 / 2)-entry temporaries (every reset)
+    d = p.dim
+    idx = triu_flat(d)
+    limbs = [(M.ravel(), shift) for M, shift in shifted(p.gram)]
+    for i0 in range(0, d, _DIGEST_ROWS):
+        seg = idx[_triu_start(d, i0):_triu_start(d, min(d, i0 + _DIGEST_ROWS))]
+        h.update(wide.to_le_bytes(wide.combine([(v.take(seg), shift) for v, shift in limbs])))
+    h.update(wide.to_le_bytes(wide.combine(shifted(p.moments))))
+    return h.hexdigest()
+
+
+def encode_ledger(p: LedgerParts) -> bytes:
+    """Versioned, checksummed snapshot (restores the limbs, class counts and count).
+
+    Layout (little-endian): magic "ULDG", u16 version=1, i64 d, c, k, k_y, count;
+    i64 class_counts[c]; i64 upper triangles (row-major) of AA, X, BB (d(d+1)/2 each);
+    i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
+    """
+    parts = [
+        BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.retained),
+        p.class_counts.astype("<i8").tobytes(),
+        *(M.astype("<i8").tobytes() for M in upper_limbs(p.gram)),
+        *(M.astype("<i8").tobytes() for M in p.moments),
+    ]
+    body = b"".join(parts)
+    return body + hashlib.sha256(body).digest()
+
+
+def decode_ledger(blob: bytes) -> LedgerParts:
+    """Inverse of ``encode_ledger``; rejects truncated, corrupted or unknown-version input with
+    LedgerError."""
+    blob = bytes(blob)
+    if len(blob) < BLOB_HEADER.size + 32:
+        raise LedgerError(f"ledger blob truncated ({len(blob)} bytes)")
+    magic, version, d, c, k, k_y, count = BLOB_HEADER.unpack_from(blob, 0)
+    if magic != BLOB_MAGIC:
+        raise LedgerError("not a ledger blob (bad magic)")
+    if version != BLOB_VERSION:
+        raise LedgerError(f"unknown ledger blob version {version}")
+    if not (1 <= d <= 1 << 16 and 0 <= c <= MAX_CLASS_INDEX + 1 and 0 <= k <= 30 and 0 <= k_y <= 30
+            and 0 <= count <= MAX_COUNT):
+        raise LedgerError("ledger blob header out of range")
+    t = d * (d + 1) // 2
+    expected = BLOB_HEADER.size + 8 * (c + 3 * t + 3 * d * c) + 32
+    if len(blob) != expected:
+        raise LedgerError(f"ledger blob has {len(blob)} bytes, expected {expected}")
+    if hashlib.sha256(blob[:-32]).digest() != blob[-32:]:
+        raise LedgerError("ledger blob checksum mismatch (corrupted)")
+    off = BLOB_HEADER.size
+
+    def take(n: int) -> NDArray[np.int64]:
+        nonlocal off
+        a = np.frombuffer(blob, dtype="<i8", count=n, offset=off).astype(np.int64)
+        off += 8 * n
+        return a
+
+    class_counts = take(c)
+    idx = triu_flat(d)
+    gram = []
+    for _ in range(3):
+        M = np.zeros((d, d), np.int64)  # stored upper-triangular, as the updates keep it
+        M.ravel()[idx] = take(t)
+        gram.append(M)
+    moments = tuple(take(d * c).reshape(d, c) for _ in range(3))
+    return LedgerParts(d, c, k, k_y, int(count), class_counts, (gram[0], gram[1], gram[2]),
+                       (moments[0], moments[1], moments[2]))

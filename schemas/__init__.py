@@ -45,7 +45,7 @@ from unlearn.schemas.envelope import (
     request_from_dict,
     request_to_dict,
 )
-from unlearn.schemas.head_codec import (
+from unlearn.schemas.head import (
     HEAD_MAGIC,
     HEAD_VERSION,
     MODES,

@@ -24,7 +24,7 @@ tombstones and re-judge remove-wins. Kinds:
 - SEALED (docs/erasure.md): rows sealed per sample for crypto-shredding. Per row: the sample's
   key id, the row's commitment (``schemas.sealed.commitment``) and the AES-256-GCM sealed
   canonical row bytes (q then label, int64 LE). The ledger and the verifier open it into a ROWS
-  entry with the sample keys (``schemas.sealed_delta``) before applying it.
+  entry with the sample keys (``schemas.sealed``) before applying it.
 
 The head's contract (frame flag bit 0): the featurizer names the class count (``n_classes``: the
 contract's label columns, ``HeadContract.n_outputs``) and the contract version the delta was

@@ -37,8 +37,7 @@ def _ledger_main(argv: list[str]) -> int:
     import argparse
 
     from unlearn.infra.cli_args import add_worker_args, settings_from_args, setup_logging
-    from unlearn.infra.erasure_settings import ErasureSettings
-    from unlearn.infra.head_settings import HeadSettings
+    from unlearn.infra.settings import ErasureSettings, HeadSettings
     from unlearn.streams.ledger.settings import LedgerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
@@ -61,7 +60,7 @@ def _broker_main(argv: list[str]) -> int:
     import argparse
 
     from unlearn.infra.cli_args import add_loglevel_arg, settings_help, setup_logging
-    from unlearn.infra.local_broker_settings import LocalBrokerSettings
+    from unlearn.infra.settings import LocalBrokerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn broker", description="Run a local broker: tansu (default) "
                                  "or Apache Kafka in KRaft mode.")

@@ -1,8 +1,7 @@
 """Layering, read from the source: which product folder may import which (docs/design.md, "Layout").
 
 - the stages do not import each other: ``streams/featurizer`` never imports ``streams/ledger``
-  and back; what both need lives in ``infra/between_stages.py`` (and ``infra/topic_family.py``,
-  ``infra/key_family.py``);
+  and back; what both need lives in ``infra/between_stages.py``;
 - the SDK (``services/client``) and serving (``services/serving``) run without the stages, so
   they import nothing of ``streams``;
 - the layers below the stages (``schemas``, ``infra``, ``ledger``, ``features``) import neither

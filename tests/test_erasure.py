@@ -18,21 +18,20 @@ import pytest
 
 from tests.test_pipeline import pipeline_settings, services
 from unlearn.features.contract import quantize_feature_row
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.key_family import read_partition_keys, superseded_left
-from unlearn.infra.profiles import quirks
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import (
+from unlearn.infra.between_stages import (
     TopicFamily,
     heads_family,
     keys_family,
+    read_partition_keys,
     state_family,
+    superseded_left,
     transit_private_family,
 )
+from unlearn.infra.settings import HeadSettings, Settings, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_topic
 from unlearn.schemas.deadletter import DeadLetter, decode_deadletter
 from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput, TextInput, encode_request, parse_request
-from unlearn.schemas.transit import seal_request
+from unlearn.schemas.sealed import seal_request
 from unlearn.services.cli import main
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
@@ -72,7 +71,7 @@ def topic_bytes(s: Settings, skip: set[str]) -> dict[str, bytes]:
     """Every record (key and value) of every topic of the test's prefix, generation topics included."""
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=30).topics
     names = [t for t, m in md.items() if t.startswith(s.topic_prefix) and m.error is None]
@@ -121,7 +120,7 @@ def wait_keys_gone(s: Settings, fam: TopicFamily, gone: Callable[[tuple[str, str
     (infra.topic_reader.source_partitions)."""
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     admin = AdminClient(admin_config(s))
     deadline = time.monotonic() + timeout
@@ -285,7 +284,7 @@ def _produce_raw(s: Settings, value: bytes) -> None:
     """One request as a producer in any language would send it."""
     from confluent_kafka import Producer
 
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
 
     p = Producer(producer_config(s))
     p.produce(s.topic("requests"), value=value, key=b"mallory")

@@ -14,10 +14,8 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.client.head_reader import wait_for_head

@@ -45,11 +45,9 @@ from unlearn.schemas.envelope import (
     encode_request,
     input_to_dict,
 )
-from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head, head_to_json
-from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head import HeadContract, HeadUpdate, decode_head, encode_head, head_to_json
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.schemas.signature import Signer
-from unlearn.schemas.transit import (
+from unlearn.schemas.sealed import (
     TransitKeyPair,
     TransitPublicKey,
     decode_public_record,
@@ -58,6 +56,7 @@ from unlearn.schemas.transit import (
     transit_aad,
     transit_key,
 )
+from unlearn.schemas.signature import Signer
 from unlearn.services.serving.predict import PredictError, predict, prepare_inputs
 from unlearn.services.serving.store import HeadStore
 
@@ -163,7 +162,7 @@ def gen_heads() -> dict[str, Any]:
         assert got == h, name
         flags = struct.unpack_from("<H", msg, 6)[0]
         out.append({"name": name, "flags": flags, "message": b64(msg), "expect": head_expect(got)})
-    return {"about": "ULHD head updates the Python decoder accepts (schemas/head_codec.py): 'message' is the "
+    return {"about": "ULHD head updates the Python decoder accepts (schemas/head.py): 'message' is the "
                      "base64 of the bytes; 'expect' the decoded fields (head_to_json without weights; floats "
                      "as little-endian bit patterns in hex)", "cases": out}
 

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args, settings_help
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
 from unlearn.schemas.receipts import receipt_to_dict
 from unlearn.services.client.settings import ClientSettings

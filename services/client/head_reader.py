@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.cli_args import add_broker_args, settings_from_args, settings_help
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
 from unlearn.infra.topics import prefixed_topics
-from unlearn.schemas.head_codec import CodecError, HeadUpdate, decode_head, head_to_json, retained_class_list
+from unlearn.schemas.head import CodecError, HeadUpdate, decode_head, head_to_json, retained_class_list
 
 __all__ = ["HeadFollower", "head_main", "latest_heads", "read_heads", "wait_for_head"]
 

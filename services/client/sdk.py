@@ -46,8 +46,7 @@ from typing import Any, Literal
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError
 from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import (

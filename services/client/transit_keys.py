@@ -34,12 +34,10 @@ import uuid
 from typing import Any
 
 from unlearn.infra.between_stages import head_partition, routed_topic_name
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.profiles import consumer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings, consumer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.envelope import Request, SealedInput
-from unlearn.schemas.transit import (
+from unlearn.schemas.sealed import (
     SEALER_MAX_MESSAGES,
     SealerExhausted,
     TransitError,

@@ -26,20 +26,17 @@ from confluent_kafka import Producer
 from tqdm import tqdm
 
 from unlearn.infra.broker import LocalBroker, free_port
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas._binary import CodecError
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput, encode_request
-from unlearn.schemas.head_codec import HeadUpdate
-from unlearn.schemas.head_scores import score_rows
+from unlearn.schemas.head import HeadUpdate, score_rows
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
@@ -227,7 +224,7 @@ class Demo:
         """Test accuracy of the head's weights on the (quantized, normalized) test features."""
         q = Quantizer(HeadSettings.of(self.settings).frac_bits)
         F = q.dequantize(q.quantize(l2_normalize(self.data.F_test)))
-        # over the classes with retained samples only, as serving predicts (schemas/head_scores.py)
+        # over the classes with retained samples only, as serving predicts (schemas/head.py)
         return float(np.mean(score_rows(h, F).predicted == self.data.y_test))
 
     def record(self, name: str, events: int, t0: float, h: HeadUpdate, **extra: Any) -> None:

@@ -40,11 +40,16 @@ from typing import Any
 
 import orjson
 
+from unlearn.infra.between_stages import (
+    COMPLETE_KEY,
+    TopicFamily,
+    keys_family,
+    parse_key_record_key,
+    superseded_left,
+    transit_private_family,
+)
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.key_family import COMPLETE_KEY, parse_key_record_key, superseded_left
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import TopicFamily, keys_family, transit_private_family
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
@@ -104,7 +109,7 @@ def _read(settings: Settings, topic: Any, timeout: float, keep: Any = None) -> l
 def _all_topics(settings: Settings) -> list[str]:
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     return list(AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout).topics)
 

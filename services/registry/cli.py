@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 from unlearn.infra.cli_args import add_broker_args, settings_help
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
-from unlearn.schemas.head_contract import ContractError, HeadContract
+from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.schemas.head import ContractError, HeadContract
 from unlearn.services.registry.command import run_registry_command
 
 __all__ = ["build_parser", "contract_from_args", "heads_main"]
@@ -118,7 +117,7 @@ def _text(c: HeadContract) -> str:
 
 def heads_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn heads ...`` (module docstring)."""
-    from unlearn.infra.head_registry import RegistryError, publish_contract, read_contracts
+    from unlearn.infra.registry import RegistryError, publish_contract, read_contracts
 
     ap = build_parser()
     args = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 """What ``unlearn heads`` (``cli.py``) and ``unlearn clients`` (``clients_cli.py``) share: one
-command over a versioned registry (``infra/versioned_registry.py``).
+command over a versioned registry (``infra/registry.py``).
 
 Each action reads the registry to its end, then: ``list`` prints every latest record; ``create``
 refuses a key that exists and writes version 1; any other action needs an existing key and

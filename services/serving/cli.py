@@ -14,10 +14,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.services.serving.http import build_app, listen
 from unlearn.services.serving.settings import ServeSettings
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
-from unlearn.schemas.head_codec import CodecError, decode_head
+from unlearn.schemas.head import CodecError, decode_head
 from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.store import HeadStore
 

@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from unlearn.infra.head_registry import ContractSource, RegistryView, contract_at
+from unlearn.infra.registry import ContractSource, RegistryView, contract_at
 from unlearn.infra.settings import Settings
-from unlearn.schemas.head_codec import head_to_json
+from unlearn.schemas.head import head_to_json
 from unlearn.services.serving.follower import HeadsFollower
 from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.predict import MAX_TOP_K, PredictError, parse_predict_body, predict, prepare_inputs

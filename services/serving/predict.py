@@ -2,7 +2,7 @@
 
 Inputs go through the featurizer's pipeline and nothing else, all of it from the feature contract
 (``unlearn.features.contract``) and the **head's contract** from the head registry
-(``schemas/head_contract.py``, docs/registry.md): its backbone and input kind, then
+(``schemas/head.py``, docs/registry.md): its backbone and input kind, then
 ``quantize_feature_row`` with its normalization, bound and grid, then dequantization -- so a
 served input is the very feature vector a training sample with that input contributed to the
 ledger, whatever this process's own UNLEARN_FRAC_BITS and friends say. A head with no contract
@@ -19,11 +19,8 @@ from typing import Any
 import numpy as np
 
 from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer, resolve_backbone
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
-from unlearn.schemas.head_codec import retained_class_list
-from unlearn.schemas.head_contract import HeadContract
-from unlearn.schemas.head_scores import score_rows
+from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.schemas.head import HeadContract, retained_class_list, score_rows
 from unlearn.services.serving.store import ServedHead
 
 __all__ = ["MAX_INPUTS", "MAX_TOP_K", "PredictError", "parse_predict_body", "predict", "prepare_inputs"]
@@ -154,7 +151,7 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
 def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0, top_k: int = 1) -> dict[str, Any]:
     """Scores X @ W, predicted class and top ``top_k`` classes, predictive variance sigma^2 f^T T f
     -- all from ``head``. Classes are ranked over those with retained samples only; the others'
-    scores are null (``schemas/head_scores.py``)."""
+    scores are null (``schemas/head.py``)."""
     from unlearn.ledger.bayes import predictive_variance
 
     u = head.update

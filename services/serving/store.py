@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from unlearn.schemas.head_codec import HeadUpdate, retained_class_list
+from unlearn.schemas.head import HeadUpdate, retained_class_list
 
 __all__ = ["HeadStore", "OfferResult", "ServedHead"]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head import HeadUpdate
 
 CERTIFICATE_SCHEMA = "unlearn.verify/v1"
 

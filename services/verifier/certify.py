@@ -10,14 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from unlearn.infra.key_family import KeysUnavailable
+from unlearn.infra.between_stages import KeysUnavailable, heads_family, keys_family
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, keys_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, decode_delta
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
-from unlearn.schemas.sealed_delta import is_sealed
+from unlearn.schemas.sealed import is_sealed
 from unlearn.services.verifier.settings import VerifySettings
 from unlearn.streams.featurizer.tombstones import Tombstone
 from unlearn.streams.ledger.unseal import RowOpener

@@ -23,9 +23,9 @@ from unlearn.ledger import (
     retrain_deviation,
     solve_head,
 )
-from unlearn.ledger.smw import relative_deviation
 from unlearn.ledger.solve import posterior_inverse_cho_solve
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.ledger.tracked import relative_deviation
+from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.streams.featurizer.tombstones import Tombstone
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import orjson
 
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
-from unlearn.infra.head_settings import HeadSettings
+from unlearn.infra.settings import HeadSettings
 from unlearn.services.verifier.settings import VerifySettings
 
 from .certify import verify_broker, verify_file

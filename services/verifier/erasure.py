@@ -21,8 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, decode_delta, encode_delta
-from unlearn.schemas.sealed import SealError
-from unlearn.schemas.sealed_delta import ErasedRow, is_sealed
+from unlearn.schemas.sealed import ErasedRow, SealError, is_sealed
 from unlearn.streams.ledger.head_runtime import creates_head
 from unlearn.streams.ledger.unseal import RowOpener
 

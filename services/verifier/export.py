@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 
 from .errors import VerifyError

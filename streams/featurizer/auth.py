@@ -2,7 +2,7 @@
 
 With ``UNLEARN_AUTH_MODE=signed`` every request of a batch is screened, in offset order and
 before any backbone runs (:meth:`Authorizer.screen`), against a snapshot of the client registry
-(``infra/client_registry.py``). The checks, in order, each with its reason code
+(``infra/registry.py``). The checks, in order, each with its reason code
 (:data:`AUTH_REASONS`):
 
 1. the record carries the signature headers (``unsigned``) and they decode (``bad_signature``);

@@ -4,7 +4,7 @@ keeps each by-head partition's :class:`~streams.featurizer.auth.AuthState` (the 
 
 from __future__ import annotations
 
-from unlearn.infra.client_registry import ClientRegistryView
+from unlearn.infra.registry import ClientRegistryView
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
 from unlearn.streams.featurizer.settings import FeaturizerSettings

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from unlearn.infra.head_registry import RegistryView
+from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.cache import FeatureCache

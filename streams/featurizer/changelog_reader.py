@@ -10,8 +10,7 @@ import uuid
 from typing import Any
 
 from unlearn.infra.log_position import watermarks
-from unlearn.infra.profiles import consumer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, consumer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.changelog import (
     FoldedChangelog,

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import StaleStateError
+from unlearn.infra.settings import ErasureSettings, HeadSettings
 from unlearn.streams.featurizer.service import FeaturizerService
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 

@@ -57,10 +57,10 @@ from unlearn.schemas.envelope import (
     InvalidRequest,
     Request,
     TextInput,
+    format_source_id,
     parse_request,
 )
 from unlearn.schemas.receipts import Receipt
-from unlearn.schemas.source_id import format_source_id
 
 from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from .heads import auto_contracts, check_contract, delta_contract, judged_contract

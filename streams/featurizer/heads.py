@@ -22,7 +22,7 @@ import numpy as np
 from unlearn.features.backbones import backbone_cache_key
 from unlearn.features.contract import FeatureRejected, resolve_backbone
 from unlearn.schemas.envelope import Request
-from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head import HeadContract
 
 from .model import CoreConfig, HeadInfo
 

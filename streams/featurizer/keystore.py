@@ -10,12 +10,12 @@ produced and acknowledged (:meth:`KeyStore.flush`) before the batch that uses th
 so no ciphertext can exist under a key that was never durable. Destroying keys
 (:meth:`KeyStore.destroy`) drops them from memory and writes tombstones. Where the broker compacts
 (``BrokerQuirks.compaction_runs``: Apache Kafka) that is all: the generation topic is compacted
-(``infra.profiles.topic_config``), and once ``UNLEARN_SEGMENT_MS`` has passed the store appends a
+(``infra.settings.topic_config``), and once ``UNLEARN_SEGMENT_MS`` has passed the store appends a
 completion record again, which rolls the segment holding the tombstones so the cleaner removes the
 destroyed keys' records (docs/erasure.md section 4, deadline). Where it does not (tansu), the
 partition is rotated to a new generation without them; the old generation topic is deleted after
 the grace period (``UNLEARN_KEYS_RETIRE_SECONDS``), so a reader has time to move off it. Reading:
-``infra.key_family``.
+``infra.between_stages``.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.key_family import (
+from unlearn.infra.between_stages import (
     COMPLETE_KEY,
     KeyGeneration,
     SampleRef,
+    TopicFamily,
     key_record_key,
+    keys_family,
     read_partition_keys,
 )
-from unlearn.infra.profiles import admin_config, producer_config, quirks
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import TopicFamily, keys_family
+from unlearn.infra.settings import ErasureSettings, Settings, admin_config, producer_config, quirks
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
 from unlearn.streams.featurizer.delivery import Acks, produce_acked

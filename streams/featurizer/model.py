@@ -16,14 +16,12 @@ from unlearn.features.contract import (
     quantizer,
 )
 from unlearn.infra.between_stages import routed_topic_name
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta, encode_delta
-from unlearn.schemas.head_contract import HeadContract, encode_contract
+from unlearn.schemas.envelope import source_stream
+from unlearn.schemas.head import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
-from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey, TombstonePolicy
 

@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from unlearn.infra.between_stages import head_partition
-from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
-from unlearn.schemas.source_id import format_source_id, parse_source
+from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, format_source_id, is_valid_id, parse_source
 from unlearn.streams.featurizer.model import Origin
 
 if TYPE_CHECKING:

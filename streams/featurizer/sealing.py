@@ -3,7 +3,7 @@
 The core decides in plaintext (``core.featurize_batch``); before its outputs are committed to the
 outbox the service runs :func:`seal_outcome`: every add row gets a fresh key from the partition's
 :class:`~streams.featurizer.keystore.KeyStore` and every ROWS entry of a ``deltas`` message becomes a
-SEALED entry (``schemas.sealed_delta``). A delete is sealed under the key its add used, so both
+SEALED entry (``schemas.sealed``). A delete is sealed under the key its add used, so both
 carry the same commitment. :func:`sample_sealer` seals the changelog's sample records
 (``changelog.encode_sample``) under the same key.
 """
@@ -17,8 +17,7 @@ import orjson
 
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import RowsEntry
-from unlearn.schemas.sealed import PURPOSE_CHANGELOG, PURPOSE_DEADLETTER, SampleKey, SealError, seal, unseal
-from unlearn.schemas.sealed_delta import seal_delta
+from unlearn.schemas.sealed import PURPOSE_CHANGELOG, PURPOSE_DEADLETTER, SampleKey, SealError, seal, seal_delta, unseal
 
 from .keystore import KeyStore
 from .model import BatchOutcome

@@ -24,13 +24,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.head_registry import RegistryView
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import topic_id
-from unlearn.infra.profiles import consumer_config, producer_config, quirks
-from unlearn.infra.settings import Settings
-from unlearn.schemas.source_id import source_stream
+from unlearn.infra.registry import RegistryView
+from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config, quirks
+from unlearn.schemas.envelope import source_stream
 from unlearn.streams.featurizer.auth_gate import AuthGate
 from unlearn.streams.featurizer.batch_processor import BatchProcessor
 from unlearn.streams.featurizer.batch_window import BatchWindow

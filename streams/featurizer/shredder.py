@@ -30,11 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unlearn.infra.between_stages import latest_checkpoint
-from unlearn.infra.key_family import READ_IDLE_S, SampleRef
+from unlearn.infra.between_stages import READ_IDLE_S, SampleRef, latest_checkpoint, state_family, transit_private_family
 from unlearn.infra.log_position import log_ends, watermarks
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import state_family, transit_private_family
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.delta_codec import CodecError, SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import SampleKey
@@ -199,7 +197,7 @@ class Erasure:
         """An assign-only reader; every read closes its own (``probes.run_with_consumers``)."""
         from confluent_kafka import Consumer
 
-        from unlearn.infra.profiles import consumer_config
+        from unlearn.infra.settings import consumer_config
 
         return Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
                                         **{"enable.partition.eof": True, "enable.auto.commit": False}))

@@ -2,7 +2,7 @@
 featurizer took them over (docs/erasure.md section 5).
 
 Per by-head partition P, owned by the featurizer that owns P (the same ownership as its key-family
-partition and cache), an *epoch* key pair (X25519, ``schemas/transit.py``) is valid for new
+partition and cache), an *epoch* key pair (X25519, ``schemas/sealed.py``) is valid for new
 requests until ``use_until``; a new epoch starts every ``UNLEARN_TRANSIT_ROTATE_SECONDS`` (shortly
 before the current one's ``use_until``, so a producer always finds a valid key).
 
@@ -41,14 +41,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.key_family import TRANSIT_HEAD, SampleRef
+from unlearn.infra.between_stages import TRANSIT_HEAD, SampleRef
 from unlearn.infra.log_position import log_ends
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.infra.topic_reader import TopicReadError
 from unlearn.infra.topics import TopicError, ensure_topic
-from unlearn.schemas.sealed import SampleKey
-from unlearn.schemas.transit import (
+from unlearn.schemas.sealed import (
+    SampleKey,
     TransitKeyPair,
     TransitPublicKey,
     encode_public_record,
@@ -360,7 +359,7 @@ def group_committed(settings: Settings, group: str, topic: str, partitions: int)
     fetches offsets; it never subscribes, so it never joins the group)."""
     from confluent_kafka import Consumer
 
-    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.settings import consumer_config
 
     consumer = Consumer(consumer_config(settings, group, **{"enable.auto.commit": False}))
     try:

@@ -1,7 +1,7 @@
 """Opening sealed inputs in the featurizer, without I/O (docs/erasure.md section 5).
 
 Right after parsing and before anything is judged, every add whose input is sealed for transit
-(``schemas/transit.py``) is opened under its by-head partition's transit key; one that cannot be
+(``schemas/sealed.py``) is opened under its by-head partition's transit key; one that cannot be
 opened becomes an :class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the parsed request,
 so its dead letter names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps
 the message as sent, i.e. the sealed bytes: noise once the transit key is destroyed. With
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput
-from unlearn.schemas.transit import TransitError, TransitKeyPair, open_request, opening_key
+from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
 
 __all__ = ["TRANSIT_REASONS", "DerivedKeys", "TransitGate", "UnopenedRequest", "open_sealed"]
 

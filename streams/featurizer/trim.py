@@ -24,9 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.profiles import admin_config, consumer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config
 
 __all__ = ["Trimmer", "trim_bounds"]
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from unlearn.infra.head_registry import RegistryView, read_contracts
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.registry import RegistryView, read_contracts
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.infra.topic_reader import TopicReadError
-from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head import HeadContract
 
 __all__ = ["ContractGammas"]
 

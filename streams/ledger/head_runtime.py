@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry, SealedRowsEntry
-from unlearn.schemas.source_id import dedup_key
+from unlearn.schemas.envelope import dedup_key
 
 from .snapshot import HeadMeta, HeadState
 
@@ -314,7 +314,7 @@ def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
             yield i, entry, _reject(i, entry, reason,
                                     f"delta has (d, frac_bits, label_frac_bits) = {grid}, head {head_id!r} has {mine}")
             continue
-        if isinstance(entry, SealedRowsEntry):  # the shell opens sealed rows first (schemas.sealed_delta)
+        if isinstance(entry, SealedRowsEntry):  # the shell opens sealed rows first (schemas.sealed)
             yield i, entry, _reject(i, entry, "sealed_entry", "sealed rows reached the ledger unopened")
             continue
         try:

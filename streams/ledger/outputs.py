@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.redaction import redact_delta
 from unlearn.streams.ledger.settings import LedgerSettings

@@ -62,7 +62,7 @@ class Recovery:
                 head.reset("restored")
             self.outputs.publish_head(partition, head, "exact")
         # The republished heads went to a new heads generation: the older ones hold nothing a
-        # reader still needs once those are durable (infra.topic_family).
+        # reader still needs once those are durable (infra.between_stages).
         self.outputs.flush("recovery")
         self.store.end_heads_generation(superseded)
         if cp is not None:

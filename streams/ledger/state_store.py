@@ -7,7 +7,7 @@ wrong. Recovery reads only what the latest checkpoint names: it scans the topic 
 its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
 the state, not the age of the log.
 
-Generations (``infra.topic_family``) bound what is stored on a broker that never compacts: once
+Generations (``infra.between_stages``) bound what is stored on a broker that never compacts: once
 a partition's ledger-state topic passes ``UNLEARN_STATE_ROTATE_BYTES``, the worker writes a full
 snapshot and a checkpoint into generation G+1, then deletes G. Its head updates
 (``<prefix>heads.p<P>.g<H>``) rotate the same way on their own counter: every head of the
@@ -27,11 +27,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
+from unlearn.infra.between_stages import (
+    Checkpoint,
+    HeadPointer,
+    checkpoint_key,
+    heads_family,
+    latest_checkpoint,
+    state_family,
+)
 from unlearn.infra.log_position import StaleStateError, watermarks
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
 from unlearn.streams.ledger.settings import LedgerSettings
@@ -71,7 +76,7 @@ class ChangelogStore:
         self._pieces_read = 0
         self._piece_bytes_read = 0
         # One record per batch: the embedded broker's ListOffsets(latest) is only right then, and
-        # the backward scan starts from it (infra.profiles.BrokerQuirks.list_offsets_latest_exact).
+        # the backward scan starts from it (infra.settings.BrokerQuirks.list_offsets_latest_exact).
         self.producer = Producer(producer_config(settings, **{"batch.num.messages": 1, "linger.ms": 0}))
 
     def close(self) -> None:
@@ -95,7 +100,7 @@ class ChangelogStore:
         if self._admin_client is None:
             from confluent_kafka.admin import AdminClient
 
-            from unlearn.infra.profiles import admin_config
+            from unlearn.infra.settings import admin_config
 
             self._admin_client = AdminClient(admin_config(self.settings))
         return self._admin_client

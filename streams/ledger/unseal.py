@@ -1,8 +1,8 @@
 """Opening sealed ``deltas`` rows before the ledger applies them (docs/erasure.md).
 
 A thin transform in front of ``HeadRuntime.apply``: a SEALED entry becomes the ROWS entry it
-sealed (``schemas.sealed_delta.open_delta``) with the keys of the ``subject-keys`` family
-(``infra.key_family.KeyRing``). A key not known yet makes the ring read its head's partition of
+sealed (``schemas.sealed.open_delta``) with the keys of the ``subject-keys`` family
+(``infra.between_stages.KeyRing``). A key not known yet makes the ring read its head's partition of
 the family to its current end once (the featurizer that owns by-head partition P writes the keys
 of P's heads into key partition P, having acknowledged each before producing a row under it),
 and, if the key is not there either, the whole family; a key still unknown then is destroyed:
@@ -20,12 +20,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from unlearn.infra.between_stages import head_partition, routed_topic_name
-from unlearn.infra.key_family import KeyRing, Locate
+from unlearn.infra.between_stages import KeyRing, Locate, head_partition, routed_topic_name
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta
-from unlearn.schemas.sealed import SampleKey
-from unlearn.schemas.sealed_delta import Opened, is_sealed, open_delta
+from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta
 
 __all__ = ["RowOpener"]
 

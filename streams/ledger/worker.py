@@ -29,10 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from unlearn.infra.cli_args import log_ready
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.log_position import StaleStateError, topic_id
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config
 from unlearn.streams.ledger.settings import LedgerSettings
 
 from .checkpointer import Checkpointer

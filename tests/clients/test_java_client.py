@@ -24,14 +24,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from unlearn.infra.client_registry import publish_client
-from unlearn.infra.head_registry import read_contracts
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.registry import publish_client, read_contracts
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.client_record import ClientKey, ClientRecord, key_fingerprint
-from unlearn.schemas.head_codec import CodecError, HeadUpdate, decode_head
+from unlearn.schemas.head import CodecError, HeadUpdate, decode_head
 from unlearn.services.serving.predict import predict, prepare_inputs
 from unlearn.services.serving.store import HeadStore
 

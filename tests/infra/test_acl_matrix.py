@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 
 from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_commands
-from unlearn.infra.client_registry import CLIENT_REGISTRY_TOPIC
-from unlearn.infra.head_registry import REGISTRY_TOPIC
+from unlearn.infra.between_stages import heads_family, state_family, transit_private_family
+from unlearn.infra.registry import CLIENT_REGISTRY_TOPIC, REGISTRY_TOPIC
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family, transit_private_family
 from unlearn.infra.topics import TOPICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,10 +124,10 @@ def _roles_in_code() -> dict[str, set[str]]:
 # it is listed here and granted in the matrix).
 ROLE_PRINCIPALS = {
     "serving": {"serving"},                       # services/serving/follower.py
-    "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/head_registry.py
-    "clients": {"featurizer", "operator"},        # infra/client_registry.py
+    "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/registry.py
+    "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
-    "featurizer": {"featurizer"},                 # infra/key_family.py readers of streams/featurizer/keystore.py
+    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/keystore.py
     "head-reader": {"client"},        # services/client/head_reader.py
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/sdk.py

@@ -23,8 +23,7 @@ from unlearn.infra.broker import (
     find_tansu_binary,
     run_broker_forever,
 )
-from unlearn.infra.profiles import admin_config, consumer_config, producer_config, quirks
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
 
 REPO = Path(__file__).resolve().parents[2]

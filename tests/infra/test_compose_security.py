@@ -3,7 +3,7 @@ for real, without Docker, by tests/infra/test_secured_kafka.py). The file parses
 runs as its own principal, from its own Kafka client properties file (a compose config mounted
 where ``UNLEARN_KAFKA_PROPERTIES`` points); the init service creates exactly the matrix's
 principals; the broker script turns the authorizer on; and each service's environment and file,
-run through the typed settings and ``infra.profiles``, give its librdkafka clients the SASL config
+run through the typed settings and ``infra.settings``, give its librdkafka clients the SASL config
 (shown in docs/security.md)."""
 
 from __future__ import annotations
@@ -18,8 +18,14 @@ import yaml
 
 from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
 from unlearn.infra.kafka_properties import client_security, read_properties
-from unlearn.infra.profiles import admin_config, consumer_config, producer_config, security_config
-from unlearn.infra.settings import SecuritySettings, Settings
+from unlearn.infra.settings import (
+    SecuritySettings,
+    Settings,
+    admin_config,
+    consumer_config,
+    producer_config,
+    security_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -19,8 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.process_support import alive, wait_dead
 from unlearn.infra import kafka_broker
 from unlearn.infra.kafka_broker import JavaNotFound, KafkaJarsMissing, LocalKafka
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 

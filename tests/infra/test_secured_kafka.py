@@ -41,9 +41,8 @@ from confluent_kafka.admin import (
 )
 
 from unlearn.infra.acl_matrix import PRINCIPALS
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import TopicFamily, heads_family, state_family
+from unlearn.infra.between_stages import TopicFamily, heads_family, state_family
+from unlearn.infra.settings import HeadSettings, Settings
 
 pytestmark = pytest.mark.broker
 
@@ -290,7 +289,7 @@ def _produce_errors(settings: Settings, topics: list[str], timeout: float = 20.0
     """Per topic, the first error a forger's plain producer (no idempotence: an idempotent one of a
     principal with no WRITE anywhere fails earlier, on InitProducerId) gets writing it as
     ``settings``' principal: its delivery report's, or a client-level one (authentication) for all."""
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
 
     got: dict[str, str] = {}
     client_errors: list[str] = []
@@ -350,7 +349,7 @@ def family_topics(secured: Secured, family: TopicFamily) -> list[str]:
 
 
 def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
-    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.settings import consumer_config
 
     topics = family_topics(secured, state_family(secured.prefix))
     c = Consumer(consumer_config(secured.settings("client"), f"{secured.prefix}head-reader-{uuid.uuid4().hex[:6]}",
@@ -373,7 +372,7 @@ def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
 
 
 def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     admin = AdminClient(admin_config(secured.settings("client")))
     grant_self = AclBinding(ResourceType.TOPIC, secured.prefix + "deltas", ResourcePatternType.LITERAL, "User:client",

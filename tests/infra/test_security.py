@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from unlearn.infra.kafka_properties import PropertiesError, client_security, read_properties
-from unlearn.infra.profiles import admin_config, consumer_config, producer_config, security_config
-from unlearn.infra.settings import SecuritySettings, Settings
+from unlearn.infra.settings import (
+    SecuritySettings,
+    Settings,
+    admin_config,
+    consumer_config,
+    producer_config,
+    security_config,
+)
 
 
 def _file(tmp_path: Path, text: str, name: str = "client.properties") -> str:

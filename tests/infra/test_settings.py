@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from unlearn.infra.erasure_settings import ErasureSettings
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.local_broker_settings import LocalBrokerSettings
 from unlearn.infra.processes import settings_env
 from unlearn.infra.settings import (
+    ErasureSettings,
+    HeadSettings,
+    LocalBrokerSettings,
     Section,
     SecuritySettings,
     Settings,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unlearn.infra.topic_family import TopicFamily, heads_family, state_family
+from unlearn.infra.between_stages import TopicFamily, heads_family, state_family
 
 prefixes = st.text(alphabet="abcXYZ019._-", max_size=12)
 numbers = st.integers(min_value=0, max_value=10**9)

@@ -10,9 +10,8 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.between_stages import heads_family
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import FAMILY_RELIST_S, LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import delete_topics, ensure_topic
 

@@ -1,4 +1,4 @@
-"""The fold rules both versioned registries share (infra/versioned_registry.py), through each
+"""The fold rules both versioned registries share (infra/registry.py), through each
 registry's public fold, without a broker: highest version wins (the later record on a tie),
 tombstones are ignored, invalid records and records under another key are skipped with a
 warning in the registry's own words."""
@@ -12,8 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from unlearn.infra.client_registry import fold_clients
-from unlearn.infra.head_registry import fold_contracts
+from unlearn.infra.registry import fold_clients, fold_contracts
 from unlearn.infra.topic_reader import LogRecord
 
 CLIENT = {"schema": "unlearn.client/v1", "client_id": "c1", "version": 1,

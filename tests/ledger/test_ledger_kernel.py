@@ -1,4 +1,4 @@
-"""The exact limb kernel (ledger/limbs.py): pending float64 dsyrk accumulation folded into int64.
+"""The exact limb kernel (ledger/exact.py): pending float64 dsyrk accumulation folded into int64.
 
 Every fast path is checked against a straightforward Python-int reference of the limbs themselves
 (not only S), and the digests/blobs of fixed streams against values recorded from the previous
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import QMAX, ExactLedger, encoding, limbs
+from unlearn.ledger import QMAX, ExactLedger
 from unlearn.ledger import exact as exact_mod
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -48,7 +48,7 @@ def blob_limbs(led: ExactLedger) -> list[np.ndarray]:
     blob = led.to_bytes()
     d, c = led.dim, led.n_outputs
     t = d * (d + 1) // 2
-    body = np.frombuffer(blob[encoding.BLOB_HEADER.size:-32], dtype="<i8")[c:]
+    body = np.frombuffer(blob[exact_mod.BLOB_HEADER.size:-32], dtype="<i8")[c:]
     parts = np.split(body, np.cumsum([t, t, t, d * c, d * c]))
     return [p.astype(object) for p in parts[:3]] + [p.reshape(d, c).astype(object) for p in parts[3:]]
 
@@ -104,9 +104,8 @@ def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int,
     ys = rng.integers(0, 4, 40)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(exact_mod, "ROW_BLOCK", row_block)
-        m.setattr(limbs, "ROW_BLOCK", row_block)
-        m.setattr(limbs, "EXACT_ROWS", exact_rows)
-        m.setattr(limbs, "DEFER_ROWS", defer_rows)
+        m.setattr(exact_mod, "EXACT_ROWS", exact_rows)
+        m.setattr(exact_mod, "DEFER_ROWS", defer_rows)
         led = ExactLedger(d, 4)
         held: list[int] = []
         for _ in range(n_ops):
@@ -149,7 +148,7 @@ def test_add_then_delete_restores_the_exact_state(seed: int, d: int, r: int, rea
 def test_extremes_past_the_exact_budget() -> None:
     """More than EXACT_ROWS rows of the largest |s| = |a + b| (and of +-QMAX): the pending float
     accumulators fold before they could round, and every limb equals its closed form."""
-    n = limbs.EXACT_ROWS + 5
+    n = exact_mod.EXACT_ROWS + 5
     q_s = (1 << 30) - (1 << 14) - 1  # a = 2^15 - 1, b = 2^14 - 1: the largest s
     Q = np.empty((n, 2), np.int64)
     Q[:, 0] = q_s
@@ -233,15 +232,15 @@ def test_deferred_rows_show_in_the_diagonals_and_fold_to_the_same_limbs(seed: in
     """Small updates wait unmultiplied (DEFER_ROWS); the diagonals the delete check reads include
     them exactly, and the fold gives the limbs of the Python-int reference whatever was deferred."""
     rng = np.random.default_rng(seed)
-    pend = limbs.PendingProducts(d)
+    pend = exact_mod.PendingProducts(d)
     ref = [np.zeros((d, d), dtype=object) for _ in range(3)]
     for r, sign in zip(sizes, signs):
         Q = rows(rng, r, d, 0.3)
-        pend.accumulate(*limbs.split_rows(Q), sign)
+        pend.accumulate(*exact_mod.split_rows(Q), sign)
         a, b = halves(Q)
         for acc, part in zip(ref, (a.T @ a, a.T @ b + b.T @ a, b.T @ b)):
             acc += sign * part
-    assert pend.deferred < limbs.DEFER_ROWS  # flushed once that many wait
+    assert pend.deferred < exact_mod.DEFER_ROWS  # flushed once that many wait
     diag = pend.diagonals()
     for got, want in zip(diag, ref):
         assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
@@ -271,18 +270,18 @@ def test_stale_accumulator_is_overwritten_not_read() -> None:
     for d, r in ((5, 1), (5, 3), (64, 2), (200, 70)):
         C = np.full((d, d), np.nan)
         M = rng.integers(-9, 9, (r, d)).astype(np.float64)
-        limbs.syrk_upper(-1.0, M, C, accumulate=False)
+        exact_mod.syrk_upper(-1.0, M, C, accumulate=False)
         iu = np.triu_indices(d)
         assert np.array_equal(C[iu], (-M.T @ M)[iu])
         assert np.isnan(C[np.tril_indices(d, -1)]).all()
-        limbs.syrk_upper(1.0, M[:1], C, accumulate=True)  # the dsyr path, in place
+        exact_mod.syrk_upper(1.0, M[:1], C, accumulate=True)  # the dsyr path, in place
         assert np.array_equal(C[iu], (-M.T @ M + M[:1].T @ M[:1])[iu])
 
 
 def test_exact_int_at_its_bounds() -> None:
     edge = (1 << 51) - 1
     v = np.array([edge, -edge, 0.0, -0.0, 1, -1, 12345678901234], np.float64)
-    assert limbs.exact_int(v).tolist() == [edge, -edge, 0, 0, 1, -1, 12345678901234]
+    assert exact_mod.exact_int(v).tolist() == [edge, -edge, 0, 0, 1, -1, 12345678901234]
 
 
 @SETTINGS
@@ -290,7 +289,7 @@ def test_exact_int_at_its_bounds() -> None:
 def test_split_rows_is_the_integer_split(seed: int, r: int) -> None:
     rng = np.random.default_rng(seed)
     Q = rows(rng, r, 7, 0.5)
-    a, b, s = limbs.split_rows(Q)
+    a, b, s = exact_mod.split_rows(Q)
     ai = (Q + (1 << 14)) >> 15
     assert np.array_equal(a, ai) and np.array_equal(b, Q - (ai << 15)) and np.array_equal(s, a + b)
     assert (b >= -(1 << 14)).all() and (b < (1 << 14)).all()

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from unlearn.schemas import SCHEMA_DIR
-from unlearn.schemas.head_contract import (
+from unlearn.schemas.head import (
     ContractError,
     HeadContract,
     decode_contract,

@@ -22,9 +22,7 @@ from unlearn.schemas.redaction import (
     redact_delta,
     redact_original,
 )
-from unlearn.schemas.sealed import new_key
-from unlearn.schemas.sealed_delta import seal_delta
-from unlearn.schemas.transit import TransitPublicKey, new_transit_key, seal_request
+from unlearn.schemas.sealed import TransitPublicKey, new_key, new_transit_key, seal_delta, seal_request
 
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _id = st.text(alphabet="abcXYZ019._:@+-", min_size=1, max_size=12)

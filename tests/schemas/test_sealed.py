@@ -1,4 +1,4 @@
-"""Sealing per-sample rows (schemas/sealed.py, schemas/sealed_delta.py): round trips, context
+"""Sealing per-sample rows (schemas/sealed.py, schemas/sealed.py): round trips, context
 binding, commitments, and the sealed deltas entry."""
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from unlearn.schemas.sealed import (
     decode_key_record,
     encode_key_record,
     new_key,
+    open_delta,
     row_bytes,
     seal,
+    seal_delta,
     unseal,
 )
-from unlearn.schemas.sealed_delta import open_delta, seal_delta
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12)
 

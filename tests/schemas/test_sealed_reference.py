@@ -12,11 +12,21 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.infra.key_family import KeyGeneration, KeyRing
+from unlearn.infra.between_stages import KeyGeneration, KeyRing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry, decode_delta, encode_delta
-from unlearn.schemas.sealed import PURPOSE_ROW, SampleKey, SealError, aad, commitment, new_key, unseal
-from unlearn.schemas.sealed_delta import ErasedRow, open_delta, seal_delta
+from unlearn.schemas.sealed import (
+    PURPOSE_ROW,
+    ErasedRow,
+    SampleKey,
+    SealError,
+    aad,
+    commitment,
+    new_key,
+    open_delta,
+    seal_delta,
+    unseal,
+)
 
 text = st.text(max_size=20)  # any Unicode: the lengths are of the UTF-8 bytes
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=12)

@@ -1,4 +1,4 @@
-"""Transit sealing of raw inputs (schemas/transit.py): round trips, and a sealed input opens only
+"""Transit sealing of raw inputs (schemas/sealed.py): round trips, and a sealed input opens only
 under exactly its key and context (docs/formats.md, "Sealed inputs"). One ephemeral key for many
 requests (``TransitSealer``): the bytes are the ordinary format, each request opens exactly as a
 one-shot seal does (with or without a cached derived key), and every associated-data binding
@@ -26,7 +26,7 @@ from unlearn.schemas.envelope import (
     input_to_dict,
     parse_request,
 )
-from unlearn.schemas.transit import (
+from unlearn.schemas.sealed import (
     SEALER_MAX_MESSAGES,
     SealerExhausted,
     TransitError,

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
+from unlearn.infra.between_stages import heads_family
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import ensure_topic
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 
 
 def update(head: str, version: int, mode: str, n: int = 3) -> HeadUpdate:

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.schemas import SCHEMA_DIR
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt, encode_receipt
 
 D = 5
@@ -217,7 +216,7 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
 def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -> None:
     """The listener fixes its offsets before the request is produced: a pipeline answering
     instantly (here: the test itself, right after the request is acknowledged) is still seen."""
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
     from unlearn.services.client.sdk import UnlearnClient
 
     p = Producer(producer_config(settings, **{"linger.ms": 0}))
@@ -342,7 +341,7 @@ def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> Non
 
 def test_a_dead_listener_fails_its_waiters(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reading thread dying is reported to every waiter (not a silent timeout)."""
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
     from unlearn.services.client import sdk
 
     def broken(_value: bytes) -> Receipt:

@@ -13,7 +13,7 @@ from collections import Counter
 from tests.thread_support import run_racing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
-from unlearn.schemas.transit import TransitPublicKey, new_transit_key, open_request
+from unlearn.schemas.sealed import TransitPublicKey, new_transit_key, open_request
 from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit
 
 

@@ -11,11 +11,10 @@ import time
 import pytest
 
 from unlearn.infra.between_stages import head_partition
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import FeaturesInput, SealedInput, parse_request
-from unlearn.schemas.transit import TransitPublicKey, encode_public_record, new_transit_key, open_request
+from unlearn.schemas.sealed import TransitPublicKey, encode_public_record, new_transit_key, open_request
 from unlearn.services.client.sdk import ClientError, UnlearnClient
 
 
@@ -24,7 +23,7 @@ def publish_later(s: Settings, head: str, delay: float) -> tuple[threading.Threa
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=30).topics
     p = head_partition(head, len(md[s.topic("requests.by-head")].partitions))

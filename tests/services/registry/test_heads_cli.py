@@ -7,10 +7,9 @@ import time
 import orjson
 import pytest
 
-from unlearn.infra.head_registry import RegistryView, publish_contract, read_contracts
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
-from unlearn.schemas.head_contract import HeadContract
+from unlearn.infra.registry import RegistryView, publish_contract, read_contracts
+from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.schemas.head import HeadContract
 from unlearn.services.cli import main
 
 
@@ -74,7 +73,7 @@ def test_create_refuses_what_the_deployment_cannot_take(settings: Settings,
 def test_reader_takes_the_highest_version_and_skips_bad_records(settings: Settings) -> None:
     from confluent_kafka import Producer
 
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
 
     c1 = HeadContract("h", 1, 4, "features", "features", "l2", 1.0, 30, 0, "class", 1.0, n_classes=2)
     view = RegistryView(settings).start(wait_caught_up=30)

@@ -13,10 +13,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from unlearn.features.contract import quantize_feature_row
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import Quantizer
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 
 D, C = 6, 3
 
@@ -70,8 +69,8 @@ class Publisher:
     def __init__(self, settings: Settings) -> None:
         from confluent_kafka import Producer
 
-        from unlearn.infra.profiles import producer_config
-        from unlearn.infra.topic_family import heads_family
+        from unlearn.infra.between_stages import heads_family
+        from unlearn.infra.settings import producer_config
         from unlearn.infra.topics import ensure_topic
 
         self.settings = settings

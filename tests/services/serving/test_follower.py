@@ -7,8 +7,8 @@ import time
 import uuid
 
 from tests.services.serving.support import Publisher, make_head, metric_samples, sample
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import TopicFollower
 from unlearn.infra.topics import delete_topics, prefixed_topics
 from unlearn.services.serving.follower import HeadsFollower

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
-from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head
+from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.services.client.predict import featurize_rows, predict_features
 from unlearn.services.serving.predict import predict
 from unlearn.services.serving.store import ServedHead

@@ -30,12 +30,12 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.services.serving.support import http
-from unlearn.infra.head_registry import publish_contract
 from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.registry import publish_contract
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
-from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head import HeadContract
 from unlearn.services.serving.http import openapi_spec
 from unlearn.services.serving.predict import MAX_TOP_K
 
@@ -55,7 +55,7 @@ def _publish_real_head(s: Settings) -> None:
     """Declare the head, then produce its deltas as a featurizer would (naming the contract)."""
     from confluent_kafka import Producer
 
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
 
     publish_contract(s, HeadContract(head_id=HEAD, version=1, dimension=D, backbone="features",
                                      input_kind="features", normalization="l2", feature_bound=1.0, frac_bits=30,

@@ -10,7 +10,7 @@ import numpy as np
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import CodecError, Delta, RowsEntry, decode_delta, encode_delta
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import Certificate
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime

@@ -17,7 +17,7 @@ from tests.services.verifier.support import (
 from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.ledger.solve import posterior_inverse_cho_solve
 from unlearn.schemas.delta_codec import PackedEntry
-from unlearn.schemas.head_codec import HeadUpdate
+from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import verify
 from unlearn.services.verifier.checks import Evidence, check_delete_matching, check_live_digest, run_checks

@@ -12,11 +12,11 @@ import orjson
 import pytest
 
 from tests.services.verifier.support import anomalous_stream, records_of, simulate
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.infra.topics import ensure_topic
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 from unlearn.services.cli import COMMANDS
 from unlearn.services.verifier import export_deltas_main, verify_head, verify_main, write_export
 
@@ -72,7 +72,7 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     from confluent_kafka import Producer
 
     from unlearn.infra.processes import ServiceProcess
-    from unlearn.infra.profiles import producer_config
+    from unlearn.infra.settings import producer_config
     from unlearn.services.client.head_reader import wait_for_head
 
     s = settings.with_(data_dir=str(tmp_path / "data"), reset_every_seconds=1.0, reset_every_events=7,

@@ -9,8 +9,7 @@ from dataclasses import replace
 from tests.services.verifier.support import StreamBuilder, records_of, simulate
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import decode_delta, encode_delta
-from unlearn.schemas.sealed import SampleKey, new_key
-from unlearn.schemas.sealed_delta import seal_delta
+from unlearn.schemas.sealed import SampleKey, new_key, seal_delta
 from unlearn.services.verifier import replay_log, verify
 from unlearn.services.verifier.erasure import open_records, unreproducible_versions
 from unlearn.streams.ledger.head_runtime import creates_head

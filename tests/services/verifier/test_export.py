@@ -17,7 +17,7 @@ from tests.services.verifier.support import (
     status,
 )
 from unlearn.infra.topic_reader import LogRecord
-from unlearn.schemas.head_codec import encode_head
+from unlearn.schemas.head import encode_head
 from unlearn.schemas.receipts import encode_receipt
 from unlearn.services.verifier import VerifyError, read_export, verify_file, write_export
 

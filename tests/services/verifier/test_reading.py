@@ -10,7 +10,7 @@ import numpy as np
 from tests.services.verifier.support import StreamBuilder
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, encode_delta
-from unlearn.schemas.head_codec import HeadUpdate, encode_head
+from unlearn.schemas.head import HeadUpdate, encode_head
 from unlearn.services.verifier.reading import delta_head, key_filter, live_updates, read_head_updates
 
 

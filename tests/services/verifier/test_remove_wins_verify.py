@@ -17,13 +17,12 @@ from hypothesis import strategies as st
 
 from tests.streams.featurizer.test_auth import SIGN_A, SIGN_B, record
 from tests.streams.featurizer.test_tombstones import BASE, NOW, add_req, cfg, scenarios
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
-from unlearn.schemas.sealed_delta import ErasedRow
+from unlearn.schemas.sealed import ErasedRow
 from unlearn.schemas.signature import Signer
 from unlearn.services.verifier import Certificate, Check, verify
 from unlearn.services.verifier.checks import Evidence, check_remove_wins

@@ -11,7 +11,7 @@ import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
 from unlearn.features.contract import FeatureRejected, quantize_feature_row
-from unlearn.infra.head_settings import HeadSettings
+from unlearn.infra.settings import HeadSettings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
@@ -22,11 +22,14 @@ from unlearn.schemas.envelope import (
     Request,
     TextInput,
     encode_request,
+    format_source_id,
     parse_request,
+    parse_source,
+    parse_source_id,
+    source_stream,
 )
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
-from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 from unlearn.streams.featurizer.core import (
     assemble_deltas,
     check_batch,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.streams.featurizer.delivery import Acks
 from unlearn.streams.featurizer.model import DeliveryError
 

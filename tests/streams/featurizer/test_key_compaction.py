@@ -8,11 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from unlearn.infra.key_family import key_record_key, read_partition_keys
+from unlearn.infra.between_stages import key_record_key, keys_family, read_partition_keys
 from unlearn.infra.polling import poll_until
-from unlearn.infra.profiles import admin_config, quirks
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import keys_family
+from unlearn.infra.settings import Settings, admin_config, quirks
 from unlearn.infra.topic_reader import read_topic
 from unlearn.streams.featurizer.keystore import KeyStore
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from unlearn.infra.settings import Settings
-from unlearn.schemas.transit import new_transit_key
+from unlearn.schemas.sealed import new_transit_key
 from unlearn.streams.featurizer import shredder
 from unlearn.streams.featurizer.probes import Probes
 from unlearn.streams.featurizer.shredder import FLOORS, Erasure, _Pending

@@ -20,8 +20,7 @@ from tests.services.verifier.test_remove_wins_verify import certify_messages
 from tests.streams.featurizer.test_routing import reference_digest
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
@@ -67,7 +66,7 @@ def add_req(ev: str, subject: str, sample: str, seed: int, ts: float | None = No
 def n_requests_partitions(s: Settings) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.profiles import admin_config
+    from unlearn.infra.settings import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=10)
     return len(md.topics[s.topic("requests")].partitions)

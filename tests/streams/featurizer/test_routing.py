@@ -18,10 +18,8 @@ from confluent_kafka import Producer
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.between_stages import head_partition
-from unlearn.infra.head_settings import HeadSettings
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.ledger import ExactLedger
 from unlearn.schemas.deadletter import decode_deadletter
@@ -313,7 +311,7 @@ def routed_records(s: Settings) -> list[Any]:
     """Every record of the by-head topic, with its headers (``read_topic`` keeps none)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from unlearn.infra.profiles import consumer_config
+    from unlearn.infra.settings import consumer_config
 
     topic = s.topic("requests.by-head")
     c = Consumer(consumer_config(s, f"{s.topic_prefix}headers", **{"enable.partition.eof": True}))

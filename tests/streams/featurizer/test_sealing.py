@@ -7,8 +7,7 @@ import pytest
 
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry
-from unlearn.schemas.sealed import SampleKey, SealError, new_key
-from unlearn.schemas.sealed_delta import open_delta
+from unlearn.schemas.sealed import SampleKey, SealError, new_key, open_delta
 from unlearn.streams.featurizer.changelog import (
     Position,
     batch_records,

@@ -19,15 +19,13 @@ import orjson
 import pytest
 
 from tests.sealed_support import plain_delta
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topics import create_topics, delete_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, parse_source
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
 
 pytestmark = pytest.mark.broker

@@ -9,9 +9,8 @@ import pytest
 
 from tests.sealed_support import plain_delta
 from tests.streams.featurizer.test_service import Reader, Running, add, produce
-from unlearn.infra.head_registry import read_contracts
-from unlearn.infra.head_settings import HeadSettings
-from unlearn.infra.settings import Settings
+from unlearn.infra.registry import read_contracts
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.cli import main
 

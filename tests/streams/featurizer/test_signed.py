@@ -18,9 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.streams.featurizer.test_auth import hostile_corpus
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
-from unlearn.infra.client_registry import publish_client, read_clients
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.registry import publish_client, read_clients
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.client_record import ClientKey, ClientRecord
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request

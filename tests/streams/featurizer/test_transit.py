@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from unlearn.infra.between_stages import head_partition
-from unlearn.infra.key_family import TRANSIT_HEAD, read_partition_keys
-from unlearn.infra.profiles import consumer_config, producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import keys_family, transit_private_family
+from unlearn.infra.between_stages import (
+    TRANSIT_HEAD,
+    head_partition,
+    keys_family,
+    read_partition_keys,
+    transit_private_family,
+)
+from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import Request, TextInput
-from unlearn.schemas.transit import decode_public_record, seal_request
+from unlearn.schemas.sealed import decode_public_record, seal_request
 from unlearn.services.client.transit_keys import TransitKeyCache
 from unlearn.streams.featurizer.keystore import KeyStore
 from unlearn.streams.featurizer.transit import TransitKeys, router_committed

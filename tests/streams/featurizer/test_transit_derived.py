@@ -14,7 +14,7 @@ import pytest
 
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
-from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, new_transit_key
+from unlearn.schemas.sealed import TransitError, TransitPublicKey, TransitSealer, new_transit_key
 from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit
 from unlearn.streams.featurizer.transit import Epoch, TransitKeys
 from unlearn.streams.featurizer.transit_open import DerivedKeys, UnopenedRequest, open_sealed

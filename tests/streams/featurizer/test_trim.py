@@ -21,8 +21,7 @@ from tests.streams.featurizer.test_service import (
     produce,
     q_rows,
 )
-from unlearn.infra.profiles import admin_config, consumer_config, quirks
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, admin_config, consumer_config, quirks
 from unlearn.infra.topic_reader import read_topic
 from unlearn.streams.featurizer.trim import trim_bounds
 

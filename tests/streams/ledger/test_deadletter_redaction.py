@@ -14,8 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta

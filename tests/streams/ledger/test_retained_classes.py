@@ -8,7 +8,7 @@ import numpy as np
 
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
-from unlearn.schemas.head_codec import HeadUpdate, decode_head, encode_head
+from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.outputs import head_update
 

@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
-from unlearn.infra.head_settings import HeadSettings
+from unlearn.infra.between_stages import heads_family, state_family
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.profiles import producer_config
-from unlearn.infra.settings import Settings
-from unlearn.infra.topic_family import heads_family, state_family
+from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
-from unlearn.schemas.head_codec import HeadUpdate, decode_head
+from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
 from unlearn.streams.ledger.settings import LedgerSettings
