@@ -36,7 +36,7 @@ from unlearn.infra.broker import LocalBroker
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
-from unlearn.streams.featurizer.batch_processor import BatchProcessor
+from unlearn.streams.featurizer.batch import BatchProcessor
 from unlearn.streams.featurizer.service import FeaturizerService
 
 

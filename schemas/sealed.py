@@ -420,7 +420,7 @@ class TransitSealer:
     """One producer's ephemeral key for one transit key: the X25519 exchange and HKDF happen once
     here, each :meth:`seal` is one AES-GCM encryption with a fresh random nonce. Only the derived
     AES key is kept (the ephemeral private key is dropped at once). Roll a new one when
-    :attr:`exhausted` or when the transit key changes (``services/client/transit_keys.py`` does).
+    :attr:`exhausted` or when the transit key changes (``services/client/sdk.py`` does).
     Thread-safe: the count is taken under a lock, so at most ``max_messages`` seals ever succeed
     (the next raise :class:`SealerExhausted`); the encryption itself runs outside it."""
 

@@ -40,8 +40,8 @@ from unlearn.schemas.head import HeadUpdate, score_rows
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
+from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.client.settings import ClientSettings
-from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 from unlearn.services.serving.settings import ServeSettings
 

@@ -27,6 +27,10 @@ sample another client added (the cache records who added each sample) needs
 The replay window and the buckets are per by-head partition and in memory (:class:`AuthState`):
 bounded by the window, lost on a restart or a partition move (docs/security.md says what that
 leaves open).
+
+The featurizer's side of signed requests that does I/O: it follows the client registry and
+keeps each by-head partition's :class:`~streams.featurizer.auth.AuthState` (the decisions are in
+``auth.py``). With ``UNLEARN_AUTH_MODE=off`` it does nothing and hands out no authorizer.
 """
 
 from __future__ import annotations
@@ -37,14 +41,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from unlearn.features.contract import FeatureRejected
+from unlearn.infra.registry import ClientRegistryView
+from unlearn.infra.settings import Settings
 from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.envelope import InvalidRequest, Request
 from unlearn.schemas.signature import SignatureFormatError, read_signature, verify_value
+from unlearn.streams.featurizer.settings import FeaturizerSettings
+
+__all__ = [
+    "AUTH_REASONS",
+    "NO_RECEIPT_REASONS",
+    "UNAUTHENTICATED_REASONS",
+    "AuthState",
+    "Authorizer",
+    "Screened",
+    "AuthGate",
+]
 
 if TYPE_CHECKING:
     from unlearn.streams.featurizer.model import CachedSample, InMessage
-
-__all__ = ["AUTH_REASONS", "NO_RECEIPT_REASONS", "UNAUTHENTICATED_REASONS", "AuthState", "Authorizer", "Screened"]
 
 AUTH_REASONS: dict[str, str] = {
     "unsigned": "UNLEARN_AUTH_MODE=signed: the request has no signature headers (unlearn-sig-key, unlearn-sig)",
@@ -196,3 +211,33 @@ class Authorizer:
             raise FeatureRejected("not_owner", f"client {client.client_id!r} may not delete samples added by "
                                                f"{', '.join(repr(o) for o in others[:3])} (may_delete_others "
                                                f"is off); event {r.event_id!r}")
+
+
+class AuthGate:
+    """Registry follower plus per-partition replay windows and token buckets."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.signed = settings.auth_mode == "signed"
+        self.view: ClientRegistryView | None = None
+        self.states: dict[int, AuthState] = {}
+
+    def start(self) -> None:
+        """In signed mode, read the client registry to its end before judging anything (a
+        request is never refused as ``unknown_client`` only because the registry was not read)."""
+        if self.signed:
+            self.view = ClientRegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
+
+    def stop(self) -> None:
+        """Stop following the registry."""
+        if self.view is not None:
+            self.view.stop()
+            self.view = None
+
+    def authorizer(self, partition: int) -> Authorizer | None:
+        """The authorizer for one batch of ``partition`` (one registry snapshot), or None when off."""
+        if not self.signed:
+            return None
+        assert self.view is not None, "AuthGate.start() first"
+        state = self.states.setdefault(partition, AuthState())
+        return Authorizer(self.view.snapshot(), state, FeaturizerSettings.of(self.settings).auth_replay_window_seconds)

@@ -27,19 +27,28 @@ unfinished batch are harmless: they sit in the other slot and only a position re
 
 Everything here is pure: encoding, :func:`batch_records`, :func:`fold_changelog` (records ->
 cache contents) and :func:`resume_plan` (local cache vs changelog: continue, rebuild or seed).
+
+Reading the ``featurizer-cache`` changelog partitions (the I/O around ``changelog.py``).
+
+Writing needs nothing special: changelog records are outbox rows with a partition and a phase,
+delivered by the service like every other outbox row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import orjson
 
+from unlearn.infra.log_position import watermarks
+from unlearn.infra.settings import Settings, consumer_config
+from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey
 
@@ -66,6 +75,8 @@ __all__ = [
     "encode_tombstone",
     "state_records",
     "tombstone_key",
+    "ChangelogReadError",
+    "ChangelogReader",
 ]
 
 PHASE_CHANGELOG = 0
@@ -506,3 +517,68 @@ def snapshot_mutations(samples: Iterable[CachedSample], heads: Iterable[HeadInfo
                        tombstones: Iterable[Tombstone] = ()) -> CacheMutations:
     """A whole cache as one batch of puts (the txn of a ``seed``)."""
     return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads), put_tombstones=tuple(tombstones))
+
+
+_SCAN_WINDOW = 512  # records of the first backward window when looking for the last position
+
+
+class ChangelogReadError(RuntimeError):
+    """A changelog partition could not be read in time."""
+
+
+class ChangelogReader:
+    """Reads one changelog topic with a group-less consumer (never joins a group)."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        group = f"{self.settings.topic_prefix}featurizer-restore-{uuid.uuid4().hex}"
+        return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
+
+    def latest_position(self, partition: int) -> tuple[Position | None, int]:
+        """The last ``position/<p>`` record and the highest generation a ``delivered`` record after
+        it names (0: none), scanning back from the end in growing windows (cheap: both are within
+        the last batch's records)."""
+        want, done_key = position_key(partition), delivered_key(partition)
+        delivered = 0
+        c = self._consumer()
+        try:
+            low, high = watermarks(c, self.topic, partition, self.settings.admin_timeout)
+            low, high = max(0, int(low)), max(0, int(high))
+            stop: int | None = None  # None: to the partition's true end (EOF), whatever ListOffsets said
+            window = _SCAN_WINDOW
+            start = max(low, high - window)
+            while True:
+                for _, k, v in reversed(self._read(c, partition, start, stop)):
+                    if k == done_key and v is not None:
+                        delivered = max(delivered, int(v))
+                    elif k == want and v is not None:
+                        return Position.decode(v), delivered
+                if start <= low:
+                    return None, 0
+                stop, window = start, window * 4
+                start = max(low, start - window)
+        finally:
+            c.close()
+
+    def restore(self, partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
+        """Read the whole partition and fold it (last value per key, tombstones delete; sealed
+        sample records opened with ``open_sample``)."""
+        c = self._consumer()
+        try:
+            records = self._read(c, partition, 0, None)
+        finally:
+            c.close()
+        return fold_changelog(((k, v) for _, k, v in records if k is not None), partition, open_sample)
+
+    def _read(self, c: Any, partition: int, start: int, stop: int | None) -> list[tuple[int, bytes | None,
+                                                                                    bytes | None]]:
+        """(offset, key, value) of offsets [start, stop) (``stop`` None: to the partition's end)."""
+        try:  # a large cache takes long: time out on no progress only
+            return read_range(c, self.topic, partition, start, stop, max(30.0, self.settings.admin_timeout))
+        except TopicReadError as exc:
+            raise ChangelogReadError(str(exc)) from None

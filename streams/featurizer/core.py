@@ -1,4 +1,34 @@
-"""The featurizer's decisions, without I/O: one micro-batch of requests in, deltas out.
+"""A micro-batch's read view of the feature cache: one lookup per batch, not one per event.
+
+Judging a batch asks the cache, per add and per delete, for the (head, sample) it names and, per
+add, for the head's first-add facts. Against sqlite that is two queries per event. The cache does
+not change while a batch is judged (``featurize_batch`` only reads it; the mutations are
+committed afterwards), so fetching every sample the batch names in one query, and each head
+once, gives the same answers: :class:`BatchView` does that in front of any
+:class:`~streams.featurizer.model.CacheView`, and uses ``get_samples`` (one query) when the cache
+has it (:class:`BulkCacheView`, e.g. ``FeatureCache``). :class:`Overlay` is the other half: the
+batch's own effect, laid over that view while its events are judged one after another.
+
+Head contracts in the featurizer: which contract an add is judged against, and the checks.
+
+A declared contract (``unlearn heads create``, read from the head registry) wins: the first add
+of a head takes its grid from it, and every add must match its backbone, input kind, dimension
+and label space. An add to an undeclared head gets, when ``UNLEARN_AUTO_CREATE_HEADS`` is on (the
+default), the **auto contract**: the head's first-add facts with ``UNLEARN_DEFAULT_CLASSES``
+classes (or the first add's vector width) and the settings' preprocessing and gamma. It is a
+pure function of those facts and the settings, so it is the same before and after the featurizer
+publishes it to the registry (with the head's first delta, through the outbox). Either way no
+single add can size a head beyond its contract (the ledger still sizes columns as the largest
+class seen plus one, now bounded by the contract).
+docs/registry.md.
+
+The dead letter (and, for a delete, the rejected receipt) of a refused request.
+
+Split from ``core.py`` (its judging steps call :func:`refusal`). A dead letter names the request's
+place in ``requests`` and keeps its bytes as sent, except a plaintext raw input, which is taken
+out unless ``UNLEARN_DEADLETTER_INPUTS=keep`` (``schemas/redaction.py``, docs/erasure.md).
+
+The featurizer's decisions, without I/O: one micro-batch of requests in, deltas out.
 
 ``featurize_batch`` takes the records of ONE partition of the by-head topic (ascending
 offsets; each carries a request and the place in ``requests`` it was routed from), a read-only view
@@ -14,7 +44,7 @@ encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
   origin offsets (re-forwarded copies of records already judged are dropped first:
   :func:`admit_routed`).
 
-Nothing here touches Kafka or sqlite; ``streams/featurizer/batch_processor.py`` applies the outcome
+Nothing here touches Kafka or sqlite; ``streams/featurizer/batch.py`` applies the outcome
 through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
 are judged sequentially against an in-memory overlay of the cache, so "add x, delete x" in one
 batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
@@ -26,18 +56,37 @@ The steps, each a function of its own: :func:`check_batch`, :func:`admit_routed`
 :func:`assemble_deltas`. How a feature vector or label becomes integers, which backbone an
 input goes through and what dimension it fixes is the feature contract
 (:mod:`features.contract`), shared with serving.
+
+Opening sealed inputs in the featurizer, without I/O (docs/erasure.md section 5).
+
+Right after parsing and before anything is judged, every add whose input is sealed for transit
+(``schemas/sealed.py``) is opened under its by-head partition's transit key; one that cannot be
+opened becomes an :class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the parsed request,
+so its dead letter names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps
+the message as sent, i.e. the sealed bytes: noise once the transit key is destroyed. With
+``UNLEARN_REQUIRE_SEALED_INPUT`` a plaintext add is refused the same way.
+
+A producer reuses one ephemeral key for many requests under one transit key
+(``schemas/transit.TransitSealer``), so the AES key derived for a (transit key id, epk) pair is
+kept in :class:`DerivedKeys`, a bounded LRU (``DERIVED_KEYS`` entries): one X25519
+exchange and HKDF per producer session and epoch instead of per request. Its entries for a
+transit key are dropped when that key is destroyed or its partition revoked
+(``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its private key here.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import orjson
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from unlearn.features.backbones import BackboneError
+from unlearn.features.backbones import BackboneError, backbone_cache_key
 from unlearn.features.contract import (
     BatchQuantizer,
     FeatureRejected,
@@ -56,15 +105,20 @@ from unlearn.schemas.envelope import (
     ImageInput,
     InvalidRequest,
     Request,
+    SealedInput,
     TextInput,
     format_source_id,
+    is_valid_id,
     parse_request,
 )
+from unlearn.schemas.head import HeadContract
 from unlearn.schemas.receipts import Receipt
-
-from .auth import NO_RECEIPT_REASONS, Authorizer, Screened
-from .heads import auto_contracts, check_contract, delta_contract, judged_contract
-from .model import (
+from unlearn.schemas.redaction import redact_original
+from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
+from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
+from unlearn.streams.featurizer.model import (
+    _DELETE_OPS,
+    STAGE,
     BatchOutcome,
     CachedSample,
     CacheMutations,
@@ -76,8 +130,9 @@ from .model import (
     Origin,
     RegistryEncoder,
 )
-from .refusal import refusal, salvage_delete_ids
-from .tombstones import (
+from unlearn.streams.featurizer.tombstones import (
+    Tombstone,
+    TombstoneKey,
     TombstonePolicy,
     add_event_time,
     add_keys,
@@ -87,10 +142,21 @@ from .tombstones import (
     seconds_to_us,
     tombstones_of,
 )
-from .transit_open import TransitGate, UnopenedRequest, open_sealed
-from .view import BatchView, Overlay, named_samples, named_tombstones
 
 __all__ = [
+    "BatchView",
+    "BulkCacheView",
+    "Overlay",
+    "base_tombstones",
+    "named_samples",
+    "named_tombstones",
+    "auto_contract",
+    "auto_contracts",
+    "check_contract",
+    "judged_contract",
+    "with_registry",
+    "refusal",
+    "salvage_delete_ids",
     "Admitted",
     "EncodedAdds",
     "HeadRows",
@@ -109,7 +175,293 @@ __all__ = [
     "parse_batch",
     "route_adds",
     "use_packed",
+    "TRANSIT_REASONS",
+    "DerivedKeys",
+    "TransitGate",
+    "UnopenedRequest",
+    "open_sealed",
 ]
+
+#: (head, kind, id, subject): the tombstones of every client under one name.
+TombName = tuple[str, str, str, str]
+
+
+def named_samples(reqs: Iterable[Request | InvalidRequest]) -> list[tuple[str, str]]:
+    """The (head, sample) pairs the valid adds and deletes of a batch name (what they look up)."""
+    return [(r.head_id, r.sample_id) for r in reqs
+            if isinstance(r, Request) and r.op in ("add", "delete") and r.sample_id is not None]
+
+
+def named_tombstones(reqs: Iterable[Request | InvalidRequest]) -> list[TombName]:
+    """The tombstone names a batch's valid adds (what can refuse them) and deletes (what they
+    replace) look up."""
+    out: list[TombName] = []
+    for r in reqs:
+        if not isinstance(r, Request):
+            continue
+        if r.op == "add" and r.sample_id is not None:
+            out += add_keys(r)
+        elif r.op == "delete" and r.sample_id is not None:
+            out.append((r.head_id, "sample", r.sample_id, r.subject_id))
+        elif r.op == "delete_subject":
+            out.append((r.head_id, "subject", r.subject_id, r.subject_id))
+    return out
+
+
+def base_tombstones(base: object, name: TombName) -> list[Tombstone]:
+    """``base.tombstones(*name)``, or none when ``base`` keeps no tombstones (a test's cache)."""
+    get = getattr(base, "tombstones", None)
+    return [] if get is None else list(get(*name))
+
+
+@runtime_checkable
+class BulkCacheView(Protocol):
+    """A cache that can look up many samples (and tombstones) at once."""
+
+    def get_samples(self, keys: Iterable[tuple[str, str]]) -> Mapping[tuple[str, str], CachedSample]: ...
+
+    def get_tombstones(self, names: Iterable[TombName]) -> Mapping[TombName, list[Tombstone]]: ...
+
+
+class BatchView:
+    """``base`` as seen by one batch: the samples named in ``keys`` fetched up front (one query
+    when ``base`` is a :class:`BulkCacheView`), heads memoized; anything else is asked of
+    ``base``. Only valid while ``base`` does not change (the judging of one batch)."""
+
+    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = ()) -> None:
+        self.base = base
+        wanted = set(keys)
+        names = set(tombs)
+        if isinstance(base, BulkCacheView):
+            found = base.get_samples(wanted)
+            marks = base.get_tombstones(names)
+        else:
+            found = {k: s for k in wanted if (s := base.get_sample(*k)) is not None}
+            marks = {n: base_tombstones(base, n) for n in names}
+        self._samples: dict[tuple[str, str], CachedSample | None] = {k: found.get(k) for k in wanted}
+        self._tombs: dict[TombName, list[Tombstone]] = {n: list(marks.get(n, ())) for n in names}
+        self._heads: dict[str, HeadInfo | None] = {}
+
+    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
+        key = (head_id, sample_id)
+        if key in self._samples:
+            return self._samples[key]
+        return self.base.get_sample(head_id, sample_id)
+
+    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
+        return self.base.subject_samples(head_id, subject_id)
+
+    def get_head(self, head_id: str) -> HeadInfo | None:
+        if head_id not in self._heads:
+            self._heads[head_id] = self.base.get_head(head_id)
+        return self._heads[head_id]
+
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        name = (head_id, kind, id_, subject_id)
+        if name in self._tombs:
+            return self._tombs[name]
+        return base_tombstones(self.base, name)
+
+
+class Overlay:
+    """The cache as seen after the events of this batch judged so far (a :class:`CacheView`), so
+    events of one batch see each other without touching the real cache before the commit."""
+
+    def __init__(self, base: CacheView) -> None:
+        self.base = base
+        self.samples: dict[tuple[str, str], CachedSample | None] = {}  # None: dropped in this batch
+        self.heads: dict[str, HeadInfo] = {}
+        self.tombs: dict[TombstoneKey, Tombstone] = {}  # put in this batch
+        self.expired: tuple[TombstoneKey, ...] = ()  # dropped in this batch (retention)
+
+    def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
+        key = (head_id, sample_id)
+        if key in self.samples:
+            return self.samples[key]
+        return self.base.get_sample(head_id, sample_id)
+
+    def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
+        found: dict[str, CachedSample] = {}
+        for cs in self.base.subject_samples(head_id, subject_id):
+            if (head_id, cs.sample_id) not in self.samples:
+                found[cs.sample_id] = cs
+        for (h, s), put in self.samples.items():
+            if h == head_id and put is not None and put.subject_id == subject_id:
+                found[s] = put
+        return [found[s] for s in sorted(found)]
+
+    def get_head(self, head_id: str) -> HeadInfo | None:
+        return self.heads.get(head_id) or self.base.get_head(head_id)
+
+    def tombstones(self, head_id: str, kind: str, id_: str, subject_id: str) -> list[Tombstone]:
+        found = {t.key: t for t in base_tombstones(self.base, (head_id, kind, id_, subject_id))}
+        for key, t in self.tombs.items():
+            if key[:4] == (head_id, kind, id_, subject_id):
+                found[key] = t
+        return [found[k] for k in sorted(found)]
+
+    def put_tombstone(self, t: Tombstone) -> None:
+        """Keep ``t`` unless its key already holds a tombstone at least as late (a tombstone only
+        ever moves later)."""
+        for old in self.tombstones(t.head_id, t.kind, t.id, t.subject_id):
+            if old.key == t.key and old.event_us >= t.event_us:
+                return
+        self.tombs[t.key] = t
+
+    def mutations(self) -> CacheMutations:
+        """The batch's net effect on the cache."""
+        return CacheMutations(
+            put_samples=tuple(v for v in self.samples.values() if v is not None),
+            drop_samples=tuple(k for k, v in self.samples.items() if v is None),
+            put_heads=tuple(self.heads.values()),
+            put_tombstones=tuple(self.tombs.values()),
+            drop_tombstones=tuple(k for k in self.expired if k not in self.tombs),
+        )
+
+
+def with_registry(config: CoreConfig, contracts: Mapping[str, HeadContract]) -> CoreConfig:
+    """``config`` for one batch: the registry's declared contracts, whose backbones also decide
+    which backbone a head's inputs are encoded with (over ``UNLEARN_HEAD_BACKBONES``)."""
+    backbones = {**config.head_backbones, **{h: c.backbone for h, c in contracts.items()}}
+    return replace(config, contracts=dict(contracts), head_backbones=backbones)
+
+
+def auto_contract(head_id: str, input_kind: str, dim: int, label_kind: str, label_width: int, frac_bits: int,
+                  label_frac_bits: int, config: CoreConfig) -> HeadContract:
+    """The contract of an undeclared head with these first-add facts (module docstring)."""
+    name, _ = resolve_backbone(head_id, input_kind, config.head_backbones.get(head_id))
+    vector = label_kind == "vector"
+    return HeadContract(
+        head_id=head_id, version=1, dimension=dim, backbone=name, input_kind=input_kind,
+        normalization="l2" if config.heads.normalize_features else "none", feature_bound=config.heads.feature_bound,
+        frac_bits=frac_bits, label_frac_bits=label_frac_bits, label_kind="vector" if vector else "class",
+        gamma=config.heads.gamma_for(head_id),
+        n_classes=0 if vector else config.heads.default_classes, label_width=label_width if vector else 0,
+        origin="auto",
+    )
+
+
+def auto_contracts(new_heads: Iterable[HeadInfo], config: CoreConfig) -> list[HeadContract]:
+    """The auto contracts to publish for heads a batch created without a declared contract."""
+    return [auto_contract(h.head_id, h.input_kind, h.dim, h.label_kind, h.label_width, h.frac_bits,
+                          h.label_frac_bits, config)
+            for h in new_heads if h.head_id not in config.contracts]
+
+
+def delta_contract(head: HeadInfo, config: CoreConfig) -> HeadContract | None:
+    """The contract a head's delta names (its class count and version: ``schemas/delta_codec.py``),
+    the one its adds were judged against in this batch: the declared one, else the auto one; None
+    when neither applies (an undeclared head with auto-creation off: its delta names no contract)."""
+    declared = config.contracts.get(head.head_id)
+    if declared is not None:
+        return declared
+    if not config.heads.auto_create_heads:
+        return None
+    return auto_contract(head.head_id, head.input_kind, head.dim, head.label_kind, head.label_width,
+                         head.frac_bits, head.label_frac_bits, config)
+
+
+def judged_contract(r: Request, head: HeadInfo | None, dim: int, label_kind: str, label_width: int,
+                    config: CoreConfig) -> HeadContract:
+    """The contract an add is judged against: the declared one, else the auto contract of the
+    head's facts (the cached ones, or this add's for a new head). Raises ``FeatureRejected``:
+    ``undeclared_head`` when auto-creation is off, ``label_out_of_range`` for a vector wider than
+    ``UNLEARN_MAX_CLASSES``."""
+    declared = config.contracts.get(r.head_id)
+    if declared is not None:
+        return declared
+    if not config.heads.auto_create_heads:
+        raise FeatureRejected("undeclared_head", f"head {r.head_id!r} is not declared (`unlearn heads create`) and "
+                                                 "UNLEARN_AUTO_CREATE_HEADS is off")
+    assert r.input is not None
+    if head is not None:
+        return auto_contract(r.head_id, head.input_kind, head.dim, head.label_kind, head.label_width,
+                             head.frac_bits, head.label_frac_bits, config)
+    if label_width > config.heads.max_classes:
+        raise FeatureRejected("label_out_of_range", f"a label vector of {label_width} values is wider than "
+                                                    f"UNLEARN_MAX_CLASSES={config.heads.max_classes}")
+    return auto_contract(r.head_id, r.input.kind, dim, label_kind, label_width, config.heads.frac_bits,
+                         config.heads.label_frac_bits, config)
+
+
+def check_contract(r: Request, c: HeadContract, head: HeadInfo | None, backbone_key: str, dim: int,
+                   label_kind: str, label_width: int, label: int | np.ndarray) -> None:
+    """Raise ``FeatureRejected`` unless the add fits the contract: backbone and input kind
+    (``backbone_mismatch``), dimension (``dimension_mismatch``), label kind and width
+    (``label_mismatch``), class index inside the label space (``label_out_of_range``), and a
+    head whose cached grid differs from its contract (``contract_conflict``: it was declared after
+    its first add, on another grid)."""
+    assert r.input is not None
+    if backbone_cache_key(c.backbone) != backbone_key or c.input_kind != r.input.kind:
+        raise FeatureRejected("backbone_mismatch",
+                              f"head {r.head_id!r} declares backbone {c.backbone!r} on {c.input_kind} inputs "
+                              f"(contract v{c.version}); this add resolves to {backbone_key!r} on a "
+                              f"{r.input.kind} input")
+    if dim != c.dimension:
+        raise FeatureRejected("dimension_mismatch", f"head {r.head_id!r} declares d={c.dimension} (contract "
+                                                    f"v{c.version}), this add has {dim} features")
+    if label_kind != c.label_kind or label_width != c.label_width:
+        what = "class indices" if c.label_kind == "class" else f"label vectors of width {c.label_width}"
+        raise FeatureRejected("label_mismatch", f"head {r.head_id!r} declares {what} (contract v{c.version})")
+    if isinstance(label, int) and label >= c.n_classes:
+        raise FeatureRejected("label_out_of_range",
+                              f"class {label} is outside head {r.head_id!r}'s label space 0..{c.n_classes - 1} "
+                              f"(contract v{c.version}); `unlearn heads extend` grows it")
+    if head is not None and (head.frac_bits, head.label_frac_bits) != (c.frac_bits, c.label_frac_bits):
+        raise FeatureRejected("contract_conflict",
+                              f"head {r.head_id!r} holds rows on grid frac_bits={head.frac_bits}, label_frac_bits="
+                              f"{head.label_frac_bits}; its contract v{c.version} declares {c.frac_bits}, "
+                              f"{c.label_frac_bits}")
+
+
+def refusal(m: InMessage, r: Request | None, reason: str, detail: str, config: CoreConfig, ts: float,
+            raw_ids: Mapping[str, Any] | None = None) -> tuple[DeadLetter, Receipt | None]:
+    """The dead letter of a refused message, plus a rejected receipt when it names a delete: the
+    client that asked waits for one. ``raw_ids`` are the ids :func:`salvage_delete_ids` found in
+    an invalid request (``r`` is None then). The dead letter names the request's place in
+    ``requests`` (where its producer put it), not the by-head copy the featurizer read, and keeps
+    no plaintext input unless UNLEARN_DEADLETTER_INPUTS=keep (``schemas/redaction.py``)."""
+    if m.origin is not None:
+        topic, partition, offset = config.requests_topic, m.origin.partition, m.origin.offset
+    else:
+        topic, partition, offset = config.input_topic, m.partition, m.offset
+    original = bytes(m.value) if m.value is not None else b""
+    dl = DeadLetter(
+        original=redact_original(original) if config.redact_deadletter_inputs else original,
+        reason=reason, detail=detail, stage=STAGE, topic=topic,
+        partition=partition, offset=offset, key=m.key,
+        event_id=r.event_id if r is not None else (raw_ids or {}).get("event_id"), ts=ts,
+    )
+    ids: Mapping[str, Any] | None = raw_ids if r is None else {
+        "op": r.op, "event_id": r.event_id, "subject_id": r.subject_id, "head_id": r.head_id,
+        "sample_ids": [r.sample_id] if r.sample_id else [],
+    }
+    receipt = None
+    if ids and ids.get("op") in _DELETE_OPS:
+        receipt = Receipt.rejected(ids["event_id"], ids["subject_id"], ids["head_id"], ids["sample_ids"], reason, ts)
+    return dl, receipt
+
+
+def salvage_delete_ids(raw: bytes | None) -> dict[str, Any] | None:
+    """For an invalid request that still names a delete with usable ids: the receipt fields, so the
+    client that asked is told it was rejected. None otherwise."""
+    if raw is None:
+        return None
+    try:
+        d = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+    if type(d) is not dict or d.get("op") not in _DELETE_OPS:
+        return None
+
+    if not all(is_valid_id(d.get(k)) for k in ("event_id", "subject_id", "head_id")):
+        return None
+    sample = d.get("sample_id")
+    return {
+        "op": d["op"], "event_id": d["event_id"], "subject_id": d["subject_id"], "head_id": d["head_id"],
+        "sample_ids": [sample] if is_valid_id(sample) else [],
+    }
+
 
 # --------------------------------------------------------------------------- overlay
 class HeadRows:
@@ -285,7 +637,7 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
     """(sample to cache, its head, whether the head is new) for an add; raises :class:`FeatureRejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
     add, so every later row of the head is on the same grid and in the same space; the add must
-    also fit the head's contract (declared, else auto: ``streams/featurizer/heads.py``), which
+    also fit the head's contract (declared, else auto: ``streams/featurizer/core.py``), which
     bounds its label space and gives a new head its grid. ``quantize`` is ``quantize_feature_row``
     or the batch's ``BatchQuantizer`` (the same bits, proven by a property test)."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
@@ -543,7 +895,7 @@ def featurize_batch(
     """Judge one micro-batch of ONE by-head partition against ``cache`` (read only);
     ``origins``: the last origin offset judged per requests partition (the cache's); ``auth``:
     signed mode (``streams/featurizer/auth.py``; None: UNLEARN_AUTH_MODE=off); ``transit``: the
-    partition's transit keys (``streams/featurizer/transit_open.py``; None: a sealed input is refused).
+    partition's transit keys (``streams/featurizer/transit.py``; None: a sealed input is refused).
 
     Returns the deltas, dead letters, rejected receipts, cache mutations and new origin offsets;
     raises only for programming errors (messages of several partitions, offsets not ascending)
@@ -572,3 +924,114 @@ def featurize_batch(
                         accepted=judged.accepted, rows=n_rows, origin_offsets=admitted.origin_offsets,
                         reforwarded=admitted.reforwarded, gaps=admitted.gaps,
                         contracts=auto_contracts(judged.overlay.heads.values(), config))
+
+
+TRANSIT_REASONS: dict[str, str] = {
+    "transit_key_unknown": "a sealed input names a transit key this featurizer does not hold for the head's by-head "
+                           "partition (never issued, issued for another partition, destroyed before this featurizer "
+                           "took the partition over, or no transit keys here: federated or UNLEARN_SEAL_ROWS off)",
+    "transit_key_destroyed": "a sealed input names a transit key this featurizer already destroyed (sealed after its "
+                             "use_until, or delivered after its grace period)",
+    "transit_open_failed": "a sealed input does not open under its transit key (moved to another event, head, "
+                           "subject or sample, or corrupt)",
+    "unsealed_input": "a plaintext add while UNLEARN_REQUIRE_SEALED_INPUT is on",
+}
+"""Reason codes of this module (part of ``FEATURIZER_REASONS``; ``bad_sealed_input`` is the envelope's)."""
+
+
+class UnopenedRequest(InvalidRequest):
+    """A parsed request refused before judging; ``request`` names its ids for the dead letter."""
+
+    def __init__(self, request: Request, reason: str, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.request = request
+
+
+DERIVED_KEYS = 4096  # AES keys a featurizer keeps (a few per producer session and transit key)
+
+
+class DerivedKeys:
+    """The AES keys derived per (transit key id, epk), least recently used dropped beyond
+    ``size`` (0: none kept, every request derives its own). Not thread-safe: one per featurizer,
+    used by its batch loop."""
+
+    def __init__(self, size: int = DERIVED_KEYS) -> None:
+        self.size = size
+        self._keys: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"DerivedKeys({len(self._keys)}/{self.size})"
+
+    def get(self, pair: TransitKeyPair, epk: bytes) -> AESGCM:
+        """The key for ``pair`` and ``epk``, derived on a miss (TransitError: unusable epk; not kept)."""
+        k = (pair.key_id, bytes(epk))
+        aead = self._keys.get(k)
+        if aead is not None:
+            self._keys.move_to_end(k)
+            return aead
+        aead = opening_key(pair, k[1])
+        if self.size > 0:
+            self._keys[k] = aead
+            while len(self._keys) > self.size:
+                self._keys.popitem(last=False)
+        return aead
+
+    def drop(self, key_ids: Iterable[str]) -> int:
+        """Forget every key derived from these transit keys (destroyed or handed over); how many."""
+        gone = set(key_ids)
+        stale = [k for k in self._keys if k[0] in gone]
+        for k in stale:
+            del self._keys[k]
+        return len(stale)
+
+    def key_ids(self) -> set[str]:
+        """The transit key ids with a derived key here (for tests and erasure checks)."""
+        return {kid for kid, _ in self._keys}
+
+
+@dataclass(frozen=True)
+class TransitGate:
+    """One by-head partition's transit keys, as the batch sees them; ``derived``: the
+    featurizer's derived-key cache (None: derive per request)."""
+
+    lookup: Callable[[str], TransitKeyPair | None]
+    was_destroyed: Callable[[str], bool]
+    derived: DerivedKeys | None = None
+
+
+def _open(r: Request, gate: TransitGate | None) -> Request:
+    assert isinstance(r.input, SealedInput)
+    kid = r.input.key_id
+    pair = gate.lookup(kid) if gate is not None else None
+    if gate is None or pair is None:
+        if gate is not None and gate.was_destroyed(kid):
+            raise UnopenedRequest(r, "transit_key_destroyed", f"transit key {kid} was destroyed")
+        raise UnopenedRequest(r, "transit_key_unknown", f"transit key {kid} is not held for this head's partition")
+    try:
+        return open_request(r, pair, gate.derived.get(pair, r.input.epk) if gate.derived is not None else None)
+    except TransitError as exc:
+        raise UnopenedRequest(r, "transit_open_failed", str(exc)) from None
+    except InvalidRequest as exc:  # the opened input is not a valid inner input
+        raise UnopenedRequest(r, exc.reason, f"opened sealed input: {exc.detail}") from None
+
+
+def open_sealed(reqs: Sequence[Request | InvalidRequest], gate: TransitGate | None,
+                require_sealed: bool = False) -> list[Request | InvalidRequest]:
+    """``reqs`` with every sealed input opened (or the request refused: :class:`UnopenedRequest`);
+    with ``require_sealed``, plaintext adds are refused (``unsealed_input``)."""
+    out: list[Request | InvalidRequest] = []
+    for r in reqs:
+        if isinstance(r, Request) and r.op == "add":
+            try:
+                if isinstance(r.input, SealedInput):
+                    r = _open(r, gate)
+                elif require_sealed:
+                    raise UnopenedRequest(r, "unsealed_input", "this featurizer accepts only adds sealed for transit")
+            except UnopenedRequest as exc:
+                out.append(exc)
+                continue
+        out.append(r)
+    return out

@@ -39,12 +39,12 @@ from unlearn.schemas.sealed import SampleKey
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 from .changelog import OpenSample
+from .core import TransitGate
 from .keystore import KeyStore
 from .model import BatchOutcome
 from .probes import Probes, run_with_consumers
 from .sealing import open_sample_record, sample_sealer, seal_outcome
 from .transit import TransitKeys
-from .transit_open import TransitGate
 
 __all__ = ["Erasure", "ledger_floors"]
 

@@ -53,14 +53,20 @@ from unlearn.schemas.sealed import (
     encode_public_record,
     new_transit_key,
 )
+from unlearn.streams.featurizer.core import DerivedKeys, TransitGate
+from unlearn.streams.featurizer.delivery import produce_acked
+from unlearn.streams.featurizer.keystore import KeyStore, KeyStoreError
+from unlearn.streams.featurizer.probes import Probes
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
-from .delivery import produce_acked
-from .keystore import KeyStore, KeyStoreError
-from .probes import Probes
-from .transit_open import DerivedKeys, TransitGate
-
-__all__ = ["TRANSIT_HEAD", "Epoch", "TransitKeys", "group_committed", "is_transit_ref", "router_committed"]
+__all__ = [
+    "TRANSIT_HEAD",
+    "Epoch",
+    "TransitKeys",
+    "group_committed",
+    "is_transit_ref",
+    "router_committed",
+]
 
 log = logging.getLogger("unlearn.featurizer.transit")
 

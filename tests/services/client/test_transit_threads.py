@@ -1,4 +1,4 @@
-"""Threads producing through one SDK client share its transit sealers (services/client/transit_keys.py,
+"""Threads producing through one SDK client share its transit sealers (services/client/sdk.py,
 schemas/transit.TransitSealer): no derived key ever seals more than its bound, every sealed add
 opens, and the cache holds one sealer per by-head partition. The bound is set low so that the
 threads roll many ephemeral keys. No broker: topic metadata and the published key are stand-ins
@@ -14,7 +14,7 @@ from tests.thread_support import run_racing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
 from unlearn.schemas.sealed import TransitPublicKey, new_transit_key, open_request
-from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit
+from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit
 
 
 def test_threads_sharing_a_client_never_seal_past_the_bound_of_one_derived_key() -> None:

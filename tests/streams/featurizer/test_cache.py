@@ -13,8 +13,7 @@ import pytest
 
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.cache import FeatureCache, cache_path
-from unlearn.streams.featurizer.cache_file import CACHE_SCHEMA_VERSION, CacheError
+from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, CoreConfig, HeadInfo, InMessage, OutMessage
 from unlearn.streams.featurizer.tombstones import Tombstone

@@ -40,7 +40,9 @@ from unlearn.streams.featurizer.core import (
     judge_delete,
     judge_delete_subject,
     parse_batch,
+    refusal,
     route_adds,
+    salvage_delete_ids,
     use_packed,
 )
 from unlearn.streams.featurizer.model import (
@@ -51,7 +53,6 @@ from unlearn.streams.featurizer.model import (
     InMessage,
     RegistryEncoder,
 )
-from unlearn.streams.featurizer.refusal import refusal, salvage_delete_ids
 from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30

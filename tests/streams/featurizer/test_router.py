@@ -12,10 +12,12 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, is_valid_id, parse_source
 from unlearn.streams.featurizer.core import admit_routed, featurize_batch
-from unlearn.streams.featurizer.model import CoreConfig, InMessage, Origin
-from unlearn.streams.featurizer.router import (
+from unlearn.streams.featurizer.model import (
     ORIGIN_HEADER,
     PREVIOUS_HEADER,
+    CoreConfig,
+    InMessage,
+    Origin,
     RouterSession,
     might_delete,
     read_origin,

@@ -21,10 +21,10 @@ from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.sealed import decode_public_record, seal_request
-from unlearn.services.client.transit_keys import TransitKeyCache
+from unlearn.services.client.sdk import TransitKeyCache
+from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.keystore import KeyStore
 from unlearn.streams.featurizer.transit import TransitKeys, router_committed
-from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
 
 pytestmark = pytest.mark.broker
 

@@ -1,7 +1,7 @@
 """The featurizer's derived transit keys (streams/featurizer/transit_open.DerivedKeys, docs/erasure.md
 section 5): one X25519 exchange per (transit key, producer epk), a bounded LRU, and no derived key
 outlives its private key: destroying a transit key (or handing its partition over) drops every
-AES key derived from it. The SDK side (services/client/transit_keys.py) reuses one ephemeral key
+AES key derived from it. The SDK side (services/client/sdk.py) reuses one ephemeral key
 per transit key. No broker: key families and topic metadata are stand-ins."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
 from unlearn.schemas.sealed import TransitError, TransitPublicKey, TransitSealer, new_transit_key
-from unlearn.services.client.transit_keys import TransitKeyCache, seal_for_transit
+from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit
+from unlearn.streams.featurizer.core import DerivedKeys, UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.transit import Epoch, TransitKeys
-from unlearn.streams.featurizer.transit_open import DerivedKeys, UnopenedRequest, open_sealed
 
 
 def _add(i: int) -> Request:
