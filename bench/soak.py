@@ -12,10 +12,13 @@ keyed by it) reaches a steady state. Prints a table and (``--json``) writes the 
     python -m bench.soak [--engine tansu|kafka] [--minutes 10] [--rate 20] [--dim 256] [--live-cap N]
                          [--rotate-bytes 16000000] [--segment-ms 60000] [--json PATH]
 
-What should level off: the heads and ledger-state families (rotated, design.md section 3), the
-broker's memory beyond the input logs, and the ledger's recovery time. What grows by design: the
-input and audit logs (``requests``, ``deltas``, ``receipts``) and the feature-cache changelog,
-in proportion to the events (bounded by retention and compaction on Apache Kafka).
+What should level off: the heads and ledger-state families (trimmed by DeleteRecords in place on
+Apache Kafka, rotated into new generations on tansu: docs/ledger-processor.md), on Kafka also the
+raw inputs (trimmed once taken over), the feature-cache changelog and the key families
+(compaction, with a tombstone retention of 5 x ``--segment-ms``: docs/erasure.md section 2), the
+broker's memory beyond the logs, and the ledger's recovery time. What grows by design: the audit
+log (``deltas``, ``receipts``), in proportion to the events, and on tansu the raw inputs and the
+feature-cache changelog.
 """
 
 from __future__ import annotations

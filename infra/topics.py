@@ -4,7 +4,8 @@ Topics are always created explicitly: tansu auto-creates an unknown topic with 4
 first use, which would silently give a deployment the wrong partition count (and keying by
 subject/head only orders events within a partition). ``featurizer-cache`` is compacted: it is a
 table. Head updates and the ledger's state are not here: they are topic families
-(``infra.between_stages``) that the ledger creates and rotates per ``deltas`` partition.
+(``infra.between_stages``) that the ledger creates, and trims (``delete_records``) or rotates, per
+``deltas`` partition.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args, settings_help
@@ -25,11 +26,14 @@ __all__ = [
     "TOPICS",
     "TopicError",
     "create_topics",
+    "delete_records",
     "delete_topics",
     "ensure_topic",
+    "key_family_config",
     "raw_input_config",
     "topic_names",
     "topics_main",
+    "trimmed_changelog_config",
     "wait_for_topics",
 ]
 
@@ -61,6 +65,28 @@ def raw_input_config(settings: Settings) -> dict[str, str]:
     if quirks(settings).delete_records and erasure.trim_every_seconds > 0:
         conf["segment.ms"] = str(erasure.segment_ms)
     return conf
+
+
+def trimmed_changelog_config(settings: Settings) -> dict[str, str]:
+    """The extra configs of a compacted topic its writer also trims with DeleteRecords (the
+    ledger's ``ledger-state`` and ``heads``), where the broker can: Kafka refuses DeleteRecords
+    (POLICY_VIOLATION) unless cleanup.policy includes ``delete``, and ``retention.ms`` = -1 keeps
+    that policy from ever deleting by age: only the writer's trims and compaction remove records."""
+    if not quirks(settings).delete_records:
+        return {}
+    return {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def key_family_config(settings: Settings) -> dict[str, str]:
+    """The extra configs of a key-family generation (``subject-keys``, ``transit-private``) where
+    compaction runs: a destroyed key's tombstone (a key id, no key material) stays
+    ``delete.retention.ms`` = 5 x ``UNLEARN_SEGMENT_MS`` after its segment is cleaned, instead of
+    Kafka's default day, so the family holds the live keys plus the last few minutes' tombstones. A
+    reader folds the family to its end within ``UNLEARN_ADMIN_TIMEOUT`` (infra.between_stages
+    ``_read``), far less, so no read sees a destroyed key's record without its tombstone."""
+    if not quirks(settings).compaction_runs:
+        return {}
+    return {"delete.retention.ms": str(5 * ErasureSettings.of(settings).segment_ms)}
 
 
 class TopicError(RuntimeError):
@@ -229,6 +255,31 @@ def delete_topics(settings: Settings, names: Iterable[str], *, admin: Any = None
                 raise TopicError(f"cannot delete topic {full!r}: {exc.args[0].str()}") from exc
         except TimeoutError as exc:  # no answer (a Kafka node lost with the request in flight): a TopicError too
             raise TopicError(f"cannot delete topic {full!r}: no answer in {settings.admin_timeout:g}s") from exc
+
+
+def delete_records(settings: Settings, below: Mapping[tuple[str, int], int], *,
+                   admin: Any = None) -> dict[tuple[str, int], int]:
+    """DeleteRecords: move each (topic, partition)'s log start up to ``below[...]`` (the records
+    under it are unreadable at once; their segments leave the disk once rolled). Only where the
+    broker has it (``BrokerQuirks.delete_records``). Returns the new log starts; ``TopicError``
+    if the broker refused or did not answer."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    if not below:
+        return {}
+    client = admin if admin is not None else AdminClient(admin_config(settings))
+    timeout = settings.admin_timeout
+    todo = [TopicPartition(t, p, off) for (t, p), off in sorted(below.items())]
+    out: dict[tuple[str, int], int] = {}
+    for tp, fut in client.delete_records(todo, request_timeout=timeout).items():
+        try:
+            out[(tp.topic, tp.partition)] = int(fut.result(timeout=timeout).low_watermark)
+        except KafkaException as exc:
+            raise TopicError(f"cannot delete records of {tp.topic}[{tp.partition}]: {exc.args[0].str()}") from exc
+        except TimeoutError as exc:
+            raise TopicError(f"cannot delete records of {tp.topic}[{tp.partition}]: no answer in {timeout:g}s") from exc
+    return out
 
 
 def topics_main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from unlearn.infra.between_stages import (
     read_partition_keys,
 )
 from unlearn.infra.settings import ErasureSettings, Settings, admin_config, producer_config, quirks
-from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
+from unlearn.infra.topics import TopicError, delete_topics, ensure_topic, key_family_config
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
 
@@ -231,7 +231,8 @@ class KeyStore:
     # ------------------------------------------------------------------ I/O
     def _ensure(self, topic: str) -> None:
         try:
-            ensure_topic(self.settings, topic, compacted=True, admin=self.admin)
+            ensure_topic(self.settings, topic, compacted=True, admin=self.admin,
+                         config=key_family_config(self.settings))
         except TopicError as exc:
             raise KeyStoreError(str(exc)) from None
 

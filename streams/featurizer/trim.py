@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config
+from unlearn.infra.topics import delete_records
 
 __all__ = ["Trimmer", "trim_bounds"]
 
@@ -126,24 +127,18 @@ class Trimmer:
     def trim(self, partitions: Iterable[TP]) -> int:
         """Trim ``partitions`` now (the background thread's step; tests call it directly). Returns
         how many partitions got a new log start."""
-        from confluent_kafka import TopicPartition
-
         wanted = sorted(set(partitions))
         if not wanted:
             return 0
         bounds = trim_bounds(self.group, self.committed(wanted), wanted)
-        todo = [TopicPartition(t, p, off) for (t, p), off in sorted(bounds.items())
-                if off > self.trimmed.get((t, p), 0)]
+        todo = {tp: off for tp, off in bounds.items() if off > self.trimmed.get(tp, 0)}
         if not todo:
             return 0
-        timeout = self.settings.admin_timeout
-        done = 0
-        for tp, fut in self.admin.delete_records(todo, request_timeout=timeout).items():
-            res = fut.result(timeout=timeout)
-            low = int(res.low_watermark)
-            self.stats["records"] += max(0, low - self.trimmed.get((tp.topic, tp.partition), 0))
-            self.trimmed[(tp.topic, tp.partition)] = low
-            done += 1
+        lows = delete_records(self.settings, todo, admin=self.admin)
+        for tp, low in lows.items():
+            self.stats["records"] += max(0, low - self.trimmed.get(tp, 0))
+            self.trimmed[tp] = low
+        done = len(lows)
         self.stats["trims"] += 1
         log.debug("trimmed %s", {f"{t}[{p}]": o for (t, p), o in self.trimmed.items()})
         return done

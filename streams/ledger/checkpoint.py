@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from unlearn.infra.between_stages import Checkpoint
+from unlearn.infra.between_stages import Checkpoint, HeadPointer
 from unlearn.infra.log_position import check_resume
 
-__all__ = ["check_recovery", "piece_key", "plan_generations", "safe_floor"]
+__all__ = ["check_recovery", "first_needed", "piece_key", "plan_generations", "safe_floor"]
 
 _FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
         "broker and topics its state came from")
@@ -47,6 +47,13 @@ def plan_generations(found: Mapping[int, bool]) -> tuple[int | None, list[int], 
     delete = sorted(g for g in found if g != use)
     next_gen = use if use is not None else (max(found) + 1 if found else 0)
     return use, delete, next_gen
+
+
+def first_needed(pointers: Mapping[str, HeadPointer]) -> int | None:
+    """The lowest ledger-state offset a checkpoint naming ``pointers`` needs: its first snapshot
+    piece (the checkpoint record itself is written after every piece it names). Everything below
+    may be trimmed; None (no head) trims nothing."""
+    return min((o for p in pointers.values() for o in p.piece_offsets), default=None)
 
 
 def piece_key(head_id: str, slot: int, index: int) -> bytes:

@@ -30,21 +30,25 @@ class Checkpointer:
     1. wait until every output produced so far is durable (so no receipt or head update can be
        lost behind a floor);
     2. on an erasure rotation, or once the heads topic passed its size bound: republish every head
-       as an exact update into a new heads generation, wait for it, retire the old generation;
-    3. on an erasure rotation, or once the ledger-state topic passed its size bound: open a new
-       ledger-state generation;
-    4. write a snapshot of every head touched since the last checkpoint (of every head, into a new
-       generation: the old one is deleted);
+       as an exact update, wait for it, drop the older updates (trimmed at once where the broker
+       has DeleteRecords, else a new heads generation and the old one retired: state_store.py);
+    3. on an erasure rotation, or once the ledger-state topic passed its size bound: start a
+       rewrite (a new ledger-state generation where the store does not trim);
+    4. write a snapshot of every head touched since the last checkpoint (of every head on a
+       rewrite);
     5. write the partition's checkpoint record (floor = next offset to read, by ``safe_floor``);
-    6. delete the ledger-state generation that step 3 superseded;
-    7. on an erasure rotation, mark its deletes rotated away (only now: a rotation cut short
-       leaves them pending, and the checkpoint of step 5 says so);
+    6. drop what step 3 superseded: DeleteRecords below the new checkpoint's first piece, or
+       retire the old generation;
+    7. on an erasure rotation, mark its deletes rotated away (only now, and only if the trims of
+       steps 2 and 6 succeeded: a rotation cut short leaves them pending, and the checkpoint of
+       step 5 says so; recovery trims below its checkpoint's pieces too);
     8. commit the floor to the consumer group (for lag monitoring only: recovery never reads it).
 
     An erasure rotation runs ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition's first delete
     since its last one, so no snapshot or head update taken before a delete outlives it by more
-    than that plus the heads' retire grace (docs/ledger-processor.md, "Erasure rotation"). Every
-    delete applied so far is covered: no message is processed while a checkpoint runs."""
+    than that (plus the heads' retire grace where generations rotate; docs/ledger-processor.md,
+    "Erasure rotation"). Every delete applied so far is covered: no message is processed while a
+    checkpoint runs."""
 
     def __init__(self, settings: Settings, consumer: Any, store: ChangelogStore, outputs: Outputs) -> None:
         self.settings = settings
@@ -74,24 +78,28 @@ class Checkpointer:
         self.outputs.flush("checkpoint")  # 1
         if erasure:
             log.info("deltas partition %d: erasure rotation starts (%d heads)", part, len(ps.heads))
+        dropped = True
         if erasure or self.store.needs_heads_rotation(part):  # 2
-            self._rotate_heads(ps)
-        rotating = erasure or self.store.needs_rotation(part)
-        old_generation = self.store.begin_generation(part) if rotating else None  # 3
-        self._write_snapshots(ps, rotating)  # 4
+            dropped = self._rewrite_heads(ps)
+        rewriting = erasure or self.store.needs_rotation(part)
+        old_generation = self.store.begin_rewrite(part) if rewriting else None  # 3
+        self._write_snapshots(ps, rewriting)  # 4
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})
         self.store.write_checkpoint(Checkpoint(part, floor, topic_id, dict(ps.pointers),  # 5
                                                erasure_pending=ps.erasure_since is not None and not erasure))
-        if old_generation is not None:  # 6
-            self.store.end_generation(part, old_generation)
-            log.info("deltas partition %d: ledger state moved to generation %d", part, old_generation + 1)
-        if erasure:  # 7
+        if rewriting:  # 6
+            dropped = self.store.end_rewrite(part, old_generation, ps.pointers) and dropped
+            log.info("deltas partition %d: ledger state rewritten (%s)", part, "trimmed" if old_generation is None
+                     else f"moved to generation {old_generation + 1}")
+        if erasure and not dropped:  # 7: tried again after another window, never in a loop
+            ps.erasure_since = time.monotonic()
+        elif erasure:
             ps.erasure_since = None
             log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
-                     "written); the superseded heads generation goes in %.0fs", part, len(ps.heads),
-                     time.monotonic() - started, self.store.written.get(part, 0),
-                     self.store.heads_written.get(part, 0), self.tuning.heads_retire_seconds)
+                     "written); %s", part, len(ps.heads), time.monotonic() - started, self.store.written.get(part, 0),
+                     self.store.heads_written.get(part, 0), "older records trimmed" if self.store.trims else
+                     f"the superseded heads generation goes in {self.tuning.heads_retire_seconds:.0f}s")
         self._commit_floor(part, floor)  # 8
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
         ps.pending = 0
@@ -107,18 +115,20 @@ class Checkpointer:
                 ps.pointers[head_id] = self.store.write_snapshot(ps.partition, head.state(), ptr)
                 head.dirty_since_snapshot = 0
 
-    def _rotate_heads(self, ps: PartitionState) -> None:
-        """Step 2: every head's current version as an exact update into a new heads topic first (a
-        fast head is reset: each generation then holds a digest for every head), then the old
-        topic goes."""
-        superseded = self.store.begin_heads_generation(ps.partition)
+    def _rewrite_heads(self, ps: PartitionState) -> bool:
+        """Step 2: every head's current version as an exact update first (a fast head is reset:
+        what is left then holds a digest for every head), then the older updates go. False: the
+        trim failed (the erasure stays pending)."""
+        rewrite = self.store.begin_heads_rewrite(ps.partition)
         for _, head in sorted(ps.heads.items()):
             if head.mode == "fast":
                 head.reset("heads rotation")
             self.outputs.publish_head(ps.partition, head)
         self.outputs.flush("heads rotation")
-        self.store.end_heads_generation(superseded)
-        log.info("deltas partition %d: head updates moved to %s", ps.partition, self.store.heads_topic(ps.partition))
+        dropped = self.store.end_heads_rewrite(rewrite)
+        log.info("deltas partition %d: head updates rewritten into %s", ps.partition,
+                 self.store.heads_topic(ps.partition))
+        return dropped
 
     def _commit_floor(self, part: int, floor: int) -> None:
         from confluent_kafka import KafkaException, TopicPartition

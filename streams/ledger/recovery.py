@@ -3,8 +3,8 @@
 The partition's latest checkpoint and the snapshots it names are read back
 (``ChangelogStore.recover``); ``check_recovery`` makes sure they belong to the log the worker
 reads (invariant 2 of ``checkpoint``) and gives the floor to resume at. Every restored head is
-republished as an exact update into a new heads generation, and the older generations go once
-those are durable.
+republished as an exact update (into a new heads generation, or the same topic where the store
+trims), and the older updates go once those are durable (state_store.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Recovery:
                                         cp.floor if cp is not None else 0)
         floor = check_recovery(cp, topic_id, log_start, log_end)
         ps = PartitionState(partition, floor)
-        superseded = self.store.begin_heads_generation(partition, fresh=True)
+        rewrite = self.store.begin_heads_rewrite(partition, fresh=True)
         for head_id, state in heads.items():
             head = HeadRuntime.from_snapshot(state, self.config)
             if head.multiset is None:
@@ -61,10 +61,9 @@ class Recovery:
             if head.mode == "fast":
                 head.reset("restored")
             self.outputs.publish_head(partition, head, "exact")
-        # The republished heads went to a new heads generation: the older ones hold nothing a
-        # reader still needs once those are durable (infra.between_stages).
+        # The older updates hold nothing a reader still needs once the republished ones are durable.
         self.outputs.flush("recovery")
-        self.store.end_heads_generation(superseded)
+        self.store.end_heads_rewrite(rewrite)
         if cp is not None:
             ps.pointers = dict(cp.heads)
             if cp.erasure_pending and self.tuning.erasure_rotate_seconds > 0:

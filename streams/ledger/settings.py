@@ -19,9 +19,9 @@ class LedgerSettings(Section):
     drift_threshold: float = setting(1e-9, "... or when the drift estimate passes this")
     checkpoint_every_messages: int = setting(50, "snapshot period in messages")
     checkpoint_every_seconds: float = setting(5.0, "snapshot period in seconds")
-    state_rotate_bytes: int = setting(64_000_000, "size bound of a ledger-state / heads topic generation")
-    heads_retire_seconds: float = setting(10.0, "a superseded heads topic lives this long")
-    erasure_rotate_seconds: float = setting(20.0, "rotate state topics holding erased rows this often (0 = off)")
+    state_rotate_bytes: int = setting(64_000_000, "ledger-state / heads bytes before a rewrite (trim, or rotation)")
+    heads_retire_seconds: float = setting(10.0, "a superseded heads / ledger-state generation lives this long")
+    erasure_rotate_seconds: float = setting(20.0, "rewrite state topics holding erased rows this often (0 = off)")
     publish_posterior: bool = setting(True, "head updates carry T = H^-1")
     ledger_blas_threads: int = setting(1, "BLAS threads of the ledger process")
 

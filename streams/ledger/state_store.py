@@ -7,24 +7,32 @@ wrong. Recovery reads only what the latest checkpoint names: it scans the topic 
 its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
 the state, not the age of the log.
 
-Generations (``infra.between_stages``) bound what is stored on a broker that never compacts: once
-a partition's ledger-state topic passes ``UNLEARN_STATE_ROTATE_BYTES``, the worker writes a full
-snapshot and a checkpoint into generation G+1, then deletes G. Its head updates
-(``<prefix>heads.p<P>.g<H>``) rotate the same way on their own counter: every head of the
-partition is republished into H+1 (same versions, same digests), then H is deleted; recovery,
-which republishes every restored head anyway, always starts a new heads generation. Stored state
-and head history therefore stay within about twice the bound per partition, plus one snapshot.
-Both also rotate, whatever their size, ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition
-applied a delete (the worker's erasure rotation): the generations they leave hold aggregates
-taken before the delete, which must not outlive it (docs/ledger-processor.md).
+What the store keeps is rewritten, once a partition's ledger-state (or heads) topic passed
+``UNLEARN_STATE_ROTATE_BYTES`` and ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition applied a
+delete (the worker's erasure rotation: records taken before the delete must not outlive it,
+docs/ledger-processor.md). A rewrite writes a full snapshot and a checkpoint (heads: republishes
+every head as an exact update, same versions, same digests), then drops what came before:
+
+- where the broker has DeleteRecords (``BrokerQuirks.delete_records``), into the same topic, then
+  DeleteRecords below the first record the new checkpoint needs (heads: below the first
+  republished update), at once: readers behind the trim point are moved to the new log start by
+  ``auto.offset.reset`` and find an exact update of every head there;
+- elsewhere (a broker that never compacts nor deletes records), into a new generation
+  (``infra.between_stages``) ``<prefix>ledger-state.p<P>.g<G+1>`` / ``heads.p<P>.g<H+1>``, and G / H
+  are deleted after ``UNLEARN_HEADS_RETIRE_SECONDS``.
+
+Recovery does the same for heads (it republishes every restored head anyway) and, where it trims,
+trims ledger-state below what its checkpoint needs, so a crash between a rewrite's checkpoint and
+its trim leaves nothing behind. Stored state and head history stay within about twice the bound
+per partition, plus one snapshot.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from unlearn.infra.between_stages import (
@@ -36,13 +44,14 @@ from unlearn.infra.between_stages import (
     state_family,
 )
 from unlearn.infra.log_position import StaleStateError, watermarks
-from unlearn.infra.settings import Settings, consumer_config, producer_config
+from unlearn.infra.settings import Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
-from unlearn.infra.topics import TopicError, delete_topics, ensure_topic
+from unlearn.infra.topics import TopicError
 from unlearn.streams.ledger.settings import LedgerSettings
 
-from .checkpoint import piece_key, plan_generations
+from .checkpoint import first_needed, piece_key, plan_generations
 from .snapshot import HeadState, SnapshotError, decode_state, encode_state, join_pieces, split_pieces, state_sha
+from .state_topics import StateTopics
 
 log = logging.getLogger("unlearn.ledger")
 
@@ -57,6 +66,16 @@ class StateStoreError(RuntimeError):
 Record = tuple[int, bytes | None, bytes | None]  # (offset, key, value)
 
 
+@dataclass(frozen=True)
+class HeadsRewrite:
+    """What ``end_heads_rewrite`` drops once every head is republished: older generation topics
+    (after the retire grace) and, where the store trims, the records of ``topic`` below ``below``."""
+
+    superseded: list[str] = field(default_factory=list)
+    topic: str = ""
+    below: int | None = None
+
+
 class ChangelogStore:
     """Writes snapshots and checkpoints of ``deltas`` partitions; reads them back."""
 
@@ -64,15 +83,14 @@ class ChangelogStore:
         from confluent_kafka import Producer
 
         self.settings = settings
+        self.trims = quirks(settings).delete_records  # rewrite in place and trim, or rotate (module docstring)
         self.state = state_family(settings.topic_prefix)
         self.heads = heads_family(settings.topic_prefix)
         self.generation: dict[int, int] = {}  # deltas partition -> generation being written
         self.written: dict[int, int] = {}  # deltas partition -> state bytes written to that generation
         self.heads_generation: dict[int, int] = {}  # deltas partition -> heads generation being written
         self.heads_written: dict[int, int] = {}  # deltas partition -> bytes written to that heads generation
-        self.retiring: list[tuple[float, list[str]]] = []  # (due, superseded topics)
-        self._created: set[str] = set()
-        self._admin_client: Any = None
+        self.topics = StateTopics(settings)
         self._pieces_read = 0
         self._piece_bytes_read = 0
         # One record per batch: the embedded broker's ListOffsets(latest) is only right then, and
@@ -95,40 +113,15 @@ class ChangelogStore:
         self.heads_written[partition] = self.heads_written.get(partition, 0) + size
 
     # ---------------------------------------------------------------- generations
-    def _admin(self) -> Any:
-        """One admin client for the store's life (creating one per call reconnects every time)."""
-        if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
-
-            from unlearn.infra.settings import admin_config
-
-            self._admin_client = AdminClient(admin_config(self.settings))
-        return self._admin_client
-
     def _ensure_topic(self, name: str) -> None:
-        if name in self._created:
-            return
         try:
-            ensure_topic(self.settings, name, compacted=True, admin=self._admin())
+            self.topics.ensure(name)
         except TopicError as exc:
             raise StateStoreError(str(exc)) from None
-        self._created.add(name)
-
-    def _delete_topics(self, names: list[str]) -> None:
-        try:
-            delete_topics(self.settings, names, admin=self._admin())
-        except TopicError as exc:  # only space: say so, go on (the next rotation retries nothing)
-            log.warning("could not delete superseded topics %s: %s", names, exc)
-        self._created.difference_update(names)
-
-    def _topics(self) -> list[str]:
-        """Every topic on the broker (whole-cluster metadata: naming a topic would auto-create
-        it on the embedded broker)."""
-        return list(self._admin().list_topics(timeout=self.settings.admin_timeout).topics)
 
     def generations(self, partition: int) -> list[int]:
         """Generations of ``partition``'s ledger-state that exist on the broker."""
-        return self.state.generations(self._topics(), partition)
+        return self.state.generations(self.topics.listed(), partition)
 
     def needs_rotation(self, partition: int) -> bool:
         return self.written.get(partition, 0) >= LedgerSettings.of(self.settings).state_rotate_bytes
@@ -136,49 +129,65 @@ class ChangelogStore:
     def needs_heads_rotation(self, partition: int) -> bool:
         return self.heads_written.get(partition, 0) >= LedgerSettings.of(self.settings).state_rotate_bytes
 
-    def begin_generation(self, partition: int) -> int:
-        """Switch writes of ``partition`` to a new, empty generation; returns the old one. The
-        caller then writes a full snapshot and a checkpoint, then calls ``end_generation``."""
+    def begin_rewrite(self, partition: int) -> int | None:
+        """Start rewriting ``partition``'s state (module docstring); the caller then writes a full
+        snapshot and a checkpoint, then calls ``end_rewrite``. Returns the generation superseded
+        (None where the store trims: writes stay in the same topic)."""
+        self.written[partition] = 0
+        if self.trims:
+            return None
         old = self.generation.get(partition, 0)
         self.generation[partition] = old + 1
-        self.written[partition] = 0
         return old
 
-    def end_generation(self, partition: int, old: int) -> None:
-        """The new generation holds a checkpoint: the old one is superseded. It is deleted after
-        the same grace period as superseded heads topics, because other processes read it too
-        (the featurizer's shredder reads checkpoint floors; a read of a topic being deleted
-        crashes librdkafka, infra.topic_reader.source_partitions); recovery ignores it meanwhile,
-        since it takes the newest generation holding a checkpoint."""
-        self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds,
-                              [self.state.topic(partition, old)]))
+    def end_rewrite(self, partition: int, old: int | None, pointers: Mapping[str, HeadPointer]) -> bool:
+        """The new checkpoint (naming ``pointers``) is durable: drop what it superseded. Trimmed at
+        once; a superseded generation is deleted after the heads' retire grace, because other
+        processes read it too (the featurizer's shredder reads checkpoint floors; a read of a topic
+        being deleted crashes librdkafka, infra.topic_reader.source_partitions), and recovery ignores
+        it meanwhile (it takes the newest generation holding a checkpoint). False: the trim failed
+        (logged; the caller keeps the erasure pending)."""
+        if old is None:
+            return self.trim_state(partition, pointers)
+        self.topics.retire([self.state.topic(partition, old)])
+        return True
 
-    def begin_heads_generation(self, partition: int, fresh: bool = False) -> list[str]:
-        """Switch the partition's head updates to a new heads topic; returns the topics it
-        supersedes, to delete (``end_heads_generation``) once every head has been republished
-        into the new one. ``fresh`` (recovery): supersede whatever generations exist."""
+    def trim_state(self, partition: int, pointers: Mapping[str, HeadPointer]) -> bool:
+        """DeleteRecords below the first record a checkpoint naming ``pointers`` needs (its pieces;
+        the checkpoint record comes after them). False if the broker refused (logged)."""
+        below = first_needed(pointers)
+        return below is None or self.topics.trim(self.topic(partition), below)
+
+    def begin_heads_rewrite(self, partition: int, fresh: bool = False) -> HeadsRewrite:
+        """Start republishing every head of ``partition`` (module docstring); pass the answer to
+        ``end_heads_rewrite`` once every head is republished and durable. ``fresh`` (recovery):
+        supersede every generation but the one written to (the newest, where the store trims)."""
         current = self.heads_generation.get(partition, 0)
-        old = self.heads.generations(self._topics(), partition) if fresh else [current]
-        self.heads_generation[partition] = max([current, *old]) + 1
+        existing = self.heads.generations(self.topics.listed(), partition) if fresh else [current]
         self.heads_written[partition] = 0
-        return [self.heads.topic(partition, g) for g in old]
+        if self.trims:
+            keep = max([current, *existing]) if fresh else current
+            self.heads_generation[partition] = keep
+            topic = self.heads_topic(partition)
+            try:
+                end = self.topics.end_offset(topic)
+            except TopicError as exc:  # the rewrite cannot start safely
+                raise StateStoreError(str(exc)) from None
+            return HeadsRewrite([self.heads.topic(partition, g) for g in existing if g != keep], topic, end)
+        self.heads_generation[partition] = max([current, *existing]) + 1
+        return HeadsRewrite([self.heads.topic(partition, g) for g in existing])
 
-    def end_heads_generation(self, superseded: list[str]) -> None:
-        """Every head is in the new generation: delete the superseded topics once readers have had
-        ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them (infra.topic_reader.source_partitions
-        says why a reader must not be on a topic when it is deleted)."""
-        if superseded:
-            self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds, superseded))
+    def end_heads_rewrite(self, rewrite: HeadsRewrite) -> bool:
+        """Every head is republished: trim below the first republished update at once, and delete
+        superseded topics once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them
+        (infra.topic_reader.source_partitions says why a reader must not be on a topic when it is
+        deleted). False: the trim failed (logged)."""
+        self.topics.retire(rewrite.superseded)
+        return rewrite.below is None or self.topics.trim(rewrite.topic, rewrite.below)
 
     def retire_due(self) -> None:
-        """Delete the superseded heads and ledger-state topics whose grace period is over (cheap when
-        none is)."""
-        if not self.retiring or self.retiring[0][0] > time.monotonic():
-            return
-        now = time.monotonic()
-        due = [t for at, names in self.retiring if at <= now for t in names]
-        self.retiring = [(at, names) for at, names in self.retiring if at > now]
-        self._delete_topics(due)
+        """Delete the superseded generations whose grace period is over (cheap when none is)."""
+        self.topics.retire_due()
 
     # ---------------------------------------------------------------- writing
     def _produce_all(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
@@ -247,16 +256,18 @@ class ChangelogStore:
             older = [g for g in existing if g not in found]
             use, delete, next_gen = plan_generations({**{g: cp is not None for g, cp in found.items()},
                                                       **dict.fromkeys(older, False)})
-            self._delete_topics([self.state.topic(partition, g) for g in delete])
+            self.topics.delete([self.state.topic(partition, g) for g in delete])
             self.generation[partition] = next_gen
             self.written[partition] = 0
             cp = found.get(use) if use is not None else None
             heads: dict[str, HeadState] = {}
             if cp is not None and use is not None:
                 topic = self.state.topic(partition, use)
-                self._created.add(topic)
+                self.topics.created.add(topic)
                 for head_id, ptr in cp.heads.items():
                     heads[head_id] = self._read_head(c, topic, head_id, ptr)
+                if self.trims:  # a rewrite that crashed before its trim: done now
+                    self.trim_state(partition, cp.heads)
                 self.written[partition] = self._estimate_size(c, topic, cp)
             return cp, heads
         finally:

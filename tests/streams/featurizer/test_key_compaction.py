@@ -23,6 +23,15 @@ def _topics(s: Settings) -> list[str]:
     return list(AdminClient(admin_config(s)).list_topics(timeout=30).topics)
 
 
+def _config(s: Settings, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    admin = AdminClient(admin_config(s))  # kept until the answer is in: a dropped client aborts it
+    got = admin.describe_configs([res])[res].result(timeout=30)
+    return {k: v.value for k, v in got.items()}
+
+
 def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Settings) -> None:
     s = settings.with_(segment_ms=2000)
     fam = keys_family(s.topic_prefix)
@@ -42,6 +51,7 @@ def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Sett
             assert ks.retire_due(force=True) == [first]
             return
         assert fam.generations(_topics(s), 0) == [0] and ks.gens[0].topic == first  # no rotation
+        assert _config(s, first)["delete.retention.ms"] == "10000"  # 5 x segment.ms: tombstones go too
         doomed_key = key_record_key(*doomed)
 
         def compacted(_remaining: float) -> list[Any] | None:

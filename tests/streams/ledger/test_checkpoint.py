@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
 from unlearn.infra.log_position import StaleStateError
-from unlearn.streams.ledger.checkpoint import check_recovery, safe_floor
+from unlearn.streams.ledger.checkpoint import check_recovery, first_needed, safe_floor
 
 HEADS = st.sampled_from(["a", "b", "c", "d"])
 
@@ -102,3 +102,12 @@ def test_the_latest_checkpoint_of_the_partition_wins() -> None:
     assert latest_checkpoint(reversed(records), 0) == b  # by offset, not by reading order
     assert latest_checkpoint(records, 1) == other
     assert latest_checkpoint(records, 2) is None
+
+
+def test_first_needed_is_the_lowest_piece_a_checkpoint_names() -> None:
+    """Trimming ledger-state below it keeps every piece the checkpoint names (and the checkpoint
+    record, written after them); a checkpoint naming no head trims nothing."""
+    pointers = {"a": HeadPointer(1, 10, "00", (40, 41, 45)), "b": HeadPointer(2, 11, "00", (37,)),
+                "c": HeadPointer(1, 12, "00", (50, 52))}
+    assert first_needed(pointers) == 37
+    assert first_needed({}) is None

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from unlearn.infra.between_stages import heads_family, state_family
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import HeadSettings, Settings, producer_config
+from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
@@ -223,8 +223,8 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
     s = worker_settings(settings, tmp_path)
     stream = Stream(["q1", "q2"], d=5, seed=8)
 
-    def published() -> list[tuple[str, HeadUpdate]]:
-        return [(r.topic, decode_head(r.value or b"")) for r in read_topic(s, heads_family(s.topic_prefix))]
+    def published() -> list[tuple[tuple[str, int], HeadUpdate]]:
+        return [((r.topic, r.offset), decode_head(r.value or b"")) for r in read_topic(s, heads_family(s.topic_prefix))]
 
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
     try:
@@ -241,10 +241,10 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
     try:
         worker.wait_for_log("unlearn ledger ready", timeout=60)
         # the rebuild publishes each head's last version as exact (the timer resets a fast one)
-        old_topics = {t for t, _ in first}
+        old = {at for at, _ in first}  # (topic, offset): a new generation, or the same topic further on
         deadline = time.monotonic() + 60
         while not all(any((u.head_id, u.version, u.digest, u.retained_hash) == (h, *b)
-                          for t, u in published() if t not in old_topics) for h, b in before.items()):
+                          for at, u in published() if at not in old) for h, b in before.items()):
             assert time.monotonic() < deadline, "the rebuild did not publish the same exact versions"
             time.sleep(0.5)
         produce(s, [stream.next_message() for _ in range(10)])
@@ -272,8 +272,9 @@ def test_a_lost_state_topic_is_rebuilt_from_the_log_with_the_same_versions(setti
 
 
 def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Path) -> None:
-    """With a small rotation bound the state moves to new generations (old ones deleted) while
-    kills happen; at most one generation per partition remains, and every head ends exact."""
+    """With a small rotation bound the state is rewritten while kills happen: trimmed in place where
+    the broker has DeleteRecords (generation 0 stays, its log start moves), else moved to new
+    generations (old ones deleted); one topic per partition remains, and every head ends exact."""
     s = worker_settings(settings, tmp_path).with_(changelog_max_bytes=64_000, state_rotate_bytes=64_000,
                                                   heads_retire_seconds=3.0)
     stream = Stream([f"g{i}" for i in range(4)], d=40, seed=9)  # ~40 KB of state per head
@@ -298,13 +299,19 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
     for t in state:
         per_partition.setdefault(t.split(".ledger-state.")[1].split(".")[0], []).append(t)
     assert all(len(v) == 1 for v in per_partition.values()), state
-    assert any(not t.endswith(".g0") for t in state), f"no rotation happened: {state}"
     log = worker.log_path.read_text()
-    assert "moved to generation" in log
-    # Head updates rotate too (here far more often: every update carries a 40x40 posterior).
-    assert "head updates moved to" in log
     family = heads_family(s.topic_prefix)
     heads_topics = family.select(prefixed_topics(s))
+    if quirks(s).delete_records:
+        assert all(t.endswith(".g0") for t in state + heads_topics), f"a new generation on a trimming broker: {state}"
+        assert "ledger state rewritten (trimmed)" in log
+        bounds = {t: _bounds(s, t) for t in state + heads_topics}
+        assert all(low > 0 for low, high in bounds.values() if high > 0), f"every topic in use trimmed: {bounds}"
+    else:
+        assert any(not t.endswith(".g0") for t in state), f"no rotation happened: {state}"
+        assert "moved to generation" in log
+    # Head updates are rewritten too (here far more often: every update carries a 40x40 posterior).
+    assert "head updates rewritten into" in log
     assert len({family.parse(t)[0] for t in heads_topics}) == len(heads_topics), f"one per partition: {heads_topics}"
     digests: dict[tuple[str, int], set[str | None]] = {}
     for r in read_topic(s, family):
@@ -346,15 +353,48 @@ def _family_topics(s: Settings, partition: int) -> dict[str, list[str]]:
     return out
 
 
+def _bounds(s: Settings, topic: str) -> tuple[int, int]:
+    """(log start, log end) of ``topic`` partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(consumer_config(s, f"{s.topic_prefix}bounds"))
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+        return int(low), int(high)
+    finally:
+        c.close()
+
+
+def _family_bounds(s: Settings, partition: int) -> dict[str, tuple[int, int]]:
+    """(log start, log end) of each of the partition's ledger-state and heads topics now."""
+    return {t: _bounds(s, t) for ts in _family_topics(s, partition).values() for t in ts}
+
+
+def _left_from(s: Settings, partition: int, old: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The topics of ``old`` (``_family_bounds`` then) still holding a record from then: not
+    deleted (generations) and not trimmed past their old end (DeleteRecords)."""
+    now = _family_topics(s, partition)
+    return {t: b for t in old if any(t in ts for ts in now.values()) and (b := _bounds(s, t))[0] < old[t][1]}
+
+
+def _assert_no_new_generation(s: Settings, partition: int, old: dict[str, tuple[int, int]]) -> None:
+    """Where the broker trims, a rewrite stays in the same topics."""
+    if quirks(s).delete_records:
+        now = _family_topics(s, partition)
+        assert sorted(t for ts in now.values() for t in ts) == sorted(old), (now, old)
+
+
 def _partition_of(s: Settings, head_id: str) -> int:
     return read_heads(s)[head_id].offsets[0][0]
 
 
 def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings, tmp_path: Path) -> None:
-    """Issue 11: after a delete, the ledger-state and heads generations that hold aggregates from
-    before it (a snapshot's S and G, published W) are deleted within UNLEARN_ERASURE_ROTATE_SECONDS
-    plus the heads' retire grace. The deletes of one window make one rotation, the newest snapshot
-    is the post-delete ledger, readers follow, and without deletes nothing extra rotates."""
+    """Issue 11: after a delete, the ledger-state and heads records that hold aggregates from
+    before it (a snapshot's S and G, published W) are gone within UNLEARN_ERASURE_ROTATE_SECONDS
+    (trimmed below the rewrite where the broker has DeleteRecords, no new topic) or that plus the
+    heads' retire grace (generations deleted). The deletes of one window make one rotation, the
+    newest snapshot is the post-delete ledger, readers follow, and without deletes nothing extra
+    rotates."""
     s = worker_settings(settings, tmp_path).with_(erasure_rotate_seconds=3.0, heads_retire_seconds=3.0,
                                                   reset_every_seconds=0.5)
     stream = Stream(["e1", "e2", "e3", "e4"], d=8, seed=12, delete_p=0.0)
@@ -368,30 +408,34 @@ def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings
         parts = {h: _partition_of(s, h) for h in stream.heads}
         # No deletes: no erasure rotation, whatever the time.
         before = {p: _family_topics(s, p) for p in set(parts.values())}
+        starts = {p: {t: b[0] for t, b in _family_bounds(s, p).items()} for p in before}
         time.sleep(LedgerSettings.of(s).erasure_rotate_seconds + LedgerSettings.of(s).heads_retire_seconds + 2.0)
         assert {p: _family_topics(s, p) for p in before} == before
+        assert {p: {t: b[0] for t, b in _family_bounds(s, p).items()} for p in before} == starts, "nothing trimmed"
         assert "erasure rotation" not in worker.log_path.read_text()
 
         h = "e1"
         p = parts[h]
         old = before[p]
         assert old["ledger-state"] and old["heads"], old
+        old_bounds = _family_bounds(s, p)
         t0 = time.monotonic()
         produce(s, [stream.delete_message(h, 2)])
         time.sleep(1.0)
         produce(s, [stream.delete_message(h, 1)])  # the same window: the same rotation
         ledger = LedgerSettings.of(s)
         deadline = t0 + ledger.erasure_rotate_seconds + ledger.heads_retire_seconds + 15.0  # + a loaded box's slack
-        while True:
-            now = _family_topics(s, p)
-            if not (set(now["ledger-state"]) & set(old["ledger-state"]) or set(now["heads"]) & set(old["heads"])):
-                break
-            assert time.monotonic() < deadline, f"pre-delete generations still there: {now} (were {old})"
+        while left := _left_from(s, p, old_bounds):
+            assert time.monotonic() < deadline, f"pre-delete records still there: {left} (were {old_bounds})"
             time.sleep(0.2)
         took = time.monotonic() - t0
         assert took >= ledger.erasure_rotate_seconds, took  # the window batches, it does not rotate per delete
+        now = _family_topics(s, p)
         assert now["ledger-state"] and now["heads"], now
+        _assert_no_new_generation(s, p, old_bounds)
         assert {q: _family_topics(s, q) for q in before if q != p} == {q: t for q, t in before.items() if q != p}
+        assert {q: {t: b[0] for t, b in _family_bounds(s, q).items()} for q in before if q != p} == {
+            q: v for q, v in starts.items() if q != p}, "only the partition with deletes was trimmed"
         log = worker.log_path.read_text()
         assert log.count(f"deltas partition {p}: erasure rotation done") == 1, log
         assert log.count("erasure rotation done") == 1, "only the partition with deletes rotated"
@@ -403,7 +447,8 @@ def test_a_delete_rotates_its_partition_away_within_the_bound(settings: Settings
                 u = decode_head(r.value or b"")
                 if u.head_id == h:
                     assert u.version == stream.n_msgs[h] and u.n_retained == ref.count, (t, u.version)
-        # Readers followed the partition to its new generations: a later update reaches them.
+        # Readers followed the partition (to its new generations, or to the new log start): a later
+        # update reaches them.
         got = follower.wait(h, lambda u: u.version == stream.n_msgs[h] and u.mode == "exact", timeout=30)
         assert got.digest == ref.digest()
         produce(s, [stream.next_message() for _ in range(6)])
@@ -454,14 +499,14 @@ def test_a_worker_killed_mid_erasure_rotation_recovers_exactly(settings: Setting
         time.sleep(3 * LedgerSettings.of(s).checkpoint_every_seconds)
         slow.kill9()
         assert "erasure rotation" not in slow.log_path.read_text()
-        old = _family_topics(s, 0)
+        old = _family_bounds(s, 0)
         worker.start()  # no message to replay: only the checkpoint says a delete is pending
         worker.wait_for_log("erasure rotation done", timeout=60)
         deadline = time.monotonic() + LedgerSettings.of(s).heads_retire_seconds + 20.0
-        while (now := _family_topics(s, 0)) and (set(now["heads"]) & set(old["heads"])
-                                                 or set(now["ledger-state"]) & set(old["ledger-state"])):
-            assert time.monotonic() < deadline, (old, now)
+        while left := _left_from(s, 0, old):
+            assert time.monotonic() < deadline, (old, left)
             time.sleep(0.2)
+        _assert_no_new_generation(s, 0, old)
         produce(s, [stream.next_message() for _ in range(5)])
         assert_final_heads_exact(s, stream, timeout=120)
     finally:
@@ -477,11 +522,11 @@ class _Crash(BaseException):
 @pytest.mark.parametrize("step", ["heads_republished", "snapshot_half_written", "checkpoint_written"])
 def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: Settings, tmp_path: Path,
                                                                       step: str) -> None:
-    """An in-process worker dies at one step of its erasure rotation: after the heads moved to a
-    new generation; with half the snapshots in the new ledger-state generation (no checkpoint
-    there); or after the new checkpoint, before the old generation is deleted. A worker process
-    then recovers exactly, and every generation that existed before the delete is gone within
-    the bound (recovery deletes or rotates it)."""
+    """An in-process worker dies at one step of its erasure rotation: after the heads were
+    republished, before the older updates are dropped; with half the snapshots written (no new
+    checkpoint); or after the new checkpoint, before the old state is dropped (trimmed, or its
+    generation deleted). A worker process then recovers exactly, and every record that existed
+    before the delete is gone within the bound (recovery trims, deletes or rotates it)."""
     import threading
 
     from unlearn.streams.ledger.worker import LedgerWorker
@@ -516,9 +561,9 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
         setattr(w.store, name, wrapped)
 
     w.checkpoint = checkpoint  # type: ignore[method-assign]
-    {"heads_republished": lambda: crash_on("end_heads_generation", 1),
+    {"heads_republished": lambda: crash_on("end_heads_rewrite", 1),
      "snapshot_half_written": lambda: crash_on("write_snapshot", 3),
-     "checkpoint_written": lambda: crash_on("end_generation", 1)}[step]()
+     "checkpoint_written": lambda: crash_on("end_rewrite", 1)}[step]()
 
     def run() -> None:
         try:
@@ -532,7 +577,7 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
     try:
         produce(s, [stream.next_message() for _ in range(28)])
         assert_final_heads_exact(s, stream)
-        old = _family_topics(s, 0)
+        old = _family_bounds(s, 0)
         t0 = time.monotonic()
         produce(s, [stream.delete_message("c1", 2), stream.delete_message("c2", 1)])
         t.join(60)
@@ -541,11 +586,11 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
         worker.wait_for_log("unlearn ledger ready", timeout=60)
         assert_final_heads_exact(s, stream)
         deadline = t0 + LedgerSettings.of(s).erasure_rotate_seconds + LedgerSettings.of(s).heads_retire_seconds + 30.0
-        while (now := _family_topics(s, 0)) and (set(now["heads"]) & set(old["heads"])
-                                                 or set(now["ledger-state"]) & set(old["ledger-state"])):
-            assert time.monotonic() < deadline, (old, now)
+        while left := _left_from(s, 0, old):
+            assert time.monotonic() < deadline, (old, left)
             time.sleep(0.2)
-        assert len(now["ledger-state"]) == 1, now
+        assert len(_family_topics(s, 0)["ledger-state"]) == 1
+        _assert_no_new_generation(s, 0, old)
         produce(s, [stream.next_message() for _ in range(5)])
         assert_final_heads_exact(s, stream)
     finally:
