@@ -12,7 +12,6 @@ anything else, so a consumer can route any failure to ``deadletter`` instead of 
 
 from pathlib import Path
 
-from unlearn.schemas._binary import CodecError
 from unlearn.schemas.deadletter import (
     DEADLETTER_SCHEMA_V1,
     STAGES,
@@ -24,6 +23,7 @@ from unlearn.schemas.deadletter import (
 from unlearn.schemas.delta_codec import (
     DELTA_MAGIC,
     DELTA_VERSION,
+    CodecError,
     Delta,
     PackedEntry,
     RowsEntry,

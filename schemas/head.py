@@ -11,7 +11,7 @@ the head contract the head was built under (the one named by its latest delta: f
 serving quantizes predict inputs with, and, for a head of class-index labels, which class columns
 hold retained samples (flag bit 4: a bitmap from the ledger's exact per-class counts), the only
 classes a prediction may name. Same frame and
-robustness rules as the deltas (see ``schemas/_binary.py`` and docs/formats.md).
+robustness rules as the deltas (see ``schemas/delta_codec.py`` and docs/formats.md).
 
 ``head-registry`` records: a head's contract, ``unlearn.head-contract/v1`` (JSON).
 
@@ -53,7 +53,7 @@ import orjson
 from numpy.typing import NDArray
 
 from unlearn.ledger.exact import MAX_CLASS_INDEX
-from unlearn.schemas._binary import CodecError, Reader, Writer, check_frame
+from unlearn.schemas.delta_codec import CodecError, Reader, Writer, check_frame
 from unlearn.schemas.envelope import ID_CHARS, is_valid_id
 from unlearn.schemas.registry_record import check_id_and_version, load_document, open_document, require_fields, typed
 

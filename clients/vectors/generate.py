@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from unlearn.infra.between_stages import head_partition
-from unlearn.schemas._binary import CodecError, crc32c
+from unlearn.schemas.delta_codec import CodecError, crc32c
 from unlearn.schemas.envelope import (
     FeaturesInput,
     ImageInput,

@@ -75,7 +75,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.infra.settings import ErasureSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, read_range
-from unlearn.schemas._binary import CodecError
+from unlearn.schemas.delta_codec import CodecError
 from unlearn.schemas.envelope import (
     FeatureDtype,
     FeaturesInput,

@@ -34,7 +34,7 @@ from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import Quantizer, l2_normalize
-from unlearn.schemas._binary import CodecError
+from unlearn.schemas.delta_codec import CodecError
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput, encode_request
 from unlearn.schemas.head import HeadUpdate, score_rows
 from unlearn.schemas.receipts import decode_receipt

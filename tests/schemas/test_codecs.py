@@ -26,8 +26,7 @@ from unlearn.schemas import (
     encode_head,
     head_to_json,
 )
-from unlearn.schemas._binary import PREFIX, crc32c
-from unlearn.schemas.delta_codec import MULTISET_HASH_BYTES
+from unlearn.schemas.delta_codec import MULTISET_HASH_BYTES, PREFIX, crc32c
 
 _ids = st.from_regex(r"[A-Za-z0-9._:@+-]{1,12}", fullmatch=True)  # the id grammar (schemas.envelope.ID_CHARS)
 _I64 = st.integers(-(2**63), 2**63 - 1)
