@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from unlearn.infra.local_s3 import (
     find_s3rver,
 )
 from unlearn.infra.polling import poll_until
-from unlearn.infra.processes import terminate, terminate_all, with_pdeathsig
+from unlearn.infra.processes import stop_on_signal, terminate, terminate_all, watch_until_stopped, with_pdeathsig
 from unlearn.infra.settings import LocalBrokerSettings, Settings
 
 __all__ = [
@@ -454,33 +453,25 @@ def run_broker_forever(
     in ``data_dir`` (see LocalBroker): restart with the same port and dir to get it all back.
     Returns the process exit code: 0 after a signal, 1 if the broker (or its S3) died by itself.
     """
-    stop = threading.Event()
+    def died() -> str | None:
+        if not broker.running:
+            return f"tansu exited unexpectedly:\n{broker.log_tail()}"
+        if broker.data_dir is not None and not broker.s3_running:
+            return f"the local S3 (s3rver) exited unexpectedly; see {broker.s3_log_path}"
+        return None
 
-    def _on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    broker = LocalBroker(port, settings=settings, data_dir=data_dir)
-    try:
-        broker.start()
-        print(f"bootstrap={broker.bootstrap}", flush=True)
-        print(f"log={broker.log_path}", file=sys.stderr, flush=True)
-        if broker.data_dir is not None:
-            print(f"data={broker.data_dir} s3={broker.s3_endpoint} s3_log={broker.s3_log_path}",
-                  file=sys.stderr, flush=True)
-            log_ready("broker", bootstrap=broker.bootstrap, data=str(broker.data_dir))
-        else:
-            log_ready("broker", bootstrap=broker.bootstrap)
-        while not stop.wait(0.5):
-            if not broker.running:
-                print(f"tansu exited unexpectedly:\n{broker.log_tail()}", file=sys.stderr)
-                return 1
-            if broker.data_dir is not None and not broker.s3_running:
-                print(f"the local S3 (s3rver) exited unexpectedly; see {broker.s3_log_path}",
-                      file=sys.stderr)
-                return 1
-        return 0
-    finally:
-        broker.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with stop_on_signal() as stop:
+        broker = LocalBroker(port, settings=settings, data_dir=data_dir)
+        try:
+            broker.start()
+            print(f"bootstrap={broker.bootstrap}", flush=True)
+            print(f"log={broker.log_path}", file=sys.stderr, flush=True)
+            if broker.data_dir is not None:
+                print(f"data={broker.data_dir} s3={broker.s3_endpoint} s3_log={broker.s3_log_path}",
+                      file=sys.stderr, flush=True)
+                log_ready("broker", bootstrap=broker.bootstrap, data=str(broker.data_dir))
+            else:
+                log_ready("broker", bootstrap=broker.bootstrap)
+            return watch_until_stopped(stop, died)
+        finally:
+            broker.stop()

@@ -11,14 +11,13 @@ which one ``make demo`` uses and why.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from typing import Literal
 
 from unlearn.infra.broker import LocalBroker
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.kafka_broker import LocalKafka, kafka_version
+from unlearn.infra.processes import stop_on_signal, watch_until_stopped
 from unlearn.infra.settings import Settings
 
 __all__ = ["ENGINES", "Engine", "describe_engine", "local_broker", "run_kafka_forever"]
@@ -69,12 +68,6 @@ def run_kafka_forever(
     secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
     from ``infra/kafka/init.sh``).
     """
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     if admin_password is not None:
         from unlearn.infra.secure_kafka import SecuredLocalKafka
 
@@ -82,27 +75,25 @@ def run_kafka_forever(
                                                 settings=settings)
     else:
         cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
-    try:
-        cluster.start()
-        for n in cluster.nodes:
-            print(f"node={n.node_id} pid={n.pid} bootstrap={n.bootstrap}", flush=True)
-        print(f"bootstrap={cluster.bootstrap}", flush=True)
-        for n in cluster.nodes:
-            print(f"node={n.node_id} log={n.log_path}", file=sys.stderr, flush=True)
-        fields: dict[str, object] = {"engine": "kafka", "bootstrap": cluster.bootstrap, "nodes": nodes}
-        if cluster.data_dir is not None:
-            fields["data"] = str(cluster.data_dir)
-        if admin_password is not None:
-            fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
-        log_ready("broker", **fields)
-        while not stop.wait(0.5):
-            dead = [n for n in cluster.nodes if not n.running]
-            if dead:
-                n = dead[0]
-                print(f"Kafka node {n.node_id} exited unexpectedly:\n{n.log_tail()}", file=sys.stderr)
-                return 1
-        return 0
-    finally:
-        cluster.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+
+    def died() -> str | None:
+        dead = [n for n in cluster.nodes if not n.running]
+        return f"Kafka node {dead[0].node_id} exited unexpectedly:\n{dead[0].log_tail()}" if dead else None
+
+    with stop_on_signal() as stop:
+        try:
+            cluster.start()
+            for n in cluster.nodes:
+                print(f"node={n.node_id} pid={n.pid} bootstrap={n.bootstrap}", flush=True)
+            print(f"bootstrap={cluster.bootstrap}", flush=True)
+            for n in cluster.nodes:
+                print(f"node={n.node_id} log={n.log_path}", file=sys.stderr, flush=True)
+            fields: dict[str, object] = {"engine": "kafka", "bootstrap": cluster.bootstrap, "nodes": nodes}
+            if cluster.data_dir is not None:
+                fields["data"] = str(cluster.data_dir)
+            if admin_password is not None:
+                fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
+            log_ready("broker", **fields)
+            return watch_until_stopped(stop, died)
+        finally:
+            cluster.stop()

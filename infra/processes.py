@@ -13,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .polling import poll_until
@@ -137,3 +139,31 @@ class ServiceProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def stop_on_signal() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM while the block runs (the previous handlers come back
+    after it): how a foreground command (``unlearn broker``) learns to stop and clean up."""
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def watch_until_stopped(stop: threading.Event, died: Callable[[], str | None], every: float = 0.5) -> int:
+    """Exit code of a foreground command that runs children: 0 once ``stop`` is set, 1 (after
+    printing why to stderr) as soon as ``died`` names a child that exited by itself."""
+    while not stop.wait(every):
+        why = died()
+        if why is not None:
+            print(why, file=sys.stderr)
+            return 1
+    return 0
