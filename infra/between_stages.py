@@ -4,32 +4,27 @@
   request to ``<requests>.by-head`` at :func:`head_partition` of its head id; the featurizer that
   owns that partition keeps the head's sample and transit keys, so the ledger (opening sealed
   rows) and the SDK (sealing inputs) find a head's keys by the same function.
-- **The ledger's checkpoint record** (:class:`Checkpoint`, in ``ledger-state.p<q>.g<G>``): the
-  ledger writes it; the featurizer reads its floor before destroying a deleted sample's key
+- **The ledger's checkpoint record** (:class:`Checkpoint`, in ``ledger-state``): the ledger
+  writes it; the featurizer reads its floor before destroying a deleted sample's key
   (docs/erasure.md), since a ledger never re-reads below it.
+- **Topic families** (:class:`TopicFamily`) and the **key families' records**, below. Nothing
+  here depends on a stage.
 
-Topic family names live in ``infra.between_stages`` and key record naming in
-``infra.between_stages``; neither depends on a stage either.
-
-Topic families: one logical stream stored as generation topics ``<prefix><name>.p<P>.g<G>``.
-
-Why: a broker without compaction, retention or record deletion (the embedded one) keeps every
-record ever written, and deleting a whole topic is the only way to free space. A writer that owns
+**Topic families**: one logical stream stored as generation topics ``<prefix><name>.p<P>.g<G>``.
+A broker without compaction, retention or record deletion (the embedded one) keeps every record
+ever written, and deleting a whole topic is the only way to free space. A writer that owns
 partition P of the stream writes into generation G until it passes its size bound, then writes
 the state a reader needs (a full snapshot, or the latest record per key) into G+1 and deletes G.
-Deleting G is also how a writer erases what G holds (the ledger rotates a partition after a
-delete for that reason).
-Readers follow the family: every topic whose name matches, added as they appear and dropped as
-they are deleted (``infra.topic_reader``). Each generation topic has one partition; P names the
-writer's input partition (a ``deltas`` partition), so ownership follows the consumer group.
+Deleting G is also how a writer erases what G holds. Readers follow the family: every topic whose
+name matches, added as they appear and dropped as they are deleted (``infra.topic_reader``). Each
+generation topic has one partition; P names the writer's input partition (a ``deltas``
+partition), so ownership follows the consumer group. The ledger's state (``ledger-state``) and
+its head updates (``heads``) are families, and so are the featurizer's sample keys
+(``subject-keys``) and private transit keys (``transit-private``).
 
-The ledger's state (``ledger-state``) and its head updates (``heads``) are families, and so are the
-featurizer's sample keys (``subject-keys``) and private transit keys (``transit-private``).
-
-Reading the per-sample key family ``<prefix>subject-keys.p<P>.g<G>`` (docs/erasure.md), and
-the private transit keys' family ``<prefix>transit-private.p<P>.g<G>`` (same records and rules).
-
-One generation topic per (by-head partition P, generation G), one partition each. Records:
+**Key families** (docs/erasure.md): reading ``<prefix>subject-keys.p<P>.g<G>`` and
+``<prefix>transit-private.p<P>.g<G>`` (same records and rules). One generation topic per (by-head
+partition P, generation G), one partition each. Records:
 
 - ``<len(head)>:<head>/<sample>/<key id>`` -> ``schemas.sealed.encode_key_record`` (the key), or a
   tombstone once the key is destroyed (for a compacting broker; the embedded one needs the

@@ -1,8 +1,8 @@
-"""A versioned registry topic: one JSON record per version of a key, nothing ever deleted.
+"""The registry topics: one JSON record per version of a key, nothing ever deleted; the head
+registry (head contracts) and the client registry (signing clients).
 
-The head registry (``infra/registry.py``, head contracts) and the client registry
-(``infra/registry.py``, signing clients) are both such a topic, and both must read it by
-the same rules, so they are written once here:
+**Versioned topics.** Both registries must be read by the same rules, so they are written once,
+here:
 
 - the latest record of a key is the one with the highest version (the later record on a tie);
 - a tombstone is ignored (a registry revokes or extends, it never deletes);
@@ -12,24 +12,14 @@ the same rules, so they are written once here:
 A :class:`VersionedTopic` names the topic and its record format; it folds, reads to the end and
 publishes. A :class:`VersionedView` follows the topic in a thread for long-running services.
 
-Reading and writing the head registry: ``<prefix>head-registry``, key = head id, value = an
-``unlearn.head-contract/v1`` document (``schemas/head.py``).
+**The head registry**: ``<prefix>head-registry``, key = head id, value = an
+``unlearn.head-contract/v1`` document (``schemas/head.py``). On Kafka the topic is compacted, so
+it keeps about one record per head; on tansu (no compaction) it keeps every version ever written,
+which is small: a record per create or extend.
 
-The latest contract of a head is the one with the highest version (the later record on a tie);
-records that do not parse, or whose key is not their head id, are skipped with a warning, so one
-bad producer cannot hide a head (the rules of every versioned registry,
-``infra/registry.py``). On Kafka the topic is compacted, so it keeps about one record
-per head; on tansu (no compaction) it keeps every version ever written, which is small: a record
-per create or extend, a few hundred bytes each.
-
-Reading and writing the client registry: ``<prefix>client-registry``, key = client id, value
-= an ``unlearn.client/v1`` document (``schemas/client_record.py``).
-
-The same rules as the head registry (``infra/registry.py``), both written once in
-``infra/registry.py``: the latest record of a client is the one with the highest
-version (the later record on a tie); records that do not parse, or whose key is not their client
-id, are skipped with a warning. Only the operator principal may write this topic
-(docs/security.md, ACL matrix): whoever can write it can grant any right.
+**The client registry**: ``<prefix>client-registry``, key = client id, value = an
+``unlearn.client/v1`` document (``schemas/client_record.py``). Only the operator principal may
+write this topic (docs/security.md, ACL matrix): whoever can write it can grant any right.
 """
 
 from __future__ import annotations

@@ -1,26 +1,27 @@
-"""Configuration: typed sections read from ``UNLEARN_<FIELD>`` environment variables.
+"""Configuration: typed sections read from ``UNLEARN_<FIELD>`` environment variables, the sections
+infra owns, and the client settings per broker kind.
 
-A *section* is a frozen dataclass of settings that one package owns and validates (``check``);
-field ``foo`` is read from ``UNLEARN_FOO``. ``Settings`` is the section every process needs (where
-the cluster is, the topic prefix, the local data dir, the auth mode); the other sections live
-beside the code that reads them and are fetched with ``<Section>.of(settings)``, which reads the
-environment captured by ``Settings.from_env`` the first time a process asks, so each process loads
-and validates only the sections it uses. ``settings.with_(field=value)`` changes any setting of any
-section (tests, benches). ``help_epilog`` renders sections for a command's ``--help``.
+**Sections.** A *section* is a frozen dataclass of settings that one package owns and validates
+(``check``); field ``foo`` is read from ``UNLEARN_FOO``. ``Settings`` is the section every process
+needs (where the cluster is, the topic prefix, the local data dir, the auth mode); the other
+sections live beside the code that reads them and are fetched with ``<Section>.of(settings)``,
+which reads the environment captured by ``Settings.from_env`` the first time a process asks, so
+each process loads and validates only the sections it uses. ``settings.with_(field=value)``
+changes any setting of any section (tests, benches). ``help_epilog`` renders sections for a
+command's ``--help``.
 
-Erasure settings more than one package reads (docs/erasure.md): topic retention and trimming
-(infra/topics.py), subject-key generations, transit-key grace, dead-letter redaction.
+**The sections more than one package reads**, so they live in infra:
 
-The defaults of head contracts: quantization, ridge gamma, backbones and size limits. The
-featurizer, the ledger, the registry CLI and serving read them, so they live in infra.
+- erasure (docs/erasure.md): topic retention and trimming (``infra/topics.py``), subject-key
+  generations, transit-key grace, dead-letter redaction;
+- the defaults of head contracts: quantization, ridge gamma, backbones and size limits (read by
+  the featurizer, the ledger, the registry CLI and serving);
+- where the local brokers that ``unlearn broker`` and the tests start find their binaries
+  (``infra/broker.py``, ``infra/kafka_broker.py``); a cluster user never sets them.
 
-Where the local brokers that ``unlearn broker`` and the tests start find their binaries
-(infra/broker.py, infra/kafka_broker.py); a cluster user never sets them.
-
-Broker profiles: client settings per broker kind, chosen by ``Settings.profile``.
-
-Production runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu",
-see docs/design.md, "The embedded broker"). tansu is Kafka-compatible but has quirks that need client
+**Broker profiles**: client settings per broker kind, chosen by ``Settings.profile``. Production
+runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu", see
+docs/design.md, "The embedded broker"). tansu is Kafka-compatible but has quirks that need client
 settings. Those workarounds live here, next to a note saying why, so that no service ever
 branches on the broker kind: services ask for ``producer_config(settings)`` etc., and code that
 depends on a broker capability asks :func:`quirks` (a capability, not a name).

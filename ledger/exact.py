@@ -1,60 +1,50 @@
-"""Exact limb products of quantized rows through float64 BLAS (docs/design.md section 2).
+"""The exact integer ledger: S = sum q q^T and G = sum q y^T over the retained multiset, from the
+quantized rows to the ledger's canonical encodings.
 
-Every q (|q| <= 2^30) splits as q = a*2^15 + b with b in [-2^14, 2^14), and s = a + b. The ledger's
-three int64 limbs of S = sum q q^T are
-
-    AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T,   S_int = AA*2^30 + X*2^15 + BB.
-
-They come from three *symmetric* products, KK = sum s s^T giving the cross limb as X = KK - AA - BB
-(Karatsuba: three products instead of four), each computed by ``dsyrk`` on the upper triangle only.
-
-Why float64 is exact here: |a| <= 2^15, |b| <= 2^14 and |s| < 1.5*2^15, so one row adds at most
-2^30 to AA and X, 2^28 to BB and 2.25*2^30 to KK. A float64 accumulator fed by at most
-``EXACT_ROWS`` = 2^20 rows therefore only ever holds integers below 2.25*2^50 < 2^53 -- every
-partial sum is exact, whatever the BLAS's summation order, blocking or FMA use -- and the limbs
-derived from it (AA, X, BB) stay below 2^50 in magnitude, which the conversion below requires.
-
-The accumulators live *pending* in float64 (``PendingProducts``) and are folded into the int64
-limbs only when a reader needs exact values or the row budget is spent: an update of S is three in-place
-``dsyrk`` calls and nothing else, and the float->int conversion is paid once per read, not per update.
-
-Small updates (fewer than ``DEFER_ROWS`` rows: a delete, a trickle of adds) are not even multiplied
-at once: their split rows wait in the accumulator and go into one ``dsyrk`` per sign with the rows
-deferred after them, once ``DEFER_ROWS`` are waiting or at the next read. Every product is an exact
-integer whatever the grouping, so the limbs are the same bits; the O(d^2) memory pass of a rank-1
-update (three d x d triangles) is paid once per ``DEFER_ROWS`` rows instead of once per row, and a
-small update costs O(r d). A delete's membership check reads the diagonals, which the deferred rows
-give directly (``diagonals``).
-
-Quantization at the featurizer: floats become exact integers once, and never again.
-
-Features are (optionally) L2-normalized so every component is bounded by 1, then mapped to the
-grid q = rint(f * 2^k) (round half to even, as numpy.rint). The grid is part of the backbone phi:
-the retrain reference uses the same q. Out-of-bound or non-finite input is rejected, never
-clipped, because clipping would silently change the model the user asked for. What an update
-hands the ledger is checked to be on the grid (``check_rows``, ``label_matrix``: class indices
-one-hot scaled by 2^k_y, or a quantized target matrix).
-
-The exact integer ledger: S = sum q q^T and G = sum q y^T over the retained multiset.
-
-Why integers: float ledgers never return to zero after add-then-delete and their residue grows
-with the stream. Integers cancel bit for bit, so the ledger after any interleaving, order or
+**Why integers.** Float ledgers never return to zero after add-then-delete and their residue
+grows with the stream. Integers cancel bit for bit, so the ledger after any interleaving, order or
 partitioning of adds and deletes equals the ledger built from scratch on what is retained.
 
-How (docs/design.md section 2): split every quantized value q = a*2^15 + b with b in [-2^14, 2^14).
-The three symmetric limb matrices
+**Quantization at the featurizer**: floats become exact integers once, and never again. Features
+are (optionally) L2-normalized so every component is bounded by 1, then mapped to the grid
+q = rint(f * 2^k) (round half to even, as numpy.rint). The grid is part of the backbone phi: the
+retrain reference uses the same q. Out-of-bound or non-finite input is rejected, never clipped,
+because clipping would silently change the model the user asked for. What an update hands the
+ledger is checked to be on the grid (``check_rows``, ``label_matrix``: class indices one-hot
+scaled by 2^k_y, or a quantized target matrix).
 
-    AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T
+**Limbs** (docs/design.md section 2). Every q (|q| <= 2^30) splits as q = a*2^15 + b with b in
+[-2^14, 2^14), and s = a + b. The three symmetric limb matrices
 
-are kept in int64 (bounded by n * 2^30 < 2^62 for n < 2^32 samples) and give
-S_int = AA*2^30 + X*2^15 + BB exactly. G uses the same split of the integer labels. The limbs
-are a deterministic function of the multiset, so equal multisets have equal limbs. The products
-come from float64 ``dsyrk`` calls that are exact by construction (``ledger/exact.py``); S's limbs
-are stored as upper triangles (the strict lower part is zero) and mirrored only when S is read.
+    AA = sum a a^T,   X = sum (a b^T + b a^T),   BB = sum b b^T,   S_int = AA*2^30 + X*2^15 + BB
 
-The canonical encodings of an exact ledger's integers: its digest (what verifiers compare) and
-its versioned, checksummed blob (what deltas and checkpoints carry). Pure functions of the limbs;
-``ExactLedger.digest``, ``to_bytes`` and ``from_bytes`` are the API.
+are kept in int64 (bounded by n * 2^30 < 2^62 for n < 2^32 samples); G uses the same split of the
+integer labels. The limbs are a deterministic function of the multiset, so equal multisets have
+equal limbs. S's limbs are stored as upper triangles (the strict lower part is zero) and mirrored
+only when S is read.
+
+**Exact products through float64 BLAS.** The limbs come from three *symmetric* products, KK =
+sum s s^T giving the cross limb as X = KK - AA - BB (Karatsuba: three products instead of four),
+each computed by ``dsyrk`` on the upper triangle only. Float64 is exact here: |a| <= 2^15,
+|b| <= 2^14 and |s| < 1.5*2^15, so one row adds at most 2^30 to AA and X, 2^28 to BB and
+2.25*2^30 to KK. A float64 accumulator fed by at most ``EXACT_ROWS`` = 2^20 rows therefore only
+ever holds integers below 2.25*2^50 < 2^53 -- every partial sum is exact, whatever the BLAS's
+summation order, blocking or FMA use -- and the limbs derived from it stay below 2^50 in
+magnitude, which the conversion to int64 requires.
+
+The accumulators live *pending* in float64 (``PendingProducts``) and are folded into the int64
+limbs only when a reader needs exact values or the row budget is spent: an update of S is three
+in-place ``dsyrk`` calls and nothing else, and the float->int conversion is paid once per read,
+not per update. Small updates (fewer than ``DEFER_ROWS`` rows: a delete, a trickle of adds) are
+not even multiplied at once: their split rows wait and go into one ``dsyrk`` per sign with the
+rows deferred after them, once ``DEFER_ROWS`` are waiting or at the next read. Every product is
+an exact integer whatever the grouping, so the limbs are the same bits; the O(d^2) memory pass of
+a rank-1 update is paid once per ``DEFER_ROWS`` rows instead of once per row. A delete's
+membership check reads the diagonals, which the deferred rows give directly (``diagonals``).
+
+**Encodings**: the ledger's digest (what verifiers compare) and its versioned, checksummed blob
+(what deltas and checkpoints carry), pure functions of the limbs; ``ExactLedger.digest``,
+``to_bytes`` and ``from_bytes`` are the API.
 """
 
 from __future__ import annotations
@@ -712,7 +702,7 @@ class ExactLedger:
                             ).copy()
 
     def digest(self) -> str:
-        """Hex SHA-256 of the canonical encoding of the exact integers (``encoding.ledger_digest``):
+        """Hex SHA-256 of the canonical encoding of the exact integers (:func:`ledger_digest`):
         equal digests = equal ledgers, whoever computes them."""
         return self._cached("digest", lambda: ledger_digest(self.parts()))
 
@@ -724,7 +714,7 @@ class ExactLedger:
 
     # ------------------------------------------------------------------ serialization
     def to_bytes(self) -> bytes:
-        """Versioned, checksummed snapshot (``encoding.encode_ledger``)."""
+        """Versioned, checksummed snapshot (:func:`encode_ledger`)."""
         return encode_ledger(self.parts())
 
     @classmethod

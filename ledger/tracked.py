@@ -1,20 +1,21 @@
-"""Variant B: track T = (S + gamma*I)^-1 and W with Sherman-Morrison-Woodbury rank-r updates.
+"""The fast head (Variant B): a float tracker of the ridge head, beside the exact ledger, in inverse
+or factor form, and the policy that resets it from the ledger.
 
-O(r d^2) per update instead of O(d^3). Float drift accumulates, so the tracker is always paired
-with the exact ledger: ``reset(ledger)`` restores the canonical head (bit-identical to
-``solve_head``) and reports how far the fast head had drifted. A downdate is only applied when
-I - U T U^T is safely positive definite (Lemma 1); otherwise the tracker refuses and the caller
-resets from the ledger instead of publishing a wrong head.
+Updates cost O(r d^2) instead of the O(d^3) of a solve. Float drift accumulates, so a tracker is
+always paired with the exact ledger: ``reset(ledger)`` restores the canonical head (bit-identical
+to ``solve_head``) and reports how far the fast head had drifted.
 
-Variant B, factor form: track the Cholesky factor L of H = S + gamma*I under rank-r updates.
+**Inverse form** (:class:`SMWTracker`): track T = (S + gamma*I)^-1 and W with
+Sherman-Morrison-Woodbury rank-r updates. A downdate is only applied when I - U T U^T is safely
+positive definite (Lemma 1); otherwise the tracker refuses and the caller resets from the ledger
+instead of publishing a wrong head.
 
-Why a factor next to the inverse (``SMWTracker``): a reset is one Cholesky and two solves (as in
-Variant A) instead of also forming H^-1, the factor stays accurate where T = H^-1 loses digits (small
-gamma, ill-conditioned S), and a downdate that would lose positive definiteness shows up as a failed
-Cholesky of an r x r or nb x nb matrix before anything is touched. Its per-update cost against SMW's
-is measured in ``bench/ledger_bench.py`` (section 8); ``TrackedHead`` selects either form.
-
-The update (blocked, level-3 BLAS; docs/design.md section 2): with P = L^-1 V (d x r),
+**Factor form** (:class:`CholeskyTracker`): track the Cholesky factor L of H = S + gamma*I. A
+reset is one Cholesky and two solves (as in Variant A) instead of also forming H^-1, the factor
+stays accurate where T = H^-1 loses digits (small gamma, ill-conditioned S), and a downdate that
+would lose positive definiteness shows up as a failed Cholesky of an r x r or nb x nb matrix
+before anything is touched. The update (blocked, level-3 BLAS; docs/design.md section 2): with
+P = L^-1 V (d x r),
 
     L L^T + sigma V V^T = L (I + sigma P P^T) L^T = (L M)(L M)^T,   M = chol(I + sigma P P^T).
 
@@ -25,25 +26,21 @@ r x r matrix (S <- S - B_J^T B_J) and B_J = M_JJ^-1 P_J S_J. So the new column b
     L~[:, J] = L[:, J] M_JJ + (sum_{K > J} L[:, K] P_K) B_J^T,
 
 one forward sweep over small matrices and one backward sweep with one GEMM and one matrix-vector
-product per block: O(d^2 (nb + r)) flops, no d x d temporary, L updated in place.
+product per block: O(d^2 (nb + r)) flops, no d x d temporary, L updated in place. Two kernels do
+the update: ``hyhound`` (the compiled hyperbolic-Householder update/downdate of the ``hyhound``
+package, where its wheel exists: Linux x86_64) by default, and the blocked sweep above in numpy
+(``blocked``) everywhere else; bench/results/ledger_kernel.md (section 8) compares them with SMW.
 
-Two kernels do the update. ``hyhound`` (the compiled hyperbolic-Householder update/downdate of the
-``hyhound`` package, where its wheel exists: Linux x86_64) is the default: 0.25 ms for a rank-1
-update at d = 768 against 4 ms for the blocked sweep above in numpy (``blocked``, the fallback
-everywhere else); bench/results/ledger_kernel.md section 8 has both side by side with SMW.
-
-A live head: the exact ledger (source of truth) plus a fast head and its reset policy.
-
-The fast head is an ``SMWTracker`` (inverse form) or a ``CholeskyTracker`` (factor form), chosen
-by ``tracker``; both take the same updates and share the drift checks and reset policy below.
-This is the pure core the ledger processor wraps. Every update goes to the exact ledger first
-(which rejects invalid deletes atomically), then to the fast tracker: at once (``add``,
-``delete``), or, for a caller that applies many messages between publications (the ledger
-processor), ``apply`` now and ``sync`` once later (apply-then-sync: the rows of every message
-applied since in one tracker update). The canonical head is restored from the ledger every
-``reset_every`` updates, on an infeasible/ill-conditioned downdate, when the drift estimate passes
-``drift_threshold``, when ``sync`` has packed statistics or at least ``d / 2`` rows to take, or
-when the caller asks (e.g. a timer).
+**A live head** (:class:`TrackedHead`): the exact ledger (source of truth) plus a fast head of
+either form (``tracker``), which share the drift checks and the reset policy. This is the pure
+core the ledger processor wraps. Every update goes to the exact ledger first (which rejects
+invalid deletes atomically), then to the fast tracker: at once (``add``, ``delete``), or, for a
+caller that applies many messages between publications (the ledger processor), ``apply`` now and
+``sync`` once later (apply-then-sync: the rows of every message applied since in one tracker
+update). The canonical head is restored from the ledger every ``reset_every`` updates, on an
+infeasible/ill-conditioned downdate, when the drift estimate passes ``drift_threshold``, when
+``sync`` has packed statistics or at least ``d / 2`` rows to take, or when the caller asks (e.g.
+a timer).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Shared framing for the binary formats (``deltas`` and ``heads``): see docs/formats.md.
+"""Binary ``deltas`` messages (exact integer rows or a packed ledger, featurizer to ledger), and the
+frame every binary format shares (``deltas`` and ``heads``): see docs/formats.md.
 
-Every binary message is::
+**The frame.** Every binary message is::
 
     magic[4] | version u16 | flags u16 | total_len u64 | body ... | crc32c u32
 
@@ -13,19 +14,16 @@ never allocates from an unchecked length.
 
 CRC32C (Castagnoli, the checksum Kafka itself uses for record batches) rather than a truncated
 SHA-256: it detects every burst error up to 32 bits and random corruption with probability
-1 - 2^-32, costs ~0.07 ms for 1.5 MB with the hardware instruction (SHA-256: ~1 ms, the whole
-budget), and has a library in every language. It guards against corruption, not forgery.
-The ``crc32c`` package is used because it reads any buffer (numpy memory included): encoding
-then makes exactly one large allocation (the message), which matters on VMs where fresh pages
-are expensive (a second 1.5 MB buffer per message tripled the encode time here).
+1 - 2^-32, is far cheaper with the hardware instruction, and has a library in every language. It
+guards against corruption, not forgery. The ``crc32c`` package is used because it reads any
+buffer (numpy memory included): encoding then makes exactly one large allocation (the message),
+which matters on VMs where fresh pages are expensive.
 
-Binary ``deltas`` messages: exact integer rows (or a packed ledger) from featurizer to ledger.
-
-Why binary: a 256 x 768 batch of int64 rows is 1.5 MB; as JSON number lists it would be ~5x
-larger and ~100x slower to parse. The layout (docs/formats.md) is a 16-byte frame prefix, a
-header, entries of columnar little-endian arrays (8-aligned, so decoding is a zero-copy numpy
-view) and a CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally
-ordered, which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
+**Deltas.** Binary because a batch of int64 rows as JSON number lists would be several times
+larger and far slower to parse. The layout (docs/formats.md) is the frame prefix, a header,
+entries of columnar little-endian arrays (8-aligned, so decoding is a zero-copy numpy view) and
+the CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally ordered,
+which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
 
 Every entry names, per row, its event, sample and subject ids, its **client** (an add row: the
 client that added it; a delete row: the client its tombstone is scoped to, "" when it refuses

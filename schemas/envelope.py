@@ -1,19 +1,19 @@
-"""The request envelope (``unlearn.request/v1``): parse, validate, encode.
+"""The request envelope (``unlearn.request/v1``): parse, validate, encode; and the ``source_id``
+that ties a delta back to the requests it was made from.
 
-The contract is ``schemas/request.v1.schema.json`` (upstream apps in any language validate
-against it). The featurizer parses every request, so validation here is hand-written, fast
-checks in a fixed order rather than a generic JSON Schema engine; ``tests/schemas/test_schemas.py``
-checks on a corpus and on generated documents that they accept exactly what the schema accepts
-(but for the finiteness of ``features_bin`` values, which no schema can see). A rejected request raises
-:class:`InvalidRequest` with a machine-readable ``reason`` that goes to ``deadletter``; nothing
-here raises anything else on bad input.
+**The envelope.** The contract is ``schemas/request.v1.schema.json`` (upstream apps in any
+language validate against it). The featurizer parses every request, so validation here is
+hand-written, fast checks in a fixed order rather than a generic JSON Schema engine;
+``tests/schemas/test_schemas.py`` checks on a corpus and on generated documents that they accept
+exactly what the schema accepts (but for the finiteness of ``features_bin`` values, which no
+schema can see). A rejected request raises :class:`InvalidRequest` with a machine-readable
+``reason`` that goes to ``deadletter``; nothing here raises anything else on bad input.
 
-The ``source_id`` convention of ``deltas`` messages: ``"<stream>/<partition>@<offset>"``.
-
-A featurizer stamps each delta with the requests stream, partition and the last request offset
-the delta covers. A delta re-produced after a featurizer crash (transactional outbox replay)
-therefore carries a source offset the ledger has already covered, and the ledger skips it. The
-ledger, the verifier and the featurizer all read the convention from here (docs/featurizer.md).
+**source_id**, ``"<stream>/<partition>@<offset>"``: a featurizer stamps each delta with the
+stream, partition and the last input offset the delta covers. A delta re-produced after a
+featurizer crash (transactional outbox replay) therefore carries a source offset the ledger has
+already covered, and the ledger skips it. The ledger, the verifier and the featurizer all read
+the convention from here (docs/featurizer.md).
 """
 
 from __future__ import annotations

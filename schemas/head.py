@@ -1,43 +1,38 @@
-"""Binary ``heads`` messages: a served ridge head and the proof of what it was trained on.
+"""The head: its binary ``heads`` messages, its contract, and which classes it may predict.
 
-The ``heads`` topic is compacted and keyed by head id, so the latest message per key is the
-current head. Besides W (d x c float64) a message carries the version (receipts point at the first
-version that excludes a deleted sample), the delta offsets it covers (where to resume), and
-optionally: the ledger digest (so anyone can check the head against a from-scratch ledger; exact
-updates always carry it, fast ones need not, since it costs O(d^2): flag bit 2), the posterior
-matrix T = (S + gamma*I)^-1 (d x d) for predictive variance, the fingerprint of the multiset
-hash of the retained rows (docs/design.md section 6) when the head knows it, and the version of
-the head contract the head was built under (the one named by its latest delta: flag bit 3), which
-serving quantizes predict inputs with, and, for a head of class-index labels, which class columns
-hold retained samples (flag bit 4: a bitmap from the ledger's exact per-class counts), the only
-classes a prediction may name. Same frame and
-robustness rules as the deltas (see ``schemas/delta_codec.py`` and docs/formats.md).
+**Messages** (binary ``ULHD``; docs/formats.md, "Heads"). The ``heads`` topic is compacted and
+keyed by head id, so the latest message per key is the current head. Besides W (d x c float64) a
+message carries the version (receipts point at the first version that excludes a deleted
+sample), the delta offsets it covers (where to resume), and optionally: the ledger digest (so
+anyone can check the head against a from-scratch ledger; exact updates always carry it, fast ones
+need not, since it costs O(d^2): flag bit 2), the posterior matrix T = (S + gamma*I)^-1 (d x d)
+for predictive variance, the fingerprint of the multiset hash of the retained rows
+(docs/design.md section 6) when the head knows it, the version of the head contract the head was
+built under (the one named by its latest delta: flag bit 3), which serving quantizes predict
+inputs with, and, for a head of class-index labels, which class columns hold retained samples
+(flag bit 4: a bitmap from the ledger's exact per-class counts). Same frame and robustness rules
+as the deltas (``schemas/delta_codec.py``).
 
-``head-registry`` records: a head's contract, ``unlearn.head-contract/v1`` (JSON).
-
-A head's contract declares everything that must stay fixed for its ledger to stay meaningful:
-the feature dimension, the backbone and input kind, the preprocessing (L2 normalization, feature
-bound, quantization grids), gamma and the label space (a class count, optionally with class
-names, or a target-vector width). The featurizer refuses what falls outside it, and serving
-quantizes with it, so neither depends on its own settings nor on the data seen so far
-(docs/registry.md). The class columns of a head never depend on data: only an explicit
+**Contracts** (``head-registry`` records, ``unlearn.head-contract/v1``, JSON because operators
+and other languages read it). A head's contract declares everything that must stay fixed for its
+ledger to stay meaningful: the feature dimension, the backbone and input kind, the preprocessing
+(L2 normalization, feature bound, quantization grids), gamma and the label space (a class count,
+optionally with class names, or a target-vector width). The featurizer refuses what falls outside
+it, and serving quantizes with it, so neither depends on its own settings nor on the data seen so
+far (docs/registry.md). The class columns of a head never depend on data: only an explicit
 :meth:`HeadContract.extend` grows the label space, and each change bumps ``version``.
-
-JSON (``head-contract.v1.schema.json``) because operators and other languages read it.
 :func:`parse_contract` is strict: unknown fields, wrong types and out-of-range values raise
 :class:`ContractError` naming the field.
 
-What a head predicts: scores of the classes that hold retained samples, and only those.
-
-A head update states which class columns hold retained samples (``HeadUpdate.retained_classes``,
-from the ledger's exact per-class counts). A column without one has no data behind it: its
-weights are zero (or, on a fast head, a float residue of zero), so its score is not a competing
-0.0 but *no score*. Every Python reader that predicts (serving, the SDK's ``predict_rows``, the
-demo) takes the predicted class and the top k here, over the marked classes only, and reports
-the other classes' scores as absent (NaN here, ``null`` in JSON); a head with no retained sample
-predicts nothing (``-1`` / ``null``). A head of target vectors (``retained_classes`` None) has
-every column as an output. The rule is part of the head format (docs/formats.md, "Heads"), so
-clients in other languages implement the same.
+**Predictions**: scores of the classes that hold retained samples, and only those. A column
+without one (``HeadUpdate.retained_classes``) has no data behind it: its weights are zero (or, on
+a fast head, a float residue of zero), so its score is not a competing 0.0 but *no score*. Every
+Python reader that predicts (serving, the SDK's ``predict_rows``, the demo) takes the predicted
+class and the top k here, over the marked classes only, and reports the other classes' scores as
+absent (NaN here, ``null`` in JSON); a head with no retained sample predicts nothing (``-1`` /
+``null``). A head of target vectors (``retained_classes`` None) has every column as an output.
+The rule is part of the head format (docs/formats.md, "Heads"), so clients in other languages
+implement the same.
 """
 
 from __future__ import annotations
@@ -113,7 +108,7 @@ class HeadUpdate:
     True where the class column holds at least one retained sample (the ledger's exact per-class
     counts), for a head whose retained rows all have class-index labels; None for a head of target
     vectors, where every column is an output. A prediction names only classes marked True
-    (``schemas/head.py``). Decoded arrays are read-only views into the message bytes.
+    (:func:`score_rows`). Decoded arrays are read-only views into the message bytes.
     """
 
     head_id: str

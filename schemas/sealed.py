@@ -1,10 +1,15 @@
-"""Sealing per-sample data for crypto-shredding (docs/erasure.md; byte layout in docs/formats.md).
+"""Sealing for crypto-shredding: per-sample keys, sealed delta rows and transit-sealed raw inputs.
 
-Every sample a featurizer accepts gets its own 32-byte data key with a random 16-byte key id
-(``SampleKey``). Whatever the system writes into an append-only log about the sample (its
-quantized row and label in ``deltas``, its cached record in the ``featurizer-cache`` changelog)
-is sealed under that key with AES-256-GCM; destroying the key (``streams/featurizer/shredder.py``)
-leaves the ciphertext as noise in logs that cannot delete records.
+docs/erasure.md says why and when keys are destroyed; docs/formats.md has the byte layouts. Pure:
+no I/O, no Kafka; random bytes come from ``os.urandom`` (AESGCM's documented practice) and the
+``cryptography`` package.
+
+**Per-sample keys.** Every sample a featurizer accepts gets its own 32-byte data key with a
+random 16-byte key id (``SampleKey``). Whatever the system writes into an append-only log about
+the sample (its quantized row and label in ``deltas``, its cached record in the
+``featurizer-cache`` changelog) is sealed under that key with AES-256-GCM; destroying the key
+(``streams/featurizer/shredder.py``) leaves the ciphertext as noise in logs that cannot delete
+records.
 
 - :func:`seal` / :func:`unseal`: ``nonce (12 random bytes) || ciphertext || tag (16)``, with the
   associated data :func:`aad` binding the purpose, head id, sample id and key id, so a ciphertext
@@ -14,20 +19,15 @@ leaves the ciphertext as noise in logs that cannot delete records.
   commitment: after the key is gone they can still be shown to be the same row without reading
   it (the verifier's erased-pair check).
 
-Pure: no I/O, no Kafka. Random bytes come from ``os.urandom`` (AESGCM's documented practice).
+**Sealed delta rows.** The featurizer seals each ROWS entry of a ``deltas`` message into a SEALED
+entry (:func:`seal_delta`), one key per sample. The ledger worker and the verifier open it back
+(:func:`open_delta`) into the ordinary ROWS entry the ledger applies, so
+``streams/ledger/head_runtime.py`` never sees a sealed row. A row whose key is destroyed cannot be
+opened: it is reported as an :class:`ErasedRow` and left out of the opened delta; an erased add
+and the erased delete of the same (head, sample, key id, commitment) contribute ``+x - x = 0``,
+which is how a full replay stays exact after erasure.
 
-Sealing and opening the rows of a ``deltas`` message (pure; docs/erasure.md).
-
-The featurizer seals each ROWS entry into a SEALED entry (:func:`seal_delta`), one key per
-sample. The ledger worker and the verifier open it back (:func:`open_delta`) into the ordinary
-ROWS entry the ledger applies, so ``streams/ledger/head_runtime.py`` never sees a sealed row. A row
-whose key is destroyed (shredded) cannot be opened: it is reported as an :class:`ErasedRow` and
-left out of the opened delta; an erased add and the erased delete of the same (head, sample, key
-id, commitment) contribute ``+x - x = 0``, which is how a full replay stays exact after erasure.
-
-Transit sealing of raw inputs (docs/erasure.md section 5; byte layout in docs/formats.md,
-"Sealed inputs").
-
+**Transit sealing of raw inputs** (docs/erasure.md section 5; docs/formats.md, "Sealed inputs").
 A producer seals an add's ``input`` object for the by-head partition its head routes to, under
 that partition's current *transit key* (an X25519 key pair whose public half the owning
 featurizer publishes on ``<prefix>transit-keys``). The featurizer opens it right after parsing;
@@ -39,16 +39,14 @@ once the epoch's private half is destroyed, every copy of the sealed input left 
   sample ids and the transit key id, so a ciphertext cannot be moved to another request.
 - :class:`TransitSealer`: one ephemeral key (so one X25519 exchange and one HKDF) for many
   requests under one transit key; each request still gets a fresh random 96-bit nonce and its
-  own associated data. The bytes are the same format. Bound relied on: at most
-  :data:`SEALER_MAX_MESSAGES` (2^20) messages per derived key, so the chance that two random
-  nonces collide is below 2^40 / 2^97 = 2^-57 (NIST SP 800-38D allows 2^32 random-nonce messages
-  per key, for 2^-32). Safe to share between threads: each seal takes its slot under a lock
-  (an exact count, never past the bound; past it :class:`SealerExhausted`).
+  own associated data, and the bytes are the same format. At most :data:`SEALER_MAX_MESSAGES`
+  (2^20) messages per derived key keep the chance that two random nonces collide below 2^-57
+  (NIST SP 800-38D allows 2^32 random-nonce messages per key, for 2^-32). Safe to share between
+  threads: each seal takes its slot under a lock (an exact count, never past the bound; past it
+  :class:`SealerExhausted`).
 - :func:`opening_key` / :func:`open_input`'s ``aead``: the featurizer derives a (transit key,
-  epk) pair's AES key once and caches it (``streams/featurizer/transit_open.DerivedKeys``).
+  epk) pair's AES key once and caches it (``streams/featurizer/core.DerivedKeys``).
 - :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
-
-Pure: no I/O, no Kafka. Random bytes come from the ``cryptography`` package / ``os.urandom``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,5 @@
-"""Sealing adds for transit in our own producers (SDK, CLI, demo): docs/client.md, docs/erasure.md s.5.
-
-The featurizer owning by-head partition P publishes P's current transit key on
-``<prefix>transit-keys`` (record key ``p<P>``, partition P modulo the topic's partition count).
-:class:`TransitKeyCache` finds a head's partition exactly as the router does
-(``infra.between_stages.head_partition`` over the by-head topic's partition count from topic metadata), reads
-the tail of that partition of ``transit-keys`` and keeps the newest key whose ``use_until`` is
-still ahead; it reads again once that has passed. :func:`seal_for_transit` applies
-``UNLEARN_TRANSIT_SEAL``: ``auto`` seals, waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` (30 s)
-for a key when none is published yet (a deployment that has only just started), then raises
-:class:`TransitUnavailable`: it never sends plaintext for want of a key; ``always`` raises at once
-when none is published; ``off`` never seals (deployments that publish no transit keys).
-
-Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
-``schemas/transit.TransitSealer`` per by-head partition): one X25519 exchange per producer session
-and epoch, not per request. A new one is made when the partition's transit key changes or after
-``SEALER_MAX_MESSAGES`` (2^20) requests; the old one's derived AES key is dropped then, and any
-whose key is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`. Safe for
-threads producing through one client: the cache's lock makes one sealer per partition and key,
-the sealer's lock counts its seals exactly, and a seal that finds its sealer exhausted by another
-thread (``SealerExhausted``) asks the cache again, which rolls a new one.
-
-A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
-bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
-delivery fails loudly at the producer instead of arriving after the destruction.
-
-Python client SDK for upstream apps: produce request events, wait for deletion receipts.
+"""Python client SDK for upstream apps: produce request events, wait for deletion receipts, seal
+adds' inputs for transit.
 
     from unlearn.infra.settings import Settings
     from unlearn.services.client.sdk import UnlearnClient  # or: from unlearn.services.client import ...
@@ -44,18 +19,41 @@ Feature vectors travel as JSON numbers by default, or as binary floats (``featur
 call: high-rate producers save bytes and the featurizer's parsing. JSON stays the default because
 JSON requests stay readable on the topic and in dead letters (docs/client.md).
 
-Receipts: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one receipt
-(applied, or rejected with a reason) carrying the request's event id. One
+**Receipts**: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one
+receipt (applied, or rejected with a reason) carrying the request's event id. One
 :class:`ReceiptListener` per client reads that topic in a background thread (an
 ``infra.topic_reader.TopicFollower`` started at the topic's end). It is started, and
 its start offsets are fixed, *before* the first delete is produced, and every delete's event id
 is registered before its request is produced, so a receipt can never slip past unseen however
 fast the pipeline answers. See docs/client.md.
 
-Transit sealing (``UNLEARN_TRANSIT_SEAL``, default ``auto``): an add's input is sealed under the
-transit key the featurizer of the head's by-head partition publishes
-(``services/client/sdk.py``), so it becomes unreadable in ``requests`` once that key is
-destroyed (docs/erasure.md section 5). Signatures cover the sealed bytes.
+**Transit sealing** (``UNLEARN_TRANSIT_SEAL``, default ``auto``; docs/client.md, docs/erasure.md
+section 5), also used by the CLI and the demo: an add's input is sealed under the transit key the
+featurizer of the head's by-head partition publishes, so it becomes unreadable in ``requests``
+once that key is destroyed. Signatures cover the sealed bytes. The featurizer owning by-head
+partition P publishes P's current transit key on ``<prefix>transit-keys`` (record key ``p<P>``,
+partition P modulo the topic's partition count). :class:`TransitKeyCache` finds a head's
+partition exactly as the router does (``infra.between_stages.head_partition`` over the by-head
+topic's partition count from topic metadata), reads the tail of that partition of
+``transit-keys`` and keeps the newest key whose ``use_until`` is still ahead; it reads again once
+that has passed. :func:`seal_for_transit` applies ``UNLEARN_TRANSIT_SEAL``: ``auto`` seals,
+waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` for a key when none is published yet (a deployment
+that has only just started), then raises :class:`TransitUnavailable`: it never sends plaintext for
+want of a key; ``always`` raises at once when none is published; ``off`` never seals (deployments
+that publish no transit keys).
+
+Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
+``schemas/sealed.TransitSealer`` per by-head partition): one X25519 exchange per producer session
+and epoch, not per request. A new one is made when the partition's transit key changes or after
+``SEALER_MAX_MESSAGES`` requests; the old one's derived AES key is dropped then, and any whose key
+is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`. Safe for threads
+producing through one client: the cache's lock makes one sealer per partition and key, the
+sealer's lock counts its seals exactly, and a seal that finds its sealer exhausted by another
+thread (``SealerExhausted``) asks the cache again, which rolls a new one.
+
+A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
+bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
+delivery fails loudly at the producer instead of arriving after the destruction.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signed requests in the featurizer, without I/O: who sent a request, and may it do this?
+"""Signed requests in the featurizer: who sent a request, and may it do this?
 
 With ``UNLEARN_AUTH_MODE=signed`` every request of a batch is screened, in offset order and
 before any backbone runs (:meth:`Authorizer.screen`), against a snapshot of the client registry
@@ -28,9 +28,9 @@ The replay window and the buckets are per by-head partition and in memory (:clas
 bounded by the window, lost on a restart or a partition move (docs/security.md says what that
 leaves open).
 
-The featurizer's side of signed requests that does I/O: it follows the client registry and
-keeps each by-head partition's :class:`~streams.featurizer.auth.AuthState` (the decisions are in
-``auth.py``). With ``UNLEARN_AUTH_MODE=off`` it does nothing and hands out no authorizer.
+The decisions (:class:`Authorizer`, :class:`AuthState`) do no I/O. :class:`AuthGate` is the part
+that does: it follows the client registry and keeps each by-head partition's :class:`AuthState`;
+with ``UNLEARN_AUTH_MODE=off`` it does nothing and hands out no authorizer.
 """
 
 from __future__ import annotations

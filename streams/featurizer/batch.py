@@ -1,12 +1,11 @@
-"""The featurizer's micro-batch window (docs/featurizer.md, "The batch window"): how long a poll
-waits for a batch to fill.
-
-The featurizer's micro-batch processor: route, judge, seal, commit, deliver, settle.
+"""The featurizer's micro-batches: how long a poll waits for one (:class:`BatchWindow`;
+docs/featurizer.md, "The batch window") and what happens to it (:class:`BatchProcessor`: route,
+judge, seal, commit, deliver, settle).
 
 Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
 
 - **routes** each ``requests`` record: forwarded unchanged to ``<requests>.by-head`` at its
-  head's partition (``router.Router``), with headers naming its origin; the requests offsets are
+  head's partition (``model.Router``), with headers naming its origin; the requests offsets are
   committed after every forward is acknowledged (at-least-once: the featurizer drops re-forwarded
   copies exactly, ``core.admit_routed``);
 - **featurizes** the by-head records, per by-head partition, in these steps (the commit sequence):
@@ -27,7 +26,7 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
      authoritative; the router's resume point for requests partitions).
 
 A crash between any two steps loses nothing: the outbox (or the changelog's last batch) is
-delivered again by the partition's next owner (``partitions.Partitions``).
+delivered again by the partition's next owner (``service.Partitions``).
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ log = logging.getLogger("unlearn.featurizer")
 
 class BatchWindow:
     """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one; a batch that
-    holds a delete closes as soon as what was already fetched is in (``router.might_delete``):
+    holds a delete closes as soon as what was already fetched is in (``model.might_delete``):
     the window buys adds throughput, a delete only waits in it."""
 
     def __init__(self, max_batch: int, max_ms: int) -> None:

@@ -1,59 +1,41 @@
-"""The feature cache's sqlite file: schema, pragmas, transactions and the
-``meta`` table (identity checked on open). ``cache.FeatureCache`` is what the service uses; the
-tables' rows are read and written by ``cache_samples``, ``cache_tombstones`` and
-``cache_outbox``.
-
-WAL journal. ``synchronous=FULL`` (the default) makes a committed batch survive a process kill and
-a power loss (re-judging a batch after losing it could re-quantize a GPU feature to other bits
-than the ones the ledger already applied); ``NORMAL`` survives a process kill only, and is what
-the service uses when the changelog backs the cache, which then covers a power cut
-(docs/featurizer.md, "Durability").
-
-The feature cache's ``samples`` and ``heads`` tables: every accepted add's q, keyed by (head,
-sample), with the subject index, and what each head fixed at its first add.
-
-The feature cache's ``tombstones`` table: the deletes' marks (head, kind, sample or subject id,
-subject, client) -> event time (us) and the delete's event id; adds are judged against them
-(``tombstones.py``, remove wins), expired ones are dropped batch by batch.
-
-The feature cache's transactional outbox (``outbox`` table): encoded messages (deltas, dead
-letters, receipts, and the batch's records for the ``featurizer-cache`` changelog, with their
-partition and delivery phase) written in the same transaction as the cache mutations, deleted
-once the broker acknowledged them.
-
-The featurizer's durable feature cache and transactional outbox (one sqlite file per partition).
+"""The featurizer's feature cache: one sqlite file per partition, its tables and its outbox.
 
 docs/design.md section 2: a delete must reuse the exact q of its add (GPU backbones are not
 bit-reproducible), so every accepted add's q is cached, keyed by (head, sample), with a subject
 index for ``delete_subject``; the entry is erased when the delete is emitted. Section 4: the cache,
 not Kafka, is the source of truth about what was applied.
 
-One file per partition of the featurizer's input, the by-head topic
-(``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). The file
-is the local copy: the ``featurizer-cache`` changelog topic (``changelog.py``) lets a featurizer on
-another host rebuild it. Each file holds:
+**The file.** One per partition of the featurizer's input, the by-head topic
+(``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). It is the local copy: the
+``featurizer-cache`` changelog topic (``changelog.py``) lets a featurizer on another host rebuild
+it. WAL journal. ``synchronous=FULL`` (the default) makes a committed batch survive a process kill
+and a power loss (re-judging a batch after losing it could re-quantize a GPU feature to other bits
+than the ones the ledger already applied); ``NORMAL`` survives a process kill only, and is what
+the service uses when the changelog backs the cache, which then covers a power cut
+(docs/featurizer.md, "Durability"). Tables:
 
 - ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (int64 LE blob);
   index ``samples_by_subject`` (subject_id, head_id) is the subject index;
 - ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
   frac bits);
-- ``outbox``: encoded messages (deltas, dead letters, receipts, and the batch's records for the
-  ``featurizer-cache`` changelog, with their partition and delivery phase) written in the same
-  transaction as the cache mutations, deleted once the broker acknowledged them;
+- ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
+  event time (us) and the delete's event id; adds are judged against them (``tombstones.py``,
+  remove wins), expired ones are dropped batch by batch;
+- ``outbox``: the transactional outbox: encoded messages (deltas, dead letters, receipts, and the
+  batch's records for the ``featurizer-cache`` changelog, with their partition and delivery
+  phase) written in the same transaction as the cache mutations, deleted once the broker
+  acknowledged them;
 - ``lineage``: this cache's lineage id and changelog generation (``changelog.resume_plan``);
 - ``progress``: the last input offset whose outcome is in this file;
 - ``origins``: per requests partition, the last origin offset judged (drops the router's
   re-forwarded copies: ``core.admit_routed``);
-- ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
-  event time (us) and the delete's event id; adds are judged against them (``tombstones.py``,
-  remove wins), expired ones are dropped batch by batch;
 - ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
   and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 
-The file's schema and pragmas are in ``cache_file.py``; the rows of ``samples``/``heads``,
-``tombstones`` and ``outbox`` are read and written by ``cache_samples.py``,
-``cache_tombstones.py`` and ``cache_outbox.py``; this module keeps the rest (position, lineage,
-origins, routing state) and the transactions that span tables.
+**The code.** :func:`open_cache_db` sets the schema and pragmas and checks ``meta``;
+:class:`SampleTable`, :class:`TombstoneTable` and :class:`Outbox` read and write their tables'
+rows; :class:`FeatureCache`, what the service uses, keeps the rest (position, lineage, origins,
+routing state) and the transactions that span tables.
 """
 
 from __future__ import annotations
@@ -463,7 +445,7 @@ def cache_path(data_dir: str | Path, stream_dir: str, partition: int) -> Path:
 
 
 class FeatureCache:
-    """One partition's cache; implements ``model.CacheView`` (and ``view.BulkCacheView``).
+    """One partition's cache; implements ``model.CacheView`` (and ``core.BulkCacheView``).
     Single-threaded use.
 
     ``identity`` (e.g. topic, partition, client) is written on first open and must match on
@@ -491,7 +473,7 @@ class FeatureCache:
         return self._samples.get(head_id, sample_id)
 
     def get_samples(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], CachedSample]:
-        """The cached ones of many (head, sample) keys in few queries (``view.BatchView``)."""
+        """The cached ones of many (head, sample) keys in few queries (``core.BatchView``)."""
         return self._samples.get_many(keys)
 
     def subject_samples(self, head_id: str, subject_id: str) -> list[CachedSample]:
@@ -506,7 +488,7 @@ class FeatureCache:
         return self._tombstones.of(head_id, kind, id_, subject_id)
 
     def get_tombstones(self, names: Iterable[TombName]) -> dict[TombName, list[Tombstone]]:
-        """The tombstones of many (head, kind, id, subject) names in few queries (``view.BatchView``)."""
+        """The tombstones of many (head, kind, id, subject) names in few queries (``core.BatchView``)."""
         return self._tombstones.of_many(names)
 
     def expired_tombstones(self, before_us: int, limit: int) -> list[TombstoneKey]:
@@ -538,7 +520,7 @@ class FeatureCache:
         return self._outbox.pending()
 
     def ack_outbox(self, seqs: Iterable[int]) -> None:
-        """Forget outbox rows the broker acknowledged (``cache_outbox.Outbox.ack``)."""
+        """Forget outbox rows the broker acknowledged (:meth:`Outbox.ack`)."""
         self._outbox.ack(seqs)
 
     # ------------------------------------------------------------------ position and routing state

@@ -1,9 +1,10 @@
-"""The feature cache's changelog (the ``featurizer-cache`` topic), without I/O.
+"""The feature cache's changelog (the ``featurizer-cache`` topic): its records, pure, and
+:class:`ChangelogReader`, which reads them back.
 
 Partition p of ``featurizer-cache`` holds the cache of partition p of the by-head topic (the
-featurizer's input, ``router.py``), so any featurizer on any host rebuilds a partition's cache from
-Kafka (docs/featurizer.md, "The cache changelog").
-Keys (compaction keeps the last value of each):
+featurizer's input, ``model.Router``), so any featurizer on any host rebuilds a partition's cache
+from Kafka (docs/featurizer.md, "The cache changelog"). Keys (compaction keeps the last value of
+each):
 
 - ``sample/<head>/<sample>`` -> :func:`encode_sample` (subject, client, add event id, label, q as
   int64 LE); a tombstone (value None) when a delete removes the sample;
@@ -25,13 +26,10 @@ written only after their batch's position is durable, so the log never holds a s
 an uncommitted batch (which could shadow a committed value under compaction); txn pieces of an
 unfinished batch are harmless: they sit in the other slot and only a position record names them.
 
-Everything here is pure: encoding, :func:`batch_records`, :func:`fold_changelog` (records ->
-cache contents) and :func:`resume_plan` (local cache vs changelog: continue, rebuild or seed).
-
-Reading the ``featurizer-cache`` changelog partitions (the I/O around ``changelog.py``).
-
-Writing needs nothing special: changelog records are outbox rows with a partition and a phase,
-delivered by the service like every other outbox row.
+All but :class:`ChangelogReader` is pure: encoding, :func:`batch_records`, :func:`fold_changelog`
+(records -> cache contents) and :func:`resume_plan` (local cache vs changelog: continue, rebuild
+or seed). Writing needs nothing special: changelog records are outbox rows with a partition and a
+phase, delivered by the service like every other outbox row.
 """
 
 from __future__ import annotations

@@ -1,38 +1,8 @@
-"""A micro-batch's read view of the feature cache: one lookup per batch, not one per event.
+"""The featurizer's decisions, without I/O: one micro-batch of requests in, deltas out.
 
-Judging a batch asks the cache, per add and per delete, for the (head, sample) it names and, per
-add, for the head's first-add facts. Against sqlite that is two queries per event. The cache does
-not change while a batch is judged (``featurize_batch`` only reads it; the mutations are
-committed afterwards), so fetching every sample the batch names in one query, and each head
-once, gives the same answers: :class:`BatchView` does that in front of any
-:class:`~streams.featurizer.model.CacheView`, and uses ``get_samples`` (one query) when the cache
-has it (:class:`BulkCacheView`, e.g. ``FeatureCache``). :class:`Overlay` is the other half: the
-batch's own effect, laid over that view while its events are judged one after another.
-
-Head contracts in the featurizer: which contract an add is judged against, and the checks.
-
-A declared contract (``unlearn heads create``, read from the head registry) wins: the first add
-of a head takes its grid from it, and every add must match its backbone, input kind, dimension
-and label space. An add to an undeclared head gets, when ``UNLEARN_AUTO_CREATE_HEADS`` is on (the
-default), the **auto contract**: the head's first-add facts with ``UNLEARN_DEFAULT_CLASSES``
-classes (or the first add's vector width) and the settings' preprocessing and gamma. It is a
-pure function of those facts and the settings, so it is the same before and after the featurizer
-publishes it to the registry (with the head's first delta, through the outbox). Either way no
-single add can size a head beyond its contract (the ledger still sizes columns as the largest
-class seen plus one, now bounded by the contract).
-docs/registry.md.
-
-The dead letter (and, for a delete, the rejected receipt) of a refused request.
-
-Split from ``core.py`` (its judging steps call :func:`refusal`). A dead letter names the request's
-place in ``requests`` and keeps its bytes as sent, except a plaintext raw input, which is taken
-out unless ``UNLEARN_DEADLETTER_INPUTS=keep`` (``schemas/redaction.py``, docs/erasure.md).
-
-The featurizer's decisions, without I/O: one micro-batch of requests in, deltas out.
-
-``featurize_batch`` takes the records of ONE partition of the by-head topic (ascending
-offsets; each carries a request and the place in ``requests`` it was routed from), a read-only view
-of that partition's feature cache, the last origin offset judged per requests partition, and an
+``featurize_batch`` takes the records of ONE partition of the by-head topic (ascending offsets;
+each carries a request and the place in ``requests`` it was routed from), a read-only view of
+that partition's feature cache, the last origin offset judged per requests partition, and an
 encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
 
 - one exact :class:`~schemas.delta_codec.Delta` per head touched (entries: adds with class
@@ -44,34 +14,58 @@ encoder (the frozen backbones), and returns a :class:`BatchOutcome`:
   origin offsets (re-forwarded copies of records already judged are dropped first:
   :func:`admit_routed`).
 
-Nothing here touches Kafka or sqlite; ``streams/featurizer/batch.py`` applies the outcome
-through the transactional outbox of ``streams/featurizer/cache.py`` (docs/featurizer.md). Events
-are judged sequentially against an in-memory overlay of the cache, so "add x, delete x" in one
-batch works and a duplicate add within a batch is caught. Exact integer sums commute, so grouping
-the rows by (sign, label kind) gives the same ledger as the event order.
+Nothing here touches Kafka or sqlite; ``batch.py`` applies the outcome through the cache's
+transactional outbox (``cache.py``; docs/featurizer.md). Events are judged sequentially against
+an in-memory overlay of the cache, so "add x, delete x" in one batch works and a duplicate add
+within a batch is caught. Exact integer sums commute, so grouping the rows by (sign, label kind)
+gives the same ledger as the event order.
 
-The steps, each a function of its own: :func:`check_batch`, :func:`admit_routed`, :func:`parse_batch`,
-:func:`encode_adds` (:func:`route_adds`, :func:`encode_group`), :func:`judge_batch`
-(:func:`judge_add`, :func:`judge_delete`, :func:`judge_delete_subject`, :func:`refusal`) and
-:func:`assemble_deltas`. How a feature vector or label becomes integers, which backbone an
-input goes through and what dimension it fixes is the feature contract
-(:mod:`features.contract`), shared with serving.
+The steps, each a function of its own: :func:`check_batch`, :func:`admit_routed`,
+:func:`parse_batch`, :func:`open_sealed`, :func:`encode_adds` (:func:`route_adds`,
+:func:`encode_group`), :func:`judge_batch` (:func:`judge_add`, :func:`judge_delete`,
+:func:`judge_delete_subject`, :func:`refusal`) and :func:`assemble_deltas`. How a feature vector
+or label becomes integers, which backbone an input goes through and what dimension it fixes is
+the feature contract (:mod:`features.contract`), shared with serving.
 
-Opening sealed inputs in the featurizer, without I/O (docs/erasure.md section 5).
+**The batch's view of the cache**: one lookup per batch, not one per event. Judging asks the
+cache, per add and per delete, for the (head, sample) it names and, per add, for the head's
+first-add facts; against sqlite that is two queries per event. The cache does not change while a
+batch is judged (the mutations are committed afterwards), so fetching every sample the batch
+names in one query, and each head once, gives the same answers: :class:`BatchView` does that in
+front of any :class:`~streams.featurizer.model.CacheView`, and uses ``get_samples`` (one query)
+when the cache has it (:class:`BulkCacheView`, e.g. ``FeatureCache``). :class:`Overlay` is the
+other half: the batch's own effect, laid over that view while its events are judged one after
+another.
 
-Right after parsing and before anything is judged, every add whose input is sealed for transit
-(``schemas/sealed.py``) is opened under its by-head partition's transit key; one that cannot be
-opened becomes an :class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the parsed request,
-so its dead letter names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps
-the message as sent, i.e. the sealed bytes: noise once the transit key is destroyed. With
-``UNLEARN_REQUIRE_SEALED_INPUT`` a plaintext add is refused the same way.
+**Head contracts** (docs/registry.md): which contract an add is judged against, and the checks.
+A declared contract (``unlearn heads create``, read from the head registry) wins: the first add
+of a head takes its grid from it, and every add must match its backbone, input kind, dimension
+and label space. An add to an undeclared head gets, when ``UNLEARN_AUTO_CREATE_HEADS`` is on (the
+default), the **auto contract** (:func:`auto_contract`): the head's first-add facts with
+``UNLEARN_DEFAULT_CLASSES`` classes (or the first add's vector width) and the settings'
+preprocessing and gamma. It is a pure function of those facts and the settings, so it is the same
+before and after the featurizer publishes it to the registry (with the head's first delta,
+through the outbox). Either way no single add can size a head beyond its contract (the ledger
+still sizes columns as the largest class seen plus one, now bounded by the contract).
 
-A producer reuses one ephemeral key for many requests under one transit key
-(``schemas/transit.TransitSealer``), so the AES key derived for a (transit key id, epk) pair is
-kept in :class:`DerivedKeys`, a bounded LRU (``DERIVED_KEYS`` entries): one X25519
-exchange and HKDF per producer session and epoch instead of per request. Its entries for a
-transit key are dropped when that key is destroyed or its partition revoked
-(``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its private key here.
+**Refusals**: the dead letter (and, for a delete, the rejected receipt) of a refused request
+(:func:`refusal`). A dead letter names the request's place in ``requests`` and keeps its bytes as
+sent, except a plaintext raw input, which is taken out unless ``UNLEARN_DEADLETTER_INPUTS=keep``
+(``schemas/redaction.py``, docs/erasure.md).
+
+**Opening sealed inputs** (docs/erasure.md section 5). Right after parsing and before anything is
+judged, every add whose input is sealed for transit (``schemas/sealed.py``) is opened under its
+by-head partition's transit key (:func:`open_sealed`); one that cannot be opened becomes an
+:class:`UnopenedRequest` (an ``InvalidRequest`` that keeps the parsed request, so its dead letter
+names the event) with one of :data:`TRANSIT_REASONS`. The dead letter keeps the message as sent,
+i.e. the sealed bytes: noise once the transit key is destroyed. With
+``UNLEARN_REQUIRE_SEALED_INPUT`` a plaintext add is refused the same way. A producer reuses one
+ephemeral key for many requests under one transit key (``schemas/sealed.TransitSealer``), so the
+AES key derived for a (transit key id, epk) pair is kept in :class:`DerivedKeys`, a bounded LRU
+(``DERIVED_KEYS`` entries): one X25519 exchange and HKDF per producer session and epoch instead
+of per request. Its entries for a transit key are dropped when that key is destroyed or its
+partition revoked (``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its
+private key.
 """
 
 from __future__ import annotations
@@ -637,7 +631,7 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
     """(sample to cache, its head, whether the head is new) for an add; raises :class:`FeatureRejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
     add, so every later row of the head is on the same grid and in the same space; the add must
-    also fit the head's contract (declared, else auto: ``streams/featurizer/core.py``), which
+    also fit the head's contract (declared, else auto: :func:`auto_contract`), which
     bounds its label space and gives a new head its grid. ``quantize`` is ``quantize_feature_row``
     or the batch's ``BatchQuantizer`` (the same bits, proven by a property test)."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
@@ -936,7 +930,7 @@ TRANSIT_REASONS: dict[str, str] = {
                            "subject or sample, or corrupt)",
     "unsealed_input": "a plaintext add while UNLEARN_REQUIRE_SEALED_INPUT is on",
 }
-"""Reason codes of this module (part of ``FEATURIZER_REASONS``; ``bad_sealed_input`` is the envelope's)."""
+"""Reason codes of opening sealed inputs (part of ``FEATURIZER_REASONS``; ``bad_sealed_input`` is the envelope's)."""
 
 
 class UnopenedRequest(InvalidRequest):

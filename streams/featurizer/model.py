@@ -1,31 +1,32 @@
-"""The featurizer's data types: what goes into a batch, what the cache looks like to the core,
-and what comes out (no I/O, no decisions: those are in core.py; reason codes: reasons.py).
+"""The featurizer's data types and its routing of requests by head, without I/O but for
+:class:`Router`'s forwarding.
 
-Routing requests by head, without I/O (the ``<requests>.by-head`` repartition topic).
+**Data types**: what goes into a batch, what the cache looks like to the core (:class:`CacheView`)
+and what comes out (:class:`BatchOutcome`); no decisions: those are in ``core.py`` (reason codes:
+``reasons.py``).
 
-The feature cache is per partition, so every request that must be judged against another one
-has to meet it in one partition: a delete its add (and the subject that added the sample), a
-delete_subject every sample of its subject, an add any earlier add of the same sample id and
-the head's first add (which fixes its backbone, dimension and grids). Producers cannot be trusted
-to put them there: Java's default partitioner (murmur2) and librdkafka's (crc32) disagree, keys
-may differ from the subject or be absent, and partitions may be chosen explicitly. So the
-featurizer process first *routes*: every ``requests`` record is forwarded, value, key, headers and
-timestamp unchanged, to the by-head topic at the partition its head id hashes to, a hash this
-project owns (``infra.between_stages.head_partition``; docs/featurizer.md, "Routing"), which the
-ledger and the SDK use too. The featurizer stage reads only the by-head topic, so everything it
-decides about a head is decided in one place, whatever partitions the producers chose. (By
-subject would not do: a delete naming another subject than the one that added the sample would
-land where the sample is not, and a sample id added by two subjects would be cached twice.)
+**Routing** (the ``<requests>.by-head`` repartition topic; docs/featurizer.md, "Routing"). The
+feature cache is per partition, so every request that must be judged against another one has to
+meet it in one partition: a delete its add (and the subject that added the sample), a
+delete_subject every sample of its subject, an add any earlier add of the same sample id and the
+head's first add (which fixes its backbone, dimension and grids). Producers cannot be trusted to
+put them there: Java's default partitioner (murmur2) and librdkafka's (crc32) disagree, keys may
+differ from the subject or be absent, and partitions may be chosen explicitly. So the featurizer
+process first *routes*: every ``requests`` record is forwarded, value, key, headers and timestamp
+unchanged, to the by-head topic at the partition its head id hashes to, a hash this project owns
+(``infra.between_stages.head_partition``), which the ledger and the SDK use too. The featurizer
+stage reads only the by-head topic, so everything it decides about a head is decided in one
+place, whatever partitions the producers chose. (By subject would not do: a delete naming another
+subject than the one that added the sample would land where the sample is not, and a sample id
+added by two subjects would be cached twice.)
 
 Each forwarded record carries headers naming its origin (:data:`ORIGIN_HEADER`,
 ``"<stream>/<partition>@<offset>"`` of the record in ``requests``) and :data:`PREVIOUS_HEADER`,
 the origin offset of the record this router session forwarded before it from the same requests
 partition to the same by-head partition. The router is at-least-once (it commits its offsets
 after delivery), so after a crash it forwards some records again; the featurizer drops the
-copies exactly with ``core.admit_routed``.
-
-Everything here but :class:`Router` is pure; :class:`Router` forwards a batch's records through
-the featurizer's producer (``delivery.Delivery``).
+copies exactly with ``core.admit_routed``. :class:`Router` forwards a batch's records through the
+featurizer's producer (``delivery.Delivery``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,27 @@
-"""The by-head partitions one featurizer owns: their feature caches and key stores, brought up on
-assignment and dropped on revocation (the consumer group's rebalances).
-
-A by-head partition's cache comes up by ``changelog.resume_plan``: keep the local cache if the
-changelog's last batch is its own (re-produce its leftover outbox), else rebuild it from the
-changelog (and finish delivering the changelog's last batch), or upload a local cache the
-changelog lacks; then the partition is sought to (cache's recorded offset + 1), after checking
-the cache belongs to these topics. Re-produced deltas carry the same ``source_id`` as the first
-copy, so the ledger skips a duplicate.
-
-The featurizer's start-up check of its topics (docs/featurizer.md: exit 2 on missing topics).
-
-``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
+"""``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
 
 All decisions are in :mod:`streams.featurizer.core` and :mod:`streams.featurizer.model` (pure)
-and all durable state in :mod:`streams.featurizer.cache`; this module moves bytes. One consumer
+and all durable state in :mod:`streams.featurizer.cache`; the service moves bytes. One consumer
 (one group, one join) reads two topics (docs/featurizer.md): ``requests`` records are **routed**
 to ``<requests>.by-head`` at their head's partition, and the by-head records are **featurized**
 per micro-batch through the cache's outbox.
 
 :class:`FeaturizerService` is the process (settings, lifecycle, the poll loop over a
 :class:`~streams.featurizer.batch.BatchWindow`, and the group's rebalance callbacks) and
-owns three parts: a :class:`~streams.featurizer.model.Router` (forwards
-requests records), :class:`~streams.featurizer.service.Partitions` (the owned partitions'
-caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor`
-(one batch's steps and the commit sequence), which share one
-:class:`~streams.featurizer.delivery.Delivery` (the producer).
+owns three parts: a :class:`~streams.featurizer.model.Router` (forwards requests records),
+:class:`Partitions` (the owned partitions' caches and keys: assign, revoke) and a
+:class:`~streams.featurizer.batch.BatchProcessor` (one batch's steps and the commit sequence),
+which share one :class:`~streams.featurizer.delivery.Delivery` (the producer). At start-up
+:func:`check_topics` checks the topics exist (docs/featurizer.md: exit 2 on missing topics).
+
+**Partitions**: the by-head partitions one featurizer owns, their feature caches and key stores,
+brought up on assignment and dropped on revocation (the consumer group's rebalances). A by-head
+partition's cache comes up by ``changelog.resume_plan``: keep the local cache if the changelog's
+last batch is its own (re-produce its leftover outbox), else rebuild it from the changelog (and
+finish delivering the changelog's last batch), or upload a local cache the changelog lacks; then
+the partition is sought to (cache's recorded offset + 1), after checking the cache belongs to
+these topics. Re-produced deltas carry the same ``source_id`` as the first copy, so the ledger
+skips a duplicate.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ partition and cache), an *epoch* key pair (X25519, ``schemas/sealed.py``) is val
 requests until ``use_until``; a new epoch starts every ``UNLEARN_TRANSIT_ROTATE_SECONDS`` (shortly
 before the current one's ``use_until``, so a producer always finds a valid key).
 
-- **Private half**: in its own key family ``transit-private.p<P>.g<G>`` (``infra/topic_family``,
+- **Private half**: in its own key family ``transit-private.p<P>.g<G>`` (``infra/between_stages``,
   written by a :class:`KeyStore` like the sample keys' ``subject-keys``) under the record key
   ``~transit/<created ms>.<use_until ms>/<key id>``. It moves with the partition's ownership, and
   is destroyed by that family's rotation (``KeyStore.destroy``), which rewrites only the one or two
