@@ -1,4 +1,4 @@
-"""Sealing per-sample rows (schemas/sealed.py, schemas/sealed.py): round trips, context
+"""Sealing per-sample rows (schemas/sealed.py): round trips, context
 binding, commitments, and the sealed deltas entry."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Threads producing through one SDK client share its transit sealers (services/client/sdk.py,
-schemas/transit.TransitSealer): no derived key ever seals more than its bound, every sealed add
+schemas/sealed.TransitSealer): no derived key ever seals more than its bound, every sealed add
 opens, and the cache holds one sealer per by-head partition. The bound is set low so that the
 threads roll many ephemeral keys. No broker: topic metadata and the published key are stand-ins
 (as in tests/streams/featurizer/test_transit_derived.py)."""

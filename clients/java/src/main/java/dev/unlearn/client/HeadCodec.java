@@ -9,7 +9,7 @@ import java.util.zip.CRC32C;
 
 /**
  * Decoder of the binary {@code ULHD} head updates (docs/formats.md, "Binary framing" and
- * "Heads"); the Python reference is {@code schemas/head_codec.decode_head}. Checks in the
+ * "Heads"); the Python reference is {@code schemas/head.decode_head}. Checks in the
  * specified order: magic, total length, CRC32C, version, flags, then the body, where every
  * length is checked against what is left before anything is allocated. Anything else is a
  * {@link CodecException}; a decoder never reads out of bounds and never trusts a length.

@@ -107,7 +107,7 @@ public final class HeadUpdate {
     /**
      * Is this update newer than {@code other}? A higher version wins; at equal versions an exact
      * update supersedes a fast one. The one ordering every reader uses
-     * ({@code HeadUpdate.supersedes} in schemas/head_codec.py).
+     * ({@code HeadUpdate.supersedes} in schemas/head.py).
      */
     public boolean supersedes(HeadUpdate other) {
         if (other == null) {
