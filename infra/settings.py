@@ -55,9 +55,6 @@ S = TypeVar("S", bound="Section")
 #: Every module that defines a section (``help --all``, the unknown-variable check, ``with_``).
 SECTION_MODULES = (
     "unlearn.infra.settings",
-    "unlearn.infra.settings",
-    "unlearn.infra.settings",
-    "unlearn.infra.settings",
     "unlearn.streams.featurizer.settings",
     "unlearn.streams.ledger.settings",
     "unlearn.services.client.settings",

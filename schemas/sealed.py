@@ -8,7 +8,7 @@ no I/O, no Kafka; random bytes come from ``os.urandom`` (AESGCM's documented pra
 random 16-byte key id (``SampleKey``). Whatever the system writes into an append-only log about
 the sample (its quantized row and label in ``deltas``, its cached record in the
 ``featurizer-cache`` changelog) is sealed under that key with AES-256-GCM; destroying the key
-(``streams/featurizer/shredder.py``) leaves the ciphertext as noise in logs that cannot delete
+(``streams/featurizer/erasure.py``) leaves the ciphertext as noise in logs that cannot delete
 records.
 
 - :func:`seal` / :func:`unseal`: ``nonce (12 random bytes) || ciphertext || tag (16)``, with the

@@ -101,10 +101,10 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from unlearn.streams.ledger.checkpoint import latest_checkpoint", "unlearn.streams.featurizer.shredder"),
+    ("from unlearn.streams.ledger.checkpoint import latest_checkpoint", "unlearn.streams.featurizer.erasure"),
     ("import unlearn.streams.featurizer.model", "unlearn.streams.ledger.unseal"),
-    ("from ..ledger import unseal", "unlearn.streams.featurizer.shredder"),
-    ("from .. import ledger", "unlearn.streams.featurizer.shredder"),
+    ("from ..ledger import unseal", "unlearn.streams.featurizer.erasure"),
+    ("from .. import ledger", "unlearn.streams.featurizer.erasure"),
     ("def f():\n    from unlearn.streams.featurizer.model import head_partition", "unlearn.services.client.sdk"),
     ("import importlib\nimportlib.import_module('unlearn.streams.ledger.worker')", "unlearn.services.serving.http"),
     ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.infra.topics"),
@@ -115,5 +115,5 @@ def test_the_check_sees_each_kind_of_import(source: str, module: str) -> None:
 
 def test_the_check_lets_allowed_imports_pass() -> None:
     assert not violations("from unlearn.infra.between_stages import head_partition\nfrom . import router",
-                          "unlearn.streams.featurizer.shredder")
+                          "unlearn.streams.featurizer.erasure")
     assert not violations("from unlearn.streams.ledger.worker import run_ledger_worker", "unlearn.services.cli")

@@ -49,6 +49,7 @@ from unlearn.streams.featurizer.changelog import (
 )
 from unlearn.streams.featurizer.core import featurize_batch, with_registry
 from unlearn.streams.featurizer.delivery import Acks, Delivery
+from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.model import (
     CoreConfig,
     Encoder,
@@ -62,7 +63,6 @@ from unlearn.streams.featurizer.model import (
     might_delete,
     read_origin,
 )
-from unlearn.streams.featurizer.shredder import Erasure
 
 if TYPE_CHECKING:  # service.py, which owns the partitions, imports this module
     from unlearn.streams.featurizer.service import Partitions

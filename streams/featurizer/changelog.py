@@ -88,7 +88,7 @@ _TXN_MAGIC = b"ULFT\x01"
 _NONE = 0xFFFFFFFF
 
 Record = tuple[bytes, bytes | None]  # (key, value); value None is a tombstone
-#: ``seal(head, sample, plain_record) -> sealed_record`` (streams/featurizer/sealing.py)
+#: ``seal(head, sample, plain_record) -> sealed_record`` (streams/featurizer/erasure.py)
 SealSample = Callable[[str, str, bytes], bytes]
 #: ``open(head, sample, record) -> plain_record`` (plaintext records pass through)
 OpenSample = Callable[[str, str, bytes], bytes]

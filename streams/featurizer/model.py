@@ -63,6 +63,7 @@ __all__ = [
     "read_origin",
     "route_partition",
     "routing_head",
+    "KeyStoreError",
 ]
 
 STAGE = "featurizer"
@@ -350,6 +351,10 @@ class FeaturizerError(RuntimeError):
 
 class DeliveryError(FeaturizerError):
     """The broker did not acknowledge every outbox message (they stay in the outbox)."""
+
+
+class KeyStoreError(RuntimeError):
+    """A key could not be made durable (the batch must not be committed)."""
 
 
 class LostCacheError(FeaturizerError):

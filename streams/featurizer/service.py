@@ -53,6 +53,7 @@ from unlearn.streams.featurizer.changelog import (
     snapshot_mutations,
 )
 from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
+from unlearn.streams.featurizer.erasure import Erasure, Trimmer
 from unlearn.streams.featurizer.model import (
     CoreConfig,
     DeliveryError,
@@ -67,9 +68,7 @@ from unlearn.streams.featurizer.model import (
     Topics,
 )
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.featurizer.shredder import Erasure
 from unlearn.streams.featurizer.transit import group_committed
-from unlearn.streams.featurizer.trim import Trimmer
 
 __all__ = [
     "Partitions",

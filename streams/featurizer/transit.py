@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unlearn.infra.between_stages import TRANSIT_HEAD, SampleRef
 from unlearn.infra.log_position import log_ends
@@ -55,9 +55,11 @@ from unlearn.schemas.sealed import (
 )
 from unlearn.streams.featurizer.core import DerivedKeys, TransitGate
 from unlearn.streams.featurizer.delivery import produce_acked
-from unlearn.streams.featurizer.keystore import KeyStore, KeyStoreError
-from unlearn.streams.featurizer.probes import Probes
+from unlearn.streams.featurizer.model import KeyStoreError
 from unlearn.streams.featurizer.settings import FeaturizerSettings
+
+if TYPE_CHECKING:  # erasure.py, which runs the probes and the key stores, imports this module
+    from unlearn.streams.featurizer.erasure import KeyStore, Probes
 
 __all__ = [
     "TRANSIT_HEAD",
@@ -144,7 +146,7 @@ class TransitKeys:
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     derived: DerivedKeys = field(default_factory=DerivedKeys)  # AES keys per (key id, producer epk)
-    probes: Probes | None = None  # the reads run off the poll loop (streams/featurizer/probes.py)
+    probes: Probes | None = None  # the reads run off the poll loop (streams/featurizer/erasure.py)
     _advanced_at: float = 0.0
 
     @property

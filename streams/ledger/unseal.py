@@ -10,7 +10,7 @@ its rows are *erased* and left out. An erased add and its erased delete
 carry the same (sample, key id, commitment) and contribute ``+x - x = 0``, so a ledger rebuilt
 from scratch after an erasure ends at the digest of the retained set. A live ledger never meets a
 destroyed key: the featurizer destroys a key only once this ledger's durable checkpoint floor is
-past the delete (``streams/featurizer/shredder.py``).
+past the delete (``streams/featurizer/erasure.py``).
 """
 
 from __future__ import annotations

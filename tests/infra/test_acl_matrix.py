@@ -127,7 +127,7 @@ ROLE_PRINCIPALS = {
     "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/registry.py
     "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
-    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/keystore.py
+    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/erasure.py
     "head-reader": {"client"},        # services/client/head_reader.py
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/sdk.py
@@ -157,7 +157,7 @@ WORKER_GROUP_FILES = {
     "streams/ledger/worker.py": {"ledger"},
     "streams/ledger/state_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},
-    "streams/featurizer/shredder.py": {"featurizer"},
+    "streams/featurizer/erasure.py": {"featurizer"},
     "services/client/sdk.py": {"client"},  # its reader of transit-keys (assign only)
 }
 

@@ -1,4 +1,4 @@
-"""The shred tick's reads off the poll loop (streams/featurizer/probes.py): a read is asked only
+"""The shred tick's reads off the poll loop (streams/featurizer/erasure.py): a read is asked only
 once its condition holds and starts after it was asked, so an answer sampled before a condition
 started is never used for it. No broker: reads are fakes gated by events."""
 
@@ -13,9 +13,8 @@ import pytest
 
 from unlearn.infra.settings import Settings
 from unlearn.schemas.sealed import new_transit_key
-from unlearn.streams.featurizer import shredder
-from unlearn.streams.featurizer.probes import Probes
-from unlearn.streams.featurizer.shredder import FLOORS, Erasure, _Pending
+from unlearn.streams.featurizer import erasure
+from unlearn.streams.featurizer.erasure import FLOORS, Erasure, Probes, _Pending
 from unlearn.streams.featurizer.transit import PROBE, Epoch, TransitKeys
 
 WAIT = 30.0
@@ -90,7 +89,7 @@ def test_floors_asked_before_a_shred_started_do_not_destroy_its_key(monkeypatch:
         gate.wait(WAIT)
         return {0: 100}
 
-    monkeypatch.setattr(shredder, "ledger_floors", floors)
+    monkeypatch.setattr(erasure, "ledger_floors", floors)
     s = Settings.from_env(bootstrap="127.0.0.1:9", shred_every_seconds=0.0)  # never connected to
     e = Erasure(s, "t.deltas")
     e.probes.close()

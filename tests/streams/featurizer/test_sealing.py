@@ -1,4 +1,4 @@
-"""Sealing a featurizer batch (streams/featurizer/sealing.py) and the sealed changelog, without a broker."""
+"""Sealing a featurizer batch (streams/featurizer/erasure.py) and the sealed changelog, without a broker."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from unlearn.streams.featurizer.changelog import (
     fold_changelog,
     state_records,
 )
+from unlearn.streams.featurizer.erasure import open_sample_record, sample_sealer, seal_outcome
 from unlearn.streams.featurizer.model import BatchOutcome, CachedSample, CacheMutations
-from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer, seal_outcome
 
 
 class FakeKeys:

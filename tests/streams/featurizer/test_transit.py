@@ -23,7 +23,7 @@ from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.sealed import decode_public_record, seal_request
 from unlearn.services.client.sdk import TransitKeyCache
 from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
-from unlearn.streams.featurizer.keystore import KeyStore
+from unlearn.streams.featurizer.erasure import KeyStore
 from unlearn.streams.featurizer.transit import TransitKeys, router_committed
 
 pytestmark = pytest.mark.broker
