@@ -57,8 +57,7 @@ from unlearn.schemas.sealed import (
     transit_key,
 )
 from unlearn.schemas.signature import Signer
-from unlearn.services.serving.predict import PredictError, predict, prepare_inputs
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.predict import HeadStore, PredictError, predict, prepare_inputs
 
 HERE = Path(__file__).resolve().parent
 FILES = ("heads.json", "heads_malformed.json", "predict.json", "json_numbers.json", "envelopes.json",

@@ -9,8 +9,9 @@ in-process server), ``cli`` (``serve_main``); ``openapi.json`` documents the HTT
 from __future__ import annotations
 
 from unlearn.services.serving.cli import serve_main
-from unlearn.services.serving.follower import HeadsFollower
 from unlearn.services.serving.http import (
+    HeadsFollower,
+    Metrics,
     ServingServer,
     build_app,
     follower_of,
@@ -19,9 +20,14 @@ from unlearn.services.serving.http import (
     openapi_spec,
     store_of,
 )
-from unlearn.services.serving.metrics import Metrics
-from unlearn.services.serving.predict import PredictError, parse_predict_body, predict, prepare_inputs
-from unlearn.services.serving.store import HeadStore, ServedHead
+from unlearn.services.serving.predict import (
+    HeadStore,
+    PredictError,
+    ServedHead,
+    parse_predict_body,
+    predict,
+    prepare_inputs,
+)
 
 __all__ = [
     "HeadStore",

@@ -31,8 +31,7 @@ from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.client_record import ClientKey, ClientRecord, key_fingerprint
 from unlearn.schemas.head import CodecError, HeadUpdate, decode_head
-from unlearn.services.serving.predict import predict, prepare_inputs
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.predict import HeadStore, predict, prepare_inputs
 
 pytestmark = pytest.mark.broker
 

@@ -123,7 +123,7 @@ def _roles_in_code() -> dict[str, set[str]]:
 # Which principal runs the code that uses each reader role (a new role fails the next test until
 # it is listed here and granted in the matrix).
 ROLE_PRINCIPALS = {
-    "serving": {"serving"},                       # services/serving/follower.py
+    "serving": {"serving"},                       # services/serving/http.py
     "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/registry.py
     "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py

@@ -13,8 +13,7 @@ from unlearn.infra.registry import publish_contract
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head import HeadContract
 from unlearn.services.serving.http import ServingServer
-from unlearn.services.serving.predict import PredictError, prepare_inputs
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.predict import HeadStore, PredictError, prepare_inputs
 
 ROWS = [[3.0, -1.0, 0.5, 0.0, 2.0, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]]
 

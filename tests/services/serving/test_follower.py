@@ -11,9 +11,8 @@ from unlearn.infra.between_stages import heads_family
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicFollower
 from unlearn.infra.topics import delete_topics, prefixed_topics
-from unlearn.services.serving.follower import HeadsFollower
-from unlearn.services.serving.metrics import Metrics
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.http import HeadsFollower, Metrics
+from unlearn.services.serving.predict import HeadStore
 
 
 def test_follower_replays_offers_and_counts(settings: Settings, publish: Publisher) -> None:

@@ -17,8 +17,8 @@ from unlearn.infra.settings import Settings, quirks
 from unlearn.infra.topic_reader import LogRecord, _Fetcher
 from unlearn.infra.topics import delete_records, ensure_topic, trimmed_changelog_config
 from unlearn.services.client.head_reader import read_heads
-from unlearn.services.serving.follower import HeadsFollower
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.http import HeadsFollower
+from unlearn.services.serving.predict import HeadStore
 
 
 def _wait(cond: object, what: str, timeout: float = 30.0) -> None:

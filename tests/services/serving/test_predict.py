@@ -11,8 +11,7 @@ import pytest
 
 from tests.services.serving.support import dequantized, make_head
 from unlearn.infra.settings import Settings
-from unlearn.services.serving.predict import MAX_INPUTS, PredictError, parse_predict_body, prepare_inputs
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.predict import MAX_INPUTS, HeadStore, PredictError, parse_predict_body, prepare_inputs
 
 SERVING = Path(__file__).resolve().parents[3] / "services" / "serving"
 

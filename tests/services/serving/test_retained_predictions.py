@@ -16,8 +16,7 @@ from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.services.client.predict import featurize_rows, predict_features
-from unlearn.services.serving.predict import predict
-from unlearn.services.serving.store import ServedHead
+from unlearn.services.serving.predict import ServedHead, predict
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.outputs import head_update
 

@@ -9,8 +9,7 @@ import numpy as np
 
 from tests.services.serving.support import D, make_head
 from unlearn.ledger.bayes import predictive_variance
-from unlearn.services.serving.predict import predict
-from unlearn.services.serving.store import HeadStore
+from unlearn.services.serving.predict import HeadStore, predict
 
 
 def test_store_accepts_only_newer_versions_and_exact_supersedes_fast() -> None:
