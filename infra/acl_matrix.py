@@ -103,9 +103,9 @@ MATRIX: tuple[Grant, ...] = (
     _t("ledger", "deadletter", "WRITE", why="refused deltas"),
     _t("ledger", "head-registry", "READ", why="a new head's gamma from its contract"),
     _t("ledger", "ledger-state.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
-       why="its state generations (created and rotated by the ledger)"),
+       why="its state topics (created, trimmed with DeleteRecords or rotated by the ledger)"),
     _t("ledger", "heads.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
-       why="head-update generations (created and rotated by the ledger)"),
+       why="head-update topics (created, trimmed with DeleteRecords or rotated by the ledger)"),
     _t("ledger", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
     *(_t("ledger", name, "DESCRIBE", why="at start it ensures every project topic exists (`create_topics`)"
          + ("; its partition count names a head's key partition (`streams/ledger/unseal.py`)"
