@@ -78,8 +78,7 @@ from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.sealed import SealError
-from unlearn.streams.ledger.head_runtime import admit, apply_entries, creates_head, record_applied
-from unlearn.streams.ledger.unseal import RowOpener
+from unlearn.streams.ledger.head_runtime import RowOpener, admit, apply_entries, creates_head, record_applied
 
 
 @dataclass

@@ -42,7 +42,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def module_name(path: Path) -> str:
-    """``streams/ledger/unseal.py`` -> ``unlearn.streams.ledger.unseal`` (a package's
+    """``streams/ledger/head_runtime.py`` -> ``unlearn.streams.ledger.head_runtime`` (a package's
     ``__init__.py`` -> the package)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -101,8 +101,8 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from unlearn.streams.ledger.checkpoint import latest_checkpoint", "unlearn.streams.featurizer.erasure"),
-    ("import unlearn.streams.featurizer.model", "unlearn.streams.ledger.unseal"),
+    ("from unlearn.streams.ledger.state_store import latest_checkpoint", "unlearn.streams.featurizer.erasure"),
+    ("import unlearn.streams.featurizer.model", "unlearn.streams.ledger.head_runtime"),
     ("from ..ledger import unseal", "unlearn.streams.featurizer.erasure"),
     ("from .. import ledger", "unlearn.streams.featurizer.erasure"),
     ("def f():\n    from unlearn.streams.featurizer.model import head_partition", "unlearn.services.client.sdk"),

@@ -10,7 +10,7 @@ from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.outputs import head_update
+from unlearn.streams.ledger.worker import head_update
 
 D = 8
 CFG = HeadConfig(gamma=1.0, reset_every=1000, drift_threshold=1.0)  # no drift-triggered resets
