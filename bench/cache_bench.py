@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.changelog import Position, batch_records
+from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import CoreConfig, InMessage
 

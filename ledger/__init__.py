@@ -7,9 +7,17 @@ Public API (other packages and external checks use these names):
 
 from .bayes import kl_matrix_normal, posterior_covariance, predictive_variance, predictive_variance_cholesky
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
-from .exact import QMAX, ExactLedger, Quantizer, SufficientStatistics, l2_normalize, quantize_targets, with_intercept
+from .exact import (
+    QMAX,
+    ExactLedger,
+    MultisetHash,
+    Quantizer,
+    SufficientStatistics,
+    l2_normalize,
+    quantize_targets,
+    with_intercept,
+)
 from .float_ledger import FloatLedger
-from .multiset_hash import MultisetHash
 from .retrain import centralized_retrain, one_hot, retrain_deviation
 from .solve import cholesky_factor, posterior_inverse, regularized_gram, solve_head
 from .tracked import CholeskyTracker, DowndateCheck, SMWTracker, TrackedHead, UpdateReport, relative_deviation

@@ -30,7 +30,7 @@ leaves open).
 
 The decisions (:class:`Authorizer`, :class:`AuthState`) do no I/O. :class:`AuthGate` is the part
 that does: it follows the client registry and keeps each by-head partition's :class:`AuthState`;
-with ``UNLEARN_AUTH_MODE=off`` it does nothing and hands out no authorizer.
+with ``UNLEARN_AUTH_MODE=off`` the featurizer has none.
 """
 
 from __future__ import annotations
@@ -214,19 +214,18 @@ class Authorizer:
 
 
 class AuthGate:
-    """Registry follower plus per-partition replay windows and token buckets."""
+    """Registry follower plus per-partition replay windows and token buckets (signed mode only:
+    with ``UNLEARN_AUTH_MODE=off`` the featurizer has no gate)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.signed = settings.auth_mode == "signed"
         self.view: ClientRegistryView | None = None
         self.states: dict[int, AuthState] = {}
 
     def start(self) -> None:
-        """In signed mode, read the client registry to its end before judging anything (a
-        request is never refused as ``unknown_client`` only because the registry was not read)."""
-        if self.signed:
-            self.view = ClientRegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
+        """Read the client registry to its end before judging anything (a request is never
+        refused as ``unknown_client`` only because the registry was not read)."""
+        self.view = ClientRegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
 
     def stop(self) -> None:
         """Stop following the registry."""
@@ -234,10 +233,8 @@ class AuthGate:
             self.view.stop()
             self.view = None
 
-    def authorizer(self, partition: int) -> Authorizer | None:
-        """The authorizer for one batch of ``partition`` (one registry snapshot), or None when off."""
-        if not self.signed:
-            return None
+    def authorizer(self, partition: int) -> Authorizer:
+        """The authorizer for one batch of ``partition`` (one registry snapshot)."""
         assert self.view is not None, "AuthGate.start() first"
         state = self.states.setdefault(partition, AuthState())
         return Authorizer(self.view.snapshot(), state, FeaturizerSettings.of(self.settings).auth_replay_window_seconds)

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.auth import AuthGate
-from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.changelog import (
+from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
+    FeatureCache,
     Position,
     batch_records,
 )
@@ -168,8 +168,9 @@ class BatchProcessor:
     flight. ``fault`` is the crash hook (``model.FaultHook``); ``stats`` is the service's."""
 
     def __init__(self, settings: Settings, config: CoreConfig, topics: Topics, *, consumer: Any, delivery: Delivery,
-                 router: Router, partitions: Partitions, registry: RegistryView, encoder: Encoder, auth: AuthGate,
-                 erasure: Erasure | None, fault: FaultHook | None, stats: dict[str, int]) -> None:
+                 router: Router, partitions: Partitions, registry: RegistryView, encoder: Encoder,
+                 auth: AuthGate | None, erasure: Erasure | None, fault: FaultHook | None,
+                 stats: dict[str, int]) -> None:
         self.settings, self.config, self.topics = settings, config, topics
         self.consumer, self.delivery, self.router, self.partitions = consumer, delivery, router, partitions
         self.registry, self.encoder, self.auth, self.erasure = registry, encoder, auth, erasure
@@ -263,7 +264,7 @@ class BatchProcessor:
         origins = cache.origin_offsets()
         erasure = self.erasure
         outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
-                                  auth=self.auth.authorizer(p),
+                                  auth=self.auth.authorizer(p) if self.auth is not None else None,
                                   transit=erasure.gate(p) if erasure is not None else None)
         if erasure is not None:
             outcome = erasure.seal(p, outcome, cache)

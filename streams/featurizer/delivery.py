@@ -14,8 +14,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.streams.featurizer.cache import OutboxRow
-from unlearn.streams.featurizer.changelog import delivered_record, outputs_of_txn
+from unlearn.streams.featurizer.cache import OutboxRow, delivered_record, outputs_of_txn
 from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.

@@ -51,7 +51,9 @@ from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, format_source_id, i
 from unlearn.schemas.head import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey, TombstonePolicy
+
+if TYPE_CHECKING:  # core.py, which holds the remove-wins rule, imports this module
+    from unlearn.streams.featurizer.core import Tombstone, TombstoneKey, TombstonePolicy
 
 __all__ = [
     "ORIGIN_HEADER",
@@ -246,7 +248,9 @@ class CoreConfig:
 
     @cached_property
     def tombstones(self) -> TombstonePolicy:
-        """Remove wins' clock bounds (tombstones.py)."""
+        """Remove wins' clock bounds (``core.TombstonePolicy``)."""
+        from unlearn.streams.featurizer.core import TombstonePolicy  # core imports this module
+
         return TombstonePolicy(self.featurizer.max_clock_skew_seconds, self.featurizer.tombstone_retention_seconds)
 
     @property

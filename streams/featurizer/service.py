@@ -41,11 +41,11 @@ from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.schemas.envelope import source_stream
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
-from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.changelog import (
+from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     PHASE_OUTPUT,
     ChangelogReader,
+    FeatureCache,
     FoldedChangelog,
     Position,
     batch_records,
@@ -53,7 +53,7 @@ from unlearn.streams.featurizer.changelog import (
     snapshot_mutations,
 )
 from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
-from unlearn.streams.featurizer.erasure import Erasure, Trimmer
+from unlearn.streams.featurizer.erasure import Erasure, Trimmer, group_committed
 from unlearn.streams.featurizer.model import (
     CoreConfig,
     DeliveryError,
@@ -68,7 +68,6 @@ from unlearn.streams.featurizer.model import (
     Topics,
 )
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.featurizer.transit import group_committed
 
 __all__ = [
     "Partitions",
@@ -366,7 +365,8 @@ class FeaturizerService:
         self.encoder: Encoder = encoder or RegistryEncoder(self.device)
         self.fault, self.on_ready = fault, on_ready
         self.ready = threading.Event()
-        self.auth = AuthGate(settings)  # UNLEARN_AUTH_MODE=signed: the client registry and replay windows
+        # UNLEARN_AUTH_MODE=signed: the client registry and replay windows (None: off)
+        self.auth = AuthGate(settings) if settings.auth_mode == "signed" else None
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
         self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
@@ -415,7 +415,8 @@ class FeaturizerService:
         by_head_partitions, requests_partitions = check_topics(s, self._consumer, t.requests, t.by_head,
                                                                self.config.registry_topic, t.changelog)
         self.registry = RegistryView(s).start(wait_caught_up=s.admin_timeout)
-        self.auth.start()
+        if self.auth is not None:
+            self.auth.start()
         t = self.topics = replace(t, requests_id=topic_id(s, t.requests), by_head_id=topic_id(s, t.by_head),
                                   by_head_partitions=by_head_partitions, requests_partitions=requests_partitions)
         if quirks(s).delete_records and t.changelog is not None and ErasureSettings.of(s).trim_every_seconds > 0:
@@ -465,7 +466,8 @@ class FeaturizerService:
             self.partitions.close()
         if self.registry is not None:
             self.registry.stop()
-        self.auth.stop()
+        if self.auth is not None:
+            self.auth.stop()
         if self.erasure is not None:
             self.erasure.close()
         if self.trimmer is not None:

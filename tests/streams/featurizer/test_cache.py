@@ -14,9 +14,8 @@ import pytest
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
-from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.core import Tombstone, featurize_batch
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, CoreConfig, HeadInfo, InMessage, OutMessage
-from unlearn.streams.featurizer.tombstones import Tombstone
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAD = HeadInfo("h", "features", "features", 3, "class", 0, 30, 0)

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.changelog import (
+from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     PHASE_OUTPUT,
     ChangelogError,
+    FeatureCache,
     LocalPosition,
     Position,
     batch_records,
@@ -30,8 +30,8 @@ from unlearn.streams.featurizer.changelog import (
     snapshot_mutations,
     tombstone_key,
 )
+from unlearn.streams.featurizer.core import Tombstone
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
-from unlearn.streams.featurizer.tombstones import Tombstone
 
 TOPIC = "t.featurizer-cache"
 HEADS = {"h": HeadInfo("h", "features", "features", 3, "class", 0, 30, 0),

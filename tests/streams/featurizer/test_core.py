@@ -31,6 +31,7 @@ from unlearn.schemas.envelope import (
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.streams.featurizer.core import (
+    Tombstone,
     assemble_deltas,
     check_batch,
     encode_adds,
@@ -53,7 +54,6 @@ from unlearn.streams.featurizer.model import (
     InMessage,
     RegistryEncoder,
 )
-from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30
 

@@ -14,8 +14,7 @@ import pytest
 from unlearn.infra.settings import Settings
 from unlearn.schemas.sealed import new_transit_key
 from unlearn.streams.featurizer import erasure
-from unlearn.streams.featurizer.erasure import FLOORS, Erasure, Probes, _Pending
-from unlearn.streams.featurizer.transit import PROBE, Epoch, TransitKeys
+from unlearn.streams.featurizer.erasure import FLOORS, PROBE, Epoch, Erasure, Probes, TransitKeys, _Pending
 
 WAIT = 30.0
 

@@ -8,7 +8,7 @@ import pytest
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry
 from unlearn.schemas.sealed import SampleKey, SealError, new_key, open_delta
-from unlearn.streams.featurizer.changelog import (
+from unlearn.streams.featurizer.cache import (
     Position,
     batch_records,
     encode_sample,

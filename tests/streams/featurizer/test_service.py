@@ -592,8 +592,7 @@ def test_crash_then_restart_on_another_host(settings: Settings, tmp_path: Path, 
 def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
     """The phase-1 messages the crash left to deliver, rebuilt from the caches' outbox txns as the
     service rebuilds them (``delivery.outbox_messages``; empty when nothing is pending)."""
-    from unlearn.streams.featurizer.cache import FeatureCache
-    from unlearn.streams.featurizer.changelog import PHASE_OUTPUT
+    from unlearn.streams.featurizer.cache import PHASE_OUTPUT, FeatureCache
     from unlearn.streams.featurizer.delivery import outbox_messages
 
     out = []

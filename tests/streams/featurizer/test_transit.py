@@ -1,4 +1,4 @@
-"""Transit keys on a real broker (streams/featurizer/transit.py, docs/erasure.md section 5): the
+"""Transit keys on a real broker (streams/featurizer/erasure.py, docs/erasure.md section 5): the
 public half is published after the private half is durable; a superseded key is destroyed only
 once its grace has passed AND the router (the group's committed requests offsets) and the
 featurizer (its durable by-head position) have passed every record that could carry it; a
@@ -23,8 +23,7 @@ from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.sealed import decode_public_record, seal_request
 from unlearn.services.client.sdk import TransitKeyCache
 from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
-from unlearn.streams.featurizer.erasure import KeyStore
-from unlearn.streams.featurizer.transit import TransitKeys, router_committed
+from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, router_committed
 
 pytestmark = pytest.mark.broker
 

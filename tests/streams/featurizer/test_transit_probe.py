@@ -1,4 +1,4 @@
-"""Sampling log ends for transit-key destruction (streams/featurizer/transit.py, "Probe cost"): one
+"""Sampling log ends for transit-key destruction (streams/featurizer/erasure.py, "Probe cost"): one
 consumer and one pass per tick for every epoch that needs the ends, however many epochs and
 partitions are due. No broker: a fake assign-only consumer answers partition EOF at the reported
 end."""
@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from unlearn.infra.settings import Settings
 from unlearn.schemas.sealed import new_transit_key
-from unlearn.streams.featurizer.transit import Epoch, TransitKeys
+from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
 
 REQ, BY_HEAD = "t.requests", "t.requests.by-head"
 
