@@ -126,7 +126,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -195,10 +195,7 @@ __all__ = [
     "trim_bounds",
 ]
 
-log = logging.getLogger("unlearn.featurizer.transit")
-
-if TYPE_CHECKING:  # erasure.py, which runs the probes and the key stores, imports this module
-    from unlearn.streams.featurizer.erasure import KeyStore, Probes
+log = logging.getLogger("unlearn.featurizer.erasure")
 
 def is_transit_ref(ref: SampleRef) -> bool:
     """Whether a key-family reference is a transit key (not a sample key)."""
