@@ -1,9 +1,10 @@
 """``unlearn serve``: HTTP predictions from the latest published heads (docs/serving.md).
 
-Modules, one concept each: ``store`` (the served heads, swapped atomically), ``follower`` (the
-heads topic -> the store), ``predict`` (request body -> featurized inputs -> scores and
-variance), ``metrics`` (Prometheus, one registry per app), ``http`` (the aiohttp app and an
-in-process server), ``cli`` (``serve_main``); ``openapi.json`` documents the HTTP API.
+Modules, one concept each: ``predict`` (what serving holds and how it predicts, no I/O: the
+served heads, swapped atomically, and request body -> featurized inputs -> scores and variance),
+``http`` (the I/O side: the aiohttp app and an in-process server, the heads follower that fills
+the store, and the Prometheus metrics, one registry per app), ``cli`` (``serve_main``),
+``settings``; ``openapi.json`` documents the HTTP API.
 """
 
 from __future__ import annotations

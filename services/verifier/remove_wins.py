@@ -35,7 +35,7 @@ __all__ = ["EventTimes", "RetainedAdd", "erased_tombstones", "receipt_tombstones
 
 @dataclass(frozen=True, slots=True)
 class RetainedAdd:
-    """An add row the log retains, named as the rule needs it (``tombstones.AddName``)."""
+    """An add row the log retains, named as the rule needs it (``core.AddName``)."""
 
     head_id: str
     sample_id: str

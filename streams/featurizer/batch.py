@@ -11,12 +11,12 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
 - **featurizes** the by-head records, per by-head partition, in these steps (the commit sequence):
 
   1. decide the outcome (``featurize_batch``) against the partition's cache (and seal it, with
-     per-sample keys, ``shredder.Erasure``; every new key acknowledged before step 3);
+     per-sample keys, ``erasure.Erasure``; every new key acknowledged before step 3);
   2. await the previous batch's phase 1 (``settle``: its outbox acknowledged, its offsets
      committed), so at most one batch is in flight;
   3. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
      rejected receipts into the outbox (with the changelog: only the batch's txn and position,
-     ``changelog.batch_records``, which hold them), record the batch's last input offset;
+     ``cache.batch_records``, which hold them), record the batch's last input offset;
   4. produce phase 0 (the batch's txn and position records on ``featurizer-cache``) and await
      its acknowledgement; send phase 1 (the downstream messages and the sample/head records);
   5. while the next batch is polled and judged, phase 1 travels; ``settle`` (before the next
@@ -135,7 +135,7 @@ class BatchWindow:
 def record_timestamp_ms(m: Any) -> int | None:
     """A consumed record's timestamp in ms (the producer's CreateTime, which the router forwards
     unchanged; the broker's under LogAppendTime), None when it has none: an add's or delete's
-    event time when its request carries no ``ts`` (``tombstones.event_time_us``)."""
+    event time when its request carries no ``ts`` (``core.event_time_us``)."""
     from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
     kind, ts = m.timestamp()

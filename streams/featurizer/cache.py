@@ -7,7 +7,7 @@ not Kafka, is the source of truth about what was applied.
 
 **The file.** One per partition of the featurizer's input, the by-head topic
 (``<data_dir>/featurizer/<stream dir>/p<N>.sqlite``). It is the local copy: the
-``featurizer-cache`` changelog topic (``changelog.py``) lets a featurizer on another host rebuild
+``featurizer-cache`` changelog topic (**The changelog** below) lets a featurizer on another host rebuild
 it. WAL journal. ``synchronous=FULL`` (the default) makes a committed batch survive a process kill
 and a power loss (re-judging a batch after losing it could re-quantize a GPU feature to other bits
 than the ones the ledger already applied); ``NORMAL`` survives a process kill only, and is what
@@ -19,13 +19,13 @@ the service uses when the changelog backs the cache, which then covers a power c
 - ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
   frac bits);
 - ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
-  event time (us) and the delete's event id; adds are judged against them (``tombstones.py``,
+  event time (us) and the delete's event id; adds are judged against them (``core.py``,
   remove wins), expired ones are dropped batch by batch;
 - ``outbox``: the transactional outbox: encoded messages (deltas, dead letters, receipts, and the
   batch's records for the ``featurizer-cache`` changelog, with their partition and delivery
   phase) written in the same transaction as the cache mutations, deleted once the broker
   acknowledged them;
-- ``lineage``: this cache's lineage id and changelog generation (``changelog.resume_plan``);
+- ``lineage``: this cache's lineage id and changelog generation (:func:`resume_plan`);
 - ``progress``: the last input offset whose outcome is in this file;
 - ``origins``: per requests partition, the last origin offset judged (drops the router's
   re-forwarded copies: ``core.admit_routed``);
@@ -49,7 +49,7 @@ each):
   int64 LE); a tombstone (value None) when a delete removes the sample;
 - ``head/<head>`` -> the head's first-add facts (JSON);
 - ``tomb/<head>/<kind>/<id>/<subject>/<client>`` -> a delete's tombstone (JSON: event time in us,
-  the delete's event id; ``tombstones.py``); a tombstone (value None) when it expires;
+  the delete's event id; remove wins, ``core.py``); a tombstone (value None) when it expires;
 - ``txn/<p>/<slot>/<i>`` -> piece i of the latest batch's *transaction*: its cache mutations and
   its outbox messages (deltas, dead letters, receipts), so a new owner can finish delivering it;
 - ``position/<p>`` -> :class:`Position` (JSON): applied offset, input topic (name and id),
@@ -1140,7 +1140,7 @@ class FeatureCache:
         return self.local_position().generation
 
     def local_position(self) -> LocalPosition:
-        """(applied offset, lineage, generation), for ``changelog.resume_plan``."""
+        """(applied offset, lineage, generation), for :func:`resume_plan`."""
         row = self._db.execute("SELECT lineage, generation FROM lineage WHERE id = 0").fetchone()
         if row is None:
             with Transaction(self._db):

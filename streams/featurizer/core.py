@@ -64,7 +64,7 @@ ephemeral key for many requests under one transit key (``schemas/sealed.TransitS
 AES key derived for a (transit key id, epk) pair is kept in :class:`DerivedKeys`, a bounded LRU
 (``DERIVED_KEYS`` entries): one X25519 exchange and HKDF per producer session and epoch instead
 of per request. Its entries for a transit key are dropped when that key is destroyed or its
-partition revoked (``transit.TransitKeys.forget`` / ``drop``): no derived key outlives its
+partition revoked (``erasure.TransitKeys.forget`` / ``drop``): no derived key outlives its
 private key.
 
 **Remove wins**: in event time, without I/O: the tombstones deletes leave and the rule adds meet.
@@ -885,7 +885,7 @@ def judge_delete_subject(r: Request, view: CacheView, event_us: int | None = Non
 
 def judge_remove_wins(r: Request, m: InMessage, view: Overlay, policy: TombstonePolicy, now: float) -> int:
     """An add's event time, checked against the clock bounds and the tombstones (remove wins,
-    ``tombstones.py``); raises :class:`FeatureRejected` (``ts_in_future``, ``event_too_old``,
+    :func:`blocking_tombstone`); raises :class:`FeatureRejected` (``ts_in_future``, ``event_too_old``,
     ``deleted_before_arrival``)."""
     t_add = add_event_time(r, m.timestamp_ms, now, policy)
     found = [t for name in add_keys(r) for t in view.tombstones(*name)]

@@ -102,7 +102,7 @@ def deliver_overlapped(producer: Any, messages: Sequence[OutMessage | OutboxRow]
 def outbox_messages(rows: Sequence[OutboxRow], changelog_topic: str | None,
                     partition: int) -> list[OutboxRow | OutMessage]:
     """What a crash left to deliver: the outbox rows, plus, where the changelog backs the cache,
-    the phase 1 rebuilt from their txn (``changelog.outputs_of_txn``). Why: there the outbox keeps
+    the phase 1 rebuilt from their txn (``cache.outputs_of_txn``). Why: there the outbox keeps
     a batch's phase 0 alone (its txn holds phase 1 byte for byte), so q is stored once; without a
     changelog the outbox holds every message and is delivered as it is."""
     if changelog_topic is None or not rows:

@@ -24,16 +24,16 @@ the grace period (``UNLEARN_KEYS_RETIRE_SECONDS``), so a reader has time to move
 
 The core decides in plaintext (``core.featurize_batch``); before its outputs are committed to the
 outbox the service runs :func:`seal_outcome`: every add row gets a fresh key from the partition's
-:class:`~streams.featurizer.erasure.KeyStore` and every ROWS entry of a ``deltas`` message becomes a
+:class:`KeyStore` and every ROWS entry of a ``deltas`` message becomes a
 SEALED entry (``schemas.sealed``). A delete is sealed under the key its add used, so both
 carry the same commitment. :func:`sample_sealer` seals the changelog's sample records
-(``changelog.encode_sample``) under the same key.
+(``cache.encode_sample``) under the same key.
 
 **Shredding (Erasure)**: crypto-shredding in the featurizer: when a deleted sample's key may be destroyed, and doing it.
 
 ``Erasure`` bundles what the featurizer service needs (docs/erasure.md):
 
-- the partitions' keys (:class:`~streams.featurizer.erasure.KeyStore`): loaded on assignment,
+- the partitions' keys (:class:`KeyStore`): loaded on assignment,
   dropped on revocation; sealing a batch (:meth:`Erasure.seal`) and the changelog's sample
   records (:meth:`Erasure.sample_sealer` / :meth:`Erasure.opener`);
 - **pending shreds**: a delete's key is destroyed only once the ledger can never need it again,
@@ -54,8 +54,8 @@ carry the same commitment. :func:`sample_sealer` seals the changelog's sample re
 
 **Probes**: the shred tick's broker reads, off the featurizer's poll loop (docs/erasure.md section 4).
 
-Reading the ledger's checkpoint floors, log ends and committed offsets takes tens to hundreds of
-milliseconds; on the poll loop it stalled every request judged meanwhile (bench/results/
+Reading the ledger's checkpoint floors, log ends and committed offsets takes broker round trips;
+on the poll loop they would stall every request judged meanwhile (bench/results/
 pipeline_bench.md section 14). The tick instead *asks* for a read (:meth:`Probes.ask`) and takes
 its answer on a later tick (:meth:`Probes.take`); one background thread runs the reads, each with
 consumers of its own (never the poll loop's), closed when the read returns.
@@ -115,7 +115,7 @@ before the current one's ``use_until``, so a producer always finds a valid key).
   once for every epoch that needs them (the ``requests`` ends for those entering stage (b), the
   by-head ends for those entering (c)), all with one consumer (``infra.log_position.log_ends``).
   With ``probes`` (the featurizer's), those reads run on its background thread: the tick asks for
-  them once (a)/(b) hold and applies the answer on a later tick (``probes.py``), so a reading is
+  them once (a)/(b) hold and applies the answer on a later tick (**Probes** above), so a reading is
   always sampled after the condition it serves; rotations and destruction stay on the tick.
 """
 
@@ -965,7 +965,7 @@ class Erasure:
         # transit keys of raw inputs (streams/featurizer/erasure.py); committed: the router's offsets
         # (their private halves in a family of their own, sharing this store's producer)
         private = transit_private_family(settings.topic_prefix)
-        self.probes = Probes(self._new_consumer)  # the tick's reads, off the poll loop (probes.py)
+        self.probes = Probes(self._new_consumer)  # the tick's reads, off the poll loop
         self.transit = TransitKeys(settings, KeyStore(settings, private, self.keys), requests_topic,
                                    by_head_topic, probes=self.probes) if committed else None
         self._committed = committed or dict
@@ -1056,7 +1056,7 @@ class Erasure:
             log.info("%d key(s) of deleted samples await destruction (after a restart or takeover)", len(orphans))
 
     def _new_consumer(self) -> Any:
-        """An assign-only reader; every read closes its own (``probes.run_with_consumers``)."""
+        """An assign-only reader; every read closes its own (:func:`run_with_consumers`)."""
         from confluent_kafka import Consumer
 
         from unlearn.infra.settings import consumer_config

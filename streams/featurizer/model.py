@@ -128,7 +128,7 @@ class CachedSample:
     event_id: str  # the add's event id
     label: int | np.ndarray  # class index, or int64 quantized target vector (c,)
     q: np.ndarray  # int64 (d,)
-    event_us: int = 0  # the add's event time (tombstones.py; 0: dated before every tombstone)
+    event_us: int = 0  # the add's event time (core.py, remove wins; 0: dated before every tombstone)
 
     @property
     def label_kind(self) -> str:
@@ -173,7 +173,7 @@ class CacheMutations:
     drop_samples: tuple[tuple[str, str], ...] = ()  # (head_id, sample_id)
     put_heads: tuple[HeadInfo, ...] = ()
     put_tombstones: tuple[Tombstone, ...] = ()
-    drop_tombstones: tuple[TombstoneKey, ...] = ()  # expired (tombstones.TombstonePolicy.retention)
+    drop_tombstones: tuple[TombstoneKey, ...] = ()  # expired (core.TombstonePolicy.retention)
 
     @property
     def empty(self) -> bool:

@@ -16,7 +16,7 @@ which share one :class:`~streams.featurizer.delivery.Delivery` (the producer). A
 
 **Partitions**: the by-head partitions one featurizer owns, their feature caches and key stores,
 brought up on assignment and dropped on revocation (the consumer group's rebalances). A by-head
-partition's cache comes up by ``changelog.resume_plan``: keep the local cache if the changelog's
+partition's cache comes up by ``cache.resume_plan``: keep the local cache if the changelog's
 last batch is its own (re-produce its leftover outbox), else rebuild it from the changelog (and
 finish delivering the changelog's last batch), or upload a local cache the changelog lacks; then
 the partition is sought to (cache's recorded offset + 1), after checking the cache belongs to

@@ -1,7 +1,7 @@
 """The ledger's durable state in Kafka: ledger-state topics, one per deltas partition and generation.
 
 ``<prefix>ledger-state.p<P>.g<G>`` holds the state of the heads whose deltas are on ``deltas``
-partition P: snapshot pieces (``head_runtime``) and checkpoint records (``state_store``). Any worker
+partition P: snapshot pieces (``head_runtime``) and checkpoint records (**The rules** below). Any worker
 on any host rebuilds a partition from here, so a worker has no local state to lose or to get
 wrong. Recovery reads only what the latest checkpoint names: it scans the topic backwards from
 its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
@@ -31,9 +31,9 @@ created on first use, trimmed, and deleted after a grace, through one admin clie
 
 Created compacted, and where the broker has DeleteRecords also ``cleanup.policy=compact,delete``
 with ``retention.ms=-1`` (``infra.topics.trimmed_changelog_config``): Kafka refuses DeleteRecords
-on a compact-only topic. Why the store trims or rotates: ``state_store``'s module docstring.
+on a compact-only topic. Why the store trims or rotates: the top of this docstring.
 
-**The rules (checkpoint)**: the ledger worker's crash-consistency rules, without I/O (docs/design.md section 4).
+**The rules**: the ledger worker's crash-consistency rules, without I/O (docs/design.md section 4).
 
 A ledger worker owns ``deltas`` partitions. For each one it keeps the heads whose deltas are on
 that partition and, in the ``ledger-state`` changelog partition of the same number, their

@@ -18,7 +18,7 @@
 **DeltaFold**: one ``deltas`` message into its head's ledger: decode, open, check the partition, apply.
 
 Per message (key = head id, so one head's deltas are totally ordered): decode, check the key and
-open sealed rows (``unseal.RowOpener``) -> refuse a head that lives on another partition, or a head whose
+open sealed rows (``head_runtime.RowOpener``) -> refuse a head that lives on another partition, or a head whose
 first delta is not an add -> create the head on its first add -> ``HeadRuntime.apply`` (one
 version) -> dead letters and rejected receipts for refused entries. What the poll then owes
 (head updates, applied receipts) is collected in a ``PollOutputs``.
@@ -45,13 +45,14 @@ large for one message is published without its posterior, and if still too large
 **Checkpointer**: making a partition's processed messages durable: the steps of a checkpoint, in order.
 
 The rules the steps keep (a floor never passes durable state, recovery starts at the floor) are
-the pure functions of ``checkpoint``; the checkpointer does the I/O, in the order that keeps them.
+pure functions in ``state_store`` (``safe_floor``, ``check_recovery``); the checkpointer does the
+I/O, in the order that keeps them.
 
 **Recovery**: rebuilding an assigned ``deltas`` partition from its ``ledger-state`` (docs/design.md section 4).
 
 The partition's latest checkpoint and the snapshots it names are read back
 (``ChangelogStore.recover``); ``check_recovery`` makes sure they belong to the log the worker
-reads (invariant 2 of ``checkpoint``) and gives the floor to resume at. Every restored head is
+reads (invariant 2 of ``state_store``'s rules) and gives the floor to resume at. Every restored head is
 republished as an exact update (into a new heads generation, or the same topic where the store
 trims), and the older updates go once those are durable (``state_store``).
 

@@ -207,7 +207,7 @@ def test_every_topic_has_its_writers_and_only_them() -> None:
 
 NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, topic relative to P)
     "featurizer": [("READ", "requests"), ("READ", "requests.by-head"), ("WRITE", "requests.by-head"),
-                   ("DELETE", "requests"), ("DELETE", "requests.by-head"),  # trim.py: DeleteRecords
+                   ("DELETE", "requests"), ("DELETE", "requests.by-head"),  # erasure.Trimmer: DeleteRecords
                    ("CREATE", "requests.by-head"), ("READ", "featurizer-cache"), ("WRITE", "featurizer-cache"),
                    ("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
                    ("WRITE", "deltas"), ("WRITE", "receipts"), ("WRITE", "deadletter"),
@@ -244,7 +244,7 @@ def test_least_privilege_examples() -> None:
     assert not allows("ledger", "READ", "topic", P + CLIENT_REGISTRY_TOPIC, P)
     assert not allows("client", "READ", "topic", P + "requests", P)  # clients do not read each other's requests
     assert not allows("client", "READ", "topic", P + "deadletter", P)
-    # DeleteRecords of raw inputs: the featurizer (trim.py) and the operator (topic administration) only
+    # DeleteRecords of raw inputs: the featurizer (erasure.Trimmer) and the operator (topic administration) only
     for raw in ("requests", "requests.by-head"):
         assert {p for p in PRINCIPALS if allows(p, "DELETE", "topic", P + raw, P)} == {"featurizer", "operator"}
     assert not allows("serving", "READ", "topic", P + "deltas", P)

@@ -4,7 +4,7 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * One immutable served state of a head, as serving's {@code store.ServedHead}: the update and
+ * One immutable served state of a head, as serving's {@code predict.ServedHead}: the update and
  * the posterior used for variance (the update's own T, else the T of the last exact update of
  * the same dimension that carried one), so a prediction never mixes two heads.
  */
