@@ -140,6 +140,64 @@ class ServiceProcess:
         except OSError:
             return ""
 
+    def last_line(self) -> str:
+        """The last non-empty line its latest start logged (for a Python crash: the exception)."""
+        try:
+            log = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        log = log[log.rfind(f"===== start {self.starts - 1} "):]
+        lines = [line.strip() for line in log.splitlines()[1:] if line.strip()]
+        return lines[-1] if lines else ""
+
+    def death(self) -> str | None:
+        """Why it is no longer running (exit code or signal, last log line, log path), or None
+        while it runs or before it was started."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        rc = self.proc.returncode
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        return f"{self.name} {how}; its last log line: {self.last_line() or '(none)'}\n  log: {self.log_path}"
+
+
+class ServiceDied(RuntimeError):
+    """Raised in the main thread by ``watch_services`` when a watched child dies."""
+
+
+@contextlib.contextmanager
+def watch_services(procs: list[ServiceProcess], every: float = 0.5) -> Iterator[None]:
+    """Raise ``ServiceDied`` in the main thread, within ``every`` seconds, as soon as one of
+    ``procs`` dies while the block runs: whoever waits for what a dead service would have produced
+    stops at once (SIGUSR1 interrupts the wait, wherever it is), instead of at its timeout.
+    Must be entered from the main thread; disarmed on exit, before the caller stops the children."""
+    main = threading.main_thread()
+    if threading.current_thread() is not main or main.ident is None:
+        raise RuntimeError("watch_services must run in the main thread")
+    died: list[str] = []
+    done = threading.Event()
+
+    def _raise(_signum: int, _frame: object) -> None:
+        if died and not done.is_set():
+            raise ServiceDied(died[0])
+
+    def _watch() -> None:
+        while not done.wait(every):
+            why = next((d for d in (p.death() for p in procs) if d is not None), None)
+            if why is not None:
+                died.append(why)
+                signal.pthread_kill(main.ident, signal.SIGUSR1)  # type: ignore[arg-type]
+                return
+
+    previous = signal.signal(signal.SIGUSR1, _raise)
+    watcher = threading.Thread(target=_watch, name="service-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
+
 
 @contextlib.contextmanager
 def stop_on_signal() -> Iterator[threading.Event]:

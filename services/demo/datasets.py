@@ -358,7 +358,7 @@ def encode_with_progress(backbone: Any, inputs: Any, *, batch_size: int = 64, pr
 
     n = len(inputs)
     parts: list[np.ndarray] = []
-    with tqdm(total=n, desc=desc, unit="item", disable=not progress, leave=False) as bar:
+    with tqdm(total=n, desc=desc, unit="item", disable=None if progress else True, leave=False) as bar:
         for s in range(0, n, batch_size):
             try:
                 parts.append(backbone.encode(inputs[s : s + batch_size]))

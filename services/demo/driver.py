@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from unlearn.infra.broker import LocalBroker, free_port
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.polling import poll_until
-from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.processes import ServiceDied, ServiceProcess, watch_services
 from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
@@ -45,8 +46,18 @@ from unlearn.services.client.settings import ClientSettings
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 from unlearn.services.serving.settings import ServeSettings
 
+#: What ``demo-out/`` keeps of a run; a run removes the last run's before it starts: its broker is
+#: new (in memory, or Kafka in a temporary directory), and workers' state from another broker is
+#: rightly refused by the workers (docs/featurizer.md, "Local state").
+RUN_DIRS = ("state", "logs", "keys")
+SERVICES = ("featurizer", "ledger", "serve")
 SERVE_PROBES = 20  # test inputs sent through `unlearn serve` at the end
 WARMUP_HEAD = "demo-warmup"  # the head of the one warm-up add (not part of the report)
+
+
+def _bar(iterable: Any = None, **kw: Any) -> tqdm[Any]:
+    """A progress bar where a person watches: none when stderr is a file or a CI log (``disable=None``)."""
+    return tqdm(iterable, leave=False, disable=None, **kw)
 
 
 @dataclass
@@ -184,7 +195,7 @@ class Demo:
         """Produce ``op`` for each sample in ``idx`` (sample i belongs to client i mod clients, so in
         signed mode each client deletes only its own samples); their event ids."""
         events = []
-        for i in tqdm(idx, desc=desc, unit="ev", leave=False) if desc else idx:
+        for i in _bar(idx, desc=desc, unit="ev") if desc else idx:
             req = self.request(op, int(i), f"client{int(i) % self.args.clients}")
             self.produce(req, req.subject_id.encode())
             self.produce_times[req.event_id] = time.time()
@@ -195,7 +206,7 @@ class Demo:
 
     def wait_retained(self, n: int, desc: str, timeout: float) -> HeadUpdate:
         """Wait until the head retains ``n`` samples and every pending receipt arrived."""
-        with tqdm(total=n, desc=desc, unit="samples", leave=False) as bar:
+        with _bar(total=n, desc=desc, unit="samples") as bar:
 
             def reached(_remaining: float) -> HeadUpdate | None:
                 h = self.heads.get(self.head)
@@ -236,13 +247,15 @@ class Demo:
     def run(self) -> int:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(self.out / name, ignore_errors=True)
         t_start = time.time()
         print(f"[1/6] loading {a.dataset} (train {a.n_train}, test {a.n_test}; test features cached on disk)")
         self.data = load_demo_data(a.dataset, a.n_train, a.n_test)
         t_broker = time.monotonic()
         with local_broker(a.engine, log_path=self.out / "broker.log") as broker:
             self.broker_start_s = time.monotonic() - t_broker
-            with self._services(broker), self._clients():
+            with self._services(broker), watch_services(self.procs), self._clients():
                 return self._scenarios(len(self.data.y_train), t_start)
 
     @contextmanager
@@ -262,8 +275,8 @@ class Demo:
         print(f"[2/6] {describe_engine(self.args.engine)} broker at {broker.bootstrap} (up in "
               f"{self.broker_start_s:.1f} s); starting featurizer, ledger worker and serving "
               f"(http://127.0.0.1:{ServeSettings.of(self.settings).serve_port})")
-        self.procs = [ServiceProcess(name, [name], self.settings, self.out / "logs")
-                      for name in ("featurizer", "ledger", "serve")]
+        print(f"      their state: {self.out / 'state'} (new, like the broker); their logs: {self.out / 'logs'}")
+        self.procs = [ServiceProcess(name, [name], self.settings, self.out / "logs") for name in SERVICES]
         try:
             for p in self.procs:
                 p.start()
@@ -316,7 +329,7 @@ class Demo:
         warm = Request("warmup", "add", WARMUP_HEAD, "demo", "warmup", "w0", 0, FeaturesInput((1.0, 0.0)), time.time())
         self.produce(warm, b"warmup")
         self.producer.flush(30)
-        with tqdm(desc="waiting for the workers to join", bar_format="{desc} {elapsed}", leave=False):
+        with _bar(desc="waiting for the workers to join", bar_format="{desc} {elapsed}"):
             self.heads.wait(WARMUP_HEAD, lambda u: True, timeout=self.args.timeout)
 
     def _initial_adds(self, n: int) -> None:
@@ -351,7 +364,7 @@ class Demo:
         print(f"[5/6] burst of {len(burst)} single-sample deletions, then re-adding them")
         t0 = time.time()
         self.pending_receipts = []
-        for i in tqdm(burst, desc="burst deletes", unit="ev", leave=False):
+        for i in _bar(burst, desc="burst deletes", unit="ev"):
             self.pending_receipts += self.send("delete", [i], "")
             time.sleep(a.burst_gap_ms / 1000.0)
         h = self.wait_retained(len(retained) - len(burst), "burst", a.timeout)
@@ -397,7 +410,8 @@ class Demo:
 
 
 
-def demo_main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``unlearn demo``'s options (``--full`` sets the sizes)."""
     ap = argparse.ArgumentParser(prog="unlearn demo", description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", choices=("fashion", "tweets", "digits"), default="fashion")
     ap.add_argument("--full", action="store_true", help="the whole dataset (slow on CPU)")
@@ -422,8 +436,20 @@ def demo_main(argv: list[str] | None = None) -> int:
         if args.engine == "tansu":  # measured: docs/design.md, "The embedded broker"
             print("note: tansu keeps every record in memory (~0.2 MiB per add here: ~10 GiB for --full); "
                   "--engine kafka (after `make kafka`) keeps them on disk", file=sys.stderr)
+    return args
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    return run_demo(Demo(parse_args(argv)))
+
+
+def run_demo(demo: Demo) -> int:
+    """Run ``demo``; its exit code (1 with the reason on stderr when one of its services died)."""
     try:
-        return Demo(args).run()
+        return demo.run()
+    except ServiceDied as exc:
+        print(f"\ndemo stopped: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted: services stopped", file=sys.stderr)
         return 130
