@@ -226,6 +226,27 @@ def _base64(items: list[str], where: str) -> list[bytes]:
         raise OipError(400, f"{where}: image_png in JSON data must be standard base64: {exc}") from None
 
 
+def _json_values(inp: dict[str, Any], name: str, datatype: str, dims: list[int], where: str) -> list[Any]:
+    """The rows (features) or elements (BYTES) of an input given as JSON ``data``."""
+    if "data" not in inp:
+        raise OipError(400, f"{where}: no data (neither data nor parameters.binary_data_size)")
+    flat_list = _flatten(inp["data"], where)
+    count = math.prod(dims)
+    if len(flat_list) != count:
+        raise OipError(400, f"{where}: shape {dims} holds {count} values, data has {len(flat_list)}")
+    if name == "features":
+        if not all(type(v) in (int, float) for v in flat_list):
+            raise OipError(400, f"{where}: {datatype} data must be numbers")
+        arr = np.asarray(flat_list, dtype=np.float64)
+        if datatype == "FP32":  # the values the tensor holds, as a binary FP32 tensor would
+            with np.errstate(over="ignore"):  # out of FP32 range: inf, refused as non-finite
+                arr = arr.astype(np.float32).astype(np.float64)
+        return list(arr.reshape(dims))
+    if not all(isinstance(v, str) for v in flat_list):
+        raise OipError(400, f"{where}: BYTES data must be strings")
+    return [v.encode() for v in flat_list] if name == "text" else _base64(flat_list, where)
+
+
 def _parse_input(inp: Any, tail: bytes, offset: int) -> tuple[str, list[Any], int]:
     """(name, items as /v1 takes them, new offset into the binary tail) of one request input."""
     if not isinstance(inp, dict):
@@ -266,22 +287,7 @@ def _parse_input(inp: Any, tail: bytes, offset: int) -> tuple[str, list[Any], in
         else:
             values = _bytes_elements(chunk, where)
     else:
-        if "data" not in inp:
-            raise OipError(400, f"{where}: no data (neither data nor parameters.binary_data_size)")
-        flat_list = _flatten(inp["data"], where)
-        if len(flat_list) != count:
-            raise OipError(400, f"{where}: shape {dims} holds {count} values, data has {len(flat_list)}")
-        if name == "features":
-            if not all(type(v) in (int, float) for v in flat_list):
-                raise OipError(400, f"{where}: {datatype} data must be numbers")
-            arr = np.asarray(flat_list, dtype=np.float64)
-            if datatype == "FP32":  # the values the tensor holds, as a binary FP32 tensor would
-                arr = arr.astype(np.float32).astype(np.float64)
-            values = list(arr.reshape(dims))
-        else:
-            if not all(isinstance(v, str) for v in flat_list):
-                raise OipError(400, f"{where}: BYTES data must be strings")
-            values = [v.encode() for v in flat_list] if name == "text" else _base64(flat_list, where)
+        values = _json_values(inp, name, datatype, dims, where)
     if len(values) != n:
         raise OipError(400, f"{where}: shape {dims} holds {n} elements, the data has {len(values)}")
     if name == "text":

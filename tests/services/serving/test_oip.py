@@ -117,6 +117,7 @@ def test_infer_at_the_served_version_and_refusals(served: tuple[ServingServer, t
                          ({"inputs": [{**ok, "shape": [2, D]}]}, 400),
                          ({"inputs": [{**ok, "shape": [1, -D]}]}, 400),
                          ({"inputs": [{**ok, "data": ["x"] * D}]}, 400),
+                         ({"inputs": [{**ok, "data": [1e300] * D}]}, 400),  # inf as FP32: non-finite
                          ({"inputs": [ok], "outputs": [{"name": "logits"}]}, 400),
                          ({"inputs": [ok], "id": 5}, 400),
                          ({"inputs": []}, 400)):
