@@ -11,8 +11,9 @@ Each worker owns a :class:`WorkerMetrics` on its own :class:`~prometheus_client.
 - ``unlearn_<stage>_events_total{outcome}`` and other ``_total`` counters read at scrape time from
   the worker's own counters dict, so there is one count, not a copy to keep in step.
 - ``unlearn_<stage>_batch_duration_seconds``: a histogram of one poll's work.
-- ``unlearn_<stage>_checkpoint_age_seconds{topic,partition}``: seconds since the worker last made its
-  progress durable, read at scrape time from a callback the stage gives.
+- ``unlearn_<stage>_checkpoint_age_seconds{topic,partition}``: how long processed work has waited
+  to be made durable (seconds since the last checkpoint while some waits; 0 when none does), read
+  at scrape time from a callback the stage gives.
 - stage-specific histograms made with :meth:`WorkerMetrics.histogram`.
 
 ``serve(port)`` exposes the registry on ``/metrics`` (prometheus_client's WSGI server on a daemon
@@ -65,10 +66,16 @@ class WorkerMetrics:
         """A histogram ``unlearn_<stage>_<name>`` on this registry (``name`` carries the unit)."""
         return Histogram(f"unlearn_{self.stage}_{name}", documentation, buckets=buckets, registry=self.registry)
 
-    def count(self, counters: Mapping[str, int], outcomes: Mapping[str, str]) -> None:
+    def count(self, counters: Mapping[str, int], outcomes: Mapping[str, str],
+              names: Mapping[str, str] | None = None) -> None:
         """Export ``counters`` (the worker's own dict, read at scrape time): a key of ``outcomes``
-        as ``unlearn_<stage>_events_total{outcome=<its value>}``, any other as ``unlearn_<stage>_<key>_total``."""
-        self._collector.counters, self._collector.outcomes = counters, outcomes
+        as ``unlearn_<stage>_events_total{outcome=<its value>}``, any other as
+        ``unlearn_<stage>_<name>_total`` (``names[key]``, else the key itself)."""
+        names = dict(names or {})
+        clash = [k for k in counters if names.get(k, k) == "events" and k not in outcomes]
+        if clash:
+            raise ValueError(f"counter(s) {clash} would be named like the events family: rename them")
+        self._collector.counters, self._collector.outcomes, self._collector.names = counters, outcomes, names
 
     def checkpoint_ages(self, ages: Callable[[], Mapping[tuple[str, int], float]]) -> None:
         """Export ``ages()`` ((topic, partition) -> seconds since its last checkpoint) at every scrape."""
@@ -146,6 +153,7 @@ class _Counters(Collector):
         self.metrics = metrics
         self.counters: Mapping[str, int] = {}
         self.outcomes: Mapping[str, str] = {}
+        self.names: Mapping[str, str] = {}
         self.ages: Callable[[], Mapping[tuple[str, int], float]] = dict
 
     def collect(self) -> Iterator[Metric]:
@@ -157,14 +165,16 @@ class _Counters(Collector):
         yield events
         for key, value in sorted(counters.items()):
             if key not in self.outcomes:
-                yield CounterMetricFamily(f"{p}_{key}", f"{key} since the process started.", value=value)
+                name = self.names.get(key, key)
+                yield CounterMetricFamily(f"{p}_{name}", f"{name} since the process started.", value=value)
         lag = GaugeMetricFamily(f"{p}_consumer_lag", "Records not yet consumed, per topic partition "
                                 "(librdkafka statistics).", labels=["topic", "partition"])
         for (topic, part), n in sorted(self.metrics.lag().items()):
             lag.add_metric([topic, str(part)], n)
         yield lag
-        age = GaugeMetricFamily(f"{p}_checkpoint_age_seconds", "Seconds since the partition's progress was "
-                                "last made durable.", labels=["topic", "partition"])
+        age = GaugeMetricFamily(f"{p}_checkpoint_age_seconds", "Seconds since the partition's last checkpoint "
+                                "while processed work waits for the next (0: none waits).",
+                                labels=["topic", "partition"])
         try:
             ages = dict(self.ages())
         except RuntimeError:  # changed size during a rebalance: the next scrape reads it

@@ -234,9 +234,10 @@ class BatchProcessor:
         self._hook("after_offset_commit")
 
     def checkpoint_ages(self) -> dict[tuple[str, int], float]:
-        """(topic, partition) -> seconds since its offsets were last committed (its checkpoint)."""
-        now = time.monotonic()
-        return {tp: now - t for tp, t in list(self.committed_at.items())}
+        """(topic, partition) -> seconds since its offsets were last committed (its checkpoint)
+        while a batch waits to be settled; 0 when everything processed is committed."""
+        now, pending = time.monotonic(), self._inflight is not None
+        return {tp: now - t if pending else 0.0 for tp, t in list(self.committed_at.items())}
 
     def forget(self, partitions: Collection[tuple[str, int]]) -> None:
         """Partitions revoked: no checkpoint age of them any more."""

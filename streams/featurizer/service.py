@@ -377,7 +377,7 @@ class FeaturizerService:
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
         self.metrics = metrics or WorkerMetrics("featurizer")
-        self.metrics.count(self.stats, FEATURIZER_OUTCOMES)
+        self.metrics.count(self.stats, FEATURIZER_OUTCOMES, {"events": "events_judged"})
         self.metrics.checkpoint_ages(lambda: self.batches.checkpoint_ages() if self.batches is not None else {})
         self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
         self._consumer: Any = None

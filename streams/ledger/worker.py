@@ -611,8 +611,9 @@ class LedgerWorker:
         self.metrics = metrics or WorkerMetrics("ledger")
         self.stats = {"applied": 0, "skipped": 0, "deadletters": 0, "deletes_applied": 0, "head_updates": 0}
         self.metrics.count(self.stats, LEDGER_OUTCOMES)
+        # seconds the partition's processed messages have waited for a checkpoint (0: none waits)
         self.metrics.checkpoint_ages(lambda: {(self.deltas_topic, ps.partition): time.monotonic() - ps.last_checkpoint
-                                              for ps in self.owned})
+                                              if ps.pending else 0.0 for ps in self.owned})
         self.delete_lag = self.metrics.histogram(
             "delete_to_head_published_seconds", "From a delete's deltas message (its Kafka timestamp) to the "
             "production of the head update that applied it.")

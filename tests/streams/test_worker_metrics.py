@@ -51,6 +51,15 @@ def test_statistics_counters_and_ages_become_metrics() -> None:
     assert sample(got, "unlearn_ledger_events_total", outcome="applied") == 7
 
 
+def test_a_counter_named_like_the_events_family_is_renamed_or_refused() -> None:
+    m = WorkerMetrics("featurizer")
+    with pytest.raises(ValueError, match="events"):
+        m.count({"events": 1, "accepted": 1}, {"accepted": "accepted"})
+    m.count({"events": 2, "accepted": 1}, {"accepted": "accepted"}, {"events": "events_judged"})
+    families = [f.name for f in m.registry.collect()]
+    assert len(families) == len(set(families)) and "unlearn_featurizer_events_judged" in families
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
