@@ -7,8 +7,6 @@ served and malformed requests are refused with ``{"error": ...}`` and the right 
 from __future__ import annotations
 
 import dataclasses
-import json
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -132,22 +130,39 @@ def test_infer_at_the_served_version_and_refusals(served: tuple[ServingServer, t
     assert got == 200 and [o["name"] for o in out["outputs"]] == ["variance"]
 
 
-def test_a_text_head_declares_a_bytes_input() -> None:
-    """Metadata follows the head's contract: a text head takes BYTES ``text``."""
+def test_a_text_head_takes_bytes_and_answers_as_v1() -> None:
+    """Metadata follows the head's contract: a text head takes BYTES ``text`` (UTF-8), embedded by
+    its backbone exactly as /v1 embeds it; a features tensor is refused, as on /v1."""
+    from unlearn.features.backbones import backbone_info
     from unlearn.services.serving.oip import input_kind_of
 
-    contract = HeadContract(head_id="t", version=1, dimension=D, backbone="minilm", input_kind="text",
+    d = backbone_info("minilm").dim
+    assert d is not None
+    contract = HeadContract(head_id="t", version=1, dimension=d, backbone="minilm", input_kind="text",
                             normalization="l2", feature_bound=1.0, frac_bits=30, label_frac_bits=0,
                             label_kind="class", gamma=1.0, n_classes=C)
     store = HeadStore()
-    store.offer(make_head(1, head="t"))
+    store.offer(make_head(1, head="t", d=d))
     served_t = store.get("t")
-    assert served_t is not None
-    assert input_kind_of(Settings(), served_t, {"t": contract}) == "text"
+    assert served_t is not None and input_kind_of(Settings(), served_t, {"t": contract}) == "text"
+    texts = ["the cat sat on the mat", "stock prices fell sharply", "ünïcödé wörks too"]
     with ServingServer(Settings(), follow=False, store=store, contracts={"t": contract}) as srv:
-        with urllib.request.urlopen(f"{srv.url}/v2/models/t") as resp:
-            meta = json.loads(resp.read())
-        got, err = http("POST", f"{srv.url}/v2/models/t/infer",
-                        {"inputs": [{"name": "features", "shape": [1, D], "datatype": "FP32", "data": [1.0] * D}]})
+        client = triton.InferenceServerClient(url=srv.url.removeprefix("http://"), network_timeout=60)
+        try:
+            meta = client.get_model_metadata("t")
+            got = {}
+            for binary in (True, False):
+                inp = triton.InferInput("text", [len(texts)], "BYTES")
+                inp.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=binary)
+                got[binary] = client.infer("t", [inp]).as_numpy("scores")
+        finally:
+            client.close()
+        status, v1 = http("POST", f"{srv.url}/v1/heads/t/predict", {"text": texts}, timeout=60)
+        refused, err = http("POST", f"{srv.url}/v2/models/t/infer",
+                            {"inputs": [{"name": "features", "shape": [1, d], "datatype": "FP32", "data": [1.0] * d}]})
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-    assert got == 400 and "backbone_mismatch" in err["error"]
+    assert status == 200
+    want = np.array([[np.nan if v is None else v for v in p["scores"]] for p in v1["predictions"]])
+    np.testing.assert_array_equal(got[True], want)
+    np.testing.assert_array_equal(got[False], want)
+    assert refused == 400 and "backbone_mismatch" in err["error"]
