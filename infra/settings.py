@@ -422,6 +422,20 @@ class HeadSettings(Section):
 
 
 @dataclass(frozen=True)
+class MetricsSettings(Section):
+    """Where a stream worker (featurizer, ledger) serves its Prometheus /metrics (infra/worker_metrics.py)."""
+
+    title: ClassVar[str] = "metrics"
+
+    metrics_port: int = setting(-1, "featurizer/ledger: serve /metrics on this port (-1 = off, 0 = any free port)")
+    metrics_host: str = setting("127.0.0.1", "featurizer/ledger: the /metrics listen address")
+
+    def check(self) -> None:
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"UNLEARN_METRICS_PORT must be in -1..65535, got {self.metrics_port}")
+
+
+@dataclass(frozen=True)
 class LocalBrokerSettings(Section):
     """Where the local broker's binaries are."""
 

@@ -37,21 +37,33 @@ def _ledger_main(argv: list[str]) -> int:
     import argparse
 
     from unlearn.infra.cli_args import add_worker_args, settings_from_args, setup_logging
-    from unlearn.infra.settings import ErasureSettings, HeadSettings
+    from unlearn.infra.settings import ErasureSettings, HeadSettings, MetricsSettings
     from unlearn.streams.ledger.settings import LedgerSettings
 
     ap = argparse.ArgumentParser(prog="unlearn ledger", description="Run one ledger processor worker.")
-    add_worker_args(ap, HeadSettings, LedgerSettings, ErasureSettings)
+    add_worker_args(ap, HeadSettings, LedgerSettings, ErasureSettings, MetricsSettings)
     ap.add_argument("--worker-id", default="ledger-0", help="names this worker in logs and as its Kafka client.id")
+    ap.add_argument("--metrics-port", type=int,
+                    help="serve Prometheus /metrics on this port (default: UNLEARN_METRICS_PORT; -1: off)")
     args = ap.parse_args(argv)
     setup_logging(args.loglevel)
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, metrics_port=args.metrics_port)
     except ValueError as exc:  # no broker (CliUsageError) or invalid settings
         ap.error(str(exc))
+    from unlearn.infra.worker_metrics import WorkerMetrics
     from unlearn.streams.ledger.worker import run_ledger_worker
 
-    return run_ledger_worker(settings, args.worker_id, args.loglevel)
+    metrics, where = WorkerMetrics("ledger"), MetricsSettings.of(settings)
+    if where.metrics_port >= 0:
+        try:
+            metrics.serve(where.metrics_port, where.metrics_host)
+        except OSError as exc:
+            ap.error(f"cannot serve /metrics on {where.metrics_host}:{where.metrics_port}: {exc}")
+    try:
+        return run_ledger_worker(settings, args.worker_id, args.loglevel, metrics)
+    finally:
+        metrics.close()
 
 
 def _broker_main(argv: list[str]) -> int:

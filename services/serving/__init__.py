@@ -3,7 +3,8 @@
 Modules, one concept each: ``predict`` (what serving holds and how it predicts, no I/O: the
 served heads, swapped atomically, and request body -> featurized inputs -> scores and variance),
 ``http`` (the I/O side: the aiohttp app and an in-process server, the heads follower that fills
-the store, and the Prometheus metrics, one registry per app), ``cli`` (``serve_main``),
+the store, and the Prometheus metrics, one registry per app), ``oip`` (the Open Inference Protocol v2
+routes on the same store), ``cli`` (``serve_main``),
 ``settings``; ``openapi.json`` documents the HTTP API.
 """
 

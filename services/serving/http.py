@@ -3,7 +3,8 @@ and its Prometheus metrics.
 
 **The app.** Endpoints (``openapi.json`` next to this module is their document, served at
 ``GET /openapi.json``; docs/serving.md): ``POST /v1/heads/{head}/predict``, ``GET /v1/heads/{head}``,
-``GET /v1/heads``, ``GET /healthz``, ``GET /metrics``. Every handler reads the served head ONCE from
+``GET /v1/heads``, ``GET /healthz``, ``GET /metrics``, and the Open Inference Protocol v2 under
+``/v2`` (module ``oip``). Every handler reads the served head ONCE from
 the store and answers from that reference only, so a response never mixes two head versions.
 
 **The heads follower** (:class:`HeadsFollower`): every head update, from the beginning, offered to
@@ -48,6 +49,7 @@ from unlearn.infra.registry import ContractSource, RegistryView, contract_at
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.schemas.head import CodecError, decode_head, head_to_json
+from unlearn.services.serving.oip import OipState, add_oip_routes
 from unlearn.services.serving.predict import (
     MAX_TOP_K,
     HeadStore,
@@ -453,6 +455,8 @@ def build_app(settings: Settings, *, store: HeadStore | None = None, follow: boo
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/openapi.json", _openapi)
+    add_oip_routes(app, OipState(settings, st, app[_CONTRACTS], app[_POOL],
+                                 ready=lambda: follower is None or follower.caught_up.is_set()))
     return app
 
 
@@ -495,11 +499,11 @@ class ServingServer:
     """
 
     def __init__(self, settings: Settings, host: str = "127.0.0.1", port: int = 0, *, follow: bool = True,
-                 store: HeadStore | None = None) -> None:
+                 store: HeadStore | None = None, contracts: ContractSource | None = None) -> None:
         self.settings = settings
         self.host = host
         self.port = port
-        self.app = build_app(settings, store=store, follow=follow)
+        self.app = build_app(settings, store=store, follow=follow, contracts=contracts)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()

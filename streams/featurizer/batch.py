@@ -175,6 +175,7 @@ class BatchProcessor:
         self.consumer, self.delivery, self.router, self.partitions = consumer, delivery, router, partitions
         self.registry, self.encoder, self.auth, self.erasure = registry, encoder, auth, erasure
         self.fault, self.stats = fault, stats
+        self.committed_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> last offset commit
         self._inflight: _Inflight | None = None
 
     def _hook(self, point: str) -> None:
@@ -226,8 +227,22 @@ class BatchProcessor:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:  # e.g. a rebalance in progress: the cache is authoritative, re-forwards are dropped
             log.warning("offset commit failed (harmless: the cache has its offsets, copies are dropped): %s", exc)
+        else:
+            now = time.monotonic()
+            self.committed_at.update({(tp.topic, tp.partition): now for tp in offsets})
         self.stats["batches"] += 1
         self._hook("after_offset_commit")
+
+    def checkpoint_ages(self) -> dict[tuple[str, int], float]:
+        """(topic, partition) -> seconds since its offsets were last committed (its checkpoint)
+        while a batch waits to be settled; 0 when everything processed is committed."""
+        now, pending = time.monotonic(), self._inflight is not None
+        return {tp: now - t if pending else 0.0 for tp, t in list(self.committed_at.items())}
+
+    def forget(self, partitions: Collection[tuple[str, int]]) -> None:
+        """Partitions revoked: no checkpoint age of them any more."""
+        for tp in partitions:
+            self.committed_at.pop(tp, None)
 
     def _featurize(self, records: list[Any]) -> dict[int, int]:
         """Judge by-head records per partition through the outbox (module docstring, steps 1-4);

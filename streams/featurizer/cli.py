@@ -16,7 +16,7 @@ from typing import Any
 
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.log_position import StaleStateError
-from unlearn.infra.settings import ErasureSettings, HeadSettings
+from unlearn.infra.settings import ErasureSettings, HeadSettings, MetricsSettings
 from unlearn.streams.featurizer.service import FeaturizerService
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``unlearn featurizer`` options: the shared worker options (``add_worker_args``) plus the
     featurizer's own."""
     parser = argparse.ArgumentParser(prog="unlearn featurizer", description=(__doc__ or "").splitlines()[0])
-    add_worker_args(parser, HeadSettings, FeaturizerSettings, ErasureSettings)
+    add_worker_args(parser, HeadSettings, FeaturizerSettings, ErasureSettings, MetricsSettings)
     parser.add_argument("--group", help="consumer group (default: <prefix>featurizer[.<client-id>])")
     parser.add_argument("--federated", action="store_true",
                         help="data-owner site: send only packed exact statistics per micro-batch")
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, help="events per micro-batch (default: UNLEARN_BATCH_MAX_EVENTS)")
     parser.add_argument("--max-ms", type=int, help="micro-batch time bound (default: UNLEARN_BATCH_MAX_MS)")
     parser.add_argument("--device", help="auto | cpu | cuda[:N] (default: UNLEARN_DEVICE)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve Prometheus /metrics on this port (default: UNLEARN_METRICS_PORT; -1: off)")
     return parser
 
 
@@ -66,7 +68,7 @@ def featurizer_main(argv: Sequence[str] | None = None) -> int:
 
 def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
     try:
-        settings = settings_from_args(args, device=args.device)
+        settings = settings_from_args(args, device=args.device, metrics_port=args.metrics_port)
     except ValueError as exc:
         return cli_exit_code(exc)
     try:
@@ -91,6 +93,14 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         return 0
     service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.topics.requests,
                                          routed_topic=service.topics.by_head, data_dir=str(settings.data_dir))
+    metrics = MetricsSettings.of(settings)
+    if metrics.metrics_port >= 0:
+        try:  # before run: the consumer it makes feeds the lag gauges
+            service.metrics.serve(metrics.metrics_port, metrics.metrics_host)
+        except OSError as exc:
+            print(f"error: cannot serve /metrics on {metrics.metrics_host}:{metrics.metrics_port}: {exc}",
+                  file=sys.stderr)
+            return 2
     try:
         return service.run(stop)
     except StaleStateError as exc:  # a restart would not help: the operator must decide
@@ -99,6 +109,8 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
     except Exception as exc:  # fatal: report and exit non-zero (a restart resumes from the cache)
         log.error("featurizer failed: %s", exc, exc_info=True)
         return 1
+    finally:
+        service.metrics.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

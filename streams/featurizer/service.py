@@ -38,6 +38,7 @@ from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds
 from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topics import ensure_topic, raw_input_config
+from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.schemas.envelope import source_stream
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
@@ -321,6 +322,11 @@ def _topics(settings: Settings, config: CoreConfig) -> Topics:
                   origin_stream=source_stream(config.requests_topic, settings.topic_prefix))
 
 
+#: The featurizer's counters that are outcomes of a request event (``unlearn_featurizer_events_total``).
+FEATURIZER_OUTCOMES = {"accepted": "accepted", "deadletters": "dead_lettered", "reforwarded": "dropped_copy",
+                       "gaps": "dropped_gap"}
+
+
 class FeaturizerService:
     """One featurizer process: a consumer group member on the requests topic (routing) and its
     by-head topic (featurizing).
@@ -346,6 +352,7 @@ class FeaturizerService:
         encoder: Encoder | None = None,
         fault: FaultHook | None = None,
         on_ready: ReadyHook | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         if federated and not client_id:
             raise ValueError("--federated needs --client-id (the data owner this site serves)")
@@ -369,6 +376,9 @@ class FeaturizerService:
         self.auth = AuthGate(settings) if settings.auth_mode == "signed" else None
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
                       "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
+        self.metrics = metrics or WorkerMetrics("featurizer")
+        self.metrics.count(self.stats, FEATURIZER_OUTCOMES, {"events": "events_judged"})
+        self.metrics.checkpoint_ages(lambda: self.batches.checkpoint_ages() if self.batches is not None else {})
         self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
         self._consumer: Any = None
         self._producer: Any = None
@@ -386,12 +396,8 @@ class FeaturizerService:
         clean = False
         try:
             self._start()
-            last_report = time.monotonic()
             while not stop.is_set():
                 self._turn(stop)
-                if time.monotonic() - last_report > 30:
-                    log.info("featurizer stats %s", self.stats)
-                    last_report = time.monotonic()
             assert self.batches is not None
             self.batches.settle()
             clean = True
@@ -407,7 +413,7 @@ class FeaturizerService:
         # linger.ms=0: a batch's phase 1 (the deltas) leaves when produced; the flush(0) after it does
         # not beat librdkafka's linger (delivery.deliver_overlapped).
         self._producer = Producer(producer_config(s, **{"linger.ms": 0}))
-        self._consumer = Consumer(consumer_config(s, self.group))
+        self._consumer = Consumer({**consumer_config(s, self.group), **self.metrics.consumer_settings()})
         t = self.topics
         if FeaturizerSettings.of(s).seal_rows and t.changelog is not None:  # with transit keys (docs/erasure.md s.5)
             self.erasure = Erasure(s, self.config.deltas_topic, t.requests, t.by_head,
@@ -442,7 +448,8 @@ class FeaturizerService:
         assert self.batches is not None and self.partitions is not None
         batch = self.window.poll(self._consumer, stop, self._check_fatal)
         if batch:
-            self.batches.process(batch)
+            with self.metrics.timed():
+                self.batches.process(batch)
         else:
             self.batches.settle()
         if self.erasure is not None:
@@ -510,6 +517,7 @@ class FeaturizerService:
             self._fatal = exc
         gone = {(tp.topic, tp.partition) for tp in partitions}
         self.window.drop(gone)  # not yet processed: the next owner reads them again
+        self.batches.forget(gone)
         for topic, p in gone:
             if topic == self.topics.by_head:
                 self.partitions.revoke(p)

@@ -78,6 +78,7 @@ from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
 from unlearn.infra.registry import RegistryView, read_contracts
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import TopicReadError
+from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
@@ -223,10 +224,13 @@ class PollOutputs:
 
     heads: dict[str, tuple[int, HeadRuntime]] = field(default_factory=dict)
     outcomes: dict[str, list[ApplyOutcome]] = field(default_factory=dict)
+    record_ts: float = 0.0  # the Kafka timestamp (s) of the message being folded
+    delete_ts: list[float] = field(default_factory=list)  # one per applied delete: its message's timestamp
 
     def add(self, part: int, head: HeadRuntime, outcome: ApplyOutcome) -> None:
         self.heads[head.head_id] = (part, head)
         self.outcomes.setdefault(head.head_id, []).append(outcome)
+        self.delete_ts += [self.record_ts] * len(outcome.deletes)
 
 
 def head_update(head: HeadRuntime, mode: HeadMode | None = None, *, posterior: bool = False) -> HeadUpdate:
@@ -250,8 +254,10 @@ def head_update(head: HeadRuntime, mode: HeadMode | None = None, *, posterior: b
 class Outputs:
     """The worker's producer and the rules of what it sends (module docstring)."""
 
-    def __init__(self, settings: Settings, producer: Any, store: ChangelogStore) -> None:
+    def __init__(self, settings: Settings, producer: Any, store: ChangelogStore,
+                 stats: dict[str, int] | None = None) -> None:
         self.settings = settings
+        self.stats = stats if stats is not None else {}  # counts its dead letters (the worker's metrics)
         self.producer = producer
         self.store = store  # names each partition's current heads topic and counts its bytes
         self.deltas_topic = settings.topic("deltas")
@@ -311,6 +317,7 @@ class Outputs:
         key = head.head_id.encode()
         self.produce(self.store.heads_topic(part), key, value)
         self.store.count_head_bytes(part, len(key) + len(value))
+        self.stats["head_updates"] = self.stats.get("head_updates", 0) + 1
         return True
 
     def publish_poll(self, poll: PollOutputs) -> None:
@@ -363,6 +370,7 @@ class Outputs:
 
     def deadletter(self, rec: DeadLetter) -> None:
         log.warning("deadletter %s: %r", rec.reason, rec.detail)
+        self.stats["deadletters"] = self.stats.get("deadletters", 0) + 1
         value = encode_deadletter_bounded(rec, self.settings.max_message_bytes)
         self.produce(self.deadletter_topic, rec.key or b"", value)
 
@@ -586,17 +594,30 @@ class Checkpointer:
             log.debug("commit of partition %d floor %d: %s", part, floor, exc)
 
 
+#: The ledger's counters that are outcomes of a deltas message (``unlearn_ledger_events_total``).
+LEDGER_OUTCOMES = {"applied": "applied", "skipped": "skipped_redelivered"}
+
+
 class LedgerWorker:
     """One ledger worker process (one consumer-group member): the poll loop (module docstring)."""
 
-    def __init__(self, settings: Settings, worker_id: str = "ledger-0") -> None:
+    def __init__(self, settings: Settings, worker_id: str = "ledger-0", metrics: WorkerMetrics | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.settings = settings
         self.worker_id = worker_id
         self.deltas_topic = settings.topic("deltas")
         self.group = f"{settings.topic_prefix}ledger"
-        self.consumer = Consumer(consumer_config(settings, self.group, **{
+        self.metrics = metrics or WorkerMetrics("ledger")
+        self.stats = {"applied": 0, "skipped": 0, "deadletters": 0, "deletes_applied": 0, "head_updates": 0}
+        self.metrics.count(self.stats, LEDGER_OUTCOMES)
+        # seconds the partition's processed messages have waited for a checkpoint (0: none waits)
+        self.metrics.checkpoint_ages(lambda: {(self.deltas_topic, ps.partition): time.monotonic() - ps.last_checkpoint
+                                              if ps.pending else 0.0 for ps in self.owned})
+        self.delete_lag = self.metrics.histogram(
+            "delete_to_head_published_seconds", "From a delete's deltas message (its Kafka timestamp) to the "
+            "production of the head update that applied it.")
+        self.consumer = Consumer(consumer_config(settings, self.group, **self.metrics.consumer_settings(), **{
             "client.id": worker_id,
             # Eager rebalances: every partition is checkpointed and given up, then reassigned and
             # rebuilt from its checkpoint. Simple to reason about; rebuilding costs the state size.
@@ -608,7 +629,7 @@ class LedgerWorker:
         self.store = ChangelogStore(settings)
         self.contracts = ContractGammas(settings)
         self.owned = OwnedPartitions()
-        self.outputs = Outputs(settings, self.producer, self.store)
+        self.outputs = Outputs(settings, self.producer, self.store, self.stats)
         self.tuning = LedgerSettings.of(settings)
         config = HeadConfig(HeadSettings.of(settings).gamma, self.tuning.reset_every_events,
                             self.tuning.drift_threshold)
@@ -632,10 +653,13 @@ class LedgerWorker:
             while not self.stopping:
                 msgs = self._poll()
                 self._raise_if_fatal()
+                started = time.perf_counter()
                 poll = PollOutputs()
                 for m in msgs:
                     self._on_message(m, poll)
                 self._publish_poll(poll)  # before any checkpoint can cover these messages
+                if msgs:
+                    self.metrics.batch_duration.observe(time.perf_counter() - started)
                 self.outputs.serve()
                 self._timed_resets()
                 for part, erasure in self.checkpointer.due(self.owned):
@@ -676,13 +700,21 @@ class LedgerWorker:
             return
         ps = self.owned.get(m.partition())
         if ps is None or m.offset() < ps.next_offset:
+            self.stats["skipped"] += 1
             return  # not ours (any more), or already covered by the partition's state
         ps.next_offset = m.offset() + 1
         ps.pending += 1
+        poll.record_ts = m.timestamp()[1] / 1000.0
         self.fold.fold(ps, m.offset(), m.key(), m.value() or b"", poll)
 
     def _publish_poll(self, poll: PollOutputs) -> None:
         self.outputs.publish_poll(poll)
+        now = time.time()
+        for ts in poll.delete_ts:
+            if ts > 0:  # a message without a timestamp (-1) says nothing of its lag
+                self.delete_lag.observe(max(0.0, now - ts))
+        self.stats["applied"] += sum(len(o) for o in poll.outcomes.values())
+        self.stats["deletes_applied"] += len(poll.delete_ts)
 
     def _timed_resets(self) -> None:
         """Canonical heads on a clock: a fast head older than ``reset_every_seconds`` is reset
@@ -752,7 +784,8 @@ class LedgerWorker:
             self.owned.drop(tp.partition)
 
 
-def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info") -> int:
+def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info",
+                      metrics: WorkerMetrics | None = None) -> int:
     """Run one ledger worker until SIGINT/SIGTERM; 0 on a clean stop, 2 on state that does not
     match the log (the message names the mismatch)."""
     from threadpoolctl import threadpool_limits
@@ -763,7 +796,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
     # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).
     with threadpool_limits(limits=LedgerSettings.of(settings).ledger_blas_threads, user_api="blas"):
         create_topics(settings)
-        worker = LedgerWorker(settings, worker_id)
+        worker = LedgerWorker(settings, worker_id, metrics)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
         try:

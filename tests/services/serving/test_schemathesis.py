@@ -135,6 +135,26 @@ def test_every_response_of_every_route_validates_against_the_document(live_servi
     # the run reached the real head and refused what breaks the document
     assert seen[("GET /v1/heads/{head}", 200)] and seen[("GET /healthz", 200)], seen
     assert seen[("POST /v1/heads/{head}/predict", 200)] or seen[("POST /v1/heads/{head}/predict", 400)], seen
+    # the Open Inference Protocol routes on the real head, at its served version, asked explicitly
+    # (generated cases mostly name unknown heads and versions): their answers validate too
+    version = str(http("GET", f"{url}/v1/heads/{HEAD}")[1]["version"])
+    h, at = {"head": HEAD}, {"head": HEAD, "version": version}
+    binary = {"parameters": {"binary_data_output": True}}
+    rows = {"inputs": [{"name": "features", "shape": [2, D], "datatype": "FP32", "data": [0.6, 0.8, 1.0, 0.0]}]}
+    for label, params, body, want in (
+            ("GET /v2", {}, None, 200), ("GET /v2/health/live", {}, None, 200),
+            ("GET /v2/health/ready", {}, None, 200), ("GET /v2/models/{head}", h, None, 200),
+            ("GET /v2/models/{head}/versions/{version}", at, None, 200),
+            ("GET /v2/models/{head}/ready", h, None, 200),
+            ("GET /v2/models/{head}/versions/{version}/ready", {**at, "version": "0"}, None, 404),
+            ("POST /v2/models/{head}/infer", h, rows, 200),
+            ("POST /v2/models/{head}/versions/{version}/infer", at, {**rows, **binary}, 200),
+            ("POST /v2/models/{head}/versions/{version}/infer", {**at, "version": "0"}, rows, 404)):
+        op = schema.find_operation_by_label(label)
+        assert op is not None, label
+        case = op.Case(path_parameters=params or None, **({"body": body} if body is not None else {}))
+        response = case.call_and_validate(base_url=url, excluded_checks=[positive_data_acceptance], timeout=10)
+        assert response.status_code == want, (label, response.status_code, response.text[:300])
 
 
 def test_invalid_query_values_are_refused_and_predictions_skip_classes_without_samples(live_serving: str) -> None:
