@@ -111,6 +111,7 @@ import orjson
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from unlearn.features.backbones import BackboneError, backbone_cache_key
+from unlearn.features.backbones.images import image_pixels
 from unlearn.features.contract import (
     BatchQuantizer,
     FeatureRejected,
@@ -140,6 +141,7 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
+from unlearn.streams.featurizer.events import ERASED, EventKey, EventMark, request_fingerprint
 from unlearn.streams.featurizer.model import (
     _DELETE_OPS,
     STAGE,
@@ -178,6 +180,9 @@ __all__ = [
     "base_tombstones",
     "named_samples",
     "named_tombstones",
+    "named_events",
+    "expired_events",
+    "judge_event",
     "auto_contract",
     "auto_contracts",
     "check_contract",
@@ -383,6 +388,45 @@ def named_tombstones(reqs: Iterable[Request | InvalidRequest]) -> list[TombName]
     return out
 
 
+def named_events(reqs: Iterable[Request | InvalidRequest]) -> list[EventKey]:
+    """The (head, event id) pairs of a batch's valid requests (the event-id marks they look up)."""
+    return [(r.head_id, r.event_id) for r in reqs if isinstance(r, Request)]
+
+
+def expired_events(cache: object, policy: TombstonePolicy, now: float) -> tuple[EventKey, ...]:
+    """Event-id marks past the tombstone retention (at most :data:`EXPIRE_PER_BATCH`; an add's
+    mark stays while its sample is cached), from a cache that lists them; none when nothing expires."""
+    horizon = policy.horizon_us(seconds_to_us(now))
+    lister = getattr(cache, "expired_events", None)
+    if horizon is None or lister is None:
+        return ()
+    return tuple(lister(horizon, EXPIRE_PER_BATCH))
+
+
+def judge_event(r: Request, view: Overlay) -> bytes:
+    """The request's meaning fingerprint (``events.py``), once checked against what its event id
+    already meant in its head: raises :class:`FeatureRejected` ``event_id_conflict`` (another
+    meaning) or ``duplicate_event`` (the same: a resend). An add of a sample still cached goes on
+    to be refused ``duplicate_add``, as every add of a cached sample is."""
+    fp = request_fingerprint(r)
+    seen = view.get_event(r.head_id, r.event_id)
+    if seen is None:
+        return fp
+    if seen.fingerprint == ERASED:
+        raise FeatureRejected("event_id_erased",
+                              f"event {r.event_id!r} of head {r.head_id!r} named an add whose sample was deleted "
+                              "since: its meaning was erased with it, so no request may reuse the id")
+    if seen.fingerprint != fp:
+        raise FeatureRejected("event_id_conflict",
+                              f"event {r.event_id!r} of head {r.head_id!r} already took effect as another request "
+                              f"(dated {seen.event_us / 1e6:.6f}): an event id names one request")
+    if r.op == "add" and r.sample_id is not None and view.get_sample(r.head_id, r.sample_id) is not None:
+        return fp
+    raise FeatureRejected("duplicate_event",
+                          f"event {r.event_id!r} of head {r.head_id!r} already took effect with this meaning "
+                          f"(dated {seen.event_us / 1e6:.6f}): a resend, without effect")
+
+
 def base_tombstones(base: object, name: TombName) -> list[Tombstone]:
     """``base.tombstones(*name)``, or none when ``base`` keeps no tombstones (a test's cache)."""
     get = getattr(base, "tombstones", None)
@@ -403,7 +447,8 @@ class BatchView:
     when ``base`` is a :class:`BulkCacheView`), heads memoized; anything else is asked of
     ``base``. Only valid while ``base`` does not change (the judging of one batch)."""
 
-    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = ()) -> None:
+    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = (),
+                 events: Iterable[EventKey] = ()) -> None:
         self.base = base
         wanted = set(keys)
         names = set(tombs)
@@ -416,6 +461,12 @@ class BatchView:
         self._samples: dict[tuple[str, str], CachedSample | None] = {k: found.get(k) for k in wanted}
         self._tombs: dict[TombName, list[Tombstone]] = {n: list(marks.get(n, ())) for n in names}
         self._heads: dict[str, HeadInfo | None] = {}
+        get_events = getattr(base, "get_events", None)
+        self._events: dict[EventKey, EventMark] = dict(get_events(set(events))) if get_events is not None else {}
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None:
+        """The event-id mark of (head, event id), fetched with the batch (``events.py``)."""
+        return self._events.get((head_id, event_id))
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         key = (head_id, sample_id)
@@ -448,6 +499,17 @@ class Overlay:
         self.heads: dict[str, HeadInfo] = {}
         self.tombs: dict[TombstoneKey, Tombstone] = {}  # put in this batch
         self.expired: tuple[TombstoneKey, ...] = ()  # dropped in this batch (retention)
+        self.events: dict[EventKey, EventMark] = {}  # event-id marks put in this batch
+        self.expired_events: tuple[EventKey, ...] = ()  # marks dropped in this batch (retention)
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None:
+        """What (head, event id) already meant: this batch's mark, else the cache's (none when the
+        cache keeps no marks: a test's)."""
+        key = (head_id, event_id)
+        if key in self.events:
+            return self.events[key]
+        get = getattr(self.base, "get_event", None)
+        return None if get is None else get(head_id, event_id)
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         key = (head_id, sample_id)
@@ -491,6 +553,8 @@ class Overlay:
             put_heads=tuple(self.heads.values()),
             put_tombstones=tuple(self.tombs.values()),
             drop_tombstones=tuple(k for k in self.expired if k not in self.tombs),
+            put_events=tuple(self.events.values()),
+            drop_events=tuple(k for k in self.expired_events if k not in self.events),
         )
 
 
@@ -762,6 +826,12 @@ def route_adds(reqs: Sequence[Request | InvalidRequest],
         elif isinstance(r.input, TextInput):
             groups.setdefault(name, []).append((i, r.input.text))
         elif isinstance(r.input, ImageInput):
+            pixels = image_pixels(r.input.data)
+            budget = config.featurizer.max_image_pixels
+            if pixels is not None and pixels > budget:  # checked on the header, before anything is decoded
+                encoded.features[i] = FeatureRejected(
+                    "image_too_large", f"the image declares {pixels} pixels, above UNLEARN_MAX_IMAGE_PIXELS={budget}")
+                continue
             groups.setdefault(name, []).append((i, r.input.data))
     return encoded, groups
 
@@ -925,6 +995,8 @@ class Judgement:
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
+            # The add's event id stays taken, its meaning (a hash of the input) goes with the sample.
+            self.overlay.events[(head_id, cs.event_id)] = EventMark(head_id, cs.event_id, ERASED, cs.event_us)
             hr.add(-1, event_id, replace(cs, event_us=event_us, client_id=scope), by_subject)
         self.accepted += 1
 
@@ -963,26 +1035,31 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
             if config.federated and r.client_id != config.client_id:
                 raise FeatureRejected("wrong_client",
                                f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
+            fp = judge_event(r, j.overlay)
             if r.op == "add":
                 t_add = judge_remove_wins(r, m, j.overlay, config.tombstones, ts)
                 cs, head, new_head = judge_add(r, encoded.features.get(i), encoded.backbones.get(i), j.overlay,
                                                config, quantize)
                 j.accept_add(r.event_id, replace(cs, event_us=t_add), head, new_head)
+                j.overlay.events[(r.head_id, r.event_id)] = EventMark(r.head_id, r.event_id, fp, t_add, cs.sample_id)
             else:
-                judge_remove(j, r, m, config, ts, client)
+                t_del = judge_remove(j, r, m, config, ts, client)
+                j.overlay.events[(r.head_id, r.event_id)] = EventMark(r.head_id, r.event_id, fp, t_del)
         except FeatureRejected as rej:
-            j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
+            dl, receipt = refusal(m, r, rej.reason, rej.detail, config, ts)
+            # A resend gets no receipt of its own: the first judgement's receipt answers its event id.
+            j.refuse(dl, None if rej.reason == "duplicate_event" else receipt)
     return j
 
 
 def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now: float,
-                 client: ClientRecord | None) -> None:
+                 client: ClientRecord | None) -> int:
     """A delete or delete_subject: remove what was cached at or before its event time (a
     ``-q`` row each, the ledger's applied receipt follows), and leave its tombstone (the
     deleting client's only, unless it may delete others' samples; not kept when older than the
     retention, when adds that old are refused anyway); when nothing was removed, a
     ``tombstoned`` receipt says so. Raises :class:`FeatureRejected` (``subject_mismatch``,
-    ``not_owner``): then nothing is removed and no tombstone left."""
+    ``not_owner``): then nothing is removed and no tombstone left. Returns its event time."""
     policy = config.tombstones
     t_del = delete_event_time(r, m.timestamp_ms, now, policy)
     gone = judge_delete(r, j.overlay, t_del) if r.op == "delete" else judge_delete_subject(r, j.overlay, t_del)
@@ -995,10 +1072,11 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
             j.overlay.put_tombstone(t)
     if gone:
         j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject", scope)
-        return
+        return t_del
     expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
     j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
                                         t_del / 1e6, expires, now, scope or None))
+    return t_del
 
 
 # --------------------------------------------------------------------------- step 4: assemble
@@ -1090,9 +1168,11 @@ def featurize_batch(
     reqs = open_sealed(parse_batch(fresh), transit, config.featurizer.require_sealed_input)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
-    view = BatchView(cache, named_samples(reqs), named_tombstones(reqs))  # one cache lookup per batch, not per event
+    view = BatchView(cache, named_samples(reqs), named_tombstones(reqs),  # one cache lookup per batch, not per event
+                     named_events(reqs))
     judged = judge_batch(fresh, reqs, encoded, view, config, ts, screened)
     judged.overlay.expired = expired_tombstones(cache, config.tombstones, ts)
+    judged.overlay.expired_events = expired_events(cache, config.tombstones, ts)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

@@ -1,0 +1,201 @@
+"""Event-id memory: one event id of a head means one request (docs/featurizer.md, "Event ids").
+
+Receipts, dead letters and an at-least-once producer's retries name a request by its event id,
+so the featurizer remembers, per head, the meaning of every request that took effect (an accepted
+add, a delete applied or tombstoned) under its event id, as a :func:`request_fingerprint`:
+
+- the same event id with the same meaning again is a **duplicate**: no effect, dead-lettered
+  ``duplicate_event`` (an add of a sample still cached keeps its older reason, ``duplicate_add``);
+- the same event id with another meaning is a **conflict**: refused, ``event_id_conflict``,
+  whatever the partition, producer or time between.
+
+The memory is cache state like tombstones: a ``events`` table next to them, the ``event/``
+records of the ``featurizer-cache`` changelog, committed with its batch (so it survives restarts
+and rebalances). A delete that removes a sample erases its add's fingerprint (``event_id_erased``
+refuses the id from then on). It is bounded: a mark is dropped once its event time is older than the tombstone
+retention (``UNLEARN_TOMBSTONE_RETENTION_SECONDS``; 0 keeps marks for ever), except that an add's
+mark stays while its sample is cached. Nothing here touches Kafka; :class:`EventTable` is the
+sqlite side, used by ``cache.FeatureCache``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput
+
+__all__ = [
+    "ERASED",
+    "EVENT_REASONS",
+    "EVENTS_SCHEMA",
+    "EventKey",
+    "EventMark",
+    "EventTable",
+    "decode_event",
+    "encode_event",
+    "event_key",
+    "parse_event_key",
+    "request_fingerprint",
+]
+
+#: (head, event id): the scope of an event id is its head (receipts name both).
+EventKey = tuple[str, str]
+
+ERASED = bytes(32)
+"""The fingerprint of an add whose sample was deleted: the id stays taken, the hash of its input
+does not outlive the sample (docs/erasure.md)."""
+
+EVENT_REASONS: dict[str, str] = {
+    "duplicate_event": "a request whose (head, event_id) already took effect with the same meaning (op, client, "
+                       "subject, sample, label, input): a resend, without effect and without a receipt of its own",
+    "event_id_conflict": "a request whose (head, event_id) already took effect with another meaning: an event id "
+                         "names one request",
+    "event_id_erased": "a request whose (head, event_id) named an add since deleted: the add's meaning was erased "
+                       "with its sample, so the id is refused whatever the request says",
+}
+"""Reason codes of the event-id memory (part of ``FEATURIZER_REASONS``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventMark:
+    """What a head remembers of an event id: the meaning's fingerprint, the request's judged event
+    time (for expiry) and, for an add, the sample whose caching keeps the mark."""
+
+    head_id: str
+    event_id: str
+    fingerprint: bytes  # 32 bytes, request_fingerprint
+    event_us: int
+    sample_id: str = ""  # an add's sample ("" for deletes)
+
+    @property
+    def key(self) -> EventKey:
+        return (self.head_id, self.event_id)
+
+
+def _input_meaning(inp: object) -> list[object]:
+    """An input as what it means to the head: features as float64 (a '<f4' vector and the JSON of
+    the same values are one input; -0.0 is 0.0), text, image bytes."""
+    if isinstance(inp, FeaturesInput):
+        values = np.asarray(inp.values, dtype=np.float64) + 0.0  # -0.0 + 0.0 == +0.0
+        return ["features", values.astype("<f8").tobytes().hex()]
+    if isinstance(inp, TextInput):
+        return ["text", inp.text]
+    if isinstance(inp, ImageInput):
+        return ["image", hashlib.sha256(inp.data).hexdigest()]
+    if isinstance(inp, SealedInput):  # never judged sealed: opened first (core.open_sealed)
+        return ["sealed", inp.key_id, inp.ciphertext.hex()]
+    return [None]
+
+
+def request_fingerprint(r: Request) -> bytes:
+    """SHA-256 of a request's meaning: op, head, client, subject, sample, label and (opened) input;
+    not its ``ts``, signature headers or transport, so a producer's resend has the same one."""
+    label: object = list(r.label) if isinstance(r.label, tuple) else r.label
+    meaning = ["unlearn.event/v1", r.op, r.head_id, r.client_id, r.subject_id, r.sample_id, label,
+               _input_meaning(r.input) if r.input is not None else None]
+    return hashlib.sha256(orjson.dumps(meaning)).digest()
+
+
+# --------------------------------------------------------------------------- changelog records
+def event_key(key: EventKey) -> bytes:
+    """Changelog key of a mark: ``event/<len(head)>:<head>/<event id>``."""
+    head_id, event_id = key
+    return f"event/{len(head_id)}:{head_id}/{event_id}".encode()
+
+
+def parse_event_key(key: bytes) -> EventKey:
+    """Inverse of :func:`event_key`; ValueError when it is not one."""
+    rest = key.decode()[len("event/"):]
+    n, _, rest = rest.partition(":")
+    size = int(n)
+    head_id, sep, event_id = rest[:size], rest[size:size + 1], rest[size + 1:]
+    if sep != "/" or not head_id or not event_id:
+        raise ValueError("bad event key")
+    return head_id, event_id
+
+
+def encode_event(m: EventMark) -> bytes:
+    """The JSON value of a mark's record."""
+    return orjson.dumps({"fp": m.fingerprint.hex(), "t": int(m.event_us), "sample": m.sample_id})
+
+
+def decode_event(key: bytes, raw: bytes) -> EventMark:
+    """An ``event/`` record back to its mark; ValueError when it does not decode."""
+    head_id, event_id = parse_event_key(key)
+    d = orjson.loads(raw)
+    fp = bytes.fromhex(d["fp"])
+    if len(fp) != 32:
+        raise ValueError("fingerprint is not 32 bytes")
+    return EventMark(head_id, event_id, fp, int(d["t"]), str(d.get("sample", "")))
+
+
+# --------------------------------------------------------------------------- sqlite
+EVENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    head_id TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    fingerprint BLOB NOT NULL,
+    event_us INTEGER NOT NULL,
+    sample_id TEXT NOT NULL,
+    PRIMARY KEY (head_id, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_by_time ON events (event_us);
+"""
+
+
+class EventTable:
+    """Reads and writes of ``events`` on one connection (writes inside the caller's transaction)."""
+
+    _COLUMNS = "head_id, event_id, fingerprint, event_us, sample_id"
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def get_many(self, keys: Iterable[EventKey]) -> dict[EventKey, EventMark]:
+        """The marks of many (head, event id) keys: one query per head and 500 ids."""
+        by_head: dict[str, list[str]] = {}
+        for head_id, event_id in set(keys):
+            by_head.setdefault(head_id, []).append(event_id)
+        out: dict[EventKey, EventMark] = {}
+        for head_id, ids in by_head.items():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows = self._db.execute(
+                    f"SELECT {self._COLUMNS} FROM events WHERE head_id = ? AND event_id IN "
+                    f"({','.join('?' * len(chunk))})", (head_id, *chunk)).fetchall()
+                for row in rows:
+                    m = _mark(row)
+                    out[m.key] = m
+        return out
+
+    def expired(self, before_us: int, limit: int) -> list[EventKey]:
+        """Up to ``limit`` marks dated before ``before_us`` (oldest first), but never an add's
+        whose sample is still cached with that event id."""
+        rows = self._db.execute(
+            "SELECT e.head_id, e.event_id FROM events e WHERE e.event_us < ? AND NOT EXISTS ("
+            "SELECT 1 FROM samples s WHERE s.head_id = e.head_id AND s.sample_id = e.sample_id "
+            "AND s.event_id = e.event_id) ORDER BY e.event_us LIMIT ?", (int(before_us), int(limit))).fetchall()
+        return [(str(h), str(e)) for h, e in rows]
+
+    def all(self) -> list[EventMark]:
+        rows = self._db.execute(f"SELECT {self._COLUMNS} FROM events ORDER BY head_id, event_id").fetchall()
+        return [_mark(r) for r in rows]
+
+    def put(self, marks: Iterable[EventMark]) -> None:
+        self._db.executemany(
+            f"INSERT OR REPLACE INTO events ({self._COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+            [(m.head_id, m.event_id, m.fingerprint, int(m.event_us), m.sample_id) for m in marks])
+
+    def drop(self, keys: Iterable[EventKey]) -> None:
+        self._db.executemany("DELETE FROM events WHERE head_id = ? AND event_id = ?", list(keys))
+
+
+def _mark(row: Mapping[int, object] | tuple[object, ...]) -> EventMark:
+    head_id, event_id, fp, event_us, sample_id = row
+    return EventMark(str(head_id), str(event_id), bytes(fp), int(event_us), str(sample_id))  # type: ignore[call-overload]
