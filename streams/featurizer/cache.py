@@ -96,10 +96,9 @@ from unlearn.streams.featurizer.events import (
     EventKey,
     EventMark,
     EventTable,
-    decode_event,
-    encode_event,
     event_key,
-    parse_event_key,
+    event_value,
+    open_event,
 )
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 
@@ -339,13 +338,13 @@ class Position:
 
 # --------------------------------------------------------------------------- records of a batch
 def state_records(mutations: CacheMutations, seal_sample: SealSample | None = None) -> list[Record]:
-    """The sample/head records of a batch's cache mutations (drops are tombstones); sample values
-    sealed with ``seal_sample`` when given (docs/erasure.md)."""
+    """The sample/head/tombstone/event records of a batch's cache mutations (drops are tombstones);
+    sample values and adds' event marks sealed with ``seal_sample`` when given (docs/erasure.md)."""
     out: list[Record] = [(head_key(h.head_id), _encode_head(h)) for h in mutations.put_heads]
     out += [(tombstone_key(k), None) for k in mutations.drop_tombstones]
     out += [(tombstone_key(t.key), encode_tombstone(t)) for t in mutations.put_tombstones]
     out += [(event_key(k), None) for k in mutations.drop_events]
-    out += [(event_key(m.key), encode_event(m)) for m in mutations.put_events]
+    out += [(event_key(m.key), event_value(m, seal_sample)) for m in mutations.put_events]
     out += [(sample_key(h, s), None) for h, s in mutations.drop_samples]
     for s in mutations.put_samples:
         value = encode_sample(s)
@@ -482,7 +481,8 @@ class FoldedChangelog:
         return self.position is None
 
 
-def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[tuple[str, str], bytes]) -> None:
+def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[tuple[str, str], bytes],
+           raw_events: dict[bytes, bytes]) -> None:
     if key.startswith(b"sample/"):
         head_id, sample_id = _parse_sample_key(key)
         if value is None:
@@ -501,15 +501,11 @@ def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[t
         else:
             t = decode_tombstone(key, value)
             folded.tombstones[t.key] = t
-    elif key.startswith(b"event/"):
-        try:
-            if value is None:
-                folded.events.pop(parse_event_key(key), None)
-            else:
-                m = decode_event(key, value)
-                folded.events[m.key] = m
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise ChangelogError(f"bad event record {key[:200]!r}: {exc}") from None
+    elif key.startswith(b"event/"):  # opened once folding is done, as samples
+        if value is None:
+            raw_events.pop(key, None)
+        else:
+            raw_events[key] = value
 
 
 def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
@@ -526,10 +522,11 @@ def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenS
     folded = FoldedChangelog()
     latest: dict[bytes, bytes | None] = {}
     raw: dict[tuple[str, str], bytes] = {}
+    raw_events: dict[bytes, bytes] = {}
     pos_key, done_key = position_key(partition), delivered_key(partition)
     for key, value in records:
         if key.startswith((b"sample/", b"head/", b"tomb/", b"event/")):
-            _apply(folded, key, value, raw)
+            _apply(folded, key, value, raw, raw_events)
         else:
             latest[key] = value
     raw_pos = latest.get(pos_key)
@@ -545,10 +542,16 @@ def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenS
         raise ChangelogError(f"txn of partition {partition} (generation {pos.generation}) does not verify")
     recs, messages = decode_txn(txn)
     for key, value in recs:
-        _apply(folded, key, value, raw)
+        _apply(folded, key, value, raw, raw_events)
     for (head_id, sample_id), value in raw.items():
         plain = value if open_sample is None else open_sample(head_id, sample_id, value)
         folded.samples[(head_id, sample_id)] = decode_sample(head_id, sample_id, plain)
+    for key, value in raw_events.items():
+        try:
+            m = open_event(key, value, open_sample)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error) as exc:
+            raise ChangelogError(f"bad event record {key[:200]!r}: {exc}") from None
+        folded.events[m.key] = m
     folded.position = pos
     done = latest.get(done_key)
     if done is None or int(done) < pos.generation:

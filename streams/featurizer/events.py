@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,8 @@ __all__ = [
     "decode_event",
     "encode_event",
     "event_key",
+    "event_value",
+    "open_event",
     "parse_event_key",
     "request_fingerprint",
 ]
@@ -133,6 +136,40 @@ def decode_event(key: bytes, raw: bytes) -> EventMark:
     if len(fp) != 32:
         raise ValueError("fingerprint is not 32 bytes")
     return EventMark(head_id, event_id, fp, int(d["t"]), str(d.get("sample", "")))
+
+
+SEALED_EVENT_MAGIC = b"ULEV\x01"
+"""An add's mark on the changelog, sealed: magic, i64 event time, u16 length + the sample id
+(UTF-8), then the JSON value sealed as the sample's own record (its per-sample key)."""
+
+
+def event_value(m: EventMark, seal: Callable[[str, str, bytes], bytes] | None) -> bytes:
+    """A mark's changelog value: an add's fingerprint (a hash of its input) is sealed under its
+    sample's key when rows are sealed, so a destroyed key leaves nothing of the input in a log that
+    is never compacted (tansu); delete marks and erased ones are plain."""
+    plain = encode_event(m)
+    if seal is None or not m.sample_id or m.fingerprint == ERASED:
+        return plain
+    sid = m.sample_id.encode()
+    return SEALED_EVENT_MAGIC + struct.pack("<qH", m.event_us, len(sid)) + sid + seal(m.head_id, m.sample_id, plain)
+
+
+def open_event(key: bytes, raw: bytes, open_sample: Callable[[str, str, bytes], bytes] | None) -> EventMark:
+    """A mark back from its changelog value (:func:`event_value`); ValueError when it does not
+    decode. A sealed mark whose key is gone is an erased one: the id stays taken."""
+    if not raw.startswith(SEALED_EVENT_MAGIC):
+        return decode_event(key, raw)
+    head_id, event_id = parse_event_key(key)
+    at = len(SEALED_EVENT_MAGIC)
+    t, n = struct.unpack_from("<qH", raw, at)
+    sample_id = raw[at + 10: at + 10 + n].decode()
+    if open_sample is None:
+        raise ValueError(f"sealed event record {key[:200]!r} and no key store to open it")
+    try:
+        plain = open_sample(head_id, sample_id, raw[at + 10 + n:])
+    except Exception:
+        return EventMark(head_id, event_id, ERASED, t)
+    return decode_event(key, plain)
 
 
 # --------------------------------------------------------------------------- sqlite

@@ -20,6 +20,8 @@ from unlearn.streams.featurizer.events import (
     decode_event,
     encode_event,
     event_key,
+    event_value,
+    open_event,
     request_fingerprint,
 )
 from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, InMessage
@@ -154,3 +156,27 @@ def test_marks_come_back_from_the_changelog() -> None:
     assert decode_event(event_key(m.key), encode_event(m)) == m
     with pytest.raises(ValueError):
         decode_event(b"event/3:abc", b"{}")
+
+
+def test_an_add_mark_is_sealed_under_its_sample_key_and_erased_with_it() -> None:
+    """With sealing, an add's fingerprint (a hash of its input) is sealed like its sample record:
+    folded back while the key lives, an erased mark (the id still taken) once it is destroyed."""
+    keys: dict[tuple[str, str], bytes] = {("h", "x"): b"k" * 16}
+
+    def seal(head: str, sample: str, plain: bytes) -> bytes:
+        return b"SEALED" + keys[(head, sample)] + plain[::-1]
+
+    def open_(head: str, sample: str, raw: bytes) -> bytes:
+        k = keys.get((head, sample))
+        if k is None or not raw.startswith(b"SEALED" + k):
+            raise KeyError("destroyed")
+        return raw[len(b"SEALED") + 16:][::-1]
+
+    add_mark = EventMark("h", "e1", bytes(range(32)), 11, "x")
+    del_mark = EventMark("h", "d1", bytes(range(1, 33)), 12)
+    value = event_value(add_mark, seal)
+    assert bytes(range(32)).hex().encode() not in value  # the fingerprint is not readable
+    assert event_value(del_mark, seal) == encode_event(del_mark)  # a delete's mark carries no input
+    assert open_event(event_key(add_mark.key), value, open_) == add_mark
+    del keys[("h", "x")]
+    assert open_event(event_key(add_mark.key), value, open_) == EventMark("h", "e1", ERASED, 11)

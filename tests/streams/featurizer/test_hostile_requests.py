@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.services.verifier.test_remove_wins_verify import certify_messages
-from tests.streams.featurizer.test_remove_wins import assert_head_is, dead_letters_of, receipts_of
+from tests.streams.featurizer.test_remove_wins import assert_head_is, receipts_of
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
@@ -109,7 +109,7 @@ def test_one_event_id_one_request_across_partitions_producers_and_hosts(settings
     assert_certified(got, HEAD)
 
 
-def test_vectors_with_no_information_are_refused(settings: Settings, tmp_path: Path) -> None:
+def test_vectors_with_no_information_and_repeated_keys_are_refused(settings: Settings, tmp_path: Path) -> None:
     s = settings.with_(data_dir=str(tmp_path / "data"))
     producer = Producer(producer_config(settings))
     reader = Reader(settings)
@@ -122,15 +122,17 @@ def test_vectors_with_no_information_are_refused(settings: Settings, tmp_path: P
                 % (ev.encode(), HEAD.encode(), ev.encode(), ",".join([values] * 8).encode()))
     try:
         assert run.service.ready.wait(60)
+        twice = raw("twice", "0.5")[:-1] + b', "head_id": "elsewhere"}'  # which head? parsers disagree
+        escaped = raw("escaped", "0.5")[:-1] + b', "head\\u005fid": "elsewhere"}'
         send(producer, settings, 0, raw("zeros", "0.0"), raw("neg-zeros", "-0.0"), raw("subnormal", "5e-324"),
-             raw("ok", "0.5"))
-        got = reader.until(lambda g: len(g["deadletter"]) >= 3 and "ok" in ledgers_from(g["deltas"])[1], timeout=60)
+             twice, escaped, raw("ok", "0.5"))
+        got = reader.until(lambda g: len(g["deadletter"]) >= 5 and "ok" in ledgers_from(g["deltas"])[1], timeout=60)
         assert run.stop() == 0
     finally:
         reader.close()
         run.stop_event.set()
-    assert dead_letters_of(got) == {"zeros": "zero_norm_feature", "neg-zeros": "zero_norm_feature",
-                                    "subnormal": "zero_norm_feature"}
+    assert reasons_by_event(got) == [("", "duplicate_key"), ("", "duplicate_key"), ("neg-zeros", "zero_norm_feature"),
+                                     ("subnormal", "zero_norm_feature"), ("zeros", "zero_norm_feature")]
     ledger = ledgers_from(got["deltas"])[0][HEAD]
     assert ledger.count == 1  # no zero row counts in n_retained
     assert_certified(got, HEAD)
