@@ -141,7 +141,7 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
-from unlearn.streams.featurizer.events import ERASED, EventKey, EventMark, request_fingerprint
+from unlearn.streams.featurizer.events import CACHED, ERASED, EventKey, EventMark, request_fingerprint
 from unlearn.streams.featurizer.model import (
     _DELETE_OPS,
     STAGE,
@@ -394,8 +394,8 @@ def named_events(reqs: Iterable[Request | InvalidRequest]) -> list[EventKey]:
 
 
 def expired_events(cache: object, policy: TombstonePolicy, now: float) -> tuple[EventKey, ...]:
-    """Event-id marks past the tombstone retention (at most :data:`EXPIRE_PER_BATCH`; an add's
-    mark stays while its sample is cached), from a cache that lists them; none when nothing expires."""
+    """Event-id marks past the tombstone retention (at most :data:`EXPIRE_PER_BATCH`), from a cache
+    that lists them; none when nothing expires."""
     horizon = policy.horizon_us(seconds_to_us(now))
     lister = getattr(cache, "expired_events", None)
     if horizon is None or lister is None:
@@ -407,7 +407,8 @@ def judge_event(r: Request, view: Overlay) -> bytes:
     """The request's meaning fingerprint (``events.py``), once checked against what its event id
     already meant in its head: raises :class:`FeatureRejected` ``event_id_conflict`` (another
     meaning) or ``duplicate_event`` (the same: a resend). An add of a sample still cached goes on
-    to be refused ``duplicate_add``, as every add of a cached sample is."""
+    to be refused ``duplicate_add``, as every add of a cached sample is (also when only the cached
+    sample still says which add took the id: a :data:`~streams.featurizer.events.CACHED` mark)."""
     fp = request_fingerprint(r)
     seen = view.get_event(r.head_id, r.event_id)
     if seen is None:
@@ -416,7 +417,8 @@ def judge_event(r: Request, view: Overlay) -> bytes:
         raise FeatureRejected("event_id_erased",
                               f"event {r.event_id!r} of head {r.head_id!r} named an add whose sample was deleted "
                               "since: its meaning was erased with it, so no request may reuse the id")
-    if seen.fingerprint != fp:
+    same = seen.fingerprint == fp or (seen.fingerprint == CACHED and r.op == "add" and r.sample_id == seen.sample_id)
+    if not same:
         raise FeatureRejected("event_id_conflict",
                               f"event {r.event_id!r} of head {r.head_id!r} already took effect as another request "
                               f"(dated {seen.event_us / 1e6:.6f}): an event id names one request")
@@ -995,8 +997,9 @@ class Judgement:
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
-            # The add's event id stays taken, its meaning (a hash of the input) goes with the sample.
-            self.overlay.events[(head_id, cs.event_id)] = EventMark(head_id, cs.event_id, ERASED, cs.event_us)
+            # The add's event id stays taken (a retention from the delete), its meaning (a hash of
+            # the input) goes with the sample.
+            self.overlay.events[(head_id, cs.event_id)] = EventMark(head_id, cs.event_id, ERASED, event_us)
             hr.add(-1, event_id, replace(cs, event_us=event_us, client_id=scope), by_subject)
         self.accepted += 1
 

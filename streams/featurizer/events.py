@@ -12,10 +12,12 @@ add, a delete applied or tombstoned) under its event id, as a :func:`request_fin
 The memory is cache state like tombstones: a ``events`` table next to them, the ``event/``
 records of the ``featurizer-cache`` changelog, committed with its batch (so it survives restarts
 and rebalances). A delete that removes a sample erases its add's fingerprint (``event_id_erased``
-refuses the id from then on). It is bounded: a mark is dropped once its event time is older than the tombstone
-retention (``UNLEARN_TOMBSTONE_RETENTION_SECONDS``; 0 keeps marks for ever), except that an add's
-mark stays while its sample is cached. Nothing here touches Kafka; :class:`EventTable` is the
-sqlite side, used by ``cache.FeatureCache``.
+refuses the id for a retention from the delete). It is bounded: a mark is dropped once its event
+time is older than the tombstone retention (``UNLEARN_TOMBSTONE_RETENTION_SECONDS``; 0 keeps marks
+for ever); an
+add's id stays taken while its sample is cached anyway, found through the samples' event ids
+(:data:`CACHED`), so the verifier's rule on retained adds holds for ever. Nothing here touches
+Kafka; :class:`EventTable` is the sqlite side, used by ``cache.FeatureCache``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orjson
 from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput
 
 __all__ = [
+    "CACHED",
     "ERASED",
     "EVENT_REASONS",
     "EVENTS_SCHEMA",
@@ -53,6 +56,9 @@ EventKey = tuple[str, str]
 ERASED = bytes(32)
 """The fingerprint of an add whose sample was deleted: the id stays taken, the hash of its input
 does not outlive the sample (docs/erasure.md)."""
+CACHED = b"\xff" * 32
+"""The fingerprint of an add known only as a cached sample (its mark expired): the id is taken by
+that add of that sample; any other request under it is a conflict."""
 
 EVENT_REASONS: dict[str, str] = {
     "duplicate_event": "a request whose (head, event_id) already took effect with the same meaning (op, client, "
@@ -183,6 +189,7 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (head_id, event_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_by_time ON events (event_us);
+CREATE INDEX IF NOT EXISTS samples_by_event ON samples (head_id, event_id);
 """
 
 
@@ -195,7 +202,8 @@ class EventTable:
         self._db = db
 
     def get_many(self, keys: Iterable[EventKey]) -> dict[EventKey, EventMark]:
-        """The marks of many (head, event id) keys: one query per head and 500 ids."""
+        """The marks of many (head, event id) keys, and for an id without one the cached sample
+        whose add carries it (a :data:`CACHED` mark): two queries per head and 500 ids."""
         by_head: dict[str, list[str]] = {}
         for head_id, event_id in set(keys):
             by_head.setdefault(head_id, []).append(event_id)
@@ -209,15 +217,18 @@ class EventTable:
                 for row in rows:
                     m = _mark(row)
                     out[m.key] = m
+                cached = self._db.execute(
+                    f"SELECT event_id, event_us, sample_id FROM samples WHERE head_id = ? AND event_id IN "
+                    f"({','.join('?' * len(chunk))})", (head_id, *chunk)).fetchall()
+                for event_id, event_us, sample_id in cached:
+                    out.setdefault((head_id, str(event_id)),
+                                   EventMark(head_id, str(event_id), CACHED, int(event_us), str(sample_id)))
         return out
 
     def expired(self, before_us: int, limit: int) -> list[EventKey]:
-        """Up to ``limit`` marks dated before ``before_us`` (oldest first), but never an add's
-        whose sample is still cached with that event id."""
-        rows = self._db.execute(
-            "SELECT e.head_id, e.event_id FROM events e WHERE e.event_us < ? AND NOT EXISTS ("
-            "SELECT 1 FROM samples s WHERE s.head_id = e.head_id AND s.sample_id = e.sample_id "
-            "AND s.event_id = e.event_id) ORDER BY e.event_us LIMIT ?", (int(before_us), int(limit))).fetchall()
+        """Up to ``limit`` marks dated before ``before_us``, oldest first (an index range)."""
+        rows = self._db.execute("SELECT head_id, event_id FROM events WHERE event_us < ? ORDER BY event_us LIMIT ?",
+                                (int(before_us), int(limit))).fetchall()
         return [(str(h), str(e)) for h, e in rows]
 
     def all(self) -> list[EventMark]:

@@ -112,14 +112,23 @@ def test_refused_requests_take_no_event_id(tmp_path: Path) -> None:
     assert j.run(add("e1", "x"))[2] == 1  # the id is still free
 
 
-def test_marks_expire_with_the_retention_but_never_while_the_sample_is_cached(tmp_path: Path) -> None:
+def test_marks_expire_with_the_retention_but_a_cached_add_keeps_its_id(tmp_path: Path) -> None:
+    """Marks are dropped by event time (an index range, whatever the cache holds); an add whose
+    sample is still cached keeps its id through the sample itself."""
     j = Judge(tmp_path / "c.sqlite")
     week = 604_800.0
     j.run(add("old", "x", ts=NOW - week + 30), delete("gone", "y", ts=NOW - week + 30))
-    marks = {m.event_id for m in j.cache.all_events()}
-    assert marks == {"old", "gone"}
+    assert {m.event_id for m in j.cache.all_events()} == {"old", "gone"}
     before_us = int((NOW + 60) * 1e6) - int(week * 1e6)  # a minute later, both are past the horizon
-    assert j.cache.expired_events(before_us, 10) == [("h", "gone")]  # the add's sample is still cached
+    expired = j.cache.expired_events(before_us, 10)
+    assert sorted(expired) == [("h", "gone"), ("h", "old")]
+    j.cache.commit_batch(CacheMutations(drop_events=tuple(expired)), [], j.offset + 100)
+    j.offset += 101
+    assert j.cache.all_events() == []
+    assert j.run(add("old", "z", values=(0.0, 1.0, 0.0)))[0] == {"old": "event_id_conflict"}  # x holds it
+    assert j.run(add("old", "x", ts=NOW - 1))[0] == {"old": "duplicate_add"}  # its resend: as before
+    assert j.run(delete("old", "x"))[0] == {"old": "event_id_conflict"}
+    assert j.run(delete("gone", "y"))[:2] == ({}, {"gone": "tombstoned"})  # a delete's id is free again
 
 
 def test_the_fingerprint_is_of_the_meaning() -> None:
