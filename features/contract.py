@@ -28,6 +28,7 @@ __all__ = [
     "LabelKind",
     "MIN_FEATURE_NORM",
     "QuantizeRow",
+    "check_information",
     "fixed_dim",
     "quantize_feature_row",
     "quantize_feature_rows",
@@ -68,11 +69,8 @@ def quantizer(frac_bits: int, bound: float) -> Quantizer:
 def quantize_feature_row(f: np.ndarray, frac_bits: int, bound: float = 1.0, normalize: bool = True) -> np.ndarray:
     """q for ONE feature vector: ``Quantizer(k, bound).quantize(l2_normalize(f))`` in float64 (no
     normalization when ``normalize`` is False). Raises :class:`FeatureRejected`
-    (``non_finite_feature``, ``feature_out_of_bound``, ``zero_norm_feature``); never clips. Public
-    so a client can reproduce its q exactly. A vector with no information is refused, never kept as
-    a zero row that counts in n: with normalization, one whose L2 norm is below
-    :data:`MIN_FEATURE_NORM` (all zeros, all -0.0, subnormals: it cannot be scaled to unit norm);
-    without, one whose q is all zeros."""
+    (``non_finite_feature``, ``feature_out_of_bound``); never clips. Public so a client can
+    reproduce its q exactly."""
     x = np.asarray(f, dtype=np.float64).reshape(-1)
     if not np.isfinite(x).all():
         raise FeatureRejected("non_finite_feature", "a feature is NaN or infinite")
@@ -81,31 +79,37 @@ def quantize_feature_row(f: np.ndarray, frac_bits: int, bound: float = 1.0, norm
             ss = float(np.dot(x, x))
         if not math.isfinite(ss):
             raise FeatureRejected("non_finite_feature", "the squared L2 norm overflows float64")
-        if math.sqrt(ss) < MIN_FEATURE_NORM:
-            raise FeatureRejected("zero_norm_feature",
-                                  f"the L2 norm {math.sqrt(ss):.3g} is below {MIN_FEATURE_NORM:g}: the vector "
-                                  "cannot be normalized")
         x = l2_normalize(x)[0]
     try:
-        q = quantizer(frac_bits, bound).quantize(x)[0]
+        return quantizer(frac_bits, bound).quantize(x)[0]
     except QuantizationError as exc:
         raise FeatureRejected("feature_out_of_bound", str(exc)) from None
-    if not q.any():
-        raise FeatureRejected("zero_norm_feature", "every component quantizes to 0: the row carries no information")
-    return q
 
 
 MIN_FEATURE_NORM = 1e-12
-"""The smallest L2 norm a vector may have when its head normalizes: ``l2_normalize``'s floor, below
-which a row would not come out of normalization with unit norm."""
+"""The smallest L2 norm a training vector may have when its head normalizes: ``l2_normalize``'s
+floor, below which a row would not come out of normalization with unit norm."""
+
+
+def check_information(f: np.ndarray, q: np.ndarray, normalize: bool = True) -> None:
+    """Refuse a training vector with no information (``zero_norm_feature``), never a zero row that
+    counts in n while adding nothing to S or G: with normalization, an L2 norm below
+    :data:`MIN_FEATURE_NORM` (all 0.0, all -0.0, subnormals like 5e-324: it cannot be scaled to
+    unit norm); with or without, a q of all zeros. The featurizer asks it of every add after
+    quantizing (``q`` is :func:`quantize_feature_row`'s); a prediction query is not refused."""
+    if normalize:
+        x = np.asarray(f, dtype=np.float64).reshape(-1)
+        norm = math.sqrt(float(np.dot(x, x)))  # finite: quantize_feature_row refused an overflow
+        if norm < MIN_FEATURE_NORM:
+            raise FeatureRejected("zero_norm_feature", f"the L2 norm {norm:.3g} is below {MIN_FEATURE_NORM:g}: the "
+                                                       "vector cannot be normalized")
+    if not np.asarray(q).any():
+        raise FeatureRejected("zero_norm_feature", "every component quantizes to 0: the row carries no information")
 
 
 _SAFE_SQUARED_NORM = 1e300
 """Rows whose squared norm is above this take the per-row path: there the per-row overflow check
 (``np.dot``, another summation order) could in principle disagree with the batch's sum."""
-_SAFE_SMALL_SQUARED_NORM = 4 * MIN_FEATURE_NORM**2
-"""Rows whose squared norm is below this take the per-row path too: it alone decides
-``zero_norm_feature`` near the floor, in its own summation order."""
 
 
 def quantize_feature_rows(F: np.ndarray, frac_bits: int, bound: float = 1.0,
@@ -123,15 +127,11 @@ def quantize_feature_rows(F: np.ndarray, frac_bits: int, bound: float = 1.0,
     with np.errstate(over="ignore", invalid="ignore"):
         ok = np.isfinite(X).all(axis=1)
         if normalize:
-            ss = np.einsum("ij,ij->i", X, X)
-            ok &= (ss <= _SAFE_SQUARED_NORM) & (ss >= _SAFE_SMALL_SQUARED_NORM)
+            ok &= np.einsum("ij,ij->i", X, X) <= _SAFE_SQUARED_NORM
         fast = np.flatnonzero(ok)
         Y = l2_normalize(X[fast]) if normalize else X[fast]
-        good = np.asarray((np.abs(Y) <= qz.bound).all(axis=1))  # NaN compares False: per-row path
+        good = (np.abs(Y) <= qz.bound).all(axis=1)  # NaN compares False: per-row path
         Q = np.rint(Y[good] * qz.scale).astype(np.int64)
-        nonzero = Q.any(axis=1)  # an all-zero q takes the per-row path, which refuses it
-        good[np.flatnonzero(good)[~nonzero]] = False
-        Q = Q[nonzero]
     for i, q in zip(fast[good].tolist(), Q, strict=True):
         out[i] = q
     for i, q in enumerate(out):

@@ -116,6 +116,7 @@ from unlearn.features.contract import (
     BatchQuantizer,
     FeatureRejected,
     QuantizeRow,
+    check_information,
     fixed_dim,
     quantize_feature_row,
     quantize_label,
@@ -926,6 +927,7 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
     contract = judged_contract(r, head, dim, kind, width, config)
     check_contract(r, contract, head, backbone_key, dim, kind, width, label)
     q = quantize(feat, k, contract.feature_bound, contract.normalize)
+    check_information(feat, q, contract.normalize)
     new_head = head is None
     if head is None:
         head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)

@@ -106,16 +106,3 @@ def test_normalizing_a_batch_is_normalizing_each_row_bitwise(seed: int, n: int, 
     F = rng.normal(size=(n, d)) * rng.uniform(0, spread, size=(n, 1))
     whole = l2_normalize(F)
     assert whole.tobytes() == b"".join(l2_normalize(f).tobytes() for f in F)
-
-
-@pytest.mark.parametrize("normalize", [True, False])
-def test_vectors_with_no_information_are_refused_both_ways(normalize: bool) -> None:
-    """d = 8 of 0.0, of -0.0, of 5e-324 (too small to normalize), and a norm just under the floor:
-    refused ``zero_norm_feature`` by the row function and the batch alike (with normalization
-    off, a row whose q is all zeros), never a zero row that counts in n; a norm at the floor passes."""
-    tiny = np.full(8, 1e-12 / np.sqrt(8) * 0.99)
-    F = np.stack([np.zeros(8), np.full(8, -0.0), np.full(8, 5e-324), tiny, np.eye(8)[0]])
-    got = quantize_feature_rows(F, 30, 1.0, normalize)
-    same(got, per_row(F, 30, 1.0, normalize))
-    assert [isinstance(g, FeatureRejected) and g.reason == "zero_norm_feature" for g in got] == [True] * 4 + [False]
-    assert quantize_feature_row(np.full(8, 1e-12 / np.sqrt(8) * 1.01), 30).any()  # above the floor: unit norm
