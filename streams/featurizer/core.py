@@ -142,7 +142,14 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
-from unlearn.streams.featurizer.events import CACHED, ERASED, EventKey, EventMark, request_fingerprint
+from unlearn.streams.featurizer.events import (
+    ERASED,
+    EventKey,
+    EventMark,
+    expired_events,
+    judge_event,
+    named_events,
+)
 from unlearn.streams.featurizer.model import (
     _DELETE_OPS,
     STAGE,
@@ -181,9 +188,6 @@ __all__ = [
     "base_tombstones",
     "named_samples",
     "named_tombstones",
-    "named_events",
-    "expired_events",
-    "judge_event",
     "auto_contract",
     "auto_contracts",
     "check_contract",
@@ -387,47 +391,6 @@ def named_tombstones(reqs: Iterable[Request | InvalidRequest]) -> list[TombName]
         elif r.op == "delete_subject":
             out.append((r.head_id, "subject", r.subject_id, r.subject_id))
     return out
-
-
-def named_events(reqs: Iterable[Request | InvalidRequest]) -> list[EventKey]:
-    """The (head, event id) pairs of a batch's valid requests (the event-id marks they look up)."""
-    return [(r.head_id, r.event_id) for r in reqs if isinstance(r, Request)]
-
-
-def expired_events(cache: object, policy: TombstonePolicy, now: float) -> tuple[EventKey, ...]:
-    """Event-id marks past the tombstone retention (at most :data:`EXPIRE_PER_BATCH`), from a cache
-    that lists them; none when nothing expires."""
-    horizon = policy.horizon_us(seconds_to_us(now))
-    lister = getattr(cache, "expired_events", None)
-    if horizon is None or lister is None:
-        return ()
-    return tuple(lister(horizon, EXPIRE_PER_BATCH))
-
-
-def judge_event(r: Request, view: Overlay) -> bytes:
-    """The request's meaning fingerprint (``events.py``), once checked against what its event id
-    already meant in its head: raises :class:`FeatureRejected` ``event_id_conflict`` (another
-    meaning) or ``duplicate_event`` (the same: a resend). An add of a sample still cached goes on
-    to be refused ``duplicate_add``, as every add of a cached sample is (also when only the cached
-    sample still says which add took the id: a :data:`~streams.featurizer.events.CACHED` mark)."""
-    fp = request_fingerprint(r)
-    seen = view.get_event(r.head_id, r.event_id)
-    if seen is None:
-        return fp
-    if seen.fingerprint == ERASED:
-        raise FeatureRejected("event_id_erased",
-                              f"event {r.event_id!r} of head {r.head_id!r} named an add whose sample was deleted "
-                              "since: its meaning was erased with it, so no request may reuse the id")
-    same = seen.fingerprint == fp or (seen.fingerprint == CACHED and r.op == "add" and r.sample_id == seen.sample_id)
-    if not same:
-        raise FeatureRejected("event_id_conflict",
-                              f"event {r.event_id!r} of head {r.head_id!r} already took effect as another request "
-                              f"(dated {seen.event_us / 1e6:.6f}): an event id names one request")
-    if r.op == "add" and r.sample_id is not None and view.get_sample(r.head_id, r.sample_id) is not None:
-        return fp
-    raise FeatureRejected("duplicate_event",
-                          f"event {r.event_id!r} of head {r.head_id!r} already took effect with this meaning "
-                          f"(dated {seen.event_us / 1e6:.6f}): a resend, without effect")
 
 
 def base_tombstones(base: object, name: TombName) -> list[Tombstone]:
@@ -1177,7 +1140,8 @@ def featurize_batch(
                      named_events(reqs))
     judged = judge_batch(fresh, reqs, encoded, view, config, ts, screened)
     judged.overlay.expired = expired_tombstones(cache, config.tombstones, ts)
-    judged.overlay.expired_events = expired_events(cache, config.tombstones, ts)
+    judged.overlay.expired_events = expired_events(cache, config.tombstones.horizon_us(seconds_to_us(ts)),
+                                                   EXPIRE_PER_BATCH)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

@@ -27,11 +27,13 @@ import sqlite3
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import orjson
 
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput
+from unlearn.features.contract import FeatureRejected
+from unlearn.schemas.envelope import FeaturesInput, ImageInput, InvalidRequest, Request, SealedInput, TextInput
 
 __all__ = [
     "CACHED",
@@ -41,10 +43,14 @@ __all__ = [
     "EventKey",
     "EventMark",
     "EventTable",
+    "EventView",
     "decode_event",
     "encode_event",
     "event_key",
     "event_value",
+    "expired_events",
+    "judge_event",
+    "named_events",
     "open_event",
     "parse_event_key",
     "request_fingerprint",
@@ -109,6 +115,55 @@ def request_fingerprint(r: Request) -> bytes:
     meaning = ["unlearn.event/v1", r.op, r.head_id, r.client_id, r.subject_id, r.sample_id, label,
                _input_meaning(r.input) if r.input is not None else None]
     return hashlib.sha256(orjson.dumps(meaning)).digest()
+
+
+# --------------------------------------------------------------------------- judging
+class EventView(Protocol):
+    """What judging an event id asks of the batch's view of the cache (``core.Overlay``)."""
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None: ...
+
+    def get_sample(self, head_id: str, sample_id: str) -> object | None: ...
+
+
+def named_events(reqs: Iterable[Request | InvalidRequest]) -> list[EventKey]:
+    """The (head, event id) pairs of a batch's valid requests (the marks they look up)."""
+    return [(r.head_id, r.event_id) for r in reqs if isinstance(r, Request)]
+
+
+def expired_events(cache: object, horizon_us: int | None, limit: int) -> tuple[EventKey, ...]:
+    """Up to ``limit`` marks dated before ``horizon_us`` (the tombstone retention's; None: none
+    expire), from a cache that lists them."""
+    lister = getattr(cache, "expired_events", None)
+    if horizon_us is None or lister is None:
+        return ()
+    return tuple(lister(horizon_us, limit))
+
+
+def judge_event(r: Request, view: EventView) -> bytes:
+    """The request's meaning fingerprint, once checked against what its event id already meant in
+    its head: raises :class:`FeatureRejected` ``event_id_erased``, ``event_id_conflict`` (another
+    meaning) or ``duplicate_event`` (the same: a resend). An add of a sample still cached goes on
+    to be refused ``duplicate_add``, as every add of a cached sample is (also when only the cached
+    sample still says which add took the id: a :data:`CACHED` mark)."""
+    fp = request_fingerprint(r)
+    seen = view.get_event(r.head_id, r.event_id)
+    if seen is None:
+        return fp
+    if seen.fingerprint == ERASED:
+        raise FeatureRejected("event_id_erased",
+                              f"event {r.event_id!r} of head {r.head_id!r} named an add whose sample was deleted "
+                              "since: its meaning was erased with it, so no request may reuse the id")
+    same = seen.fingerprint == fp or (seen.fingerprint == CACHED and r.op == "add" and r.sample_id == seen.sample_id)
+    if not same:
+        raise FeatureRejected("event_id_conflict",
+                              f"event {r.event_id!r} of head {r.head_id!r} already took effect as another request "
+                              f"(dated {seen.event_us / 1e6:.6f}): an event id names one request")
+    if r.op == "add" and r.sample_id is not None and view.get_sample(r.head_id, r.sample_id) is not None:
+        return fp
+    raise FeatureRejected("duplicate_event",
+                          f"event {r.event_id!r} of head {r.head_id!r} already took effect with this meaning "
+                          f"(dated {seen.event_us / 1e6:.6f}): a resend, without effect")
 
 
 # --------------------------------------------------------------------------- changelog records
