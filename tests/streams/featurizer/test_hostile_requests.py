@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.services.verifier.test_remove_wins_verify import certify_messages
-from tests.streams.featurizer.test_remove_wins import assert_head_is, receipts_of
+from tests.streams.featurizer.test_remove_wins import assert_head_is, receipts_of, settle
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
@@ -88,11 +88,8 @@ def test_one_event_id_one_request_across_partitions_producers_and_hosts(settings
              add("replay-1", "rp-c", 4, 0, ts=t0 + 5),  # still taken on the new host
              add("keep-1", "k1", 2, 1, ts=t0 + 6),  # the deleted add's id: its meaning was erased
              add("fresh-1", "k1", 2, 1, ts=t0 + 7))  # a re-add under a new id enters
-        got = reader.until(lambda g: len(g["deadletter"]) >= 6 and "fresh-1" in ledgers_from(g["deltas"])[1],
-                           timeout=90)
-        time.sleep(0.5)
-        got = reader.until(lambda g: True)
-        assert b.stop() == 0
+        reader.until(lambda g: len(g["deadletter"]) >= 6 and "fresh-1" in ledgers_from(g["deltas"])[1], timeout=90)
+        got = settle(reader, b)  # and nothing more
     finally:
         reader.close()
         a.stop_event.set()
