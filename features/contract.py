@@ -26,7 +26,9 @@ __all__ = [
     "BatchQuantizer",
     "FeatureRejected",
     "LabelKind",
+    "MIN_FEATURE_NORM",
     "QuantizeRow",
+    "check_information",
     "fixed_dim",
     "quantize_feature_row",
     "quantize_feature_rows",
@@ -82,6 +84,27 @@ def quantize_feature_row(f: np.ndarray, frac_bits: int, bound: float = 1.0, norm
         return quantizer(frac_bits, bound).quantize(x)[0]
     except QuantizationError as exc:
         raise FeatureRejected("feature_out_of_bound", str(exc)) from None
+
+
+MIN_FEATURE_NORM = 1e-12
+"""The smallest L2 norm a training vector may have when its head normalizes: ``l2_normalize``'s
+floor, below which a row would not come out of normalization with unit norm."""
+
+
+def check_information(f: np.ndarray, q: np.ndarray, normalize: bool = True) -> None:
+    """Refuse a training vector with no information (``zero_norm_feature``), never a zero row that
+    counts in n while adding nothing to S or G: with normalization, an L2 norm below
+    :data:`MIN_FEATURE_NORM` (all 0.0, all -0.0, subnormals like 5e-324: it cannot be scaled to
+    unit norm); with or without, a q of all zeros. The featurizer asks it of every add after
+    quantizing (``q`` is :func:`quantize_feature_row`'s); a prediction query is not refused."""
+    if normalize:
+        x = np.asarray(f, dtype=np.float64).reshape(-1)
+        norm = math.sqrt(float(np.dot(x, x)))  # finite: quantize_feature_row refused an overflow
+        if norm < MIN_FEATURE_NORM:
+            raise FeatureRejected("zero_norm_feature", f"the L2 norm {norm:.3g} is below {MIN_FEATURE_NORM:g}: the "
+                                                       "vector cannot be normalized")
+    if not np.asarray(q).any():
+        raise FeatureRejected("zero_norm_feature", "every component quantizes to 0: the row carries no information")
 
 
 _SAFE_SQUARED_NORM = 1e300

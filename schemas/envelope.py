@@ -30,6 +30,8 @@ from typing import Any, Literal, TypeGuard
 import numpy as np
 import orjson
 
+from unlearn.schemas.json_keys import duplicate_key
+
 __all__ = [
     "FEATURE_DTYPES",
     "ID_CHARS",
@@ -86,6 +88,8 @@ _NUMBER_TYPES = frozenset((float, int))  # JSON numbers as orjson decodes them (
 REQUEST_REASONS: dict[str, str] = {
     "not_json": "the bytes are not UTF-8 JSON (orjson: also non-finite numbers like 1e999)",
     "not_object": "the JSON value is not an object",
+    "duplicate_key": "an object holds one key twice (also written with escapes, e.g. head\\u005fid after "
+                     "head_id): parsers disagree on which value counts",
     "missing_field:<name>": "a required field is absent (schema first)",
     "unknown_schema_version": "`schema` is not 'unlearn.request/v1'",
     "unknown_field:<name>": "a field the schema does not define",
@@ -386,6 +390,8 @@ def parse_inner_input(raw: bytes) -> Input:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise _fail("bad_sealed_input", f"the opened input is not UTF-8 JSON: {exc}") from None
+    if (dup := duplicate_key(raw, d)) is not None:
+        raise _fail("duplicate_key", f"the opened input holds the key {dup[:64]!r} twice")
     inp = _check_input(d)
     if isinstance(inp, SealedInput):
         raise _fail("bad_sealed_input", "a sealed input must not hold another sealed input")
@@ -467,6 +473,8 @@ def parse_request(raw: bytes | bytearray | memoryview | str) -> Request:
         raise _fail("not_json", f"not valid UTF-8 JSON: {exc}") from None
     except TypeError as exc:  # e.g. None as the message value (a tombstone)
         raise _fail("not_json", f"no JSON bytes: {exc}") from None
+    if (dup := duplicate_key(raw, d)) is not None:
+        raise _fail("duplicate_key", f"the key {dup[:64]!r} appears twice in one object: its value is ambiguous")
     return request_from_dict(d)
 
 

@@ -14,8 +14,25 @@ import numpy as np
 from .base import BackboneError
 
 #: Decoded images above this many pixels are refused before resizing (a 4k x 4k photo is fine;
-#: a decompression bomb is not). Pillow's own guard only warns below 2x its limit.
+#: a decompression bomb is not). Pillow's own guard only warns below 2x its limit. The absolute
+#: ceiling of any caller; the featurizer refuses far smaller images first (``image_pixels``,
+#: ``UNLEARN_MAX_IMAGE_PIXELS``).
 MAX_PIXELS = 64_000_000
+
+
+def image_pixels(data: bytes) -> int | None:
+    """Width x height an encoded image declares in its header, read without decoding (None when
+    the header does not parse: decoding will refuse it). Why: what a worker must allocate to
+    decode an image is its pixel count, not its size on the wire (an 8000 x 8000 PNG of zeros is
+    182 KB), so a budget is checked before anything is decoded."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+    except Exception:
+        return None
+    return int(w) * int(h)
 
 
 def decode_image(item: Any, size: int) -> np.ndarray:
@@ -34,6 +51,7 @@ def decode_image(item: Any, size: int) -> np.ndarray:
             raise BackboneError("empty image bytes")
         try:
             with Image.open(io.BytesIO(data)) as im:
+                im.draft("RGB", (size, size))  # JPEG: decode at a reduced scale (1/2..1/8); others: no-op
                 w, h = im.size
                 if w * h > MAX_PIXELS:
                     raise BackboneError(f"image too large: {w}x{h} > {MAX_PIXELS} pixels")

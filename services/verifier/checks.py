@@ -30,6 +30,7 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.streams.featurizer.core import Tombstone
 
 from .certificate import Check
+from .event_ids import check_event_ids
 from .orders import (
     Dependencies,
     apply_units,
@@ -510,4 +511,7 @@ def run_checks(ev: Evidence, rng: np.random.Generator, *, orders: int, partition
     if tombstoned is not None:
         checks.append(tombstoned)
     checks.append(check_remove_wins(ev))
+    reused = check_event_ids(ev.replay.ids)
+    if reused is not None:
+        checks.append(reused)
     return checks

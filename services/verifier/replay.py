@@ -37,6 +37,7 @@ from unlearn.streams.ledger.head_runtime import (
     record_applied,
 )
 
+from .event_ids import EventIds
 from .reading import record_value
 from .remove_wins import EventTimes
 
@@ -166,6 +167,7 @@ class LogReplay:
     rejected: list[Skipped] = field(default_factory=list)  # entries
     partitions: set[int] = field(default_factory=set)
     times: EventTimes = field(default_factory=EventTimes)  # every applied message, not only up to the stop version
+    ids: EventIds = field(default_factory=EventIds)  # the event ids of every applied message (check event_ids)
     error: str | None = None
 
     def counts(self) -> dict[str, int]:
@@ -324,6 +326,7 @@ def _apply_message(rep: LogReplay, st: _State, r: LogRecord,
             continue
         accepted.append(result)
         rep.times.apply(rep.head_id, entry)
+        rep.ids.apply(entry)
         if st.collecting:
             st.mset = fold_multiset(st.mset, entry)
     return accepted

@@ -91,6 +91,15 @@ from unlearn.infra.log_position import watermarks
 from unlearn.infra.settings import Settings, consumer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.core import TombName, Tombstone, TombstoneKey
+from unlearn.streams.featurizer.events import (
+    EVENTS_SCHEMA,
+    EventKey,
+    EventMark,
+    EventTable,
+    event_key,
+    event_value,
+    open_event,
+)
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 
 __all__ = [
@@ -329,11 +338,13 @@ class Position:
 
 # --------------------------------------------------------------------------- records of a batch
 def state_records(mutations: CacheMutations, seal_sample: SealSample | None = None) -> list[Record]:
-    """The sample/head records of a batch's cache mutations (drops are tombstones); sample values
-    sealed with ``seal_sample`` when given (docs/erasure.md)."""
+    """The sample/head/tombstone/event records of a batch's cache mutations (drops are tombstones);
+    sample values and adds' event marks sealed with ``seal_sample`` when given (docs/erasure.md)."""
     out: list[Record] = [(head_key(h.head_id), _encode_head(h)) for h in mutations.put_heads]
     out += [(tombstone_key(k), None) for k in mutations.drop_tombstones]
     out += [(tombstone_key(t.key), encode_tombstone(t)) for t in mutations.put_tombstones]
+    out += [(event_key(k), None) for k in mutations.drop_events]
+    out += [(event_key(m.key), event_value(m, seal_sample)) for m in mutations.put_events]
     out += [(sample_key(h, s), None) for h, s in mutations.drop_samples]
     for s in mutations.put_samples:
         value = encode_sample(s)
@@ -460,6 +471,7 @@ class FoldedChangelog:
     samples: dict[tuple[str, str], CachedSample] = field(default_factory=dict)
     heads: dict[str, HeadInfo] = field(default_factory=dict)
     tombstones: dict[TombstoneKey, Tombstone] = field(default_factory=dict)
+    events: dict[EventKey, EventMark] = field(default_factory=dict)  # event-id marks (events.py)
     position: Position | None = None
     pending: list[OutMessage] = field(default_factory=list)
     pending_records: list[Record] = field(default_factory=list)  # the latest batch's sample/head records
@@ -469,7 +481,8 @@ class FoldedChangelog:
         return self.position is None
 
 
-def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[tuple[str, str], bytes]) -> None:
+def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[tuple[str, str], bytes],
+           raw_events: dict[bytes, bytes]) -> None:
     if key.startswith(b"sample/"):
         head_id, sample_id = _parse_sample_key(key)
         if value is None:
@@ -488,6 +501,11 @@ def _apply(folded: FoldedChangelog, key: bytes, value: bytes | None, raw: dict[t
         else:
             t = decode_tombstone(key, value)
             folded.tombstones[t.key] = t
+    elif key.startswith(b"event/"):  # opened once folding is done, as samples
+        if value is None:
+            raw_events.pop(key, None)
+        else:
+            raw_events[key] = value
 
 
 def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenSample | None = None) -> FoldedChangelog:
@@ -504,10 +522,11 @@ def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenS
     folded = FoldedChangelog()
     latest: dict[bytes, bytes | None] = {}
     raw: dict[tuple[str, str], bytes] = {}
+    raw_events: dict[bytes, bytes] = {}
     pos_key, done_key = position_key(partition), delivered_key(partition)
     for key, value in records:
-        if key.startswith((b"sample/", b"head/", b"tomb/")):
-            _apply(folded, key, value, raw)
+        if key.startswith((b"sample/", b"head/", b"tomb/", b"event/")):
+            _apply(folded, key, value, raw, raw_events)
         else:
             latest[key] = value
     raw_pos = latest.get(pos_key)
@@ -523,10 +542,16 @@ def fold_changelog(records: Iterable[Record], partition: int, open_sample: OpenS
         raise ChangelogError(f"txn of partition {partition} (generation {pos.generation}) does not verify")
     recs, messages = decode_txn(txn)
     for key, value in recs:
-        _apply(folded, key, value, raw)
+        _apply(folded, key, value, raw, raw_events)
     for (head_id, sample_id), value in raw.items():
         plain = value if open_sample is None else open_sample(head_id, sample_id, value)
         folded.samples[(head_id, sample_id)] = decode_sample(head_id, sample_id, plain)
+    for key, value in raw_events.items():
+        try:
+            m = open_event(key, value, open_sample)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error) as exc:
+            raise ChangelogError(f"bad event record {key[:200]!r}: {exc}") from None
+        folded.events[m.key] = m
     folded.position = pos
     done = latest.get(done_key)
     if done is None or int(done) < pos.generation:
@@ -569,9 +594,10 @@ def resume_plan(local: LocalPosition, changelog: Position | None) -> ResumePlan:
 
 
 def snapshot_mutations(samples: Iterable[CachedSample], heads: Iterable[HeadInfo],
-                       tombstones: Iterable[Tombstone] = ()) -> CacheMutations:
+                       tombstones: Iterable[Tombstone] = (), events: Iterable[EventMark] = ()) -> CacheMutations:
     """A whole cache as one batch of puts (the txn of a ``seed``)."""
-    return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads), put_tombstones=tuple(tombstones))
+    return CacheMutations(put_samples=tuple(samples), put_heads=tuple(heads), put_tombstones=tuple(tombstones),
+                          put_events=tuple(events))
 
 
 _SCAN_WINDOW = 512  # records of the first backward window when looking for the last position
@@ -747,7 +773,7 @@ def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> 
         db.execute(f"PRAGMA synchronous={synchronous}")
         db.execute("PRAGMA busy_timeout=30000")
         db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)
-        db.executescript(_SCHEMA)
+        db.executescript(_SCHEMA + EVENTS_SCHEMA)
         check_meta(db, path, {"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity)})
     except Exception:
         db.close()
@@ -1026,6 +1052,7 @@ class FeatureCache:
         self._db = open_cache_db(self.path, synchronous, identity or {})
         self._samples = SampleTable(self._db)
         self._tombstones = TombstoneTable(self._db)
+        self._events = EventTable(self._db)
         self._outbox = Outbox(self._db, synchronous)
 
     @classmethod
@@ -1061,6 +1088,21 @@ class FeatureCache:
     def expired_tombstones(self, before_us: int, limit: int) -> list[TombstoneKey]:
         """Keys of up to ``limit`` tombstones dated before ``before_us`` (oldest first)."""
         return self._tombstones.expired(before_us, limit)
+
+    def get_events(self, keys: Iterable[EventKey]) -> dict[EventKey, EventMark]:
+        """The event-id marks of many (head, event id) keys (``core.BatchView``)."""
+        return self._events.get_many(keys)
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None:
+        return self._events.get_many([(head_id, event_id)]).get((head_id, event_id))
+
+    def expired_events(self, before_us: int, limit: int) -> list[EventKey]:
+        """Up to ``limit`` marks dated before ``before_us`` whose sample is not cached (:class:`EventTable`)."""
+        return self._events.expired(before_us, limit)
+
+    def all_events(self) -> list[EventMark]:
+        """Every event-id mark (a seed of the changelog; tests)."""
+        return self._events.all()
 
     # ------------------------------------------------------------------ whole contents (seeds, audits, tests)
     def all_samples(self) -> list[CachedSample]:
@@ -1167,6 +1209,8 @@ class FeatureCache:
             self._samples.put(mutations.put_samples, replace=True)
             self._tombstones.drop(mutations.drop_tombstones)
             self._tombstones.put(mutations.put_tombstones)
+            self._events.drop(mutations.drop_events)
+            self._events.put(mutations.put_events)
             seqs = self._outbox.append(messages)
             self._db.execute(
                 "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
@@ -1193,14 +1237,14 @@ class FeatureCache:
             [(int(p), int(o)) for p, o in origins.items()])
 
     def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], position: Position,
-                    tombstones: Iterable[Tombstone] = ()) -> None:
+                    tombstones: Iterable[Tombstone] = (), events: Iterable[EventMark] = ()) -> None:
         """ONE transaction: the cache becomes a copy rebuilt from the changelog (contents and tombstones, and the
         ``position``'s offset, topic id, generation and routing state) with a NEW lineage and an
         empty outbox: whatever this file held is superseded (its unsent batch, if any, never
         reached Kafka)."""
         applied_offset, generation = position.applied_offset, position.generation
         with Transaction(self._db):
-            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins", "tombstones"):
+            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins", "tombstones", "events"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key IN ('topic_id', 'origin_topic_id', 'route_partitions')")
             for key, value in (("topic_id", position.topic_id), ("origin_topic_id", position.origin_topic_id),
@@ -1211,6 +1255,7 @@ class FeatureCache:
             self._samples.put_heads(heads, replace=False)
             self._samples.put(samples, replace=False)
             self._tombstones.put(tombstones)
+            self._events.put(events)
             if applied_offset >= 0:
                 self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?)", (int(applied_offset),))
             self._db.execute("INSERT INTO lineage (id, lineage, generation) VALUES (0, ?, ?)",

@@ -111,10 +111,12 @@ import orjson
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from unlearn.features.backbones import BackboneError, backbone_cache_key
+from unlearn.features.backbones.images import image_pixels
 from unlearn.features.contract import (
     BatchQuantizer,
     FeatureRejected,
     QuantizeRow,
+    check_information,
     fixed_dim,
     quantize_feature_row,
     quantize_label,
@@ -140,6 +142,14 @@ from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
+from unlearn.streams.featurizer.events import (
+    ERASED,
+    EventKey,
+    EventMark,
+    expired_events,
+    judge_event,
+    named_events,
+)
 from unlearn.streams.featurizer.model import (
     _DELETE_OPS,
     STAGE,
@@ -403,7 +413,8 @@ class BatchView:
     when ``base`` is a :class:`BulkCacheView`), heads memoized; anything else is asked of
     ``base``. Only valid while ``base`` does not change (the judging of one batch)."""
 
-    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = ()) -> None:
+    def __init__(self, base: CacheView, keys: Iterable[tuple[str, str]], tombs: Iterable[TombName] = (),
+                 events: Iterable[EventKey] = ()) -> None:
         self.base = base
         wanted = set(keys)
         names = set(tombs)
@@ -416,6 +427,12 @@ class BatchView:
         self._samples: dict[tuple[str, str], CachedSample | None] = {k: found.get(k) for k in wanted}
         self._tombs: dict[TombName, list[Tombstone]] = {n: list(marks.get(n, ())) for n in names}
         self._heads: dict[str, HeadInfo | None] = {}
+        get_events = getattr(base, "get_events", None)
+        self._events: dict[EventKey, EventMark] = dict(get_events(set(events))) if get_events is not None else {}
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None:
+        """The event-id mark of (head, event id), fetched with the batch (``events.py``)."""
+        return self._events.get((head_id, event_id))
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         key = (head_id, sample_id)
@@ -448,6 +465,17 @@ class Overlay:
         self.heads: dict[str, HeadInfo] = {}
         self.tombs: dict[TombstoneKey, Tombstone] = {}  # put in this batch
         self.expired: tuple[TombstoneKey, ...] = ()  # dropped in this batch (retention)
+        self.events: dict[EventKey, EventMark] = {}  # event-id marks put in this batch
+        self.expired_events: tuple[EventKey, ...] = ()  # marks dropped in this batch (retention)
+
+    def get_event(self, head_id: str, event_id: str) -> EventMark | None:
+        """What (head, event id) already meant: this batch's mark, else the cache's (none when the
+        cache keeps no marks: a test's)."""
+        key = (head_id, event_id)
+        if key in self.events:
+            return self.events[key]
+        get = getattr(self.base, "get_event", None)
+        return None if get is None else get(head_id, event_id)
 
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
         key = (head_id, sample_id)
@@ -491,6 +519,8 @@ class Overlay:
             put_heads=tuple(self.heads.values()),
             put_tombstones=tuple(self.tombs.values()),
             drop_tombstones=tuple(k for k in self.expired if k not in self.tombs),
+            put_events=tuple(self.events.values()),
+            drop_events=tuple(k for k in self.expired_events if k not in self.events),
         )
 
 
@@ -762,6 +792,12 @@ def route_adds(reqs: Sequence[Request | InvalidRequest],
         elif isinstance(r.input, TextInput):
             groups.setdefault(name, []).append((i, r.input.text))
         elif isinstance(r.input, ImageInput):
+            pixels = image_pixels(r.input.data)
+            budget = config.featurizer.max_image_pixels
+            if pixels is not None and pixels > budget:  # checked on the header, before anything is decoded
+                encoded.features[i] = FeatureRejected(
+                    "image_too_large", f"the image declares {pixels} pixels, above UNLEARN_MAX_IMAGE_PIXELS={budget}")
+                continue
             groups.setdefault(name, []).append((i, r.input.data))
     return encoded, groups
 
@@ -854,6 +890,7 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
     contract = judged_contract(r, head, dim, kind, width, config)
     check_contract(r, contract, head, backbone_key, dim, kind, width, label)
     q = quantize(feat, k, contract.feature_bound, contract.normalize)
+    check_information(feat, q, contract.normalize)
     new_head = head is None
     if head is None:
         head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)
@@ -925,6 +962,9 @@ class Judgement:
         hr = self.rows.setdefault(head_id, HeadRows())
         for cs in samples:
             self.overlay.samples[(head_id, cs.sample_id)] = None
+            # The add's event id stays taken (a retention from the delete), its meaning (a hash of
+            # the input) goes with the sample.
+            self.overlay.events[(head_id, cs.event_id)] = EventMark(head_id, cs.event_id, ERASED, event_us)
             hr.add(-1, event_id, replace(cs, event_us=event_us, client_id=scope), by_subject)
         self.accepted += 1
 
@@ -963,26 +1003,31 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
             if config.federated and r.client_id != config.client_id:
                 raise FeatureRejected("wrong_client",
                                f"this federated featurizer serves client {config.client_id!r}, not {r.client_id!r}")
+            fp = judge_event(r, j.overlay)
             if r.op == "add":
                 t_add = judge_remove_wins(r, m, j.overlay, config.tombstones, ts)
                 cs, head, new_head = judge_add(r, encoded.features.get(i), encoded.backbones.get(i), j.overlay,
                                                config, quantize)
                 j.accept_add(r.event_id, replace(cs, event_us=t_add), head, new_head)
+                j.overlay.events[(r.head_id, r.event_id)] = EventMark(r.head_id, r.event_id, fp, t_add, cs.sample_id)
             else:
-                judge_remove(j, r, m, config, ts, client)
+                t_del = judge_remove(j, r, m, config, ts, client)
+                j.overlay.events[(r.head_id, r.event_id)] = EventMark(r.head_id, r.event_id, fp, t_del)
         except FeatureRejected as rej:
-            j.refuse(*refusal(m, r, rej.reason, rej.detail, config, ts))
+            dl, receipt = refusal(m, r, rej.reason, rej.detail, config, ts)
+            # A resend gets no receipt of its own: the first judgement's receipt answers its event id.
+            j.refuse(dl, None if rej.reason == "duplicate_event" else receipt)
     return j
 
 
 def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now: float,
-                 client: ClientRecord | None) -> None:
+                 client: ClientRecord | None) -> int:
     """A delete or delete_subject: remove what was cached at or before its event time (a
     ``-q`` row each, the ledger's applied receipt follows), and leave its tombstone (the
     deleting client's only, unless it may delete others' samples; not kept when older than the
     retention, when adds that old are refused anyway); when nothing was removed, a
     ``tombstoned`` receipt says so. Raises :class:`FeatureRejected` (``subject_mismatch``,
-    ``not_owner``): then nothing is removed and no tombstone left."""
+    ``not_owner``): then nothing is removed and no tombstone left. Returns its event time."""
     policy = config.tombstones
     t_del = delete_event_time(r, m.timestamp_ms, now, policy)
     gone = judge_delete(r, j.overlay, t_del) if r.op == "delete" else judge_delete_subject(r, j.overlay, t_del)
@@ -995,10 +1040,11 @@ def judge_remove(j: Judgement, r: Request, m: InMessage, config: CoreConfig, now
             j.overlay.put_tombstone(t)
     if gone:
         j.accept_deletes(r.head_id, r.event_id, gone, t_del, r.op == "delete_subject", scope)
-        return
+        return t_del
     expires = None if policy.retention == 0 else t_del / 1e6 + policy.retention
     j.tombstone_only(Receipt.tombstoned(r.event_id, r.subject_id, r.head_id, [r.sample_id] if r.sample_id else [],
                                         t_del / 1e6, expires, now, scope or None))
+    return t_del
 
 
 # --------------------------------------------------------------------------- step 4: assemble
@@ -1090,9 +1136,12 @@ def featurize_batch(
     reqs = open_sealed(parse_batch(fresh), transit, config.featurizer.require_sealed_input)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
-    view = BatchView(cache, named_samples(reqs), named_tombstones(reqs))  # one cache lookup per batch, not per event
+    view = BatchView(cache, named_samples(reqs), named_tombstones(reqs),  # one cache lookup per batch, not per event
+                     named_events(reqs))
     judged = judge_batch(fresh, reqs, encoded, view, config, ts, screened)
     judged.overlay.expired = expired_tombstones(cache, config.tombstones, ts)
+    judged.overlay.expired_events = expired_events(cache, config.tombstones.horizon_us(seconds_to_us(ts)),
+                                                   EXPIRE_PER_BATCH)
     deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
                                      config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),

@@ -54,6 +54,7 @@ from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 if TYPE_CHECKING:  # core.py, which holds the remove-wins rule, imports this module
     from unlearn.streams.featurizer.core import Tombstone, TombstoneKey, TombstonePolicy
+    from unlearn.streams.featurizer.events import EventKey, EventMark
 
 __all__ = [
     "ORIGIN_HEADER",
@@ -174,11 +175,13 @@ class CacheMutations:
     put_heads: tuple[HeadInfo, ...] = ()
     put_tombstones: tuple[Tombstone, ...] = ()
     drop_tombstones: tuple[TombstoneKey, ...] = ()  # expired (core.TombstonePolicy.retention)
+    put_events: tuple[EventMark, ...] = ()  # event-id marks (events.py)
+    drop_events: tuple[EventKey, ...] = ()  # expired marks
 
     @property
     def empty(self) -> bool:
         return not (self.put_samples or self.drop_samples or self.put_heads or self.put_tombstones
-                    or self.drop_tombstones)
+                    or self.drop_tombstones or self.put_events or self.drop_events)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from unlearn.schemas.envelope import REQUEST_REASONS
 from unlearn.streams.featurizer.auth import AUTH_REASONS
 from unlearn.streams.featurizer.core import TOMBSTONE_REASONS, TRANSIT_REASONS
+from unlearn.streams.featurizer.events import EVENT_REASONS
 
 __all__ = ["FEATURIZER_REASONS"]
 
@@ -26,6 +27,10 @@ FEATURIZER_REASONS: dict[str, str] = {
     "undecodable_input": "the backbone refused the input (corrupt image, empty text, ...)",
     "encode_failed": "the backbone raised on this input while the rest of its batch encoded",
     "non_finite_feature": "a feature (or its L2 norm) is NaN or infinite",
+    "zero_norm_feature": "a vector with no information: its L2 norm is below 1e-12 (all zeros, all -0.0, "
+                         "subnormals), so it cannot be normalized; without normalization, one whose q is all zeros",
+    "image_too_large": "an image declaring more pixels (width x height) than UNLEARN_MAX_IMAGE_PIXELS, refused "
+                       "from its header before anything is decoded",
     "feature_out_of_bound": "a feature component exceeds UNLEARN_FEATURE_BOUND (never clipped)",
     "label_out_of_range": "a class index outside the head's declared label space (its contract's n_classes; "
                           "UNLEARN_DEFAULT_CLASSES for an auto-created head), a label vector wider than "
@@ -36,6 +41,7 @@ FEATURIZER_REASONS: dict[str, str] = {
     "label_mismatch": "class-index vs vector label, or another vector width, than the head's contract or first add",
     "soft_label_needs_label_frac_bits": "non-integer label values while UNLEARN_LABEL_FRAC_BITS=0",
     **TOMBSTONE_REASONS,
+    **EVENT_REASONS,
     **AUTH_REASONS,
     **TRANSIT_REASONS,
 }

@@ -182,7 +182,8 @@ class Partitions:
             raise StaleStateError(
                 f"changelog {self.topics.changelog}/{p} belongs to {pos.topic!r}, not {self.topics.by_head!r}: "
                 "start over with a fresh ledger, featurizer-cache topic and consumer group")
-        cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values())
+        cache.replace_all(folded.samples.values(), folded.heads.values(), pos, folded.tombstones.values(),
+                          folded.events.values())
         log.warning("partition %d: feature cache rebuilt from %s (%d samples, %d tombstones, offset %d) in %.2fs",
                     p, self.topics.changelog, len(folded.samples), len(folded.tombstones), pos.applied_offset,
                     time.monotonic() - t0)
@@ -211,7 +212,7 @@ class Partitions:
                        cache.lineage, gen, 0, "", cache.origin_offsets(), cache.origin_topic_id,
                        cache.route_partitions)
         msgs = batch_records(p, changelog, snapshot_mutations(cache.all_samples(), cache.heads(),
-                                                              cache.all_tombstones()),
+                                                              cache.all_tombstones(), cache.all_events()),
                              downstream, pos, self.settings.changelog_max_bytes,
                              self.erasure.sample_sealer(p) if self.erasure is not None else None) + downstream
         if self.erasure is not None:

@@ -23,6 +23,7 @@ class FeaturizerSettings(Section):
     require_sealed_input: bool = setting(False, "refuse plaintext adds")
     shred_every_seconds: float = setting(2.0, "at most one subject-key rotation per partition per period")
     transit_rotate_seconds: float = setting(20.0, "a new transit key per partition this often")
+    max_image_pixels: int = setting(4_000_000, "an image add declaring more pixels (width x height) is refused")
 
     def check(self) -> None:
         if self.batch_max_events < 1 or self.batch_max_ms < 0:
@@ -37,6 +38,8 @@ class FeaturizerSettings(Section):
                              "seconds above UNLEARN_MAX_CLOCK_SKEW_SECONDS")
         if self.shred_every_seconds < 0:
             raise ValueError("UNLEARN_SHRED_EVERY_SECONDS must be >= 0")
+        if not 1 <= self.max_image_pixels <= 64_000_000:
+            raise ValueError("UNLEARN_MAX_IMAGE_PIXELS must be in 1..64000000 (the decoder's own ceiling)")
         if self.transit_rotate_seconds < 4.0:
             raise ValueError("UNLEARN_TRANSIT_ROTATE_SECONDS must be at least 4 (a successor is published ahead "
                              "of use_until)")

@@ -537,6 +537,12 @@ def apply_entries(head_id: str, delta: Delta, ledger: ExactLedger,
         if isinstance(entry, SealedRowsEntry):  # the shell opens sealed rows first (schemas.sealed)
             yield i, entry, _reject(i, entry, "sealed_entry", "sealed rows reached the ledger unopened")
             continue
+        if isinstance(entry, RowsEntry) and entry.sign > 0 and len(entry.q) and not entry.q.any(axis=1).all():
+            # The featurizer refuses a vector of no information (zero_norm_feature): a zero add row
+            # would count in n and the class counts while carrying nothing, so the ledger (and the
+            # verifier's replay, which runs this) refuses one too. Deletes of old zero rows still apply.
+            yield i, entry, _reject(i, entry, "zero_norm_feature", "an add row whose q is all zeros")
+            continue
         try:
             result: _T | Rejection = apply_entry(entry)
         except NonMemberDelete as exc:

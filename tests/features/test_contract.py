@@ -52,3 +52,23 @@ def test_backbone_resolution_and_fixed_dims() -> None:
     assert fixed_dim("features:64") == 64 and fixed_dim("minilm") == 384
     assert fixed_dim("efficientnet-lite0@112px") == 1280
     assert fixed_dim("features") is None and fixed_dim("no-such-model") is None
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_vectors_with_no_information_are_refused_for_training(normalize: bool) -> None:
+    """d = 8 of 0.0, of -0.0, of 5e-324 (too small to normalize), and a norm just under the floor:
+    ``zero_norm_feature`` after quantizing (without normalization: a q of all zeros; a norm under
+    the floor that still quantizes to a nonzero q is fine there), never a zero row counting in n.
+    Quantizing alone (a prediction query) refuses none of them."""
+    from unlearn.features.contract import MIN_FEATURE_NORM, check_information
+
+    tiny = np.full(8, MIN_FEATURE_NORM / np.sqrt(8) * 0.99)
+    rows = [np.zeros(8), np.full(8, -0.0), np.full(8, 5e-324), tiny]
+    for f in rows:
+        q = quantize_feature_row(f, 30, 1.0, normalize)  # no refusal here
+        with pytest.raises(FeatureRejected) as exc:
+            check_information(f, q, normalize)
+        assert exc.value.reason == "zero_norm_feature"
+    above = np.full(8, MIN_FEATURE_NORM / np.sqrt(8) * 1.01)
+    check_information(above, quantize_feature_row(above, 30), True)  # unit norm after normalizing
+    check_information(np.eye(8)[0], quantize_feature_row(np.eye(8)[0], 30, 1.0, normalize), normalize)

@@ -280,3 +280,21 @@ def test_a_head_state_of_another_version_is_refused() -> None:
     for other in (1, 3):
         with pytest.raises(SnapshotError, match=f"unknown head state version {other}"):
             decode_state(blob[:4] + struct.pack("<H", other) + blob[6:])
+
+
+def test_a_zero_add_row_is_refused_a_zero_delete_row_applies() -> None:
+    """The featurizer refuses a vector of no information (zero_norm_feature); the ledger (and the
+    verifier's replay, which runs ``apply_entries``) refuses a zero add row as well, whole entry;
+    the delete of a zero row an older head holds still applies."""
+    Q, y = data()
+    head = HeadRuntime.new("h", Delta("h", "x", 6, 30, 0, ()), CFG)
+    zero = np.zeros((1, 6), np.int64)
+    out = head.apply(Delta("h", "x", 6, 30, 0, (rows(+1, np.vstack([Q[:1], zero]), y[:2], "z"),
+                                                 rows(+1, Q[2:4], y[2:4], "ok"))), 0, 0)
+    assert [r.reason for r in out.rejections] == ["zero_norm_feature"]
+    assert head.ledger.count == 2
+    assert head.ledger.digest() == ExactLedger.from_rows(Q[2:4], y[2:4], n_outputs=head.ledger.n_outputs).digest()
+    old = ExactLedger.from_rows(zero, y[:1], n_outputs=3)  # a zero row taken before this rule
+    legacy = HeadRuntime("h", old, CFG)
+    assert not legacy.apply(Delta("h", "y", 6, 30, 0, (rows(-1, zero, y[:1], "d"),)), 0, 0).rejections
+    assert legacy.ledger.count == 0
