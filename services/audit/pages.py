@@ -30,12 +30,21 @@ a { color: #0645ad; } a:visited { color: #5a2a82; }
 .skip { position: absolute; left: -999px; } .skip:focus { left: 1rem; top: 1rem; background: #fff; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 caption { text-align: left; font-weight: 600; padding: 0.25rem 0; }
-th, td { border: 1px solid #767676; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #767676; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
 .scroll { overflow-x: auto; max-width: 100%; }
 code, .mono { font-family: ui-monospace, monospace; word-break: break-all; }
 .ok { color: #0b5d1e; font-weight: 600; } .bad { color: #a00000; font-weight: 600; }
 input, button { font: inherit; padding: 0.3rem; } svg { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; word-break: break-all; background: #f3f3f3; padding: 0.5rem; }
+@media (max-width: 40rem) {
+  .cards table, .cards caption, .cards tbody, .cards tr, .cards th, .cards td { display: block; }
+  .cards thead { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); }
+  .cards tbody tr { border: 1px solid #767676; margin-bottom: 0.5rem; }
+  .cards th, .cards td { border: none; border-top: 1px solid #d0d0d0; }
+  .cards tbody [data-label]::before { content: attr(data-label) ": "; font-weight: 600; }
+  .cards td:empty { display: none; }
+}
 """
 
 SCRIPT = """
@@ -75,12 +84,17 @@ def _when(ts: float | None) -> str:
 
 
 def _table(caption: str, head: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
-    """A table of pre-escaped cells (the first of each row a row header)."""
-    ths = "".join(f'<th scope="col">{escape(h)}</th>' for h in head)
-    body = "".join("<tr>" + "".join(f'<th scope="row">{c}</th>' if i == 0 else f"<td>{c}</td>"
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return (f'<div class="scroll"><table class="{cls}"><caption>{escape(caption)}</caption><thead><tr>{ths}</tr>'
-            f"</thead><tbody>{body}</tbody></table></div>")
+    """A table of pre-escaped cells (the first of each row a row header). On a phone each row
+    becomes a card of "header: value" lines (``data-label``); the explicit ARIA roles keep the
+    table's semantics when CSS changes its display."""
+    labels = [escape(h) for h in head]
+    ths = "".join(f"<th scope='col' role='columnheader'>{h}</th>" for h in labels)
+    body = "".join("<tr role='row'>" + "".join(
+        f"<th scope='row' role='rowheader' data-label='{labels[i]}'>{c}</th>" if i == 0
+        else f"<td role='cell' data-label='{labels[i]}'>{c}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return (f"<div class='scroll cards'><table class='{cls}' role='table'><caption>{escape(caption)}</caption>"
+            f"<thead role='rowgroup'><tr role='row'>{ths}</tr></thead><tbody role='rowgroup'>{body}</tbody>"
+            "</table></div>")
 
 
 def _head_link(head: str) -> str:

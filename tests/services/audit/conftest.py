@@ -48,11 +48,12 @@ def audited(broker_target: BrokerTarget, tmp_path_factory: pytest.TempPathFactor
         with UnlearnClient(s, client_id="audit-test") as c:
             for subject, sample in (("alice", "a1"), ("alice", "a2"), ("bob", "b1"), ("bob", "b2")):
                 c.add("ha", subject, sample, int(rng.integers(0, 2)), features=rng.normal(size=4)).wait_delivered(30)
+            first = wait_for_head(s, "ha", lambda u: u.n_retained == 4, timeout=120)  # a version before the delete
             c.add("ha", "alice", "a3", 0, features=rng.normal(size=5)).wait_delivered(30)  # refused: dimension
             receipt = c.delete("ha", "a1", "alice").wait_receipt(120)
             assert receipt.status == "applied", receipt
             wait_for_head(s, "ha", lambda u: u.mode == "exact" and u.n_retained == 3
-                          and u.version >= (receipt.head_version or 0), timeout=120)
+                          and u.version >= (receipt.head_version or 0) > first.version, timeout=120)
             feat.stop()  # a delete nobody takes yet: the index shows it waiting
             pending = c.delete("ha", "b2", "bob")
             pending.wait_delivered(30)
