@@ -23,6 +23,7 @@ from aiohttp import web
 
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import TopicReadError
+from unlearn.services.erasure.report import erasure_report
 from unlearn.services.verifier.certify import verify_broker
 from unlearn.services.verifier.errors import VerifyError
 
@@ -101,8 +102,6 @@ async def _subject_report(request: web.Request) -> web.Response:
     s, subject, head = request.app[SETTINGS], request.match_info["subject_id"], request.query.get("head", "")
     if not head:
         raise web.HTTPBadRequest(text="give the head: ?head=...\n")
-    from unlearn.services.erasure.report import erasure_report
-
     rep = await asyncio.to_thread(erasure_report, s, head, subject, AuditSettings.of(s).audit_read_timeout)
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"erasure-{head}-{subject}")
     return web.Response(body=orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2), content_type="application/json",

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
-from unlearn.infra.settings import HeadSettings
+from unlearn.infra.settings import ErasureSettings, HeadSettings
 from unlearn.services.serving.cli import run_app
 
 from .app import build_app
@@ -25,7 +25,7 @@ def audit_main(argv: Sequence[str] | None = None) -> int:
     UNLEARN_AUDIT_TOKEN / UNLEARN_AUDIT_BASIC (never the command line: other users see it)."""
     ap = argparse.ArgumentParser(prog="unlearn audit", description=(
         "Read-only web pages for a data-protection officer: subjects, heads, pending deletes (docs/audit.md)."))
-    add_worker_args(ap, HeadSettings, AuditSettings)
+    add_worker_args(ap, HeadSettings, ErasureSettings, AuditSettings)
     ap.add_argument("--port", type=int, help="listen port (default: UNLEARN_AUDIT_PORT; 0: a free one)")
     ap.add_argument("--host", help="listen address (default: UNLEARN_AUDIT_HOST, 127.0.0.1; any other address "
                     "needs UNLEARN_AUDIT_TOKEN or UNLEARN_AUDIT_BASIC)")
