@@ -40,7 +40,7 @@ from unlearn.services.verifier.reading import (
 )
 
 __all__ = ["HeadView", "IndexView", "PendingDelete", "SampleFact", "SubjectHead", "head_view", "index_view",
-           "subject_view"]
+           "pending_removals", "subject_view"]
 
 
 @dataclass
@@ -178,7 +178,7 @@ def index_view(settings: Settings, timeout: float) -> IndexView:
             if p is not None and p.event_id not in answered:
                 pending.setdefault(p.event_id, p)
     for r in read_topic(settings, settings.topic("deltas"), None, timeout, role="verifier"):
-        for p in _pending_removals(r):
+        for p in pending_removals(r):
             if p.event_id not in answered:
                 pending.setdefault(p.event_id, p)
     return IndexView(heads, sorted(pending.values(), key=lambda p: (p.received_ts, p.event_id)))
@@ -197,7 +197,9 @@ def _pending_request(r: LogRecord, where: str) -> PendingDelete | None:
     return PendingDelete(req.event_id, req.head_id, req.subject_id, req.op, req.sample_id, ts, where)
 
 
-def _pending_removals(r: LogRecord) -> list[PendingDelete]:
+def pending_removals(r: LogRecord) -> list[PendingDelete]:
+    """The removals in a ``deltas`` record, one per row, dated by the row's event time (else the
+    record's): the featurizer took the delete over, the ledger has not answered it yet."""
     try:
         d = decode_delta(r.value or b"")
     except CodecError:
