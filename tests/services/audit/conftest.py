@@ -10,15 +10,19 @@ import uuid
 from collections.abc import Iterator
 
 import numpy as np
+import orjson
 import pytest
 
 from tests.conftest import BrokerTarget
-from tests.services.audit.support import BASIC, TOKEN, Audited, get
-from tests.test_pipeline import pipeline_settings, services
+from tests.services.audit.support import BAD_DELETE, BASIC, TOKEN, Audited, get
+from tests.test_pipeline import pipeline_settings, produce, services
+from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.infra.topic_reader import read_topic
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
+from unlearn.services.verifier.reading import decode_receipts
 
 
 def _wait_url(proc: ServiceProcess, timeout: float = 60.0) -> str:
@@ -54,6 +58,13 @@ def audited(broker_target: BrokerTarget, tmp_path_factory: pytest.TempPathFactor
             assert receipt.status == "applied", receipt
             wait_for_head(s, "ha", lambda u: u.mode == "exact" and u.n_retained == 3
                           and u.version >= (receipt.head_version or 0) > first.version, timeout=120)
+            # a refused delete (invalid ts): a dead letter and a rejected receipt, and a2 stays
+            produce(s, [(b"alice", orjson.dumps({"schema": "unlearn.request/v1", "event_id": BAD_DELETE, "op": "delete",
+                                                 "head_id": "ha", "client_id": "audit-test", "subject_id": "alice",
+                                                 "sample_id": "a2", "ts": "soon"}))])
+            poll_until(lambda _r: BAD_DELETE in {r.event_id for r in decode_receipts(
+                read_topic(s, s.topic("receipts"), timeout=30))} or None, 60, interval=0.5,
+                       timed_out=lambda: AssertionError("no receipt of the invalid delete"))
             feat.stop()  # a delete nobody takes yet: the index shows it waiting
             pending = c.delete("ha", "b2", "bob")
             pending.wait_delivered(30)

@@ -16,13 +16,15 @@ from unlearn.schemas.receipts import Receipt
 
 TOKEN = "t0ken-for-tests"
 BASIC = "dpo:s3cret pass"
+BAD_DELETE = "bad-delete-1"
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "audit"
 
 
 @dataclass
 class Audited:
     """The pipeline run: alice added a1, a2 and a3 (refused: wrong dimension) to head ``ha`` and
-    deleted a1 (receipt ``delete_a1``); bob added b1, b2; bob's delete of b2 was sent while the
+    deleted a1 (receipt ``delete_a1``) and sent an invalid delete of a2 (``BAD_DELETE``: rejected);
+    bob added b1, b2; bob's delete of b2 was sent while the
     featurizer was stopped (pending, event ``pending_b2``)."""
 
     settings: Settings

@@ -9,7 +9,7 @@ from html import unescape
 import orjson
 import pytest
 
-from tests.services.audit.support import Audited, get, rows_by_first, tables
+from tests.services.audit.support import BAD_DELETE, Audited, get, rows_by_first, tables
 from unlearn.infra.between_stages import heads_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.services.audit.app import authorized
@@ -71,6 +71,9 @@ def test_subject_page_shows_each_sample_with_its_receipt_or_refusal(audited: Aud
     assert samples["a3"][1] == "refused" and "dimension_mismatch" in samples["a3"][6]
     receipts = rows_by_first(tables(html)["receipts"])
     assert receipts[rc.event_id][1:3] == ["applied", "a1"]
+    bad = next(r for r in decode_receipts(read_topic(s, s.topic("receipts"))) if r.event_id == BAD_DELETE)
+    assert bad.status == "rejected" and bad.reason
+    assert receipts[BAD_DELETE][1:3] == ["rejected", "a2"] and receipts[BAD_DELETE][5] == bad.reason
     # the erasure state, as erasure-report gives it
     rep = erasure_report(s, "ha", "alice", timeout=30)
     checks = rows_by_first(tables(html)["checks"])
