@@ -39,8 +39,8 @@ from unlearn.services.verifier.reading import (
     read_receipt_records,
 )
 
-__all__ = ["HeadView", "IndexView", "PendingDelete", "SampleFact", "SubjectHead", "head_view", "index_view",
-           "pending_removals", "subject_view"]
+__all__ = ["HeadView", "IndexView", "PendingDelete", "Refusal", "SampleFact", "SubjectHead", "head_view", "index_view",
+           "pending_removals", "sample_facts", "subject_refusals", "subject_view"]
 
 
 @dataclass
@@ -89,12 +89,13 @@ def subject_view(settings: Settings, subject_id: str, timeout: float) -> list[Su
 
 def sample_facts(rep: ErasureReport, refused: list[Refusal]) -> list[SampleFact]:
     """Each sample's state: deleted when an applied receipt names it, else retained; then the
-    refused adds (a sample the head never took)."""
+    refused adds of samples the head never took (a refused delete is a ``rejected`` receipt,
+    listed with the receipts)."""
     applied = {s: rc for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
     facts = [SampleFact(s, "deleted", applied[s]) if s in applied else SampleFact(s, "retained")
              for s in sorted(rep.samples)]
     facts += [SampleFact(r.sample_id or "(none)", "refused", reason=f"{r.op}: {r.reason}")
-              for r in refused if r.sample_id not in rep.samples]
+              for r in refused if r.op not in ("delete", "delete_subject") and r.sample_id not in rep.samples]
     return facts
 
 

@@ -11,7 +11,8 @@ from tests.services.serving.support import make_head
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.audit.pages import head_page, history_svg, index_page, subject_page
-from unlearn.services.audit.views import HeadView, IndexView, PendingDelete, pending_removals
+from unlearn.services.audit.views import HeadView, IndexView, PendingDelete, Refusal, pending_removals, sample_facts
+from unlearn.services.erasure.report import ErasureReport
 
 EVIL = '<script>alert(1)</script>"\'&'
 
@@ -47,3 +48,17 @@ def test_a_removal_already_in_deltas_is_a_pending_delete_dated_by_its_event_time
         ("e2", "h", "v", "delete_subject", "s2", 7.0, "deltas"),
         ("e2", "h", "v", "delete_subject", "s3", 7.0, "deltas")]
     assert pending_removals(LogRecord(0, 6, 9_000, b"h", b"not a delta")) == []
+
+
+def test_sample_states_come_from_the_receipts_and_the_refusals() -> None:
+    rep = ErasureReport("h", "u", receipts=[
+        {"event_id": "d1", "status": "applied", "sample_ids": ["s1"], "head_version": 4, "reason": None},
+        {"event_id": "d2", "status": "rejected", "sample_ids": ["s2"], "head_version": None, "reason": "bad"}],
+        samples={"s1": ["k1"], "s2": ["k2"]})
+    refused = [Refusal("h", "s3", "add", "dimension_mismatch", 1.0), Refusal("h", "s2", "delete", "bad", 1.0),
+               Refusal("h", None, "delete_subject", "bad", 1.0)]
+    facts = {f.sample_id: f for f in sample_facts(rep, refused)}
+    assert sorted(facts) == ["s1", "s2", "s3"]
+    assert facts["s1"].state == "deleted" and (facts["s1"].receipt or {}).get("event_id") == "d1"
+    assert facts["s2"].state == "retained"  # its delete was refused
+    assert facts["s3"].state == "refused" and facts["s3"].reason == "add: dimension_mismatch"
