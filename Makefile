@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka java-test clean
+.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka chromium java-test clean
 
 venv: $(STAMP)
 
@@ -78,7 +78,14 @@ java-test:
 # default of `make demo` (docs/design.md, "The embedded broker"); `make test-tansu` runs them all there.
 TANSU_TESTS := tests/test_pipeline.py tests/test_erasure.py
 
-test: dev data s3 kafka lint typecheck java-test
+# Headless Chromium for the audit pages' browser test (tests/services/audit/test_browser.py):
+# Debian's package, installed where missing (apt-get as root, else through sudo); a no-op when present.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
+test: dev data s3 kafka chromium lint typecheck java-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(TANSU_TESTS)
 

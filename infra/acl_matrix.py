@@ -130,7 +130,10 @@ MATRIX: tuple[Grant, ...] = (
     _t("verifier", "deadletter", "READ", why="`unlearn erasure-report`: no readable original of the subject"),
     *(_t("verifier", name, "READ", why="`unlearn erasure-report`: no readable raw input of the subject")
       for name in ("requests", "requests.by-head")),
+    _t("verifier", "head-registry", "READ", why="`unlearn audit`: a head's contract"),
     _g("verifier", "verifier-", "READ", why="its readers"),
+    _g("verifier", "head-reader-", "READ", why="`unlearn audit`: the latest heads (`read_heads`)"),
+    _g("verifier", "registry-", "READ", why="`unlearn audit`: head-registry reader"),
     # client
     _t("client", "requests", "WRITE", why="add, delete, delete_subject"),
     _t("client", "receipts", "READ", why="the SDK's receipt listener (`--wait`)"),

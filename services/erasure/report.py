@@ -139,7 +139,8 @@ def _read_receipts(settings: Settings, rep: ErasureReport, timeout: float) -> No
             continue
         if rc.head_id == head_id and rc.subject_id == subject_id:
             rep.receipts.append({"event_id": rc.event_id, "status": rc.status, "sample_ids": list(rc.sample_ids),
-                                 "head_version": rc.head_version, "reason": rc.reason})
+                                 "head_version": rc.head_version, "reason": rc.reason, "ts": rc.ts,
+                                 "retained_hash": rc.retained_hash})
 
 
 def _scan_deltas(settings: Settings, rep: ErasureReport, timeout: float) -> tuple[list[str], set[tuple[str, str]]]:

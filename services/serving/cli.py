@@ -12,15 +12,17 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
 
 from unlearn.infra.between_stages import heads_family
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
-from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.infra.settings import HeadSettings
 from unlearn.services.serving.http import build_app, listen
 from unlearn.services.serving.settings import ServeSettings
 
-__all__ = ["serve_main"]
+__all__ = ["run_app", "serve_app", "serve_main"]
 
 log = logging.getLogger("unlearn.serve")
 
@@ -33,8 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _serve(settings: Settings) -> None:
-    """Listen, announce readiness, wait for SIGTERM/SIGINT, then clean up (follower included)."""
+async def serve_app(make_app: Callable[[], web.Application], host: str, port: int,
+                    ready: Callable[[int], object]) -> None:
+    """Listen on host:port, call ``ready(bound port)``, wait for SIGTERM/SIGINT, then clean up
+    (the runner's cleanup stops what the app started: the heads follower, the model pool)."""
     stop = asyncio.Event()
     got: list[str] = []
 
@@ -46,18 +50,27 @@ async def _serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        serve = ServeSettings.of(settings)
-        runner, port = await listen(build_app(settings), serve.serve_host, serve.serve_port)
+        runner, bound = await listen(make_app(), host, port)
         try:
-            log_ready("serve", url=f"http://{ServeSettings.of(settings).serve_host}:{port}",
-                      heads_topics=heads_family(settings.topic_prefix).pattern)
+            ready(bound)
             await stop.wait()
             log.info("stopping (%s)", got[0])
         finally:
-            await runner.cleanup()  # stops the heads follower and the model pool
+            await runner.cleanup()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def run_app(make_app: Callable[[], web.Application], host: str, port: int, ready: Callable[[int], object]) -> int:
+    """``serve_app`` until a signal (exit 0), or 1 when the address cannot be bound (``unlearn
+    serve`` and ``unlearn audit``)."""
+    try:
+        asyncio.run(serve_app(make_app, host, port, ready))
+    except OSError as exc:
+        print(f"error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def serve_main(argv: Sequence[str] | None = None) -> int:
@@ -70,10 +83,6 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     except (SystemExit, ValueError) as exc:
         return cli_exit_code(exc)
     setup_logging(args.loglevel)
-    try:
-        asyncio.run(_serve(settings))
-    except OSError as exc:
-        serve = ServeSettings.of(settings)
-        print(f"error: cannot listen on {serve.serve_host}:{serve.serve_port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    serve = ServeSettings.of(settings)
+    return run_app(lambda: build_app(settings), serve.serve_host, serve.serve_port, lambda port: log_ready(
+        "serve", url=f"http://{serve.serve_host}:{port}", heads_topics=heads_family(settings.topic_prefix).pattern))

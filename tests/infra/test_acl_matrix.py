@@ -124,11 +124,11 @@ def _roles_in_code() -> dict[str, set[str]]:
 # it is listed here and granted in the matrix).
 ROLE_PRINCIPALS = {
     "serving": {"serving"},                       # services/serving/http.py
-    "registry": {"featurizer", "ledger", "serving", "operator"},  # infra/registry.py
+    "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # infra/registry.py (+ unlearn audit)
     "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
     "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/erasure.py
-    "head-reader": {"client"},        # services/client/head_reader.py
+    "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/sdk.py
     "demo-receipts": set(),                       # the demo runs on the embedded broker only
@@ -221,7 +221,7 @@ NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, to
     + [(op, t) for t in ("heads.p2.g5", "ledger-state.p2.g5") for op in ("READ", "WRITE", "CREATE", "DELETE")],
     "serving": [("READ", "heads.p0.g0"), ("READ", REGISTRY_TOPIC)],
     "verifier": [("READ", "deltas"), ("READ", "heads.p1.g0"), ("READ", "receipts"), ("READ", "subject-keys.p1.g0"),
-                 ("READ", "transit-private.p1.g0")],
+                 ("READ", "transit-private.p1.g0"), ("READ", REGISTRY_TOPIC)],
     "client": [("WRITE", "requests"), ("READ", "receipts"), ("READ", "heads.p0.g3"), ("DESCRIBE", "deltas")],
     "operator": [("CREATE", t) for t in TOPICS] + [("DESCRIBE", t) for t in TOPICS]
     + [("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),

@@ -27,6 +27,7 @@ from unlearn.infra.settings import (
     unknown_variables,
     variable,
 )
+from unlearn.services.audit.settings import AuditSettings
 from unlearn.services.cli import main
 from unlearn.services.client.settings import ClientSettings
 from unlearn.services.serving.settings import ServeSettings
@@ -46,6 +47,7 @@ BAD = [
     (LedgerSettings, {"heads_retire_seconds": 1.0}, "UNLEARN_HEADS_RETIRE_SECONDS"),
     (ClientSettings, {"transit_seal": "sometimes"}, "UNLEARN_TRANSIT_SEAL"),
     (ServeSettings, {"serve_port": 70000}, "UNLEARN_SERVE_PORT"),
+    (AuditSettings, {"audit_basic": "no-colon"}, "UNLEARN_AUDIT_BASIC"),
     (VerifySettings, {"verify_tolerance": 0.0}, "UNLEARN_VERIFY_TOLERANCE"),
 ]
 
@@ -61,6 +63,7 @@ COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "head": (),
     "topics": (ErasureSettings,),
     "erasure-report": (ErasureSettings,),
+    "audit": (HeadSettings, ErasureSettings, AuditSettings),
 }
 
 

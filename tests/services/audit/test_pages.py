@@ -1,0 +1,64 @@
+"""The page renderers without a broker: what an id can inject, and the history plot's edges."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tests.services.audit.support import rows_by_first, tables
+from tests.services.serving.support import make_head
+from unlearn.infra.topic_reader import LogRecord
+from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.services.audit.pages import head_page, history_svg, index_page, subject_page
+from unlearn.services.audit.views import HeadView, IndexView, PendingDelete, Refusal, pending_removals, sample_facts
+from unlearn.services.erasure.report import ErasureReport
+
+EVIL = '<script>alert(1)</script>"\'&'
+
+
+def test_ids_are_escaped_everywhere_they_are_shown() -> None:
+    p = PendingDelete("ev<1>", EVIL, EVIL, "delete", EVIL, 1_000.0, "requests")
+    html = index_page(IndexView({EVIL: make_head(2, head=EVIL)}, [p], now=1_060.0))
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "/subjects/%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22%27%26" in html  # the link's path is quoted
+    assert rows_by_first(tables(html)["pending"])["ev<1>"][5] == "60 s"
+    assert "<script>alert" not in subject_page(EVIL, [])
+    h = make_head(3, head=EVIL)
+    assert "<script>alert" not in head_page(HeadView(EVIL, [h], h, [], {"head_id": EVIL}), None, "unlearn verify")
+
+
+def test_the_plot_has_one_mark_per_version_by_mode_and_survives_one_point() -> None:
+    one = history_svg([make_head(1)], [])
+    assert one.count("<circle cx=") == 2  # the version and the legend's circle
+    ups = [make_head(1), dataclasses.replace(make_head(2, "fast"), created_ts=make_head(1).created_ts + 5),
+           dataclasses.replace(make_head(2), created_ts=make_head(1).created_ts + 6)]
+    svg = history_svg(ups, [ups[0].created_ts + 1, ups[0].created_ts + 2])
+    assert svg.count("<circle cx=") == 3 and svg.count("<rect x=") == 2  # exact: circles, fast: squares (+ legend)
+    assert "version 2 fast: 20 samples" in svg and "2 deletes applied" in svg
+
+
+def test_a_removal_already_in_deltas_is_a_pending_delete_dated_by_its_event_time() -> None:
+    q = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    delta = Delta("h", "f", 3, 30, 0, [RowsEntry(1, ["e1"], ["s1"], ["u"], np.array([0]), q[:1]),
+                                       RowsEntry(-1, ["e2", "e2"], ["s2", "s3"], ["v", "v"], np.array([0, 1]), q,
+                                                 (7_000_000, 7_000_000), True)])
+    got = pending_removals(LogRecord(0, 5, 9_000, b"h", encode_delta(delta)))
+    assert [(p.event_id, p.head_id, p.subject_id, p.op, p.sample_id, p.received_ts, p.where) for p in got] == [
+        ("e2", "h", "v", "delete_subject", "s2", 7.0, "deltas"),
+        ("e2", "h", "v", "delete_subject", "s3", 7.0, "deltas")]
+    assert pending_removals(LogRecord(0, 6, 9_000, b"h", b"not a delta")) == []
+
+
+def test_sample_states_come_from_the_receipts_and_the_refusals() -> None:
+    rep = ErasureReport("h", "u", receipts=[
+        {"event_id": "d1", "status": "applied", "sample_ids": ["s1"], "head_version": 4, "reason": None},
+        {"event_id": "d2", "status": "rejected", "sample_ids": ["s2"], "head_version": None, "reason": "bad"}],
+        samples={"s1": ["k1"], "s2": ["k2"]})
+    refused = [Refusal("h", "s3", "add", "dimension_mismatch", 1.0), Refusal("h", "s2", "delete", "bad", 1.0),
+               Refusal("h", None, "delete_subject", "bad", 1.0)]
+    facts = {f.sample_id: f for f in sample_facts(rep, refused)}
+    assert sorted(facts) == ["s1", "s2", "s3"]
+    assert facts["s1"].state == "deleted" and (facts["s1"].receipt or {}).get("event_id") == "d1"
+    assert facts["s2"].state == "retained"  # its delete was refused
+    assert facts["s3"].state == "refused" and facts["s3"].reason == "add: dimension_mismatch"
