@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka java-test clean
+.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka connect java-test clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,18 @@ kafka: $(KAFKA_STAMP)
 $(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh
 	@sh infra/kafka/install-jars.sh
 
+# Kafka Connect (standalone) and the Debezium PostgreSQL connector that `unlearn cdc` runs
+# (docs/cdc.md): the jars pinned by infra/connect/pom.xml, resolved from Maven Central into
+# .cache/connect/<kafka>-<debezium>/lib and checked against infra/connect/jars.sha256 (needs java
+# 17+ and mvn). `test` depends on it (tests/test_cdc.py).
+CONNECT_VERSION := $(KAFKA_VERSION)-$(shell sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' infra/connect/pom.xml)
+CONNECT_STAMP   := .cache/connect/$(CONNECT_VERSION)/.verified
+
+connect: $(CONNECT_STAMP)
+
+$(CONNECT_STAMP): infra/connect/pom.xml infra/connect/jars.sha256 infra/connect/install-jars.sh infra/kafka/pom.xml
+	@sh infra/connect/install-jars.sh
+
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.
 data:
 	@sh infra/ensure-data.sh
@@ -78,7 +90,7 @@ java-test:
 # default of `make demo` (docs/design.md, "The embedded broker"); `make test-tansu` runs them all there.
 TANSU_TESTS := tests/test_pipeline.py tests/test_erasure.py
 
-test: dev data s3 kafka lint typecheck java-test
+test: dev data s3 kafka connect lint typecheck java-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(TANSU_TESTS)
 
@@ -96,4 +108,4 @@ bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) infra/s3/node_modules .cache/kafka clients/java/target .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
+	rm -rf $(VENV) infra/s3/node_modules .cache/kafka .cache/connect clients/java/target .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
