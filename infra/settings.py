@@ -60,6 +60,7 @@ SECTION_MODULES = (
     "unlearn.services.client.settings",
     "unlearn.services.serving.settings",
     "unlearn.services.verifier.settings",
+    "unlearn.services.cdc.settings",
 )
 
 #: ``UNLEARN_*`` variables that are not settings: test switches, the demo's feature cache, the

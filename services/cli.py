@@ -28,6 +28,7 @@ tools
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
   erasure-report  check that none of a subject's data can still be read (docs/erasure.md)
+  cdc             a PostgreSQL table's inserts, updates and deletes -> a head's requests (Debezium)
   demo            the whole system end to end on offline data (make demo)
 """
 
@@ -128,6 +129,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "verify": _lazy("unlearn.services.verifier.cli", "verify_main"),
     "export-deltas": _lazy("unlearn.services.verifier.cli", "export_deltas_main"),
     "erasure-report": _lazy("unlearn.services.erasure.report", "erasure_report_main"),
+    "cdc": _lazy("unlearn.services.cdc.cli", "cdc_main"),
     "demo": _lazy("unlearn.services.demo.driver", "demo_main"),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +155,28 @@ def test_a_redelivered_change_is_the_same_requests_and_distinct_changes_distinct
 def test_features_input_names_the_column_in_refusals() -> None:
     with pytest.raises(Refusal, match="'emb'"):
         features_input(None, F4, "emb")
+
+
+def test_streamed_changes_are_dated_no_earlier_than_the_snapshot_floor() -> None:
+    floor = TS_US + 500
+    [snap] = change_requests(M, ev("r", None, row()), floor)
+    assert isinstance(snap, dict) and round(snap["ts"] * 1e6) == TS_US  # a read keeps its own date
+    [d] = change_requests(M, ev("d", row(), None), floor)
+    assert isinstance(d, dict) and round(d["ts"] * 1e6) == floor
+    dd, aa = change_requests(M, ev("u", row(), row(label=1)), floor)
+    assert isinstance(dd, dict) and isinstance(aa, dict)
+    assert (round(dd["ts"] * 1e6), round(aa["ts"] * 1e6)) == (floor, floor + 1)
+
+
+def test_offsets_state_tells_a_snapshot_in_progress_from_a_stream(tmp_path: Path) -> None:
+    from unlearn.services.cdc.state import offsets_state
+
+    f = tmp_path / "connect.offsets"
+    assert offsets_state(f) == "none"
+    key = b'\xac\xed\x00\x05sr\x00\x11java.util.HashMap["c",{"server":"x"}]uq\x00~\x00\x00\x00w'
+    f.write_bytes(key + b'{"last_snapshot_record":false,"lsn":22,"txId":7,"ts_usec":1,"snapshot":"INITIAL"}x')
+    assert offsets_state(f) == "snapshotting"
+    f.write_bytes(key + b'{"last_snapshot_record":true,"lsn":22,"txId":7,"ts_usec":1,"snapshot":"INITIAL"}x')
+    assert offsets_state(f) == "streaming"
+    f.write_bytes(key + b'{"lsn_proc":22282200,"messageType":"INSERT","lsn_commit":22282200,"lsn":22282200}x')
+    assert offsets_state(f) == "streaming"

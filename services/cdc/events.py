@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REASONS", "Refusal", "TableMap", "change_requests", "event_id", "features_input"]
+__all__ = ["REASONS", "Refusal", "TableMap", "change_requests", "event_id", "event_us", "features_input", "is_snapshot"]
 
 _ID = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -192,12 +192,28 @@ def _changed(m: TableMap, before: dict[str, Any], after: dict[str, Any]) -> bool
     return any(before.get(c) != after.get(c) for c in cols)
 
 
-def change_requests(m: TableMap, envelope: Any) -> list[dict[str, Any] | Refusal]:
+def is_snapshot(envelope: Any) -> bool:
+    """Whether a change event is a snapshot read (``op`` ``r``)."""
+    return isinstance(envelope, dict) and isinstance(envelope.get("payload"), dict) \
+        and envelope["payload"].get("op") == "r"
+
+
+def event_us(envelope: Any) -> int | None:
+    """The event time a change would get without a floor (None if it has none)."""
+    try:
+        return _commit_us(envelope["payload"]["source"])
+    except (Refusal, KeyError, TypeError):
+        return None
+
+
+def change_requests(m: TableMap, envelope: Any, floor_us: int = 0) -> list[dict[str, Any] | Refusal]:
     """The requests (and refusals) of one change event, in the order to produce them.
 
     ``envelope`` is the JSON of a change event with its schema (``{"schema", "payload"}``, the
     JsonConverter with schemas enabled: the schema tells ``real[]`` from ``double precision[]``).
-    A Debezium tombstone (``None``) is no change: ``[]``."""
+    A Debezium tombstone (``None``) is no change: ``[]``. ``floor_us``: a streamed change is dated
+    no earlier (the snapshot's reads are dated when they are read, after the snapshot's point in
+    the WAL: a change committed while the snapshot ran must still come after them)."""
     if envelope is None:
         return []
     if not isinstance(envelope, dict) or not isinstance(envelope.get("payload"), dict):
@@ -214,6 +230,8 @@ def change_requests(m: TableMap, envelope: Any) -> list[dict[str, Any] | Refusal
         ts_us = _commit_us(source)
     except Refusal as exc:
         return [exc]
+    if op != "r":
+        ts_us = max(ts_us, floor_us)
     if op == "t":
         return [Refusal("cdc_truncate_refused", f"TRUNCATE of {m.table} at LSN {lsn} is not applied to head "
                         f"{m.head!r}: delete the rows with DELETE (docs/cdc.md)", f"cdc:{m.table}:{lsn}:t")]
