@@ -79,8 +79,9 @@ class CdcBridge:
             if msg.error() is not None:
                 log.warning("change topic: %s", msg.error())
         for msg in todo:
+            value = msg.value()
             try:
-                envelope = None if msg.value() is None else orjson.loads(msg.value())
+                envelope = None if value is None else orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 self._deadletter(Refusal("cdc_bad_event", f"not JSON: {exc}"), msg)
                 continue
@@ -101,7 +102,11 @@ class CdcBridge:
                 self._floor_saved = self.floor
             from confluent_kafka import TopicPartition
 
-            ends = {m.partition(): m.offset() + 1 for m in todo}
+            ends: dict[int, int] = {}
+            for m in todo:
+                p, o = m.partition(), m.offset()
+                if p is not None and o is not None:
+                    ends[p] = o + 1
             self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in ends.items()],
                                  asynchronous=False)
             self.committed.update(ends)

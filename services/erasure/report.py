@@ -148,7 +148,7 @@ def _check_change_topics(settings: Settings, subject_id: str, timeout: float) ->
             except (orjson.JSONDecodeError, AttributeError):
                 found.append(f"{t} {r.partition}/{r.offset}: unparsable record naming the subject")
                 continue
-            rows = [payload.get(k) for k in ("before", "after") if isinstance(payload.get(k), dict)]
+            rows: list[dict[str, Any]] = [x for k in ("before", "after") if isinstance(x := payload.get(k), dict)]
             if any(v == subject_id for row in rows for v in row.values()):
                 found.append(f"{t} {r.partition}/{r.offset}: a row of the subject")
     return StoreCheck("cdc change topics", not found, f"{len(topics)} change topics, no row of the subject"
