@@ -52,7 +52,7 @@ KAFKA_STAMP   := .cache/kafka/$(KAFKA_VERSION)/.verified
 
 kafka: $(KAFKA_STAMP)
 
-$(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh
+$(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh infra/jars.sh
 	@sh infra/kafka/install-jars.sh
 
 # Kafka Connect (standalone) and the Debezium PostgreSQL connector that `unlearn cdc` runs
@@ -64,7 +64,7 @@ CONNECT_STAMP   := .cache/connect/$(CONNECT_VERSION)/.verified
 
 connect: $(CONNECT_STAMP)
 
-$(CONNECT_STAMP): infra/connect/pom.xml infra/connect/jars.sha256 infra/connect/install-jars.sh infra/connect/compat/org/apache/kafka/common/utils/Sanitizer.java infra/kafka/pom.xml
+$(CONNECT_STAMP): infra/connect/pom.xml infra/connect/jars.sha256 infra/connect/install-jars.sh infra/jars.sh infra/connect/compat/org/apache/kafka/common/utils/Sanitizer.java infra/kafka/pom.xml
 	@sh infra/connect/install-jars.sh
 
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.

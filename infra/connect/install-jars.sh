@@ -2,7 +2,7 @@
 # `make connect`: resolve the pinned Kafka Connect runtime and Debezium PostgreSQL connector jars
 # (infra/connect/pom.xml) from Maven Central into .cache/connect/<kafka>-<debezium>/lib and check
 # every jar against infra/connect/jars.sha256: a changed, missing or extra jar fails, and nothing is
-# left in lib/. Then stamps lib/../.verified. The same pattern as infra/kafka/install-jars.sh.
+# left in lib/ (infra/jars.sh, shared with `make kafka`). Then stamps lib/../.verified.
 #   --relock   write jars.sha256 from what Maven resolved instead of checking (a deliberate
 #              version change; review the diff).
 # Needs java (17+) and mvn on PATH.
@@ -15,28 +15,10 @@ debezium=$(sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' $here
 broker=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' infra/kafka/pom.xml)
 [ -n "$kafka" ] && [ -n "$debezium" ] || { echo "make connect: no <kafka.version>/<debezium.version> in $here/pom.xml" >&2; exit 1; }
 [ "$kafka" = "$broker" ] || { echo "make connect: Connect $kafka differs from the broker's Kafka $broker (infra/kafka/pom.xml)" >&2; exit 1; }
-command -v mvn >/dev/null || { echo "make connect: mvn not found: install Maven (Debian: apt-get install maven)" >&2; exit 1; }
-command -v java >/dev/null || { echo "make connect: java not found: install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
 cache=.cache/connect/$kafka-$debezium
 tmp=$cache/lib.tmp
-rm -rf "$tmp" "$cache/.verified"
-mkdir -p "$tmp"
-mvn -q -B -Dstyle.color=never -f $here/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$PWD/$tmp"
-actual=$(cd "$tmp" && sha256sum -- *.jar | LC_ALL=C sort -k2)
-if [ "${1:-}" = "--relock" ]; then
-    { sed -n '/^#/p' "$lock"; echo "$actual"; } > "$lock.new" && mv "$lock.new" "$lock"
-    echo "make connect: wrote $lock ($(echo "$actual" | wc -l) jars); review the diff"
-else
-    expected=$(grep -v '^#' "$lock" | LC_ALL=C sort -k2)
-    if [ "$actual" != "$expected" ]; then
-        echo "make connect: the resolved jars do not match $lock (changed, missing or extra jar):" >&2
-        printf '%s\n' "$expected" > "$tmp.expected"
-        printf '%s\n' "$actual" | diff "$tmp.expected" - >&2 || true
-        rm -rf "$tmp" "$tmp.expected" "$cache/lib"
-        exit 1
-    fi
-fi
+. infra/jars.sh
+resolve_jars connect $here/pom.xml "$lock" "$cache" "${1:-}"
 # The one class Debezium 3.6.1 needs that Kafka 4.x moved (compat/..../Sanitizer.java says why),
 # compiled against the verified kafka-clients jar into its own jar, outside the sha256 list.
 command -v javac >/dev/null || { echo "make connect: javac not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)" >&2; rm -rf "$tmp"; exit 1; }
