@@ -180,3 +180,19 @@ def test_offsets_state_tells_a_snapshot_in_progress_from_a_stream(tmp_path: Path
     assert offsets_state(f) == "streaming"
     f.write_bytes(key + b'{"lsn_proc":22282200,"messageType":"INSERT","lsn_commit":22282200,"lsn":22282200}x')
     assert offsets_state(f) == "streaming"
+
+
+def test_debezium_is_started_only_where_it_cannot_snapshot_over_a_stream(tmp_path: Path) -> None:
+    from unlearn.services.cdc.postgres import CdcSourceError
+    from unlearn.services.cdc.state import check_resumable
+
+    check_resumable(tmp_path, False, "slot")  # first start: fresh slot, no offsets
+    with pytest.raises(CdcSourceError, match="no source offsets"):
+        check_resumable(tmp_path, True, "slot")  # crashed before Connect saved anything
+    (tmp_path / "connect.offsets").write_bytes(b'{"last_snapshot_record":false,"lsn":1,"snapshot":"INITIAL"}')
+    with pytest.raises(CdcSourceError, match="before its snapshot completed"):
+        check_resumable(tmp_path, True, "slot")
+    (tmp_path / "connect.offsets").write_bytes(b'{"lsn_proc":5,"lsn_commit":5,"lsn":5}')
+    check_resumable(tmp_path, True, "slot")  # a restart past the snapshot
+    with pytest.raises(CdcSourceError, match="no replication slot"):
+        check_resumable(tmp_path, False, "slot")
