@@ -263,3 +263,32 @@ def test_table_trains_and_untrains_a_head_through_kill_9_and_a_postgres_restart(
     deadletters = cdc.log_path.read_text()
     assert "cdc_null_column" in deadletters  # the NULL-label rows were refused, loudly
     assert cdc.starts == 2
+
+
+def test_erasure_report_fails_while_a_change_record_holds_a_row_of_the_subject(settings: Settings) -> None:
+    """The `cdc change topics` check reads every `<prefix>cdc.*` topic: a row of the subject there
+    is reported until it is trimmed (DeleteRecords, as `unlearn cdc` does once it forwarded it)."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from unlearn.infra.settings import producer_config
+    from unlearn.infra.topics import delete_records, ensure_topic
+
+    if settings.profile == "tansu":
+        pytest.skip("DeleteRecords is a Kafka capability")
+    topic = change_topic(settings, "public.photos")
+    ensure_topic(settings, topic)
+    rows = [{"id": "p1", "owner": "alice", "label": 1, "feat": [0.5]}, {"id": "p2", "owner": "bob", "label": 2}]
+    p = Producer(producer_config(settings))
+    for row in rows:
+        p.produce(topic, value=orjson.dumps({"schema": {}, "payload": {"before": None, "after": row, "op": "c"}}))
+    assert p.flush(30) == 0
+
+    def check(subject: str) -> Any:
+        rep = erasure_report(settings, "h", subject, timeout=30)
+        return next(c for c in rep.checks if c.store == "cdc change topics")
+
+    assert not check("alice").clear and "0/0" in check("alice").problems[0]
+    assert check("carol").clear  # nobody else's rows count
+    delete_records(settings, {(topic, 0): 1})  # what `unlearn cdc` does after forwarding p1
+    assert check("alice").clear and not check("bob").clear
