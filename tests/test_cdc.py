@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -260,6 +261,13 @@ def test_table_trains_and_untrains_a_head_through_kill_9_and_a_postgres_restart(
         feat.stop()
         led.stop()
     assert cdc.proc is not None and cdc.proc.returncode == 0, cdc.log_tail()
+    slot = slot_name(head, table)
+    assert sql(postgres, "SELECT 1 FROM pg_publication WHERE pubname = %s", slot)
+    out = subprocess.run([sys.executable, "-m", "unlearn.services.cli", *args, "--drop-slot"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and f"slot {slot}" in out.stdout and f"publication {slot}" in out.stdout, out
+    assert not sql(postgres, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot)
+    assert not sql(postgres, "SELECT 1 FROM pg_publication WHERE pubname = %s", slot)
     deadletters = cdc.log_path.read_text()
     assert "cdc_null_column" in deadletters  # the NULL-label rows were refused, loudly
     assert cdc.starts == 2
