@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 TORCH  := torch==2.13.0
 
-.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka chromium java-test clean
+.PHONY: venv dev demo test test-tansu lint typecheck bench bench-paper bench-pipeline data s3 kafka connect chromium java-test clean
 
 venv: $(STAMP)
 
@@ -52,8 +52,20 @@ KAFKA_STAMP   := .cache/kafka/$(KAFKA_VERSION)/.verified
 
 kafka: $(KAFKA_STAMP)
 
-$(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh
+$(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-jars.sh infra/jars.sh
 	@sh infra/kafka/install-jars.sh
+
+# Kafka Connect (standalone) and the Debezium PostgreSQL connector that `unlearn cdc` runs
+# (docs/cdc.md): the jars pinned by infra/connect/pom.xml, resolved from Maven Central into
+# .cache/connect/<kafka>-<debezium>/lib and checked against infra/connect/jars.sha256 (needs java
+# 17+ and mvn). `test` depends on it (tests/test_cdc.py).
+CONNECT_VERSION := $(KAFKA_VERSION)-$(shell sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' infra/connect/pom.xml)
+CONNECT_STAMP   := .cache/connect/$(CONNECT_VERSION)/.verified
+
+connect: $(CONNECT_STAMP)
+
+$(CONNECT_STAMP): infra/connect/pom.xml infra/connect/jars.sha256 infra/connect/install-jars.sh infra/jars.sh infra/connect/compat/org/apache/kafka/common/utils/Sanitizer.java infra/kafka/pom.xml
+	@sh infra/connect/install-jars.sh
 
 # Offline datasets: Fashion-MNIST comes from Debian's dataset-fashion-mnist package.
 data:
@@ -85,7 +97,7 @@ chromium:
 	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
-test: dev data s3 kafka chromium lint typecheck java-test
+test: dev data s3 kafka connect chromium lint typecheck java-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(TANSU_TESTS)
 
@@ -103,4 +115,4 @@ bench-pipeline: venv
 	$(PY) -m bench.pipeline_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) infra/s3/node_modules .cache/kafka clients/java/target .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out
+	rm -rf $(VENV) infra/s3/node_modules .cache/kafka .cache/connect clients/java/target .pytest_cache .hypothesis .mypy_cache .ruff_cache .typecheck demo-out

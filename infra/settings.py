@@ -61,6 +61,7 @@ SECTION_MODULES = (
     "unlearn.services.serving.settings",
     "unlearn.services.verifier.settings",
     "unlearn.services.audit.settings",
+    "unlearn.services.cdc.settings",
 )
 
 #: ``UNLEARN_*`` variables that are not settings: test switches, the demo's feature cache, the

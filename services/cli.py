@@ -29,6 +29,7 @@ tools
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
   erasure-report  check that none of a subject's data can still be read (docs/erasure.md)
   audit           read-only web pages: a subject's data, heads, pending deletes (docs/audit.md)
+  cdc             a PostgreSQL table's inserts, updates and deletes -> a head's requests (Debezium)
   demo            the whole system end to end on offline data (make demo)
 """
 
@@ -142,6 +143,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "export-deltas": _lazy("unlearn.services.verifier.cli", "export_deltas_main"),
     "erasure-report": _lazy("unlearn.services.erasure.report", "erasure_report_main"),
     "audit": _lazy("unlearn.services.audit.cli", "audit_main"),
+    "cdc": _lazy("unlearn.services.cdc.cli", "cdc_main"),
     "demo": _lazy("unlearn.services.demo.driver", "demo_main"),
 }
 

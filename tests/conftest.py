@@ -123,3 +123,19 @@ def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Ite
     yield s
     with contextlib.suppress(Exception):  # cleanup only; a dead broker is reported by the test itself
         delete_topics(s, prefixed_topics(s))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    """A local PostgreSQL 15 with ``wal_level=logical`` for the CDC tests (infra/local_postgres.py):
+    started once per session like the broker, in a temporary directory, removed at the end."""
+    from unlearn.infra.local_postgres import LocalPostgres, PostgresError
+
+    try:
+        pg = LocalPostgres().start()
+    except PostgresError as exc:
+        pytest.fail(f"no local PostgreSQL for the CDC tests: {exc}", pytrace=False)
+    try:
+        yield pg
+    finally:
+        pg.stop()

@@ -22,7 +22,10 @@ excluded all of its samples, and a check of every store the system controls:
   (``redaction.readable_delta``; a redacted one is a summary of ids);
 - ``requests`` and ``requests.by-head`` (read in full): no add of the subject whose raw input can
   still be read: plaintext (a plain producer, or UNLEARN_TRANSIT_SEAL=off) is never clear, a
-  sealed one is clear once its transit key is destroyed (docs/erasure.md section 5).
+  sealed one is clear once its transit key is destroyed (docs/erasure.md section 5);
+- the ``cdc.*`` change topics of `unlearn cdc` (docs/cdc.md, "Erasure"), read in full: no change
+  record whose old or new row has a column equal to the subject id (a change record names no head,
+  so any table's row of the subject counts): `unlearn cdc` trims what it has forwarded.
 
 Exit 0 only if every check is clear; 1 otherwise (or when a topic cannot be read), 2 for usage.
 On a secured cluster it runs as the ``verifier`` principal (docs/security.md).
@@ -124,8 +127,32 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
         rep.excluded_from_version = max(versions)
     transit_kids = _check_keys(settings, rep, plain, sealed_refs, timeout)
     _check_inputs(settings, rep, transit_kids, timeout)
+    rep.checks.append(_check_change_topics(settings, subject_id, timeout))
     rep.checks.append(_check_caches(settings, head_id, subject_id))
     return rep
+
+
+def _check_change_topics(settings: Settings, subject_id: str, timeout: float) -> StoreCheck:
+    """Debezium change records (``<prefix>cdc.<schema>.<table>``) that still hold a row of the subject."""
+    topics = sorted(t for t in _all_topics(settings) if t.startswith(settings.topic("cdc.")))
+    if not topics:
+        return StoreCheck("cdc change topics", True, "no change topic")
+    needle = orjson.dumps(subject_id)
+    found = []
+    for t in topics:
+        for r in _read(settings, t, timeout):
+            if not r.value or needle not in r.value:
+                continue
+            try:
+                payload = orjson.loads(r.value).get("payload") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                found.append(f"{t} {r.partition}/{r.offset}: unparsable record naming the subject")
+                continue
+            rows: list[dict[str, Any]] = [x for k in ("before", "after") if isinstance(x := payload.get(k), dict)]
+            if any(v == subject_id for row in rows for v in row.values()):
+                found.append(f"{t} {r.partition}/{r.offset}: a row of the subject")
+    return StoreCheck("cdc change topics", not found, f"{len(topics)} change topics, no row of the subject"
+                      if not found else f"{len(found)} change records hold rows of the subject", found)
 
 
 def _read_receipts(settings: Settings, rep: ErasureReport, timeout: float) -> None:
