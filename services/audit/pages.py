@@ -139,13 +139,16 @@ def _subject_head(subject_id: str, h: SubjectHead) -> str:
     rows = []
     for s in h.samples:
         rc = s.receipt or {}
-        state = {"retained": "retained", "deleted": "deleted", "refused": "refused"}[s.state]
+        state = {"retained": "retained", "deleted": "deleted", "refused": "refused",
+                 "not retained": "not retained (no applied receipt names it yet)"}[s.state]
+        if s.readded:
+            state = "retained (re-added after its delete)"
         rows.append([f'<span class="mono">{escape(s.sample_id)}</span>', state, escape(rc.get("status", "")),
                      _when(rc.get("ts")), escape(str(rc.get("head_version") or "")),
                      f'<span class="mono">{escape(rc.get("retained_hash") or "")}</span>', escape(s.reason or "")])
-    samples = _table(f"Samples in head {h.head_id}", ["sample", "state", "receipt", "receipt time",
-                                                       "first version without it", "retained-rows hash",
-                                                       "refusal reason"], rows, "samples")
+    samples = _table(f"Samples in head {h.head_id} (state now; a re-added sample shows the delete it came "
+                     "back after)", ["sample", "state", "receipt", "receipt time", "first version without it",
+                                     "retained-rows hash", "refusal reason"], rows, "samples")
     receipts = _table(f"Delete receipts in head {h.head_id}", ["event", "status", "samples", "receipt time",
                                                                 "head version", "reason"],
                       ([f'<span class="mono">{escape(rc["event_id"])}</span>', escape(rc["status"]),
@@ -158,10 +161,12 @@ def _subject_head(subject_id: str, h: SubjectHead) -> str:
                     ([escape(c.store), '<span class="ok">yes</span>' if c.clear else '<span class="bad">no</span>',
                       escape(c.detail) + "".join(f"<br>{escape(p)}" for p in c.problems[:5])]
                      for c in rep.checks), "checks")
+    kept = sum(s.state == "retained" for s in h.samples)
+    excluded = f"none: {kept} retained now" if kept else str(rep.excluded_from_version)
     url = f"/subjects/{quote(subject_id, safe='')}/erasure-report.json?head={quote(h.head_id, safe='')}"
     return (f'<section aria-labelledby="h-{escape(h.head_id)}"><h2 id="h-{escape(h.head_id)}">Head '
             f"{_head_link(h.head_id)}</h2>{samples}{receipts}<h3>Erasure state: {verdict}</h3>"
-            f"<p>Head version first excluding every sample: {escape(str(rep.excluded_from_version))}</p>{checks}"
+            f"<p>Head version first excluding every sample: {escape(excluded)}</p>{checks}"
             f'<p><a href="{url}" download>Download the erasure report (JSON)</a></p></section>')
 
 

@@ -25,7 +25,9 @@ class Audited:
     """The pipeline run: alice added a1, a2 and a3 (refused: wrong dimension) to head ``ha`` and
     deleted a1 (receipt ``delete_a1``) and sent an invalid delete of a2 (``BAD_DELETE``: rejected);
     bob added b1, b2; bob's delete of b2 was sent while the
-    featurizer was stopped (pending, event ``pending_b2``)."""
+    featurizer was stopped (pending, event ``pending_b2``); carol added c1 and c2 and deleted both
+    (receipts ``extra["carol"]``), then re-added c1 dated after its delete (retained again) and c2
+    dated before its delete (refused: ``deleted_before_arrival``). The head retains a2, b1, b2, c1."""
 
     settings: Settings
     url: str

@@ -84,6 +84,9 @@ async def _tour(audited: Audited) -> None:
         assert samples["a2"][1] == "retained"
         assert samples["a3"][1] == "refused" and "dimension_mismatch" in samples["a3"][6]
         await _basics(b, "subject")
+        assert await b.open(audited.url + "/subjects/carol") == 200
+        samples = {r[0]: r for r in await b.eval(ROWS % "samples")}
+        assert samples["c1"][1] == "retained (re-added after its delete)" and samples["c2"][1] == "deleted"
 
         assert await b.open(audited.url + "/heads/ha") == 200
         assert await b.eval("document.getElementById('digest').textContent") == live.digest

@@ -11,7 +11,15 @@ from tests.services.serving.support import make_head
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.audit.pages import head_page, history_svg, index_page, subject_page
-from unlearn.services.audit.views import HeadView, IndexView, PendingDelete, Refusal, pending_removals, sample_facts
+from unlearn.services.audit.views import (
+    HeadView,
+    IndexView,
+    PendingDelete,
+    Refusal,
+    SubjectHead,
+    pending_removals,
+    sample_facts,
+)
 from unlearn.services.erasure.report import ErasureReport
 
 EVIL = '<script>alert(1)</script>"\'&'
@@ -50,15 +58,31 @@ def test_a_removal_already_in_deltas_is_a_pending_delete_dated_by_its_event_time
     assert pending_removals(LogRecord(0, 6, 9_000, b"h", b"not a delta")) == []
 
 
-def test_sample_states_come_from_the_receipts_and_the_refusals() -> None:
+def test_sample_states_come_from_the_replay_the_receipts_and_the_refusals() -> None:
     rep = ErasureReport("h", "u", receipts=[
         {"event_id": "d1", "status": "applied", "sample_ids": ["s1"], "head_version": 4, "reason": None},
-        {"event_id": "d2", "status": "rejected", "sample_ids": ["s2"], "head_version": None, "reason": "bad"}],
-        samples={"s1": ["k1"], "s2": ["k2"]})
+        {"event_id": "d2", "status": "rejected", "sample_ids": ["s2"], "head_version": None, "reason": "bad"},
+        {"event_id": "d4", "status": "applied", "sample_ids": ["s4"], "head_version": 6, "reason": None},
+        {"event_id": "d5", "status": "applied", "sample_ids": ["s5"], "head_version": 7, "reason": None},
+        {"event_id": "d4b", "status": "applied", "sample_ids": ["s4"], "head_version": 9, "reason": None}],
+        samples={"s1": ["k1"], "s2": ["k2"], "s4": ["k4"], "s5": ["k5"], "s6": ["k6"]})
     refused = [Refusal("h", "s3", "add", "dimension_mismatch", 1.0), Refusal("h", "s2", "delete", "bad", 1.0),
-               Refusal("h", None, "delete_subject", "bad", 1.0)]
-    facts = {f.sample_id: f for f in sample_facts(rep, refused)}
-    assert sorted(facts) == ["s1", "s2", "s3"]
+               Refusal("h", None, "delete_subject", "bad", 1.0),
+               Refusal("h", "s5", "add", "deleted_before_arrival", 2.0)]
+    # the replay retains s2 (its delete was refused), s4 (deleted twice, re-added after the second)
+    facts = {f.sample_id: f for f in sample_facts(rep, refused, {"s2", "s4"})}
+    assert sorted(facts) == ["s1", "s2", "s3", "s4", "s5", "s6"]
     assert facts["s1"].state == "deleted" and (facts["s1"].receipt or {}).get("event_id") == "d1"
-    assert facts["s2"].state == "retained"  # its delete was refused
+    assert not facts["s1"].readded
+    assert facts["s2"].state == "retained" and facts["s2"].receipt is None and not facts["s2"].readded
     assert facts["s3"].state == "refused" and facts["s3"].reason == "add: dimension_mismatch"
+    assert facts["s4"].state == "retained" and facts["s4"].readded
+    assert (facts["s4"].receipt or {}).get("event_id") == "d4b"  # the latest delete it came back after
+    assert facts["s5"].state == "deleted" and facts["s5"].reason == "add: deleted_before_arrival"
+    assert facts["s6"].state == "not retained" and facts["s6"].receipt is None
+    html = subject_page("u", [SubjectHead("h", list(facts.values()), rep)])
+    states = {k: v[1] for k, v in rows_by_first(tables(html)["samples"]).items()}
+    assert states["s4"] == "retained (re-added after its delete)" and states["s1"] == "deleted"
+    assert states["s6"].startswith("not retained")
+    assert "first excluding every sample: none: 2 retained now" in html  # never the receipts' version
+
