@@ -11,13 +11,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from unlearn.schemas.head import HeadUpdate
 
+from .certificates import CertState
 from .views import HeadView, IndexView, SubjectHead
 
 __all__ = ["SCRIPT", "STYLE", "head_page", "index_page", "subject_page"]
@@ -170,7 +170,7 @@ def _subject_head(subject_id: str, h: SubjectHead) -> str:
             f'<p><a href="{url}" download>Download the erasure report (JSON)</a></p></section>')
 
 
-def head_page(v: HeadView, certificate: dict[str, Any] | None, command: str) -> str:
+def head_page(v: HeadView, certificate: CertState | None, command: str) -> str:
     """History plot and table, the current digest and contract, the certificate and its command."""
     if v.live is None:
         return _page(f"Head {v.head_id}", "<p>No update of this head is on the heads topics.</p>")
@@ -192,14 +192,30 @@ def head_page(v: HeadView, certificate: dict[str, Any] | None, command: str) -> 
                  f"<section><h2>Verifier certificate</h2>{_certificate(certificate, command)}</section>")
 
 
-def _certificate(cert: dict[str, Any] | None, command: str) -> str:
-    repro = f'<p>Reproduce it:</p><pre id="verify-command">{escape(command)}</pre>'
-    if cert is None:
+def _certificate(state: CertState | None, command: str) -> str:
+    """The latest finished certificate, with the version it certifies, and whether one of the
+    live version is being computed (the page never waits for the verifier)."""
+    repro = f'<p>Run the checks of the live version again:</p><pre id="verify-command">{escape(command)}</pre>'
+    if state is None:
         return "<p>The verifier could not run (see the server log).</p>" + repro
+    live = f"version {state.live[1]} ({state.live[2]})"
+    status, again = state.status.removesuffix(" again"), state.status.endswith(" again")
+    pending = {"computing": f"A certificate of the live {live} is being computed; reload the page later.",
+               "waiting": f"A certificate of the live {live} waits for the verifier (one runs at a time); reload "
+                          "the page later."}.get(status, "")
+    if pending and again:
+        pending = "The last run of the verifier on it could not finish (see the server log), trying again. " + pending
+    note = f'<p id="cert-status" data-status="{escape(status)}">{escape(pending)}</p>' if pending else ""
+    cert = state.certificate
+    if cert is None or state.certifies is None:
+        return note + "<p>No certificate of this head has finished yet.</p>" + repro
     ok = '<span class="ok">PASS</span>' if cert["ok"] else '<span class="bad">FAIL</span>'
+    of = f"version {state.certifies[1]} ({state.certifies[2]})"
+    stale = "" if state.current else " (not the live version)"
     checks = _table("Checks", ["check", "status", "detail"],
                     ([escape(c["name"]), escape(c["status"]), escape(c["detail"])] for c in cert["checks"]), "cert")
-    return (f'<p id="certificate">{ok}: {escape(cert["summary"])}</p><p>Created {_when(cert["created_ts"])}, '
+    return (f'{note}<p>Certificate of <span id="cert-version">{escape(of)}</span>{stale}:</p>'
+            f'<p id="certificate">{ok}: {escape(cert["summary"])}</p><p>Created {_when(cert["created_ts"])}, '
             f'certificate sha256 <span class="mono">{escape(cert["certificate_sha256"])}</span></p>{checks}{repro}')
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -10,6 +12,7 @@ from tests.services.audit.support import rows_by_first, tables
 from tests.services.serving.support import make_head
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.services.audit.certificates import Certifier
 from unlearn.services.audit.pages import head_page, history_svg, index_page, subject_page
 from unlearn.services.audit.views import (
     HeadView,
@@ -85,4 +88,44 @@ def test_sample_states_come_from_the_replay_the_receipts_and_the_refusals() -> N
     assert states["s4"] == "retained (re-added after its delete)" and states["s1"] == "deleted"
     assert states["s6"].startswith("not retained")
     assert "first excluding every sample: none: 2 retained now" in html  # never the receipts' version
+
+def test_certificates_are_computed_in_the_background_one_at_a_time() -> None:
+    release = threading.Event()
+    calls: list[tuple[str, int]] = []
+    running = []
+
+    def run(head: str, seed: int) -> dict[str, object] | None:
+        running.append(1)
+        assert len(running) == 1  # one at a time
+        calls.append((head, seed))
+        release.wait(10)
+        running.pop()
+        return None if head == "broken" else {"head": head, "seed": seed}
+
+    async def scenario() -> None:
+        c = Certifier(run)
+        st = c.state(("h", 3, "exact"))  # answers at once: nothing finished, v3 computing
+        assert (st.certificate, st.status) == (None, "computing")
+        assert c.state(("g", 1, "exact")).status == "waiting"  # queued behind h
+        assert c.state(("h", 4, "exact")).status == "waiting"  # h's newest version replaces nothing running
+        release.set()
+        await c.idle()
+        assert calls == [("h", 3), ("g", 1), ("h", 4)]
+        st = c.state(("h", 4, "exact"))
+        assert st.status == "done" and st.current and st.certificate == {"head": "h", "seed": 4}
+        release.clear()
+        st = c.state(("h", 5, "fast"))  # a new version: the latest finished is shown, of its version
+        assert st.status == "computing" and st.certifies == ("h", 4, "exact") and not st.current
+        html = head_page(HeadView("h", [make_head(5, "fast")], make_head(5, "fast"), [], None),
+                         dataclasses.replace(st, certificate={"ok": True, "summary": "PASS", "created_ts": 1.0,
+                                                              "certificate_sha256": "ab", "checks": []}), "cmd")
+        assert 'data-status="computing"' in html and "version 4 (exact)</span> (not the live version)" in html
+        release.set()
+        await c.idle()
+        assert c.state(("broken", 1, "exact")).status == "computing"
+        await c.idle()
+        assert c.state(("broken", 1, "exact")).status == "computing again"  # a failed run is retried, said so
+        await c.idle()
+
+    asyncio.run(scenario())
 
