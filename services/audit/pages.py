@@ -76,10 +76,14 @@ def _page(title: str, body: str) -> str:
             f'<main id="main"><h1>{escape(title)}</h1>{body}</main></body></html>')
 
 
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def _when(ts: float | None) -> str:
     if not ts:
         return ""
-    iso = dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    iso = _iso(ts)
     return f'<time datetime="{iso}">{iso}</time>'
 
 
@@ -186,7 +190,8 @@ def head_page(v: HeadView, certificate: CertState | None, command: str) -> str:
     history = _table("Versions (the data of the plot)", ["version", "mode", "samples retained", "published"],
                      ([str(u.version), u.mode, str(u.n_retained), _when(u.created_ts)] for u in v.updates), "history")
     return _page(f"Head {v.head_id}", f"<section><h2>Now</h2>{facts}</section>"
-                 f"<section><h2>History</h2>{history_svg(v.updates, [r.ts for r in applied])}{history}"
+                 f"<section><h2>History</h2>{history_coverage(v.updates, [r.ts for r in applied])}"
+                 f"{history_svg(v.updates, [r.ts for r in applied])}{history}"
                  f"<p>{len(applied)} deletes applied.</p></section>"
                  f"<section><h2>Contract</h2>{contract}</section>"
                  f"<section><h2>Verifier certificate</h2>{_certificate(certificate, command)}</section>")
@@ -219,6 +224,24 @@ def _certificate(state: CertState | None, command: str) -> str:
             f'certificate sha256 <span class="mono">{escape(cert["certificate_sha256"])}</span></p>{checks}{repro}')
 
 
+def history_coverage(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) -> str:
+    """What the history covers: the versions still on the heads topics (the ledger trims them and
+    Kafka compacts them, so older versions, and some between, are gone), and the deletes applied,
+    all of them (receipts are kept)."""
+    versions = sorted({u.version for u in updates})
+    lo, hi = versions[0], versions[-1]
+    gaps = hi - lo + 1 - len(versions)
+    first = min(updates, key=lambda u: u.created_ts)
+    kept = ("every version from the first" if lo <= 1 and not gaps else
+            (f"only version {lo}" if lo == hi else f"only versions {lo} to {hi}")
+            + (f" ({gaps} versions between them are gone too)" if gaps else "")
+            + f": the heads topics keep no older version (the ledger trims them and Kafka compacts them), so "
+            f"nothing is shown of the samples retained before {_when(first.created_ts)}")
+    deletes = (f"all {len(delete_times)}, from the receipts (which are kept), from {_when(min(delete_times))}"
+               if delete_times else "none yet (from the receipts, which are kept)")
+    return f'<p id="history-coverage">Samples retained: {kept}. Deletes applied: {deletes}.</p>'
+
+
 def history_svg(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) -> str:
     """Samples retained per version over time (exact: filled circles, fast: open squares) and the
     deletes applied so far (a dashed step line); shapes and dashes tell the series apart, not colour."""
@@ -246,20 +269,28 @@ def history_svg(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) ->
     for i, t in enumerate(sorted(delete_times)):
         steps += [f"{x(t):.1f},{y(i):.1f}", f"{x(t):.1f},{y(i + 1):.1f}"]
     steps.append(f"{x(t1):.1f},{y(len(delete_times)):.1f}")
+    first = min(u.created_ts for u in updates)
+    oldest = min(updates, key=lambda u: u.created_ts)
+    boundary = ("" if first <= t0 else  # deletes before the oldest version kept: say where the versions begin
+                f'<line x1="{x(first):.1f}" y1="{pad}" x2="{x(first):.1f}" y2="{h - pad}" stroke="#595959" '
+                f'stroke-dasharray="2 3"/><text x="{x(first) + 4:.1f}" y="{pad + 10}" font-size="12">'
+                f"oldest version kept: {oldest.version}</text>")
     axis = (f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#111"/>'
             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#111"/>'
             f'<text x="{pad - 6}" y="{y(ymax) + 4:.1f}" text-anchor="end" font-size="12">{ymax}</text>'
             f'<text x="{pad - 6}" y="{h - pad + 4}" text-anchor="end" font-size="12">0</text>'
-            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">time (UTC) →</text>')
+            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">time (UTC) →</text>'
+            f'<text x="{pad}" y="{h - pad + 16}" font-size="12">{_iso(t0)}</text>'
+            f'<text x="{w - pad}" y="{h - pad + 16}" text-anchor="end" font-size="12">{_iso(t1)}</text>')
     legend = ('<circle cx="60" cy="16" r="4" fill="#0645ad"/><text x="70" y="20" font-size="12">exact version</text>'
               '<rect x="176" y="12" width="8" height="8" fill="none" stroke="#5a2a82" stroke-width="2"/>'
               '<text x="190" y="20" font-size="12">fast version</text><line x1="290" y1="16" x2="314" y2="16" '
               'stroke="#a00000" stroke-width="2" stroke-dasharray="5 3"/>'
               '<text x="320" y="20" font-size="12">deletes applied</text>')
-    desc = (f"{len(updates)} versions from {len(updates) and min(u.version for u in updates)} to "
-            f"{len(updates) and max(u.version for u in updates)}; {len(delete_times)} deletes applied")
+    desc = (f"{len(updates)} versions still on the heads topics, from {min(u.version for u in updates)} to "
+            f"{max(u.version for u in updates)}; {len(delete_times)} deletes applied (every receipt)")
     return (f'<svg id="history-plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role=\'img\' '
             f'aria-labelledby="plot-title plot-desc"><title id="plot-title">Samples retained and deletes applied '
             f'over time</title><desc id="plot-desc">{escape(desc)}</desc>{axis}{legend}'
             f'<polyline points="{" ".join(steps)}" fill="none" stroke="#a00000" stroke-width="2" '
-            f'stroke-dasharray="5 3"/>{"".join(marks)}</svg>')
+            f'stroke-dasharray="5 3"/>{boundary}{"".join(marks)}</svg>')

@@ -139,6 +139,13 @@ def test_head_page_shows_digest_history_and_a_reproducible_certificate(audited: 
     on_topic = {(str(u.version), u.mode): str(u.n_retained) for u in updates}
     assert all(on_topic[(v, mode)] == n for v, mode, n, _ in history if (v, mode) in on_topic)
     assert '<svg id="history-plot"' in html and "3 deletes applied" in html
+    # the page says which versions the plot covers; the deletes come from every receipt
+    lo = min(int(r[0]) for r in history)
+    covers = html.split('id="history-coverage">')[1].split("</p>")[0]
+    assert ("every version from the first" in covers) == (lo == 1 and len({r[0] for r in history}) ==
+                                                          max(int(r[0]) for r in history)), covers
+    assert lo == 1 or f"only version {lo}" in covers or f"only versions {lo} to" in covers, covers
+    assert "Deletes applied: all 3, from the receipts" in covers
     assert '"head_id": "ha"' in unescape(html)  # the contract
     assert f"--head ha --orders 1 --partitions 1 --seed {live.version}" in html
     # the page never waits for the verifier: until the live version's certificate is done it says

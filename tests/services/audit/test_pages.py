@@ -13,7 +13,7 @@ from tests.services.serving.support import make_head
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.audit.certificates import Certifier
-from unlearn.services.audit.pages import head_page, history_svg, index_page, subject_page
+from unlearn.services.audit.pages import head_page, history_coverage, history_svg, index_page, subject_page
 from unlearn.services.audit.views import (
     HeadView,
     IndexView,
@@ -89,6 +89,7 @@ def test_sample_states_come_from_the_replay_the_receipts_and_the_refusals() -> N
     assert states["s6"].startswith("not retained")
     assert "first excluding every sample: none: 2 retained now" in html  # never the receipts' version
 
+
 def test_certificates_are_computed_in_the_background_one_at_a_time() -> None:
     release = threading.Event()
     calls: list[tuple[str, int]] = []
@@ -129,3 +130,23 @@ def test_certificates_are_computed_in_the_background_one_at_a_time() -> None:
 
     asyncio.run(scenario())
 
+
+def test_the_history_says_which_versions_it_covers_and_keeps_every_delete() -> None:
+    t = make_head(1).created_ts
+    full = [make_head(1), dataclasses.replace(make_head(2), created_ts=t + 5)]
+    assert "Samples retained: every version from the first." in history_coverage(full, [t + 2])
+    assert "oldest version kept" not in history_svg(full, [t + 2])
+    # versions 5 and 7 left on the heads topics (6 compacted away); deletes from the receipts since t - 100
+    kept = [dataclasses.replace(make_head(5), created_ts=t), dataclasses.replace(make_head(7), created_ts=t + 10)]
+    deletes = [t - 100, t - 50, t + 5]
+    text = history_coverage(kept, deletes)
+    assert "only versions 5 to 7 (1 versions between them are gone too)" in text
+    assert "nothing is shown of the samples retained before" in text
+    assert "Deletes applied: all 3, from the receipts" in text
+    svg = history_svg(kept, deletes)
+    assert "oldest version kept: 5" in svg and "3 deletes applied (every receipt)" in svg
+    steps = svg.split('<polyline points="')[1].split('"')[0].split()
+    assert steps[0].startswith("48.0,")  # the deletes series starts at the first receipt, left of every version
+    assert "Deletes applied: none yet" in history_coverage(kept, [])
+    html = head_page(HeadView("h", kept, kept[-1], [], None), None, "cmd")
+    assert 'id="history-coverage"' in html
