@@ -1,4 +1,4 @@
-"""The audit web app: routes, the credential, and the verifier certificate cache.
+"""The audit web app: routes, the credential, and the verifier certificates (``certificates``).
 
 Read-only: every route is a GET over facts read from the topics (``views``). Every route but
 ``/healthz`` needs the configured credential (a bearer token or HTTP basic auth,
@@ -28,6 +28,7 @@ from unlearn.services.verifier.certify import verify_broker
 from unlearn.services.verifier.errors import VerifyError
 
 from . import pages, views
+from .certificates import Certifier
 from .settings import AuditSettings
 
 __all__ = ["build_app", "verify_command"]
@@ -39,7 +40,7 @@ HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Re
            "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                       "form-action 'self'; frame-ancestors 'none'"}
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
-CERTS: web.AppKey[dict[tuple[str, int, str], dict[str, Any]]] = web.AppKey("certs", dict)
+CERTS: web.AppKey[Certifier] = web.AppKey("certs", Certifier)
 
 
 def authorized(audit: AuditSettings, header: str | None) -> bool:
@@ -127,19 +128,15 @@ def _certify(settings: Settings, head: str, seed: int) -> dict[str, Any] | None:
 
 
 async def _head(request: web.Request) -> web.Response:
-    """The certificate is computed once per live (version, mode) and kept: the seed is the version,
-    so the command shown reproduces it."""
+    """Never waits for the verifier: the latest finished certificate is shown (with its version),
+    one of the live (version, mode) is computed in the background (``Certifier``); the seed is
+    the version, so the command shown reproduces it."""
     s, head = request.app[SETTINGS], request.match_info["head"]
     v = await asyncio.to_thread(views.head_view, s, head, AuditSettings.of(s).audit_read_timeout)
     if v.live is None:
         return _html(pages.head_page(v, None, ""))
-    key, seed = (head, v.live.version, v.live.mode), v.live.version
-    cert = request.app[CERTS].get(key)
-    if cert is None:
-        cert = await asyncio.to_thread(_certify, s, head, seed)
-        if cert is not None:
-            request.app[CERTS][key] = cert
-    return _html(pages.head_page(v, cert, verify_command(s, head, seed)))
+    cert = request.app[CERTS].state((head, v.live.version, v.live.mode))
+    return _html(pages.head_page(v, cert, verify_command(s, head, v.live.version)))
 
 
 async def _static(request: web.Request) -> web.Response:
@@ -159,7 +156,7 @@ def build_app(settings: Settings) -> web.Application:
     """The app over ``settings`` (its ``AuditSettings`` carry the credential)."""
     app = web.Application(middlewares=[_guard])
     app[SETTINGS] = settings
-    app[CERTS] = {}
+    app[CERTS] = Certifier(lambda head, seed: _certify(settings, head, seed))
     app.router.add_get("/", _index)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/subjects", _subject_lookup)

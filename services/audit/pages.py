@@ -11,13 +11,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from unlearn.schemas.head import HeadUpdate
 
+from .certificates import CertState
 from .views import HeadView, IndexView, SubjectHead
 
 __all__ = ["SCRIPT", "STYLE", "head_page", "index_page", "subject_page"]
@@ -76,10 +76,14 @@ def _page(title: str, body: str) -> str:
             f'<main id="main"><h1>{escape(title)}</h1>{body}</main></body></html>')
 
 
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def _when(ts: float | None) -> str:
     if not ts:
         return ""
-    iso = dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    iso = _iso(ts)
     return f'<time datetime="{iso}">{iso}</time>'
 
 
@@ -139,13 +143,16 @@ def _subject_head(subject_id: str, h: SubjectHead) -> str:
     rows = []
     for s in h.samples:
         rc = s.receipt or {}
-        state = {"retained": "retained", "deleted": "deleted", "refused": "refused"}[s.state]
+        state = {"retained": "retained", "deleted": "deleted", "refused": "refused",
+                 "not retained": "not retained (no applied receipt names it yet)"}[s.state]
+        if s.readded:
+            state = "retained (re-added after its delete)"
         rows.append([f'<span class="mono">{escape(s.sample_id)}</span>', state, escape(rc.get("status", "")),
                      _when(rc.get("ts")), escape(str(rc.get("head_version") or "")),
                      f'<span class="mono">{escape(rc.get("retained_hash") or "")}</span>', escape(s.reason or "")])
-    samples = _table(f"Samples in head {h.head_id}", ["sample", "state", "receipt", "receipt time",
-                                                       "first version without it", "retained-rows hash",
-                                                       "refusal reason"], rows, "samples")
+    samples = _table(f"Samples in head {h.head_id} (state now; a re-added sample shows the delete it came "
+                     "back after)", ["sample", "state", "receipt", "receipt time", "first version without it",
+                                     "retained-rows hash", "refusal reason"], rows, "samples")
     receipts = _table(f"Delete receipts in head {h.head_id}", ["event", "status", "samples", "receipt time",
                                                                 "head version", "reason"],
                       ([f'<span class="mono">{escape(rc["event_id"])}</span>', escape(rc["status"]),
@@ -158,14 +165,16 @@ def _subject_head(subject_id: str, h: SubjectHead) -> str:
                     ([escape(c.store), '<span class="ok">yes</span>' if c.clear else '<span class="bad">no</span>',
                       escape(c.detail) + "".join(f"<br>{escape(p)}" for p in c.problems[:5])]
                      for c in rep.checks), "checks")
+    kept = sum(s.state == "retained" for s in h.samples)
+    excluded = f"none: {kept} retained now" if kept else str(rep.excluded_from_version)
     url = f"/subjects/{quote(subject_id, safe='')}/erasure-report.json?head={quote(h.head_id, safe='')}"
     return (f'<section aria-labelledby="h-{escape(h.head_id)}"><h2 id="h-{escape(h.head_id)}">Head '
             f"{_head_link(h.head_id)}</h2>{samples}{receipts}<h3>Erasure state: {verdict}</h3>"
-            f"<p>Head version first excluding every sample: {escape(str(rep.excluded_from_version))}</p>{checks}"
+            f"<p>Head version first excluding every sample: {escape(excluded)}</p>{checks}"
             f'<p><a href="{url}" download>Download the erasure report (JSON)</a></p></section>')
 
 
-def head_page(v: HeadView, certificate: dict[str, Any] | None, command: str) -> str:
+def head_page(v: HeadView, certificate: CertState | None, command: str) -> str:
     """History plot and table, the current digest and contract, the certificate and its command."""
     if v.live is None:
         return _page(f"Head {v.head_id}", "<p>No update of this head is on the heads topics.</p>")
@@ -181,21 +190,56 @@ def head_page(v: HeadView, certificate: dict[str, Any] | None, command: str) -> 
     history = _table("Versions (the data of the plot)", ["version", "mode", "samples retained", "published"],
                      ([str(u.version), u.mode, str(u.n_retained), _when(u.created_ts)] for u in v.updates), "history")
     return _page(f"Head {v.head_id}", f"<section><h2>Now</h2>{facts}</section>"
-                 f"<section><h2>History</h2>{history_svg(v.updates, [r.ts for r in applied])}{history}"
+                 f"<section><h2>History</h2>{history_coverage(v.updates, [r.ts for r in applied])}"
+                 f"{history_svg(v.updates, [r.ts for r in applied])}{history}"
                  f"<p>{len(applied)} deletes applied.</p></section>"
                  f"<section><h2>Contract</h2>{contract}</section>"
                  f"<section><h2>Verifier certificate</h2>{_certificate(certificate, command)}</section>")
 
 
-def _certificate(cert: dict[str, Any] | None, command: str) -> str:
-    repro = f'<p>Reproduce it:</p><pre id="verify-command">{escape(command)}</pre>'
-    if cert is None:
+def _certificate(state: CertState | None, command: str) -> str:
+    """The latest finished certificate, with the version it certifies, and whether one of the
+    live version is being computed (the page never waits for the verifier)."""
+    repro = f'<p>Run the checks of the live version again:</p><pre id="verify-command">{escape(command)}</pre>'
+    if state is None:
         return "<p>The verifier could not run (see the server log).</p>" + repro
+    live = f"version {state.live[1]} ({state.live[2]})"
+    status, again = state.status.removesuffix(" again"), state.status.endswith(" again")
+    pending = {"computing": f"A certificate of the live {live} is being computed; reload the page later.",
+               "waiting": f"A certificate of the live {live} waits for the verifier (one runs at a time); reload "
+                          "the page later."}.get(status, "")
+    if pending and again:
+        pending = "The last run of the verifier on it could not finish (see the server log), trying again. " + pending
+    note = f'<p id="cert-status" data-status="{escape(status)}">{escape(pending)}</p>' if pending else ""
+    cert = state.certificate
+    if cert is None or state.certifies is None:
+        return note + "<p>No certificate of this head has finished yet.</p>" + repro
     ok = '<span class="ok">PASS</span>' if cert["ok"] else '<span class="bad">FAIL</span>'
+    of = f"version {state.certifies[1]} ({state.certifies[2]})"
+    stale = "" if state.current else " (not the live version)"
     checks = _table("Checks", ["check", "status", "detail"],
                     ([escape(c["name"]), escape(c["status"]), escape(c["detail"])] for c in cert["checks"]), "cert")
-    return (f'<p id="certificate">{ok}: {escape(cert["summary"])}</p><p>Created {_when(cert["created_ts"])}, '
+    return (f'{note}<p>Certificate of <span id="cert-version">{escape(of)}</span>{stale}:</p>'
+            f'<p id="certificate">{ok}: {escape(cert["summary"])}</p><p>Created {_when(cert["created_ts"])}, '
             f'certificate sha256 <span class="mono">{escape(cert["certificate_sha256"])}</span></p>{checks}{repro}')
+
+
+def history_coverage(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) -> str:
+    """What the history covers: the versions still on the heads topics (the ledger trims them and
+    Kafka compacts them, so older versions, and some between, are gone), and the deletes applied,
+    all of them (receipts are kept)."""
+    versions = sorted({u.version for u in updates})
+    lo, hi = versions[0], versions[-1]
+    gaps = hi - lo + 1 - len(versions)
+    first = min(updates, key=lambda u: u.created_ts)
+    kept = ("every version from the first" if lo <= 1 and not gaps else
+            (f"only version {lo}" if lo == hi else f"only versions {lo} to {hi}")
+            + (f" ({gaps} versions between them are gone too)" if gaps else "")
+            + f": the heads topics keep no older version (the ledger trims them and Kafka compacts them), so "
+            f"nothing is shown of the samples retained before {_when(first.created_ts)}")
+    deletes = (f"all {len(delete_times)}, from the receipts (which are kept), from {_when(min(delete_times))}"
+               if delete_times else "none yet (from the receipts, which are kept)")
+    return f'<p id="history-coverage">Samples retained: {kept}. Deletes applied: {deletes}.</p>'
 
 
 def history_svg(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) -> str:
@@ -225,20 +269,28 @@ def history_svg(updates: Sequence[HeadUpdate], delete_times: Sequence[float]) ->
     for i, t in enumerate(sorted(delete_times)):
         steps += [f"{x(t):.1f},{y(i):.1f}", f"{x(t):.1f},{y(i + 1):.1f}"]
     steps.append(f"{x(t1):.1f},{y(len(delete_times)):.1f}")
+    first = min(u.created_ts for u in updates)
+    oldest = min(updates, key=lambda u: u.created_ts)
+    boundary = ("" if first <= t0 else  # deletes before the oldest version kept: say where the versions begin
+                f'<line x1="{x(first):.1f}" y1="{pad}" x2="{x(first):.1f}" y2="{h - pad}" stroke="#595959" '
+                f'stroke-dasharray="2 3"/><text x="{x(first) + 4:.1f}" y="{pad + 10}" font-size="12">'
+                f"oldest version kept: {oldest.version}</text>")
     axis = (f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#111"/>'
             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#111"/>'
             f'<text x="{pad - 6}" y="{y(ymax) + 4:.1f}" text-anchor="end" font-size="12">{ymax}</text>'
             f'<text x="{pad - 6}" y="{h - pad + 4}" text-anchor="end" font-size="12">0</text>'
-            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">time (UTC) →</text>')
+            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">time (UTC) →</text>'
+            f'<text x="{pad}" y="{h - pad + 16}" font-size="12">{_iso(t0)}</text>'
+            f'<text x="{w - pad}" y="{h - pad + 16}" text-anchor="end" font-size="12">{_iso(t1)}</text>')
     legend = ('<circle cx="60" cy="16" r="4" fill="#0645ad"/><text x="70" y="20" font-size="12">exact version</text>'
               '<rect x="176" y="12" width="8" height="8" fill="none" stroke="#5a2a82" stroke-width="2"/>'
               '<text x="190" y="20" font-size="12">fast version</text><line x1="290" y1="16" x2="314" y2="16" '
               'stroke="#a00000" stroke-width="2" stroke-dasharray="5 3"/>'
               '<text x="320" y="20" font-size="12">deletes applied</text>')
-    desc = (f"{len(updates)} versions from {len(updates) and min(u.version for u in updates)} to "
-            f"{len(updates) and max(u.version for u in updates)}; {len(delete_times)} deletes applied")
+    desc = (f"{len(updates)} versions still on the heads topics, from {min(u.version for u in updates)} to "
+            f"{max(u.version for u in updates)}; {len(delete_times)} deletes applied (every receipt)")
     return (f'<svg id="history-plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role=\'img\' '
             f'aria-labelledby="plot-title plot-desc"><title id="plot-title">Samples retained and deletes applied '
             f'over time</title><desc id="plot-desc">{escape(desc)}</desc>{axis}{legend}'
             f'<polyline points="{" ".join(steps)}" fill="none" stroke="#a00000" stroke-width="2" '
-            f'stroke-dasharray="5 3"/>{"".join(marks)}</svg>')
+            f'stroke-dasharray="5 3"/>{boundary}{"".join(marks)}</svg>')

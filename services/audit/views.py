@@ -3,6 +3,9 @@
 - a subject: ``erasure_report`` per head (its receipts, the samples its deltas name and the
   check of every store), plus the subject's refused requests from ``deadletter`` (a redacted dead
   letter keeps the envelope: head, subject, sample, op) and refused deletes (``rejected`` receipts);
+  which samples the head retains now is the verifier's log-order replay of the head's deltas
+  (``retained_samples``), never a rule of this module: a sample deleted and re-added later (in
+  event time: remove wins, docs/featurizer.md) is retained again;
 - a head: every update still on the heads family (``verifier.reading``), its applied receipts,
   its contract (``infra.registry``); the certificate is the verifier's (``verify_broker``);
 - the index: the latest heads (``head_reader.read_heads``) and the deletes seen in ``requests``,
@@ -19,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from unlearn.infra.between_stages import heads_family
+from unlearn.infra.between_stages import KeysUnavailable, heads_family
 from unlearn.infra.registry import read_contracts
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, read_topic
@@ -30,6 +33,7 @@ from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.erasure.report import ErasureReport, erasure_report
+from unlearn.services.verifier.erasure import open_records
 from unlearn.services.verifier.errors import VerifyError
 from unlearn.services.verifier.reading import (
     decode_receipts,
@@ -38,19 +42,24 @@ from unlearn.services.verifier.reading import (
     read_head_updates,
     read_receipt_records,
 )
+from unlearn.services.verifier.replay import replay_log
+from unlearn.streams.ledger.head_runtime import RowOpener
 
 __all__ = ["HeadView", "IndexView", "PendingDelete", "Refusal", "SampleFact", "SubjectHead", "head_view", "index_view",
-           "pending_removals", "sample_facts", "subject_refusals", "subject_view"]
+           "pending_removals", "retained_samples", "sample_facts", "subject_refusals", "subject_view"]
 
 
 @dataclass
 class SampleFact:
-    """One sample of the subject in one head: retained, deleted (with its receipt) or refused."""
+    """One sample of the subject in one head: its state now, ``retained``, ``deleted`` (with its
+    receipt), ``not retained`` (no applied receipt names it yet) or ``refused`` (never taken); ``receipt``
+    of a retained sample is the applied delete it was re-added after (``readded``)."""
 
     sample_id: str
-    state: str  # "retained" | "deleted" | "refused"
+    state: str  # "retained" | "deleted" | "not retained" (no applied receipt names it yet) | "refused"
     receipt: dict[str, Any] | None = None
     reason: str | None = None
+    readded: bool = False
 
 
 @dataclass
@@ -75,7 +84,7 @@ class Refusal:
 
 def subject_view(settings: Settings, subject_id: str, timeout: float) -> list[SubjectHead]:
     """Per head that knows the subject (a sample in its deltas, a receipt or a dead letter): the
-    subject's samples and their states, and the erasure report of that head."""
+    subject's samples and their states now, and the erasure report of that head."""
     refusals = subject_refusals(settings, subject_id, timeout)
     heads = sorted(set(read_heads(settings, timeout=timeout)) | {r.head_id for r in refusals})
     out = []
@@ -83,17 +92,50 @@ def subject_view(settings: Settings, subject_id: str, timeout: float) -> list[Su
         rep = erasure_report(settings, head, subject_id, timeout)
         refused = [r for r in refusals if r.head_id == head]
         if rep.samples or rep.receipts or refused:
-            out.append(SubjectHead(head, sample_facts(rep, refused), rep))
+            retained = retained_samples(settings, head, timeout) if rep.samples else set()
+            out.append(SubjectHead(head, sample_facts(rep, refused, retained), rep))
     return out
 
 
-def sample_facts(rep: ErasureReport, refused: list[Refusal]) -> list[SampleFact]:
-    """Each sample's state: deleted when an applied receipt names it, else retained; then the
-    refused adds of samples the head never took (a refused delete is a ``rejected`` receipt,
-    listed with the receipts)."""
-    applied = {s: rc for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
-    facts = [SampleFact(s, "deleted", applied[s]) if s in applied else SampleFact(s, "retained")
-             for s in sorted(rep.samples)]
+def retained_samples(settings: Settings, head_id: str, timeout: float) -> set[str]:
+    """The sample ids the head's whole ``deltas`` log retains, as the verifier finds them: its
+    deltas opened with the key family (a row whose key is destroyed is erased, so it is not
+    retained) and replayed in log order with the live ledger's rules (``replay_log``); a sample is
+    retained when an applied add of it is left that no applied delete removed. Remove wins was
+    judged by the featurizer before the rows were written: an add dated at or before a delete was
+    refused and never reached ``deltas``, a later one is a re-add and did."""
+    try:
+        recs = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
+        opened, erased = open_records(recs, head_id, RowOpener(settings, batch=True, role="verifier"))
+    except VerifyError as exc:
+        raise TopicReadError(str(exc)) from None
+    except KeysUnavailable as exc:
+        raise TopicReadError(f"cannot read the sample keys: {exc}") from None
+    replay = replay_log(opened, head_id, created_at=erased.sealed_adds)
+    return {a.sample_id for a in replay.times.retained()}
+
+
+def sample_facts(rep: ErasureReport, refused: list[Refusal], retained: set[str]) -> list[SampleFact]:
+    """Each sample's state now: ``retained`` when the head retains it (``retained_samples``;
+    ``readded`` with the latest applied receipt naming it when it was deleted before), else
+    ``deleted`` with the latest applied receipt naming it (``not retained`` while none does: the
+    receipt is not written yet, or the ledger refused the add); a refused add
+    of a deleted sample (a re-add dated before its delete) is its ``reason``; then the refused adds
+    of samples the head never took (a refused delete is a ``rejected`` receipt, listed with the
+    receipts)."""
+    applied: dict[str, dict[str, Any]] = {}
+    for rc in sorted((rc for rc in rep.receipts if rc["status"] == "applied"),
+                     key=lambda rc: (rc["head_version"] or 0, rc.get("ts") or 0.0)):
+        for s in rc["sample_ids"]:
+            applied[s] = rc  # the latest delete of the sample
+    facts = []
+    for s in sorted(rep.samples):
+        if s in retained:
+            facts.append(SampleFact(s, "retained", applied.get(s), readded=s in applied))
+            continue
+        why = [f"{r.op}: {r.reason}" for r in refused if r.sample_id == s and r.op == "add"]
+        facts.append(SampleFact(s, "deleted" if s in applied else "not retained", applied.get(s),
+                                "; ".join(why) or None))
     facts += [SampleFact(r.sample_id or "(none)", "refused", reason=f"{r.op}: {r.reason}")
               for r in refused if r.op not in ("delete", "delete_subject") and r.sample_id not in rep.samples]
     return facts

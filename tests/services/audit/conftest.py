@@ -20,6 +20,7 @@ from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import read_topic
+from unlearn.services.audit.views import subject_refusals
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.verifier.reading import decode_receipts
@@ -65,11 +66,24 @@ def audited(broker_target: BrokerTarget, tmp_path_factory: pytest.TempPathFactor
             poll_until(lambda _r: BAD_DELETE in {r.event_id for r in decode_receipts(
                 read_topic(s, s.topic("receipts"), timeout=30))} or None, 60, interval=0.5,
                        timed_out=lambda: AssertionError("no receipt of the invalid delete"))
+            # carol: c1 added, deleted, re-added later in event time (retained again); c2 added,
+            # deleted, and re-added dated before its delete (refused: deleted_before_arrival)
+            t0 = time.time() - 20
+            for sample in ("c1", "c2"):
+                c.add("ha", "carol", sample, 1, features=rng.normal(size=4), ts=t0).wait_delivered(30)
+            carol = {sample: c.delete("ha", sample, "carol", ts=t0 + 2).wait_receipt(120) for sample in ("c1", "c2")}
+            assert all(rc.status == "applied" for rc in carol.values()), carol
+            c.add("ha", "carol", "c1", 0, features=rng.normal(size=4), ts=t0 + 4).wait_delivered(30)
+            c.add("ha", "carol", "c2", 0, features=rng.normal(size=4), ts=t0 + 1).wait_delivered(30)
+            wait_for_head(s, "ha", lambda u: u.mode == "exact" and u.n_retained == 4, timeout=120)  # a2 b1 b2 c1
+            poll_until(lambda _r: any(r.sample_id == "c2" and r.reason == "deleted_before_arrival"
+                                      for r in subject_refusals(s, "carol", 30)) or None, 60, interval=0.5,
+                       timed_out=lambda: AssertionError("the re-add of c2 dated before its delete was not refused"))
             feat.stop()  # a delete nobody takes yet: the index shows it waiting
             pending = c.delete("ha", "b2", "bob")
             pending.wait_delivered(30)
         audit = ServiceProcess("audit", ["audit"], s, tmp / "logs").start()
-        yield Audited(s, _wait_url(audit), audit, receipt, pending.event_id, tmp / "logs")
+        yield Audited(s, _wait_url(audit), audit, receipt, pending.event_id, tmp / "logs", {"carol": carol})
     finally:
         for p in (audit, feat, led):
             if p is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ class Audited:
     """The pipeline run: alice added a1, a2 and a3 (refused: wrong dimension) to head ``ha`` and
     deleted a1 (receipt ``delete_a1``) and sent an invalid delete of a2 (``BAD_DELETE``: rejected);
     bob added b1, b2; bob's delete of b2 was sent while the
-    featurizer was stopped (pending, event ``pending_b2``)."""
+    featurizer was stopped (pending, event ``pending_b2``); carol added c1 and c2 and deleted both
+    (receipts ``extra["carol"]``), then re-added c1 dated after its delete (retained again) and c2
+    dated before its delete (refused: ``deleted_before_arrival``). The head retains a2, b1, b2, c1."""
 
     settings: Settings
     url: str
@@ -88,3 +91,18 @@ def tables(html: str) -> dict[str, list[list[str]]]:
 
 def rows_by_first(rows: list[list[str]]) -> dict[str, list[str]]:
     return {r[0]: r for r in rows[1:] if r}
+
+
+def head_with_certificate(url: str, head: str, version: int, timeout: float = 180.0) -> str:
+    """The head page once it shows the certificate of ``version``; meanwhile each answer is quick
+    and says a certificate is being computed (or waits its turn): the page never waits for the verifier."""
+    deadline = time.monotonic() + timeout
+    while True:
+        started = time.monotonic()
+        html = get(f"{url}/heads/{head}")[2].decode()
+        if f'id="cert-version">version {version} ' in html:
+            return html
+        assert 'id="cert-status" data-status="computing"' in html or 'data-status="waiting"' in html, html
+        assert time.monotonic() - started < 30, "the page waited for the verifier"
+        assert time.monotonic() < deadline, "no certificate"
+        time.sleep(0.5)

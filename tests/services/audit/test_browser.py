@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.services.audit.browser import Browser, chromium_path
-from tests.services.audit.support import ARTIFACTS, TOKEN, Audited
+from tests.services.audit.support import ARTIFACTS, TOKEN, Audited, head_with_certificate
 from unlearn.infra.topic_reader import read_topic
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.verifier.reading import decode_receipts
@@ -84,7 +84,11 @@ async def _tour(audited: Audited) -> None:
         assert samples["a2"][1] == "retained"
         assert samples["a3"][1] == "refused" and "dimension_mismatch" in samples["a3"][6]
         await _basics(b, "subject")
+        assert await b.open(audited.url + "/subjects/carol") == 200
+        samples = {r[0]: r for r in await b.eval(ROWS % "samples")}
+        assert samples["c1"][1] == "retained (re-added after its delete)" and samples["c2"][1] == "deleted"
 
+        await asyncio.to_thread(head_with_certificate, audited.url, "ha", live.version)  # computed in the background
         assert await b.open(audited.url + "/heads/ha") == 200
         assert await b.eval("document.getElementById('digest').textContent") == live.digest
         history = await b.eval(ROWS % "history")  # the versions the heads topics still held (trimmed)

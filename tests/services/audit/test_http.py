@@ -9,7 +9,7 @@ from html import unescape
 import orjson
 import pytest
 
-from tests.services.audit.support import BAD_DELETE, Audited, get, rows_by_first, tables
+from tests.services.audit.support import BAD_DELETE, Audited, get, head_with_certificate, rows_by_first, tables
 from unlearn.infra.between_stages import heads_family
 from unlearn.infra.topic_reader import read_topic
 from unlearn.services.audit.app import authorized
@@ -82,6 +82,26 @@ def test_subject_page_shows_each_sample_with_its_receipt_or_refusal(audited: Aud
     assert 'href="/subjects/alice/erasure-report.json?head=ha"' in html
 
 
+def test_a_re_added_sample_is_retained_and_a_re_add_dated_before_its_delete_is_not(audited: Audited) -> None:
+    carol = audited.extra["carol"]
+    assert isinstance(carol, dict)
+    status, _, body = get(audited.url + "/subjects/carol")
+    assert status == 200, body
+    html = body.decode()
+    samples = rows_by_first(tables(html)["samples"])
+    assert set(samples) == {"c1", "c2"}
+    # c1: deleted (its receipt shown), then re-added after the delete in event time: retained now
+    c1 = samples["c1"]
+    assert c1[1:3] == ["retained (re-added after its delete)", "applied"]
+    assert c1[4] == str(carol["c1"].head_version) and c1[5] == carol["c1"].retained_hash
+    # c2: its re-add was dated before the delete, so the featurizer refused it: still deleted
+    c2 = samples["c2"]
+    assert c2[1:3] == ["deleted", "applied"] and c2[4] == str(carol["c2"].head_version)
+    assert "deleted_before_arrival" in c2[6]
+    assert "first excluding every sample: none: 1 retained now" in html
+    assert "NOT CLEAR" in html  # c1's key exists again, as it must
+
+
 def test_the_erasure_report_download_is_erasure_reports_json(audited: Audited) -> None:
     status, headers, body = get(audited.url + "/subjects/alice/erasure-report.json?head=ha", auth="basic")
     assert status == 200 and "attachment" in headers["Content-Disposition"]
@@ -108,21 +128,32 @@ def test_head_page_shows_digest_history_and_a_reproducible_certificate(audited: 
     live = read_heads(s, ["ha"])["ha"]
     now = dict(tables(html)["current"][1:])
     assert now["digest"] == live.digest and now["version"] == str(live.version)
-    assert now["samples retained"] == str(live.n_retained) == "3"
+    assert now["samples retained"] == str(live.n_retained) == "4"
     updates, _ = read_head_updates(read_head_records(s, heads_family(s.topic_prefix), "ha"), "ha")
     # the history is what the heads topics held when the page read them (the ledger trims them and
     # Kafka compacts them, so older versions may have gone since): in version order, the live last,
     # each row as its update is on the topic
     history = tables(html)["history"][1:]
-    assert history and history[-1][:3] == [str(live.version), live.mode, "3"]
+    assert history and history[-1][:3] == [str(live.version), live.mode, "4"]
     assert [int(r[0]) for r in history] == sorted(int(r[0]) for r in history)
     on_topic = {(str(u.version), u.mode): str(u.n_retained) for u in updates}
     assert all(on_topic[(v, mode)] == n for v, mode, n, _ in history if (v, mode) in on_topic)
-    assert '<svg id="history-plot"' in html and "1 deletes applied" in html
+    assert '<svg id="history-plot"' in html and "3 deletes applied" in html
+    # the page says which versions the plot covers; the deletes come from every receipt
+    lo = min(int(r[0]) for r in history)
+    covers = html.split('id="history-coverage">')[1].split("</p>")[0]
+    assert ("every version from the first" in covers) == (lo == 1 and len({r[0] for r in history}) ==
+                                                          max(int(r[0]) for r in history)), covers
+    assert lo == 1 or f"only version {lo}" in covers or f"only versions {lo} to" in covers, covers
+    assert "Deletes applied: all 3, from the receipts" in covers
     assert '"head_id": "ha"' in unescape(html)  # the contract
-    assert 'id="certificate"><span class="ok">PASS</span>' in html
     assert f"--head ha --orders 1 --partitions 1 --seed {live.version}" in html
-    again = get(audited.url + "/heads/ha")[2].decode()  # the certificate is cached per version
+    # the page never waits for the verifier: until the live version's certificate is done it says
+    # so; then it shows that certificate, of the live version
+    html = head_with_certificate(audited.url, "ha", live.version)
+    assert f'id="cert-version">version {live.version} ({live.mode})</span>:' in html
+    assert 'id="certificate"><span class="ok">PASS</span>' in html and 'id="cert-status"' not in html
+    again = get(audited.url + "/heads/ha")[2].decode()  # the certificate is kept per version
     assert again.count("certificate sha256") == 1
     sha = html.split("certificate sha256 <span class=\"mono\">")[1][:64]
     assert sha in again
@@ -134,7 +165,7 @@ def test_index_lists_heads_and_the_delete_waiting_with_its_age(audited: Audited)
     assert status == 200
     t = tables(body.decode())
     heads = rows_by_first(t["heads"])
-    assert heads["ha"][3] == "3"
+    assert heads["ha"][3] == "4"
     pending = rows_by_first(t["pending"])
     assert list(pending) == [audited.pending_event]
     row = pending[audited.pending_event]
