@@ -4,7 +4,8 @@
   check of every store), plus the subject's refused requests from ``deadletter`` (a redacted dead
   letter keeps the envelope: head, subject, sample, op) and refused deletes (``rejected`` receipts);
   which samples the head retains now is the verifier's log-order replay of the head's deltas
-  (``retained_samples``), never a rule of this module: a sample deleted and re-added later (in
+  (the erasure report's ``retained_now``), never a rule of this module: a sample deleted and
+  re-added later (in
   event time: remove wins, docs/featurizer.md) is retained again;
 - a head: every update still on the heads family (``verifier.reading``), its applied receipts,
   its contract (``infra.registry``); the certificate is the verifier's (``verify_broker``);
@@ -22,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from unlearn.infra.between_stages import KeysUnavailable, heads_family
+from unlearn.infra.between_stages import heads_family
 from unlearn.infra.registry import read_contracts
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, read_topic
@@ -33,7 +34,6 @@ from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.erasure.report import ErasureReport, erasure_report
-from unlearn.services.verifier.erasure import open_records
 from unlearn.services.verifier.errors import VerifyError
 from unlearn.services.verifier.reading import (
     decode_receipts,
@@ -42,11 +42,9 @@ from unlearn.services.verifier.reading import (
     read_head_updates,
     read_receipt_records,
 )
-from unlearn.services.verifier.replay import replay_log
-from unlearn.streams.ledger.head_runtime import RowOpener
 
 __all__ = ["HeadView", "IndexView", "PendingDelete", "Refusal", "SampleFact", "SubjectHead", "head_view", "index_view",
-           "pending_removals", "retained_samples", "sample_facts", "subject_refusals", "subject_view"]
+           "pending_removals", "sample_facts", "subject_refusals", "subject_view"]
 
 
 @dataclass
@@ -92,31 +90,12 @@ def subject_view(settings: Settings, subject_id: str, timeout: float) -> list[Su
         rep = erasure_report(settings, head, subject_id, timeout)
         refused = [r for r in refusals if r.head_id == head]
         if rep.samples or rep.receipts or refused:
-            retained = retained_samples(settings, head, timeout) if rep.samples else set()
-            out.append(SubjectHead(head, sample_facts(rep, refused, retained), rep))
+            out.append(SubjectHead(head, sample_facts(rep, refused, set(rep.retained_now)), rep))
     return out
 
 
-def retained_samples(settings: Settings, head_id: str, timeout: float) -> set[str]:
-    """The sample ids the head's whole ``deltas`` log retains, as the verifier finds them: its
-    deltas opened with the key family (a row whose key is destroyed is erased, so it is not
-    retained) and replayed in log order with the live ledger's rules (``replay_log``); a sample is
-    retained when an applied add of it is left that no applied delete removed. Remove wins was
-    judged by the featurizer before the rows were written: an add dated at or before a delete was
-    refused and never reached ``deltas``, a later one is a re-add and did."""
-    try:
-        recs = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
-        opened, erased = open_records(recs, head_id, RowOpener(settings, batch=True, role="verifier"))
-    except VerifyError as exc:
-        raise TopicReadError(str(exc)) from None
-    except KeysUnavailable as exc:
-        raise TopicReadError(f"cannot read the sample keys: {exc}") from None
-    replay = replay_log(opened, head_id, created_at=erased.sealed_adds)
-    return {a.sample_id for a in replay.times.retained()}
-
-
 def sample_facts(rep: ErasureReport, refused: list[Refusal], retained: set[str]) -> list[SampleFact]:
-    """Each sample's state now: ``retained`` when the head retains it (``retained_samples``;
+    """Each sample's state now: ``retained`` when the head retains it (the report's ``retained_now``;
     ``readded`` with the latest applied receipt naming it when it was deleted before), else
     ``deleted`` with the latest applied receipt naming it (``not retained`` while none does: the
     receipt is not written yet, or the ledger refused the add); a refused add

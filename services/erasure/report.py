@@ -1,7 +1,9 @@
 """``unlearn erasure-report --head H --subject S [--json]``: can any of a subject's data still be read?
 
-For one subject of one head (docs/erasure.md): its delete receipts, the head version that first
-excluded all of its samples, and a check of every store the system controls:
+For one subject of one head (docs/erasure.md): its delete receipts, the samples the head retains
+now (the verifier's log-order replay: a sample re-added after its delete is retained again), the
+head version that first excluded all of its samples (none while one is retained), and a check of
+every store the system controls:
 
 - ``subject-keys``: the newest generation of each partition holds no key of the subject's samples
   and every older generation is deleted (a key record written and later tombstoned is still in
@@ -45,6 +47,7 @@ import orjson
 
 from unlearn.infra.between_stages import (
     COMPLETE_KEY,
+    KeysUnavailable,
     TopicFamily,
     keys_family,
     parse_key_record_key,
@@ -59,6 +62,11 @@ from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, 
 from unlearn.schemas.envelope import InvalidRequest, SealedInput, parse_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import is_redacted, readable_delta
+from unlearn.services.verifier.erasure import open_records
+from unlearn.services.verifier.errors import VerifyError
+from unlearn.services.verifier.reading import read_head_records
+from unlearn.services.verifier.replay import replay_log
+from unlearn.streams.ledger.head_runtime import RowOpener
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
 
@@ -81,6 +89,7 @@ class ErasureReport:
     receipts: list[dict[str, Any]] = field(default_factory=list)
     excluded_from_version: int | None = None
     samples: dict[str, list[str]] = field(default_factory=dict)  # sample -> key ids seen
+    retained_now: list[str] = field(default_factory=list)  # of ``samples``: re-added after a delete
     checks: list[StoreCheck] = field(default_factory=list)
 
     @property
@@ -90,7 +99,8 @@ class ErasureReport:
     def to_json(self) -> dict[str, Any]:
         return {"head_id": self.head_id, "subject_id": self.subject_id, "clear": self.clear,
                 "receipts": self.receipts, "excluded_from_version": self.excluded_from_version,
-                "samples": self.samples, "checks": [c.to_json() for c in self.checks]}
+                "samples": self.samples, "retained_now": self.retained_now,
+                "checks": [c.to_json() for c in self.checks]}
 
     def summary(self) -> str:
         lines = [f"erasure of subject {self.subject_id!r} in head {self.head_id!r}: "
@@ -98,7 +108,9 @@ class ErasureReport:
                  f"  applied delete receipts: {sum(r['status'] == 'applied' for r in self.receipts)}"
                  f" (of {len(self.receipts)}); head version first excluding every sample: "
                  f"{self.excluded_from_version}",
-                 f"  samples seen: {len(self.samples)}"]
+                 f"  samples seen: {len(self.samples)}"
+                 + (f"; retained now (re-added after a delete, or never deleted): {len(self.retained_now)}"
+                    if self.retained_now else "")]
         for c in self.checks:
             lines.append(f"  [{'ok' if c.clear else 'FAIL'}] {c.store}: {c.detail}")
             lines += [f"      {p}" for p in c.problems[:3]]
@@ -123,13 +135,35 @@ def erasure_report(settings: Settings, head_id: str, subject_id: str, timeout: f
     plain, sealed_refs = _scan_deltas(settings, rep, timeout)
     deleted = {s for rc in rep.receipts if rc["status"] == "applied" for s in rc["sample_ids"]}
     versions = [int(rc["head_version"]) for rc in rep.receipts if rc["status"] == "applied" and rc["head_version"]]
-    if rep.samples and set(rep.samples) <= deleted and versions:
+    if rep.samples:
+        rep.retained_now = sorted(retained_samples(settings, head_id, timeout) & set(rep.samples))
+    # A sample re-added after its delete is in the head again: no version excludes every sample.
+    if rep.samples and set(rep.samples) <= deleted and versions and not rep.retained_now:
         rep.excluded_from_version = max(versions)
     transit_kids = _check_keys(settings, rep, plain, sealed_refs, timeout)
     _check_inputs(settings, rep, transit_kids, timeout)
     rep.checks.append(_check_change_topics(settings, subject_id, timeout))
     rep.checks.append(_check_caches(settings, head_id, subject_id))
     return rep
+
+
+def retained_samples(settings: Settings, head_id: str, timeout: float) -> set[str]:
+    """The sample ids the head's whole ``deltas`` log retains, as the verifier finds them: its
+    deltas opened with the key family (a row whose key is destroyed is erased, so it is not
+    retained) and replayed in log order with the live ledger's rules (``replay_log``); a sample is
+    retained when an applied add of it is left that no applied delete removed. Remove wins was
+    judged by the featurizer before the rows were written: an add dated at or before a delete was
+    refused and never reached ``deltas``, a later one is a re-add and did."""
+    try:
+        recs = read_head_records(settings, settings.topic("deltas"), head_id, timeout)
+        opened, erased = open_records(recs, head_id, RowOpener(settings, batch=True, role="verifier"))
+    except VerifyError as exc:
+        raise TopicReadError(str(exc)) from None
+    except KeysUnavailable as exc:
+        raise TopicReadError(f"cannot read the sample keys: {exc}") from None
+    replay = replay_log(opened, head_id, created_at=erased.sealed_adds)
+    return {a.sample_id for a in replay.times.retained()}
+
 
 
 def _check_change_topics(settings: Settings, subject_id: str, timeout: float) -> StoreCheck:

@@ -100,6 +100,10 @@ def test_a_re_added_sample_is_retained_and_a_re_add_dated_before_its_delete_is_n
     assert "deleted_before_arrival" in c2[6]
     assert "first excluding every sample: none: 1 retained now" in html
     assert "NOT CLEAR" in html  # c1's key exists again, as it must
+    # erasure-report itself (the CLI, the JSON download) says the same: c1 is in the head again
+    rep = erasure_report(audited.settings, "ha", "carol", timeout=30)
+    assert rep.retained_now == ["c1"] and rep.excluded_from_version is None, rep.to_json()
+    assert "retained now (re-added after a delete, or never deleted): 1" in rep.summary()
 
 
 def test_the_erasure_report_download_is_erasure_reports_json(audited: Audited) -> None:
@@ -107,7 +111,7 @@ def test_the_erasure_report_download_is_erasure_reports_json(audited: Audited) -
     assert status == 200 and "attachment" in headers["Content-Disposition"]
     got = orjson.loads(body)
     want = erasure_report(audited.settings, "ha", "alice", timeout=30).to_json()
-    for k in ("head_id", "subject_id", "receipts", "samples", "excluded_from_version"):
+    for k in ("head_id", "subject_id", "receipts", "samples", "retained_now", "excluded_from_version"):
         assert got[k] == want[k], k
     assert [c["store"] for c in got["checks"]] == [c["store"] for c in want["checks"]]
     assert get(audited.url + "/subjects/alice/erasure-report.json")[0] == 400
