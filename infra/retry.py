@@ -42,10 +42,12 @@ T = TypeVar("T")
 
 #: Error names that mean "the cluster is moving, ask again" even where librdkafka does not set
 #: ``retriable()`` on them (admin and ListOffsets results carry the broker's code without the flag).
+#: Not UNKNOWN_TOPIC_OR_PART: a missing topic is an answer (a generation deleted by a rotation is
+#: met that way and handled at once), unless the client itself flags it retriable.
 TRANSIENT_CODES = frozenset({
     # leaders and epochs: a node restarted, left or rejoined; the client's metadata is behind
     "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "NOT_LEADER_FOR_PARTITION", "NOT_LEADER_OR_FOLLOWER",
-    "LEADER_NOT_AVAILABLE", "_LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION",
+    "LEADER_NOT_AVAILABLE", "_LEADER_NOT_AVAILABLE",
     "NOT_CONTROLLER", "REPLICA_NOT_AVAILABLE", "OFFSET_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR",
     "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
     # coordinators (group, transaction) moving or loading
