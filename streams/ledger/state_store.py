@@ -398,9 +398,8 @@ class ChangelogStore:
     # ---------------------------------------------------------------- writing
     def _produce_all(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
         """Produce ``records`` to ``partition`` and wait until each is durable; their offsets.
-        Written again whole if a delivery fails with a transient error: a duplicate piece or
-        checkpoint record is harmless (pieces are addressed by the offsets returned, and the
-        latest checkpoint record wins)."""
+        Written again whole after a transient delivery error: a duplicate is harmless (pieces are
+        addressed by the offsets returned, the latest checkpoint record wins)."""
         topic = self.topic(partition)
         self._ensure_topic(topic)
         return self.topics.retry.call(f"writing {topic}", lambda: self._produce_once(partition, topic, records))
@@ -410,12 +409,7 @@ class ChangelogStore:
         errors: list[Any] = []  # KafkaErrors of failed deliveries
 
         def on_delivery(i: int) -> Callable[[Any, Any], None]:
-            def cb(err: Any, msg: Any) -> None:
-                if err is not None:
-                    errors.append(err)
-                else:
-                    offsets[i] = msg.offset()
-            return cb
+            return lambda err, msg: errors.append(err) if err is not None else offsets.__setitem__(i, msg.offset())
 
         for i, (key, value) in enumerate(records):
             self._produce(topic, key, value, on_delivery(i))
