@@ -371,11 +371,14 @@ def _produce(settings: Settings, work: Workload, n: int, producer: Any) -> None:
     producer.poll(0)
 
 
-def _probe(pipe: Pipeline, work: Workload, producer: Any) -> None:
-    """One more event right after a fault (an audited one), so that the pipeline has something to
-    publish: the clock then measures recovery, not the gap until the next chunk."""
+def _probe(pipe: Pipeline, work: Workload, producer: Any) -> float:
+    """One more event (an audited one) once a fault is over for the harness, so that the pipeline
+    has something to publish: the clock then measures recovery, not the gap until the next chunk.
+    Returns when it was sent."""
+    sent = time.monotonic()
     _produce(pipe.settings, work, 1, producer)
     producer.flush(300)
+    return sent
 
 
 def _schedule(cfg: Config) -> list[str]:
@@ -577,22 +580,20 @@ def run(cfg: Config, root: Path) -> Report:
             if i == restart_at:
                 pipe.restart_broker()
                 report.broker_restarts += 1
-                _probe(pipe, work, producer)
-                pipe.clock.record("broker restart", t_fault)
+                pipe.clock.record("broker restart", t_fault, _probe(pipe, work, producer))
                 t_fault = time.monotonic()
             if action == "cluster":
                 note(f"chunk {i}: {n} events; stop the whole cluster, start it from its data dirs")
                 took = pipe.restart_cluster()
-                _probe(pipe, work, producer)
-                pipe.clock.record("cluster restart" if cfg.nodes > 1 else "broker restart (one node)", t_fault)
+                pipe.clock.record("cluster restart" if cfg.nodes > 1 else "broker restart (one node)", t_fault,
+                                  _probe(pipe, work, producer))
                 report.cluster_restarts += 1
                 note(f"cluster answering {took:.1f} s after the stop; full ISR after "
                      f"{pipe.recovery['cluster_isr'][-1]:.1f} s more")
             else:
                 which = ("ledger", "featurizer", "both")[int(rng.integers(3))]
                 pipe.kill(which)
-                _probe(pipe, work, producer)
-                pipe.clock.record(f"kill -9 {which}", t_fault)
+                pipe.clock.record(f"kill -9 {which}", t_fault, _probe(pipe, work, producer))
                 report.kills.append(which)
                 note(f"chunk {i}: {n} events; kill -9 {which}")
             pipe.check_workers()
