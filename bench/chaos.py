@@ -550,7 +550,7 @@ def run(cfg: Config, root: Path) -> Report:
         chunk = max(1, cfg.events // n_chunks)
         restart_at = n_chunks // 2 if cfg.broker_restart and cfg.engine == "tansu" else -1
         for i in range(n_chunks):
-            n = chunk if i < n_chunks - 1 else cfg.events - chunk * (n_chunks - 1)
+            n = chunk if i < n_chunks - 1 else cfg.events - work.n  # the probes (_probe) included
             producer = Producer(producer_config(pipe.settings, **{"linger.ms": 5, "on_delivery": on_delivery}))
 
             def produce(n: int = n, producer: Any = producer) -> None:
