@@ -23,7 +23,9 @@ waits for the heads to settle and audits:
 - **receipts**: every delete must have an applied receipt; duplicates are counted (identical
   duplicates are allowed by the at-least-once protocol, conflicting ones are not: a receipt names
   the version of the message that applied its delete, whatever the poll boundaries of the run);
-- **recovery**: seconds from a restart to the worker's readiness line (p50 / max).
+- **recovery**: seconds from a restart to the worker's readiness line (p50 / max), and per fault
+  kind the seconds from the fault to the first new head version published after it
+  (``bench.publish_clock``: n, min, p50, p90, max).
 
 With ``--engine kafka --nodes 3`` the broker is the project's Apache Kafka (``LocalKafka``, a
 persistent three-node KRaft cluster: replication factor 3, ``min.insync.replicas=2``, the ``kafka``
@@ -64,6 +66,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.publish_clock import PublishClock, distribution
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.between_stages import heads_family
 from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
@@ -128,6 +131,7 @@ class Report:
     loadavg: list[float] = field(default_factory=list)  # 1-minute load average at the start and the end
     timeline: list[str] = field(default_factory=list)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
+    publish_after_fault_s: dict[str, list[float]] = field(default_factory=dict)  # fault kind -> seconds
     elapsed_s: float = 0.0
     examples: list[str] = field(default_factory=list)
 
@@ -219,6 +223,7 @@ class Pipeline:
         self.retained_hashes: dict[tuple[str, int], set[str | None]] = {}
         self.heads_topics: set[str] = set()
         self.head_updates = 0
+        self.clock = PublishClock()  # fault -> next new head version
         self.heads_follower = TopicFollower(self.settings, heads_family(self.settings.topic_prefix),
                                             self._on_head, role="chaos-heads")
         self.featurizer = ServiceProcess("featurizer", ["featurizer", "--loglevel", "info"], self.settings, root)
@@ -233,6 +238,7 @@ class Pipeline:
         except CodecError:
             return
         self.head_updates += 1
+        self.clock.saw(u.head_id, u.version)
         self.heads_topics.add(r.topic)
         if u.digest is not None:
             self.digests.setdefault((u.head_id, u.version), set()).add(u.digest)
@@ -363,6 +369,16 @@ def _produce(settings: Settings, work: Workload, n: int, producer: Any) -> None:
             except BufferError:
                 producer.poll(0.05)
     producer.poll(0)
+
+
+def _probe(pipe: Pipeline, work: Workload, producer: Any) -> float:
+    """One more event (an audited one) once a fault is over for the harness, so that the pipeline
+    has something to publish: the clock then measures recovery, not the gap until the next chunk.
+    Returns when it was sent."""
+    sent = time.monotonic()
+    _produce(pipe.settings, work, 1, producer)
+    producer.flush(300)
+    return sent
 
 
 def _schedule(cfg: Config) -> list[str]:
@@ -534,7 +550,7 @@ def run(cfg: Config, root: Path) -> Report:
         chunk = max(1, cfg.events // n_chunks)
         restart_at = n_chunks // 2 if cfg.broker_restart and cfg.engine == "tansu" else -1
         for i in range(n_chunks):
-            n = chunk if i < n_chunks - 1 else cfg.events - chunk * (n_chunks - 1)
+            n = chunk if i < n_chunks - 1 else cfg.events - work.n  # the probes (_probe) included
             producer = Producer(producer_config(pipe.settings, **{"linger.ms": 5, "on_delivery": on_delivery}))
 
             def produce(n: int = n, producer: Any = producer) -> None:
@@ -547,7 +563,9 @@ def run(cfg: Config, root: Path) -> Report:
                 node = int(faults.integers(1, cfg.nodes + 1))
                 delay = float(faults.uniform(0.0, 0.5))
                 note(f"chunk {i}: {n} events; kill -9 Kafka node {node} {delay:.2f} s into the chunk")
+                t_fault = time.monotonic() + delay  # the killer thread's moment, within a few ms
                 answered = pipe.kill_node_under_load(node, delay, produce)
+                pipe.clock.record("kafka node kill -9", t_fault)
                 report.node_kills.append(node)
                 report.node_outage_s.append(round(answered, 2))
                 note(f"node {node} restarted, answering {answered:.1f} s after the kill; full ISR after "
@@ -558,18 +576,24 @@ def run(cfg: Config, root: Path) -> Report:
             if i == n_chunks - 1:
                 break
             time.sleep(float(rng.uniform(0.0, 1.5)))  # somewhere mid-processing / mid-checkpoint
+            t_fault = time.monotonic()
             if i == restart_at:
                 pipe.restart_broker()
                 report.broker_restarts += 1
+                pipe.clock.record("broker restart", t_fault, _probe(pipe, work, producer))
+                t_fault = time.monotonic()
             if action == "cluster":
                 note(f"chunk {i}: {n} events; stop the whole cluster, start it from its data dirs")
                 took = pipe.restart_cluster()
+                pipe.clock.record("cluster restart" if cfg.nodes > 1 else "broker restart (one node)", t_fault,
+                                  _probe(pipe, work, producer))
                 report.cluster_restarts += 1
                 note(f"cluster answering {took:.1f} s after the stop; full ISR after "
                      f"{pipe.recovery['cluster_isr'][-1]:.1f} s more")
             else:
                 which = ("ledger", "featurizer", "both")[int(rng.integers(3))]
                 pipe.kill(which)
+                pipe.clock.record(f"kill -9 {which}", t_fault, _probe(pipe, work, producer))
                 report.kills.append(which)
                 note(f"chunk {i}: {n} events; kill -9 {which}")
             pipe.check_workers()
@@ -584,6 +608,7 @@ def run(cfg: Config, root: Path) -> Report:
         report.examples += [u[:2000] for u in pipe.unplanned[:3]]
         pipe.stop()
     report.recovery_s = {k: [round(x, 3) for x in v] for k, v in pipe.recovery.items()}
+    report.publish_after_fault_s = dict(pipe.clock.after_fault)
     report.elapsed_s = round(time.monotonic() - t0, 1)
     report.loadavg.append(round(os.getloadavg()[0], 2))
     return report
@@ -620,6 +645,8 @@ def render(r: Report) -> str:
         "",
         f"recovery to readiness: ledger {stats(r.recovery_s.get('ledger', []))}; "
         f"featurizer {stats(r.recovery_s.get('featurizer', []))}; broker {stats(r.recovery_s.get('broker', []))}",
+        "fault -> first new head version published (s): " + "; ".join(
+            f"{kind} {distribution(xs)}" for kind, xs in sorted(r.publish_after_fault_s.items())),
         f"verdict: {'EXACT' if r.exact else 'NOT EXACT'}",
     ]
     if r.node_kills or r.cluster_restarts:

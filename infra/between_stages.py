@@ -58,6 +58,7 @@ from typing import Any
 import orjson
 
 from unlearn.infra.log_position import StaleStateError
+from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import Settings, consumer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
@@ -444,6 +445,11 @@ class KeyRing:
         return self._refresh(locate)
 
     def _refresh(self, locate: Locate | None) -> int | None:
+        """Under infra.retry: a broker restart (metadata or reads failing) is waited for, up to
+        UNLEARN_BROKER_RETRY_SECONDS, before KeysUnavailable reaches the worker."""
+        return RetryPolicy.of(self.settings).call("reading the key family", lambda: self._refresh_tries(locate))
+
+    def _refresh_tries(self, locate: Locate | None) -> int | None:
         with self._lock:
             self.refreshes += 1
             failed: dict[int, str] = {}
@@ -455,7 +461,8 @@ class KeyRing:
                 if not failed:
                     break
             if failed:
-                raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}")
+                raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}"
+                                      ) from TimeoutError("not read to its end")  # transient for infra.retry
             return None if locate is None or not picked else min(picked)
 
     def _refresh_once(self, only: dict[int, str] | None, locate: Locate | None) -> tuple[set[int], dict[int, str]]:

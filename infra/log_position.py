@@ -17,16 +17,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, is_retriable
 from unlearn.infra.settings import Settings
 
 log = logging.getLogger("unlearn.log_position")
 
 __all__ = ["StaleStateError", "check_resume", "log_bounds", "log_ends", "topic_id", "watermarks"]
 
-#: Errors of a partition whose leader is moving (a broker node lost or restarting): ask again.
-_LEADER_MOVING = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_COORDINATOR",
-                  "_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_WAIT_COORD", "_LEADER_NOT_AVAILABLE",
-                  "_DESTROY_BROKER")  # a broker handle dropped while a node left or rejoined the metadata
 
 
 class StaleStateError(RuntimeError):
@@ -66,10 +63,14 @@ def topic_id(settings: Settings, topic: str) -> str:
 
     from unlearn.infra.settings import admin_config
 
-    admin = AdminClient(admin_config(settings))  # kept alive until the result is in
-    try:
+    def ask() -> str:  # a new client per try: one that met a leader change may keep stale metadata
+        admin = AdminClient(admin_config(settings))  # kept alive until the result is in
         fut = admin.describe_topics(TopicCollection([topic]))[topic]
         return str(fut.result(timeout=settings.admin_timeout).topic_id or "")
+    try:  # a transient error must not pass for "no topic ids" (the incarnation check would be skipped)
+        return RetryPolicy.of(settings).call(f"describing {topic}", ask)
+    except BrokerUnavailable:
+        raise
     except Exception as exc:  # a broker without topic ids: the offset checks still apply
         log.warning("topic id of %s unavailable (%s); recreated topics are detected by offsets only", topic, exc)
         return ""
@@ -90,11 +91,9 @@ def watermarks(consumer: Any, topic: str, partition: int, timeout: float) -> tup
             low, high = got
             return int(low), int(high)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            name = err.name() if err is not None and hasattr(err, "name") else ""
-            if name not in _LEADER_MOVING or remaining <= 0:
+            if not is_retriable(exc) or remaining <= 0:  # infra.retry: leader, epoch or connection moving
                 raise
-            log.info("watermarks of %s/%d: %s; asking again", topic, partition, name)
+            log.info("watermarks of %s/%d: %s; asking again", topic, partition, exc)
             time.sleep(0.25)
 
 

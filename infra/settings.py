@@ -148,6 +148,7 @@ class Settings(Section):
     max_message_bytes: int = setting(100_000_000, "client produce/fetch message limit")
     fetch_max_wait_ms: int = setting(10, "consumer long-poll, and of readers waiting for a log's end")
     admin_timeout: float = setting(30.0, "seconds for topic admin calls and waits")
+    broker_retry_seconds: float = setting(120.0, "seconds a worker rides through transient broker errors")
     changelog_max_bytes: int = setting(1_000_000, "largest piece message of a changelog or snapshot")
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     sections: Mapping[type[Section], Section] = field(default_factory=dict, repr=False, compare=False)
@@ -167,6 +168,8 @@ class Settings(Section):
             raise ValueError(f"UNLEARN_MAX_MESSAGE_BYTES must be in 1e6..9e8, got {self.max_message_bytes}")
         if self.admin_timeout <= 0:
             raise ValueError(f"UNLEARN_ADMIN_TIMEOUT must be > 0, got {self.admin_timeout}")
+        if self.broker_retry_seconds <= 0:
+            raise ValueError(f"UNLEARN_BROKER_RETRY_SECONDS must be > 0, got {self.broker_retry_seconds}")
         if self.changelog_max_bytes < 64_000:
             raise ValueError("UNLEARN_CHANGELOG_MAX_BYTES must be at least 64000")
 

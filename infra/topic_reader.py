@@ -33,7 +33,10 @@ StartAt = Literal["beginning", "end"]
 
 
 class TopicReadError(RuntimeError):
-    """The topic could not be read: broker unreachable, topic missing, end not reached in time."""
+    """The topic could not be read: broker unreachable, topic missing, end not reached in time.
+    ``kafka_error``: the client's error behind it, if any (``infra.retry`` classifies it)."""
+
+    kafka_error: Any = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def _metadata(consumer: Any, settings: Settings, timeout: float) -> Any:
     try:
         return consumer.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise TopicReadError(f"cannot reach the broker at {settings.bootstrap}: {exc}") from None
+        raise TopicReadError(f"cannot reach the broker at {settings.bootstrap}: {exc}") from exc
 
 
 def topic_partitions(consumer: Any, settings: Settings, topic: str, timeout: float) -> list[int] | None:
@@ -199,7 +202,7 @@ def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None],
         while not pending <= done:
             if time.monotonic() > deadline:
                 raise TopicReadError(f"reading {topic} did not reach the end of partitions "
-                                     f"{sorted(pending - done)} within {timeout:g}s")
+                                     f"{sorted(pending - done)} within {timeout:g}s") from TimeoutError(topic)
             for m in f.consumer.consume(num_messages=1000, timeout=BATCH_WAIT_S):
                 err = m.error()
                 tp = (m.topic(), m.partition())
@@ -207,7 +210,9 @@ def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None],
                     if err.code() == KafkaError._PARTITION_EOF:
                         done.add(tp)
                         continue
-                    raise TopicReadError(f"reading {topic}: {err}")
+                    failed = TopicReadError(f"reading {topic}: {err}")
+                    failed.kafka_error = err  # infra.retry classifies it
+                    raise failed
                 f.delivered(m)
                 if tp in done or tp not in pending:
                     continue  # produced after we reached that partition's end: not ours
@@ -411,8 +416,11 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, stop: int 
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     return out
-                raise TopicReadError(f"reading {topic}/{partition}: {err}")
+                failed = TopicReadError(f"reading {topic}/{partition}: {err}")
+                failed.kafka_error = err  # infra.retry classifies it
+                raise failed
             if stop is not None and m.offset() >= stop:
                 return out
             out.append((m.offset(), m.key(), m.value()))
-    raise TopicReadError(f"reading {topic}/{partition} from offset {start} stalled for {idle_timeout:g}s")
+    raise TopicReadError(f"reading {topic}/{partition} from offset {start} stalled for {idle_timeout:g}s") from \
+        TimeoutError(f"no record for {idle_timeout:g}s")  # transient for infra.retry (a broker restarting)

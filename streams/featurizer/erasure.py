@@ -145,6 +145,7 @@ from unlearn.infra.between_stages import (
     transit_private_family,
 )
 from unlearn.infra.log_position import log_ends, watermarks
+from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, key_family_config
@@ -339,7 +340,8 @@ class TransitKeys:
 
     def _publish(self, epoch: Epoch) -> None:
         # every topic listed, none named: naming one may auto-create it on some brokers
-        md = self.keys.admin.list_topics(timeout=self.settings.admin_timeout).topics.get(self.topic)
+        md = RetryPolicy.of(self.settings).call("listing topics", lambda: self.keys.admin.list_topics(
+            timeout=self.settings.admin_timeout)).topics.get(self.topic)
         n = len(md.partitions) if md is not None and md.error is None and md.partitions else 0
         if n == 0:  # missing (not made by `unlearn topics create`): created like the by-head topic
             try:
@@ -350,7 +352,7 @@ class TransitKeys:
         produce_acked(self.keys.producer, [{"topic": self.topic, "key": f"p{epoch.partition}".encode(),
                                             "value": encode_public_record(epoch.public),
                                             "partition": epoch.partition % n}],
-                      timeout=self.settings.admin_timeout, error=KeyStoreError)
+                      timeout=RetryPolicy.of(self.settings).deadline_s, error=KeyStoreError)
 
     # ------------------------------------------------------------------ rotation and destruction
     def tick(self, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
@@ -530,7 +532,8 @@ class KeyStore:
     def load(self, partition: int) -> None:
         """Take partition ``partition`` over: read its newest complete generation (creating
         generation 0 if there is none); newer incomplete ones are deleted after the grace period."""
-        topics = list(self.admin.list_topics(timeout=self.settings.admin_timeout).topics)
+        topics = list(RetryPolicy.of(self.settings).call("listing topics", lambda: self.admin.list_topics(
+            timeout=self.settings.admin_timeout)).topics)
         gen = read_partition_keys(self.settings, self.family, topics, partition, role="featurizer")
         if gen is None:
             topic = self.family.topic(partition, 0)
@@ -599,10 +602,11 @@ class KeyStore:
     def flush(self) -> int:
         """Produce the staged keys and wait until every key produced since the last flush is
         acknowledged (KeyStoreError if not): call before the batch that uses them is committed.
-        Returns how many."""
+        Returns how many. Waits up to UNLEARN_BROKER_RETRY_SECONDS (infra.retry): while the
+        broker restarts the keys wait in the client's queue, which retries them itself."""
         self.send()
         sending, self._sending = self._sending, None
-        return 0 if sending is None else sending.wait(self.settings.admin_timeout)
+        return 0 if sending is None else sending.wait(RetryPolicy.of(self.settings).deadline_s)
 
     def live(self, partition: int) -> list[SampleRef]:
         gen = self.gens.get(partition)
@@ -691,7 +695,7 @@ class KeyStore:
 
     def _produce_acked(self, records: Sequence[tuple[str, bytes, bytes | None]]) -> None:
         produce_acked(self.producer, [{"topic": t, "key": key, "value": v, "partition": 0} for t, key, v in records],
-                      timeout=self.settings.admin_timeout, error=KeyStoreError)
+                      timeout=RetryPolicy.of(self.settings).deadline_s, error=KeyStoreError)
 
     def close(self) -> None:
         self.producer.flush(self.settings.admin_timeout)

@@ -64,7 +64,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from unlearn.infra.between_stages import (
     Checkpoint,
@@ -75,6 +75,7 @@ from unlearn.infra.between_stages import (
     state_family,
 )
 from unlearn.infra.log_position import StaleStateError, check_resume, watermarks
+from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, flush_within
 from unlearn.infra.settings import Settings, admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, trimmed_changelog_config
@@ -100,6 +101,8 @@ __all__ = [
 
 log = logging.getLogger("unlearn.ledger")
 
+T = TypeVar("T")
+
 class StateTopics:
     """Creates, lists, trims and retires the ledger's topics (module docstring)."""
 
@@ -108,6 +111,7 @@ class StateTopics:
         self.retiring: list[tuple[float, list[str]]] = []  # (due, superseded topics)
         self.created: set[str] = set()
         self._admin_client: Any = None
+        self.retry = RetryPolicy.of(settings)  # every admin call rides through a broker restart
 
     def admin(self) -> Any:
         """One admin client for the store's life (creating one per call reconnects every time)."""
@@ -117,25 +121,34 @@ class StateTopics:
             self._admin_client = AdminClient(admin_config(self.settings))
         return self._admin_client
 
+    def fresh_admin(self) -> None:
+        """Drop the admin client before a retry (infra.retry: its metadata may be stale)."""
+        self._admin_client = None
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` under the retry policy, with a new admin client for each retry."""
+        return self.retry.call(what, fn, on_retry=self.fresh_admin)
+
     def ensure(self, name: str) -> None:
         """Create ``name`` if this store has not yet (TopicError if it cannot)."""
         if name in self.created:
             return
-        ensure_topic(self.settings, name, compacted=True, admin=self.admin(),
-                     config=trimmed_changelog_config(self.settings))
+        self.call(f"creating {name}", lambda: ensure_topic(
+            self.settings, name, compacted=True, admin=self.admin(), config=trimmed_changelog_config(self.settings)))
         self.created.add(name)
 
     def delete(self, names: list[str]) -> None:
         try:
-            delete_topics(self.settings, names, admin=self.admin())
-        except TopicError as exc:  # only space: say so, go on (the next rotation retries nothing)
+            self.call(f"deleting {names}", lambda: delete_topics(self.settings, names, admin=self.admin()))
+        except (TopicError, BrokerUnavailable) as exc:  # only space: say so, go on (the next rotation retries nothing)
             log.warning("could not delete superseded topics %s: %s", names, exc)
         self.created.difference_update(names)
 
     def listed(self) -> list[str]:
         """Every topic on the broker (whole-cluster metadata: naming a topic would auto-create
         it on the embedded broker)."""
-        return list(self.admin().list_topics(timeout=self.settings.admin_timeout).topics)
+        return list(self.call("listing topics", lambda: self.admin().list_topics(
+            timeout=self.settings.admin_timeout).topics))
 
     def retire(self, names: list[str]) -> None:
         """Delete ``names`` once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off
@@ -155,10 +168,12 @@ class StateTopics:
 
     def trim(self, topic: str, below: int) -> bool:
         """DeleteRecords below ``below`` on ``topic`` partition 0; False if the broker refused
-        (logged: retried by the next rewrite or recovery, the erasure stays pending)."""
+        (logged: retried by the next rewrite or recovery, the erasure stays pending). DeleteRecords
+        is idempotent: a transient error is asked again within the retry deadline."""
         try:
-            delete_records(self.settings, {(topic, 0): below}, admin=self.admin())
-        except TopicError as exc:
+            self.call(f"trimming {topic}", lambda: delete_records(self.settings, {(topic, 0): below},
+                                                                         admin=self.admin()))
+        except (TopicError, BrokerUnavailable) as exc:
             log.warning("could not trim %s below offset %d: %s", topic, below, exc)
             return False
         log.debug("trimmed %s below offset %d", topic, below)
@@ -167,17 +182,21 @@ class StateTopics:
     def end_offset(self, topic: str) -> int:
         """One past the last record of ``topic`` partition 0 (ListOffsets latest: exact on every
         broker that trims, and never too high elsewhere, so trimming below it keeps all newer).
-        TopicError if the broker does not answer."""
-        from confluent_kafka import TopicPartition
+        A leader or epoch change (FENCED_LEADER_EPOCH after a restart) is asked again within the
+        retry deadline; TopicError if the broker refuses, BrokerUnavailable if it stays away."""
+        from confluent_kafka import KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         timeout = self.settings.admin_timeout
         tp = TopicPartition(topic, 0)
-        try:
-            fut = self.admin().list_offsets({tp: OffsetSpec.latest()}, request_timeout=timeout)[tp]
-            return int(fut.result(timeout=timeout).offset)
-        except Exception as exc:  # KafkaException, a timeout
-            raise TopicError(f"cannot read the end of {topic}: {exc}") from None
+
+        def ask() -> int:
+            try:
+                fut = self.admin().list_offsets({tp: OffsetSpec.latest()}, request_timeout=timeout)[tp]
+                return int(fut.result(timeout=timeout).offset)
+            except (KafkaException, TimeoutError) as exc:
+                raise TopicError(f"cannot read the end of {topic}: {exc}") from exc
+        return self.call(f"reading the end of {topic}", ask)
 
 
 _FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
@@ -244,7 +263,10 @@ _SCAN_WINDOW = 256
 
 
 class StateStoreError(RuntimeError):
-    """The changelog could not be written or read (broker down past the timeout, ...)."""
+    """The changelog could not be written or read (broker down past the timeout, ...).
+    ``kafka_error``: the client's error behind it, if any (``infra.retry`` classifies it)."""
+
+    kafka_error: Any = None
 
 
 Record = tuple[int, bytes | None, bytes | None]  # (offset, key, value)
@@ -301,7 +323,7 @@ class ChangelogStore:
         try:
             self.topics.ensure(name)
         except TopicError as exc:
-            raise StateStoreError(str(exc)) from None
+            raise StateStoreError(str(exc)) from exc
 
     def generations(self, partition: int) -> list[int]:
         """Generations of ``partition``'s ledger-state that exist on the broker."""
@@ -355,8 +377,8 @@ class ChangelogStore:
             topic = self.heads_topic(partition)
             try:
                 end = self.topics.end_offset(topic)
-            except TopicError as exc:  # the rewrite cannot start safely
-                raise StateStoreError(str(exc)) from None
+            except TopicError as exc:  # the broker refused: the rewrite cannot start safely
+                raise StateStoreError(str(exc)) from exc
             return HeadsRewrite([self.heads.topic(partition, g) for g in existing if g != keep], topic, end)
         self.heads_generation[partition] = max([current, *existing]) + 1
         return HeadsRewrite([self.heads.topic(partition, g) for g in existing])
@@ -375,26 +397,28 @@ class ChangelogStore:
 
     # ---------------------------------------------------------------- writing
     def _produce_all(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
-        """Produce ``records`` to ``partition`` and wait until each is durable; their offsets."""
-        offsets: list[int | None] = [None] * len(records)
-        errors: list[str] = []
-
-        def on_delivery(i: int) -> Callable[[Any, Any], None]:
-            def cb(err: Any, msg: Any) -> None:
-                if err is not None:
-                    errors.append(str(err))
-                else:
-                    offsets[i] = msg.offset()
-            return cb
-
+        """Produce ``records`` to ``partition`` and wait until each is durable; their offsets.
+        Written again whole after a transient delivery error: a duplicate is harmless (pieces are
+        addressed by the offsets returned, the latest checkpoint record wins)."""
         topic = self.topic(partition)
         self._ensure_topic(topic)
+        return self.topics.retry.call(f"writing {topic}", lambda: self._produce_once(partition, topic, records))
+
+    def _produce_once(self, partition: int, topic: str, records: list[tuple[bytes, bytes]]) -> list[int]:
+        offsets: list[int | None] = [None] * len(records)
+        errors: list[Any] = []  # KafkaErrors of failed deliveries
+
+        def on_delivery(i: int) -> Callable[[Any, Any], None]:
+            return lambda err, msg: errors.append(err) if err is not None else offsets.__setitem__(i, msg.offset())
+
         for i, (key, value) in enumerate(records):
             self._produce(topic, key, value, on_delivery(i))
             self.written[partition] = self.written.get(partition, 0) + len(key) + len(value)
-        remaining = self.producer.flush(self.settings.admin_timeout)
-        if remaining or errors or any(o is None for o in offsets):
-            raise StateStoreError(f"writing {topic} failed: {errors[:3] or f'{remaining} records not delivered'}")
+        flush_within(self.producer, self.topics.retry, f"writing {topic}")
+        if errors or any(o is None for o in offsets):
+            failed = StateStoreError(f"writing {topic} failed: {[str(e) for e in errors[:3]]}")
+            failed.kafka_error = errors[0] if errors else None
+            raise failed
         return [int(o) for o in offsets if o is not None]
 
     def _produce(self, topic: str, key: bytes, value: bytes, cb: Callable[[Any, Any], None]) -> None:
@@ -428,7 +452,12 @@ class ChangelogStore:
     def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, HeadState]]:
         """The latest checkpoint of ``partition`` and the heads it names (verified snapshots).
         Superseded generations, and a newer one a crashed rotation left without a checkpoint,
-        are deleted; writes continue in the generation recovered from."""
+        are deleted; writes continue in the generation recovered from. Read again from the start
+        on a transient broker error (reads, deletes and trims: all safe to repeat)."""
+        return self.topics.call(f"recovering ledger-state of deltas partition {partition}",
+                                      lambda: self._recover(partition))
+
+    def _recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, HeadState]]:
         c = self._consumer()
         try:
             found: dict[int, Checkpoint | None] = {}
@@ -475,7 +504,7 @@ class ChangelogStore:
         try:
             return read_range(c, topic, 0, start, stop, self.settings.admin_timeout)
         except TopicReadError as exc:
-            raise StateStoreError(str(exc)) from None
+            raise StateStoreError(str(exc)) from exc
 
     def _estimate_size(self, c: Any, topic: str, cp: Checkpoint) -> int:
         """Bytes a recovered generation holds, from its record count and the size of the pieces

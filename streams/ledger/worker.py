@@ -76,6 +76,7 @@ from unlearn.infra.between_stages import Checkpoint, HeadPointer
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
 from unlearn.infra.registry import RegistryView, read_contracts
+from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import TopicReadError
 from unlearn.infra.worker_metrics import WorkerMetrics
@@ -192,8 +193,10 @@ class ContractGammas:
         """The head's latest contract: the follower's, else one synchronous read of the registry."""
         c = self.view.get(head_id) or self._read.get(head_id)
         if c is None:
-            try:
-                self._read = read_contracts(self.settings, timeout=min(self.settings.admin_timeout, 10.0))
+            timeout = min(self.settings.admin_timeout, 10.0)
+            try:  # a broker restarting is waited for (infra.retry): only a missing registry falls back
+                self._read = RetryPolicy.of(self.settings).call(
+                    "reading the head registry", lambda: read_contracts(self.settings, timeout=timeout))
             except TopicReadError as exc:
                 log.warning("head registry not readable (%s)", exc)
             c = self._read.get(head_id)
@@ -266,6 +269,7 @@ class Outputs:
         self.publish_posterior = LedgerSettings.of(settings).publish_posterior
         self.redact_inputs = ErasureSettings.of(settings).deadletter_inputs == "redact"
         self.delivery_errors: list[str] = []
+        self.retry = RetryPolicy.of(settings)
 
     # ---------------------------------------------------------------- delivery
     def produce(self, topic: str, key: bytes, value: bytes) -> None:
@@ -290,9 +294,11 @@ class Outputs:
             raise DeliveryError(f"output delivery failed: {self.delivery_errors[:3]}")
 
     def flush(self, why: str) -> None:
-        """Wait until every output produced so far is durable (DeliveryError before ``why`` if not)."""
-        if self.producer.flush(self.settings.admin_timeout):
-            raise DeliveryError(f"outputs not delivered within the admin timeout; stopping before the {why}")
+        """Wait until every output produced so far is durable (DeliveryError before ``why`` if not).
+        While the broker restarts the outputs wait in the client's queue and the client retries
+        them; only ``UNLEARN_BROKER_RETRY_SECONDS`` without delivery stops the worker
+        (BrokerUnavailable), as does a failed delivery report (the client gave up on a message)."""
+        flush_within(self.producer, self.retry, f"delivering outputs before the {why}")
         self.raise_if_failed()
 
     # ---------------------------------------------------------------- head updates
@@ -450,8 +456,10 @@ class Recovery:
         """Rebuild ``partition`` from its checkpoint and check it belongs to the log whose topic id
         is ``topic_id`` (StaleStateError naming the mismatch if not)."""
         cp, heads = self.store.recover(partition)
-        log_start, log_end = log_bounds(self.settings, self.consumer, self.deltas_topic, partition,
-                                        cp.floor if cp is not None else 0)
+        log_start, log_end = RetryPolicy.of(self.settings).call(
+            f"reading the bounds of deltas partition {partition}",
+            lambda: log_bounds(self.settings, self.consumer, self.deltas_topic, partition,
+                               cp.floor if cp is not None else 0))
         floor = check_recovery(cp, topic_id, log_start, log_end)
         ps = PartitionState(partition, floor)
         rewrite = self.store.begin_heads_rewrite(partition, fresh=True)
@@ -691,11 +699,13 @@ class LedgerWorker:
         return first + self.consumer.consume(num_messages=499, timeout=0)
 
     def _on_message(self, m: Any, poll: PollOutputs) -> None:
-        from confluent_kafka import KafkaError
+        from confluent_kafka import KafkaError, KafkaException
 
         err = m.error()
         if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
+            if err.fatal():  # the client cannot go on (infra.retry): stop loudly, the restart recovers
+                raise KafkaException(err)
+            if err.code() != KafkaError._PARTITION_EOF:  # transient: the client retries the fetch itself
                 log.warning("deltas consumer: %s", err)
             return
         ps = self.owned.get(m.partition())

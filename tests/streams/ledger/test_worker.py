@@ -92,11 +92,11 @@ class Stream:
         return MultisetHash.of_rows(Q, np.array([lab for _, lab in m.values()], np.int64)).fingerprint()
 
 
-def produce(settings: Settings, msgs: list[tuple[str, bytes]]) -> None:
+def produce(settings: Settings, msgs: list[tuple[str, bytes]], timeout: float = 30.0) -> None:
     p = Producer(producer_config(settings))
     for h, raw in msgs:
         p.produce(settings.topic("deltas"), key=h.encode(), value=raw)
-    assert p.flush(30) == 0
+    assert p.flush(timeout) == 0
 
 
 def worker_settings(settings: Settings, tmp_path: Path) -> Settings:
