@@ -1,0 +1,164 @@
+"""The secured Kafka refuses what TLS must refuse, on a real broker (infra/secure_kafka.py):
+
+- no port the broker process listens on answers a plaintext Kafka request (the client listener
+  is SASL_SSL, the controller listener SSL), and a plaintext client's error says why;
+- a client that trusts another CA refuses the broker, naming certificate verification;
+- the controller listener refuses a client certificate from another CA, and one without any.
+
+One secured single-node cluster for the module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from unlearn.infra.certificates import generate_tls_dir, issue, make_ca
+from unlearn.infra.secure_kafka import SecuredLocalKafka
+from unlearn.infra.settings import Settings, admin_config
+
+pytestmark = pytest.mark.broker
+
+# ApiVersions v0, the first request every Kafka client sends: api key 18, correlation id 7.
+_BODY = struct.pack(">hhih", 18, 0, 7, 4) + b"test"
+API_VERSIONS = struct.pack(">i", len(_BODY)) + _BODY
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SecuredLocalKafka]:
+    with SecuredLocalKafka(1, admin_password=f"admin-{uuid.uuid4().hex[:8]}") as kafka:
+        yield kafka
+
+
+def listening_ports(pid: int) -> set[int]:
+    """Every TCP port process ``pid`` listens on (its socket inodes in /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def plaintext_answer(host: str, port: int, timeout: float = 10.0) -> bytes:
+    """What a listener sends back to a plaintext ApiVersions request (b"": it closed the connection)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(API_VERSIONS)
+        got = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(4096)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def test_no_plaintext_listener_answers(cluster: SecuredLocalKafka) -> None:
+    (node,) = cluster.nodes
+    assert node.pid is not None
+    ports = listening_ports(node.pid)
+    assert ports == {node.port, node.controller_port}  # nothing else listens
+    for port in sorted(ports):
+        got = plaintext_answer(node.host, port)
+        # a Kafka answer starts with its length and our correlation id; a TLS listener answers
+        # bytes that are not ApiVersions (at most an alert record) and closes
+        assert got[4:8] != struct.pack(">i", 7), f"port {port} answered a plaintext ApiVersions request"
+
+
+def _refusals(settings: Settings, caplog: pytest.LogCaptureFixture, timeout: float = 15.0) -> list[str]:
+    """What the project's clients log (infra/connection_errors.py) while an admin client of
+    ``settings`` fails to reach the cluster."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="unlearn.kafka"):
+        admin = AdminClient(admin_config(settings))
+        with pytest.raises(KafkaException):
+            admin.list_topics(timeout=timeout)
+        admin.poll(2)  # serves the error callbacks, as a worker's poll loop does
+    return [r.getMessage() for r in caplog.records if r.name == "unlearn.kafka"]
+
+
+def _settings(cluster: SecuredLocalKafka, tmp_path: Path, body: str) -> Settings:
+    path = tmp_path / f"{uuid.uuid4().hex[:8]}.properties"
+    path.write_text(body)
+    return Settings.from_env(bootstrap=cluster.bootstrap, profile="kafka", kafka_properties=str(path))
+
+
+def test_a_plaintext_client_is_refused_and_told_why(cluster: SecuredLocalKafka, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    said = _refusals(_settings(cluster, tmp_path, "security.protocol=PLAINTEXT\n"), caplog)
+    assert said == [f"kafka connection: the broker at {cluster.nodes[0].bootstrap} speaks TLS and this client's "
+                    "security.protocol is PLAINTEXT: set security.protocol=SASL_SSL (or SSL) and ssl.ca.location in "
+                    "the UNLEARN_KAFKA_PROPERTIES file (docs/security.md, \"TLS\")"], said
+
+
+def test_a_client_trusting_another_ca_is_refused(cluster: SecuredLocalKafka, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    other = generate_tls_dir(tmp_path / "other", [1], ["127.0.0.1"])
+    body = (f"security.protocol=SASL_SSL\nssl.ca.location={other.ca}\nsasl.mechanism=SCRAM-SHA-512\n"
+            f"sasl.username=admin\nsasl.password={cluster.admin_password}\n")
+    said = _refusals(_settings(cluster, tmp_path, body), caplog)
+    assert said == [f"kafka connection: TLS refused: the broker's certificate is not signed by a CA this client "
+                    f"trusts; this client trusts ssl.ca.location={other.ca} and verifies the host name "
+                    f"(UNLEARN_KAFKA_PROPERTIES; docs/security.md, \"TLS\")"], said
+    # the same file trusting the cluster's CA gets in: the CA is what was refused
+    good = _settings(cluster, tmp_path, body.replace(str(other.ca), str(cluster.ca_file)))
+    from confluent_kafka.admin import AdminClient
+
+    assert AdminClient(admin_config(good)).list_topics(timeout=30).brokers
+
+
+def _controller_refuses(cluster: SecuredLocalKafka, cert: tuple[Path, Path] | None) -> str:
+    """Connect to the controller listener over TLS, trusting the cluster's CA, presenting ``cert``
+    (certificate and key files) or none; returns how the listener refused."""
+    (node,) = cluster.nodes
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    with socket.create_connection((node.host, node.controller_port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname=node.host) as s:
+        try:
+            s.sendall(API_VERSIONS)  # TLS 1.3: the server judges the client certificate after the handshake
+            got = s.recv(4096)
+        except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+    assert not got, f"the controller listener answered: {got[:40]!r}"
+    return "closed"
+
+
+def test_the_controllers_refuse_a_certificate_of_another_ca(cluster: SecuredLocalKafka, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    ca_key, ca_cert = make_ca("some other CA")
+    key, cert = issue(ca_key, ca_cert, "unlearn-kafka-broker", ["127.0.0.1"])  # even the brokers' name
+    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    how = _controller_refuses(cluster, (tmp_path / "c.pem", tmp_path / "k.pem"))
+    assert "unknown ca" in how.lower() or "certificate" in how.lower() or how == "closed", how
+    how = _controller_refuses(cluster, None)
+    assert "certificate required" in how.lower() or "certificate" in how.lower() or how == "closed", how
