@@ -189,6 +189,14 @@ def check_certificate_file(path: str | os.PathLike[str], what: str, now: dt.date
         _check_dates(cert, f"{what} {path}", now)
 
 
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:  # InvalidSignature (no message), a different issuer name, another key type
+        return False
+    return True
+
+
 def _covers(cert: x509.Certificate, host: str) -> bool:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -207,8 +215,9 @@ def check_tls_dir(tls: TlsDir, node_ids: Sequence[int], hosts: Sequence[str], no
     expired, not issued by ``ca.pem``, a host not in its names, or nodes with different subjects
     (one principal is the controllers' super user)."""
     now = now or dt.datetime.now(dt.UTC)
-    (ca, *_) = _load(tls.ca, "CA file")
-    _check_dates(ca, f"CA file {tls.ca}", now)
+    cas = _load(tls.ca, "CA file")  # several during a CA rotation (docs/security.md)
+    for ca in cas:
+        _check_dates(ca, f"CA file {tls.ca}", now)
     password = tls.password()
     subjects = set()
     for node_id in node_ids:
@@ -224,11 +233,9 @@ def check_tls_dir(tls: TlsDir, node_ids: Sequence[int], hosts: Sequence[str], no
         if key is None or leaf is None:
             raise CertificateError(f"{where}: needs a private key and its certificate")
         _check_dates(leaf, where, now)
-        try:
-            leaf.verify_directly_issued_by(ca)
-        except Exception as exc:  # InvalidSignature (no message), or a different issuer name
-            raise CertificateError(f"{where}: not issued by the CA in {tls.ca} "
-                                   f"({type(exc).__name__}; its issuer is {leaf.issuer.rfc4514_string()})") from None
+        if not any(_issued_by(leaf, ca) for ca in cas):
+            raise CertificateError(f"{where}: not issued by a CA in {tls.ca} (its issuer is "
+                                   f"{leaf.issuer.rfc4514_string()})")
         missing = [h for h in hosts if not _covers(leaf, h)]
         if missing:
             raise CertificateError(f"{where}: the certificate does not name {missing[0]!r} in its subject "

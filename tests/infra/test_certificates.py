@@ -64,11 +64,12 @@ def test_each_cause_is_named(tmp_path: Path) -> None:
     other_key, other_ca = make_ca("other CA")
     key, cert = issue(other_key, other_ca, BROKER_NAME, ["kafka"])
     tls.node(1).write_bytes(keystore_of(key, cert, other_ca, password))
-    with pytest.raises(CertificateError, match=r"node-1.p12: not issued by the CA in .*ca.pem"):
+    with pytest.raises(CertificateError, match=r"node-1.p12: not issued by a CA in .*ca.pem \(its issuer is "
+                                               r"CN=other CA,O=unlearn\)"):
         check_tls_dir(tls, [1], ["kafka"])
     # an expired node certificate
     ca_key, ca_cert = make_ca()
-    (tmp_path / "tls" / "ca.pem").write_bytes(pkcs12_free_pem(ca_cert))
+    (tmp_path / "tls" / "ca.pem").write_bytes(pem_bytes(ca_cert))
     key, cert = issue(ca_key, ca_cert, BROKER_NAME, ["kafka"], days=1,
                       now=dt.datetime.now(dt.UTC) - dt.timedelta(days=3))
     tls.node(1).write_bytes(keystore_of(key, cert, ca_cert, password))
@@ -79,7 +80,7 @@ def test_each_cause_is_named(tmp_path: Path) -> None:
         check_tls_dir(tls, [1], ["kafka"])
 
 
-def pkcs12_free_pem(cert: object) -> bytes:
+def pem_bytes(cert: object) -> bytes:
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -103,3 +104,18 @@ def test_unlearn_certs_makes_the_compose_files(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "tls" / ".generated").unlink()  # now it is "the operator's": checked, refused, kept
     assert certs_main(["--dir", str(tmp_path / "tls"), "--host", "kafka"]) == 1
     assert "does not name 'kafka'" in capsys.readouterr().err
+
+
+def test_a_ca_bundle_trusts_old_and_new_during_a_rotation(tmp_path: Path) -> None:
+    """docs/security.md, rotation: ca.pem holds the old and the new CA while keystores move over."""
+    tls = generate_tls_dir(tmp_path / "tls", [1, 2], ["kafka"])
+    old = tls.ca.read_bytes()
+    new_key, new_ca = make_ca("new CA")
+    tls.ca.write_bytes(old + pem_bytes(new_ca))
+    assert check_tls_dir(tls, [1, 2], ["kafka"]) == SUBJECT  # both nodes still on the old CA
+    key, cert = issue(new_key, new_ca, BROKER_NAME, ["kafka"])
+    tls.node(2).write_bytes(keystore_of(key, cert, new_ca, tls.password()))
+    assert check_tls_dir(tls, [1, 2], ["kafka"]) == SUBJECT  # one moved: the same principal
+    tls.ca.write_bytes(pem_bytes(new_ca))  # the old CA dropped too early
+    with pytest.raises(CertificateError, match=r"node-1\.p12: not issued by a CA in"):
+        check_tls_dir(tls, [1, 2], ["kafka"])
