@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from unlearn.infra.broker import BrokerError
-from unlearn.infra.certificates import CertificateError, TlsDir, ensure_tls_dir
+from unlearn.infra.certificates import CertificateError, TlsDir, check_tls_dir, ensure_tls_dir
 from unlearn.infra.kafka_broker import KafkaNode, LocalKafka
 
 __all__ = ["SCRAM_MECHANISM", "SECURITY_PROPERTIES", "SecuredLocalKafka"]
@@ -94,8 +94,6 @@ class SecuredLocalKafka(LocalKafka):
             ids = [n.node_id for n in self.nodes]
             try:
                 if self._tls_dir is not None:  # the operator's: checked, never regenerated
-                    from unlearn.infra.certificates import check_tls_dir
-
                     self._tls = (TlsDir(self._tls_dir), check_tls_dir(TlsDir(self._tls_dir), ids, [self.host]))
                 else:
                     self._tls = ensure_tls_dir(self._root / "tls", ids, [self.host, "localhost"])

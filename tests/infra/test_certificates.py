@@ -119,3 +119,14 @@ def test_a_ca_bundle_trusts_old_and_new_during_a_rotation(tmp_path: Path) -> Non
     tls.ca.write_bytes(pem_bytes(new_ca))  # the old CA dropped too early
     with pytest.raises(CertificateError, match=r"node-1\.p12: not issued by a CA in"):
         check_tls_dir(tls, [1, 2], ["kafka"])
+
+
+def test_the_secured_broker_does_not_start_on_operator_files_that_cannot_work(tmp_path: Path) -> None:
+    """`unlearn broker --engine kafka --secure --tls-dir DIR`: checked before any node starts."""
+    from unlearn.infra.broker import BrokerError
+    from unlearn.infra.secure_kafka import SecuredLocalKafka
+
+    tls = generate_tls_dir(tmp_path / "mine", [1], ["kafka"])  # not the 127.0.0.1 the node listens on
+    with pytest.raises(BrokerError, match=r"TLS: node 1 keystore .*node-1.p12: the certificate does not name "
+                                          r"'127.0.0.1'"):
+        SecuredLocalKafka(1, admin_password="a", tls_dir=tls.path).start()

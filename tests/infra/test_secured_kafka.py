@@ -205,6 +205,7 @@ def test_kafka_init_names_every_missing_password(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--secure"], {"KAFKA_ADMIN_PASSWORD": "x"}, "--secure needs --engine kafka"),
     (["--engine", "kafka", "--secure"], {}, "--secure needs KAFKA_ADMIN_PASSWORD"),
+    (["--engine", "kafka", "--tls-dir", "/x"], {"KAFKA_ADMIN_PASSWORD": "x"}, "--tls-dir needs --secure"),
 ])
 def test_broker_secure_usage_errors(argv: list[str], env: dict[str, str], message: str,
                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
