@@ -5,9 +5,10 @@
 - a client that trusts another CA refuses the broker, naming certificate verification;
 - the controller listener refuses a client certificate from another CA, and one without any;
 - the Java client reads the same properties file (clients/java ``KafkaSecurity``) and is refused
-  the same way trusting another CA.
+  the same way trusting another CA;
+- a node moves to a new CA while clients trust both (docs/security.md, rotation).
 
-One secured single-node cluster for the module.
+One secured single-node cluster for the module; the rotation test starts its own.
 """
 
 from __future__ import annotations
@@ -189,3 +190,42 @@ def test_the_java_client_reads_the_same_file_over_tls(cluster: SecuredLocalKafka
     bad = probe(other.ca)
     assert bad.returncode == 1, bad.stdout + bad.stderr[-2000:]
     assert "SslAuthenticationException" in bad.stdout and "PKIX path" in bad.stdout, bad.stdout
+
+
+def test_a_node_moves_to_a_new_ca_while_clients_trust_both(tmp_path: Path) -> None:
+    """docs/security.md, "A new CA", on a real node: the operator's TLS directory trusts a bundle
+    of the old and the new CA; the node restarts with a keystore of the new CA; a client trusting
+    the bundle is served before and after, one trusting only the old CA is refused after."""
+    from confluent_kafka.admin import AdminClient
+    from cryptography.hazmat.primitives import serialization
+
+    from unlearn.infra.certificates import BROKER_NAME, TlsDir, keystore_of
+
+    tls = TlsDir(tmp_path / "tls")
+    tls.path.mkdir()
+    password = "rotation-test"
+    tls.password_file.write_text(password)
+    old_key, old_ca = make_ca("old CA")
+    new_key, new_ca = make_ca("new CA")
+    old_pem, new_pem = (tmp_path / "old.pem"), (tmp_path / "new.pem")
+    old_pem.write_bytes(old_ca.public_bytes(serialization.Encoding.PEM))
+    new_pem.write_bytes(new_ca.public_bytes(serialization.Encoding.PEM))
+    tls.ca.write_bytes(old_pem.read_bytes() + new_pem.read_bytes())  # step 2: everyone trusts both
+    key, cert = issue(old_key, old_ca, BROKER_NAME, ["127.0.0.1"])
+    tls.node(1).write_bytes(keystore_of(key, cert, old_ca, password))
+    admin_password = f"admin-{uuid.uuid4().hex[:8]}"
+
+    def served(cluster: SecuredLocalKafka, ca: Path) -> bool:
+        conf = {**cluster.client_config(), "ssl.ca.location": str(ca), "bootstrap.servers": cluster.bootstrap}
+        try:
+            return bool(AdminClient(conf).list_topics(timeout=15).brokers)
+        except Exception:
+            return False
+
+    with SecuredLocalKafka(1, admin_password=admin_password, tls_dir=tls.path) as cluster:
+        assert served(cluster, tls.ca) and served(cluster, old_pem) and not served(cluster, new_pem)
+        key, cert = issue(new_key, new_ca, BROKER_NAME, ["127.0.0.1"])  # step 3: the same subject
+        tls.node(1).write_bytes(keystore_of(key, cert, new_ca, password))
+        cluster.stop_node(1)
+        cluster.start_node(1)
+        assert served(cluster, tls.ca) and served(cluster, new_pem) and not served(cluster, old_pem)
