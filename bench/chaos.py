@@ -1,7 +1,7 @@
 """Chaos benchmark: the whole pipeline under random kill -9 and a broker restart, then an audit.
 
     python -m bench.chaos [--quick] [--events N] [--kills K] [--broker-restart] [--json PATH]
-    python -m bench.chaos --engine kafka --nodes 3 [--node-kills 3] [--no-cluster-restart] ...
+    python -m bench.chaos --engine kafka --nodes 3 [--node-kills 3] [--no-cluster-restart] [--secure] ...
 
 A local broker (persistent, so that it can be restarted: ``LocalBroker(data_dir=...)``), one
 featurizer and one ledger worker as child processes (the operator's ``unlearn`` commands), and a
@@ -37,6 +37,10 @@ during these rounds, so that they must ride through the node's loss. Once (``--c
 on by default with Kafka) the whole cluster is stopped under load and started again from its data
 dirs. The audit then also counts **worker restarts that no kill caused** (a worker found dead is
 restarted and counted): 0 means the workers rode through every node loss and the cluster restart.
+With ``--secure`` the cluster is the secured one (``SecuredLocalKafka``: SASL_SSL clients and
+replication, controllers over mutual TLS, a throwaway CA kept in its data dir across restarts) and
+every client of the run (workers, producer, audit) connects through an ``UNLEARN_KAFKA_PROPERTIES``
+file as the super user ``admin`` (the ACL matrix is tests/infra/test_secured_kafka.py's subject).
 
 Prints a table and, with ``--json``, writes the numbers. Exit 0 iff every correctness count is 0.
 
@@ -72,6 +76,7 @@ from unlearn.infra.between_stages import heads_family
 from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.processes import ServiceProcess
+from unlearn.infra.secure_kafka import SecuredLocalKafka
 from unlearn.infra.settings import HeadSettings, Settings, admin_config, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import create_topics
@@ -82,6 +87,8 @@ from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.head_runtime import RowOpener, admit, apply_entries, creates_head, record_applied
+
+_ADMIN_PASSWORD = "admin-chaos-local-only"  # --secure: the super user every client of the run is
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Config:
     node_kills: int = 0  # kill -9 of a random Kafka node under load, restarted after node_down_s
     node_down_s: tuple[float, float] = (10.0, 20.0)  # > broker.session.timeout.ms (6 s): leaderships move
     cluster_restart: bool = False  # stop the whole Kafka cluster under load, start it from its data dirs
+    secure: bool = False  # the secured Kafka (TLS everywhere, SCRAM, ACLs); the clients as admin
 
 
 @dataclass
@@ -207,7 +215,7 @@ class Pipeline:
         self.cfg = cfg
         self.broker: Any
         if cfg.engine == "kafka":  # always persistent: a node or the whole cluster restarts from its dirs
-            self.broker = LocalKafka(cfg.nodes, data_dir=root / "kafka")
+            self.broker = self._kafka()
         else:
             self.broker = LocalBroker(data_dir=root / "broker") if cfg.broker_restart else LocalBroker()
         self.broker.start()
@@ -216,7 +224,8 @@ class Pipeline:
             bootstrap=self.broker.bootstrap, profile=cfg.engine, topic_prefix="chaos.", partitions=cfg.partitions,
             data_dir=str(root / "data"), checkpoint_every_messages=20, checkpoint_every_seconds=1.0,
             # s3:// storage answers short fetches with nothing once a partition holds many batches
-            fetch_max_wait_ms=300 if tansu_s3 else None, state_rotate_bytes=cfg.rotate_bytes)
+            fetch_max_wait_ms=300 if tansu_s3 else None, state_rotate_bytes=cfg.rotate_bytes,
+            kafka_properties=self._client_properties())
         create_topics(self.settings)
         # Every head update, as published (rotation deletes superseded generations afterwards).
         self.digests: dict[tuple[str, int], set[str]] = {}  # of the updates that carry one
@@ -231,6 +240,20 @@ class Pipeline:
         self.recovery: dict[str, list[float]] = {"featurizer": [], "ledger": [], "broker": []}
         self.chaos_starts = {"featurizer": 1, "ledger": 1}  # starts that we caused (the first, and kills)
         self.unplanned: list[str] = []  # a worker found dead, with its log's tail
+
+    def _kafka(self) -> LocalKafka:
+        if not self.cfg.secure:
+            return LocalKafka(self.cfg.nodes, data_dir=self.root / "kafka")
+        return SecuredLocalKafka(self.cfg.nodes, admin_password=_ADMIN_PASSWORD, data_dir=self.root / "kafka")
+
+    def _client_properties(self) -> str:
+        """The UNLEARN_KAFKA_PROPERTIES file of every client of a secured run ("" otherwise)."""
+        if not self.cfg.secure:
+            return ""
+        path = self.root / "client.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.broker.client_config().items()
+                                if k != "ssl.endpoint.identification.algorithm"))  # always on; a file may not set it
+        return str(path)
 
     def _on_head(self, r: LogRecord) -> None:
         try:
@@ -334,7 +357,7 @@ class Pipeline:
         the cluster again from its data dirs; seconds from the stop to every node answering."""
         t0 = time.monotonic()
         self.broker.stop()
-        self.broker = LocalKafka(self.cfg.nodes, data_dir=self.root / "kafka")
+        self.broker = self._kafka()
         self.broker.start()
         took = time.monotonic() - t0
         self.recovery["broker"].append(took)
@@ -679,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster-restart", action=argparse.BooleanOptionalAction, default=None,
                     help="stop the whole Kafka cluster once under load and start it from its data dirs "
                          "(default: on with --engine kafka)")
+    ap.add_argument("--secure", action="store_true",
+                    help="kafka only: the secured cluster (SASL_SSL, mutual TLS controllers, a throwaway CA); "
+                    "every client through an UNLEARN_KAFKA_PROPERTIES file, as admin")
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     ap.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -693,7 +719,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nodes, --node-kills and --cluster-restart need --engine kafka")
     if args.engine == "kafka" and args.broker_restart:
         ap.error("--broker-restart is tansu's; with Kafka use --node-kills / --cluster-restart")
-    cfg.engine, cfg.nodes = args.engine, args.nodes
+    if args.secure and args.engine != "kafka":
+        ap.error("--secure needs --engine kafka")
+    cfg.engine, cfg.nodes, cfg.secure = args.engine, args.nodes, args.secure
     cfg.node_kills = args.node_kills if args.node_kills is not None else (3 if args.nodes >= 3 else 0)
     if cfg.node_kills and cfg.nodes < 3:
         ap.error("--node-kills needs --nodes 3 or more (one node down must leave min.insync.replicas=2)")

@@ -93,14 +93,20 @@ def matrix_bindings_present(admin: Any, prefix: str, timeout: float = 30.0) -> l
 
 
 def admin_client(bootstrap: str, password: str, *, user: str = "admin", mechanism: str = "SCRAM-SHA-512",
-                 security_protocol: str = "SASL_PLAINTEXT", timeout: float = 60.0) -> Any:
+                 security_protocol: str = "SASL_SSL", ca_location: str | None = None, timeout: float = 60.0) -> Any:
     """An AdminClient of the super user, once the broker answers (the compose healthcheck can pass
-    before a restarted broker has loaded its SCRAM users: retried up to ``timeout``)."""
+    before a restarted broker has loaded its SCRAM users: retried up to ``timeout``). Over
+    SASL_SSL it trusts ``ca_location`` (else the system's CAs) and verifies the host name."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "security.protocol": security_protocol,
-                         "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
-                         "log_level": 3})
+    conf: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, "security.protocol": security_protocol,
+                                  "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
+                                  "log_level": 3}
+    if security_protocol == "SASL_SSL":
+        conf["ssl.endpoint.identification.algorithm"] = "https"
+        if ca_location:
+            conf["ssl.ca.location"] = ca_location
+    admin = AdminClient(conf)
     last: list[Exception] = []
 
     def answers(remaining: float) -> Any:
@@ -125,7 +131,10 @@ def kafka_init_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | 
                     help="the deployment's topic prefix (default: $UNLEARN_TOPIC_PREFIX or unlearn.)")
     ap.add_argument("--admin-user", default=env.get("KAFKA_ADMIN_USER") or "admin")
     ap.add_argument("--mechanism", choices=MECHANISMS, default="SCRAM-SHA-512")
-    ap.add_argument("--security-protocol", choices=("SASL_PLAINTEXT", "SASL_SSL"), default="SASL_PLAINTEXT")
+    ap.add_argument("--security-protocol", choices=("SASL_PLAINTEXT", "SASL_SSL"), default="SASL_SSL")
+    ap.add_argument("--ssl-ca-location", default=env.get("KAFKA_SSL_CA_LOCATION") or None, metavar="FILE",
+                    help="SASL_SSL: the CA that signed the broker's certificate (default: $KAFKA_SSL_CA_LOCATION, "
+                    "else the system's CAs)")
     ap.add_argument("--iterations", type=int, default=8192, help="SCRAM iterations (Kafka's minimum is 4096)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the broker")
     args = ap.parse_args(argv)
@@ -137,7 +146,7 @@ def kafka_init_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | 
     try:
         admin = admin_client(args.bootstrap, env["KAFKA_ADMIN_PASSWORD"], user=args.admin_user,
                              mechanism=args.mechanism, security_protocol=args.security_protocol,
-                             timeout=args.timeout)
+                             ca_location=args.ssl_ca_location, timeout=args.timeout)
         set_users(admin, {p: env[f"UNLEARN_{p.upper()}_PASSWORD"] for p in PRINCIPALS},
                   args.mechanism, args.iterations)
         print(f"scram: {args.mechanism} users {' '.join(PRINCIPALS)}", flush=True)

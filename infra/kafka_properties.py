@@ -6,7 +6,10 @@ or ``key value``; ``#``/``!`` comments; a trailing backslash continues a line; `
 escapes) and only the librdkafka/Java common security keys are accepted, so one file serves both
 Kafka's tools and every client of this project. Everything that cannot work fails at start naming
 the file, the line and the key, not as a broker-side authentication error after a timeout; no
-error or repr shows a value of a secret key.
+error or repr shows a value of a secret key. With TLS (``SSL``, ``SASL_SSL``) the broker's host
+name is always verified against its certificate (``ssl.endpoint.identification.algorithm=https``;
+a file cannot turn it off), and a CA or client certificate file that is not PEM, or has expired,
+fails here naming the file.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["SECURITY_KEYS", "PropertiesError", "Property", "client_security", "read_properties"]
+__all__ = ["REFUSED", "SECURITY_KEYS", "PropertiesError", "Property", "client_security", "read_properties"]
 
 #: The keys a file may hold: librdkafka's names, which Kafka's Java clients share.
 SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location",
@@ -23,6 +26,13 @@ SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.p
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _FILES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+_TLS = ("SSL", "SASL_SSL")
+#: Keys that would weaken TLS: refused, with why.
+REFUSED = {
+    "ssl.endpoint.identification.algorithm": "the broker's host name is always verified (https); give the broker "
+                                             "a certificate that names the host clients dial",
+    "enable.ssl.certificate.verification": "the broker's certificate is always verified against ssl.ca.location",
+}
 
 #: Java-only keys, and what to write instead (the clients here are librdkafka's).
 JAVA_ONLY = {
@@ -80,6 +90,8 @@ def client_security(path: str) -> dict[str, str]:
     with a protocol that uses them, readable TLS files, mTLS with both certificate and key."""
     props = read_properties(path)
     for p in props.values():
+        if p.key in REFUSED:
+            raise PropertiesError(f"{path}:{p.line}: {p.key} cannot be set: {REFUSED[p.key]}")
         if p.key in JAVA_ONLY:
             raise PropertiesError(f"{path}:{p.line}: {p.key} is Java-only: librdkafka clients take "
                                   f"{JAVA_ONLY[p.key]}")
@@ -89,7 +101,10 @@ def client_security(path: str) -> dict[str, str]:
     given = {k: p for k, p in props.items() if p.value}
     _check_values(path, given)
     _check_files(path, given)
-    return {k: given[k].value for k in SECURITY_KEYS if k in given}
+    config = {k: given[k].value for k in SECURITY_KEYS if k in given}
+    if config.get("security.protocol") in _TLS:
+        config["ssl.endpoint.identification.algorithm"] = "https"
+    return config
 
 
 def _check_values(path: str, given: dict[str, Property]) -> None:
@@ -108,7 +123,7 @@ def _check_values(path: str, given: dict[str, Property]) -> None:
         if missing:
             raise PropertiesError(f"{where}: security.protocol={name} needs {', '.join(missing)}")
     for key, needs in ((sasl_keys, ("SASL_PLAINTEXT", "SASL_SSL")),
-                       ((*_FILES, "ssl.key.password"), ("SSL", "SASL_SSL"))):
+                       ((*_FILES, "ssl.key.password"), _TLS)):
         stray = [given[k] for k in key if k in given]
         if stray and name not in needs:
             raise PropertiesError(f"{path}:{stray[0].line}: {stray[0].key} is set but security.protocol is "
@@ -127,6 +142,15 @@ def _check_files(path: str, given: dict[str, Property]) -> None:
         p = given.get(k)
         if p and not (os.path.isfile(p.value) and os.access(p.value, os.R_OK)):
             raise PropertiesError(f"{path}:{p.line}: {k}={p.value!r} is not a readable file")
+    from unlearn.infra.certificates import CertificateError, check_certificate_file
+
+    for k in ("ssl.ca.location", "ssl.certificate.location"):
+        p = given.get(k)
+        if p:
+            try:
+                check_certificate_file(p.value, k)
+            except CertificateError as exc:
+                raise PropertiesError(f"{path}:{p.line}: {exc}") from None
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:

@@ -59,6 +59,7 @@ def run_kafka_forever(
     *,
     settings: Settings | None = None,
     admin_password: str | None = None,
+    tls_dir: str | None = None,
 ) -> int:
     """Body of ``unlearn broker --engine kafka``: run the cluster until SIGINT/SIGTERM.
 
@@ -66,13 +67,15 @@ def run_kafka_forever(
     test can kill one), then ``bootstrap=<all nodes>``, then logs the readiness line. Returns 0
     after a signal, 1 if a node died by itself. With ``admin_password`` (``--secure``) the cluster is
     secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
-    from ``infra/kafka/init.sh``).
+    from ``infra/kafka/init.sh``) with the operator's certificates in ``tls_dir`` or a throwaway CA,
+    and ``ca=<file>`` (what clients trust) is printed before ``bootstrap=``.
     """
     if admin_password is not None:
         from unlearn.infra.secure_kafka import SecuredLocalKafka
 
-        cluster: LocalKafka = SecuredLocalKafka(nodes, admin_password=admin_password, port=port, data_dir=data_dir,
-                                                settings=settings)
+        secured = SecuredLocalKafka(nodes, admin_password=admin_password, tls_dir=tls_dir, port=port,
+                                    data_dir=data_dir, settings=settings)
+        cluster: LocalKafka = secured
     else:
         cluster = LocalKafka(nodes, port=port, data_dir=data_dir, settings=settings)
 
@@ -85,6 +88,8 @@ def run_kafka_forever(
             cluster.start()
             for n in cluster.nodes:
                 print(f"node={n.node_id} pid={n.pid} bootstrap={n.bootstrap}", flush=True)
+            if admin_password is not None:
+                print(f"ca={secured.ca_file}", flush=True)
             print(f"bootstrap={cluster.bootstrap}", flush=True)
             for n in cluster.nodes:
                 print(f"node={n.node_id} log={n.log_path}", file=sys.stderr, flush=True)
@@ -92,7 +97,7 @@ def run_kafka_forever(
             if cluster.data_dir is not None:
                 fields["data"] = str(cluster.data_dir)
             if admin_password is not None:
-                fields["security"] = "SASL_PLAINTEXT/SCRAM-SHA-512"
+                fields["security"] = "SASL_SSL/SCRAM-SHA-512, controllers SSL (mTLS)"
             log_ready("broker", **fields)
             return watch_until_stopped(stop, died)
         finally:

@@ -538,11 +538,21 @@ def security_config(settings: Settings) -> dict[str, str]:
     return dict(SecuritySettings.of(settings).client_config)
 
 
+def _connection(settings: Settings) -> dict[str, Any]:
+    """What every client config starts with: the brokers, the security config, and an
+    ``error_cb`` that names a connection failure's cause (infra/connection_errors.py)."""
+    from unlearn.infra.connection_errors import ConnectionErrorLog
+
+    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings), **security_config(settings)}
+    conf["error_cb"] = ConnectionErrorLog(conf)
+    return conf
+
+
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """confluent-kafka Producer config; overrides win, by librdkafka name:
     ``producer_config(s, **{"linger.ms": 5})``."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": _bootstrap(settings),
+        **_connection(settings),
         # Ordering is the contract (a subject's add precedes its delete; one head's deltas are
         # totally ordered): idempotence keeps retries from reordering or duplicating within a
         # partition (see idempotent_producer_reliable for the embedded broker).
@@ -552,7 +562,6 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         # no broker-side size limit (topic max.message.bytes is ignored), so the client limit is
         # the only one; on Kafka the topic gets max.message.bytes too (see topic_config).
         "message.max.bytes": settings.max_message_bytes + _FRAMING_SLACK,
-        **security_config(settings),
     }
     if not quirks(settings).idempotent_producer_reliable:
         # Ordered, at-least-once instead: one request in flight per connection keeps a retry
@@ -569,7 +578,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     """confluent-kafka Consumer config: manual commits, earliest reset, large fetches."""
     fetch = settings.max_message_bytes + _FRAMING_SLACK
     conf: dict[str, Any] = {
-        "bootstrap.servers": _bootstrap(settings),
+        **_connection(settings),
         "group.id": group_id,
         # At-least-once (docs/design.md section 4): a service commits only after its outputs are
         # produced, so auto-commit (which commits what was merely polled) is off.
@@ -585,7 +594,6 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         # on Kafka's 500 ms each read to the end took ~0.6 s (measured; 0.13 s at 10 ms)
         "fetch.wait.max.ms": (settings.fetch_max_wait_ms if overrides.get("enable.partition.eof")
                               else fetch_max_wait_ms(settings)),
-        **security_config(settings),
     }
     if settings.profile == "tansu":
         # tansu completes a group join after about one session timeout, at least ~1 s (measured:
@@ -609,7 +617,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
 
 def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """confluent-kafka AdminClient config."""
-    conf: dict[str, Any] = {"bootstrap.servers": _bootstrap(settings), **security_config(settings)}
+    conf: dict[str, Any] = _connection(settings)
     conf.update(overrides)
     return conf
 

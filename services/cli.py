@@ -24,6 +24,7 @@ tools
   clients         signing clients: keygen | create | add-key | revoke | show | list (client registry)
   acls            the broker ACL matrix: docs | commands (kafka-acls.sh lines)
   kafka-init      SCRAM users and the ACL matrix on a secured Kafka (infra/kafka/init.sh)
+  certs           TLS certificates of the secured Kafka: a throwaway CA, or yours checked
   add | delete | delete-subject   produce request events (optionally --wait for the receipt)
   verify          replay a head's deltas in shuffled orders/partitions and certify it
   export-deltas   write a head's deltas to a file (verify --deltas-file works offline)
@@ -88,9 +89,13 @@ def _broker_main(argv: list[str]) -> int:
     ap.add_argument("--nodes", type=int, default=1,
                     help="kafka only: cluster size (3: replication factor 3, min.insync.replicas=2)")
     ap.add_argument("--secure", action="store_true",
-                    help="kafka only: secured as the compose deployment's broker (SASL_PLAINTEXT with SCRAM-SHA-512, "
-                    "no access without an ACL, super user admin with the password in KAFKA_ADMIN_PASSWORD); "
-                    "then `bash infra/kafka/init.sh` creates the service users and ACLs (docs/security.md)")
+                    help="kafka only: secured as the compose deployment's broker (SASL_SSL with SCRAM-SHA-512, "
+                    "controllers over mutual TLS, no plaintext listener, no access without an ACL, super user admin "
+                    "with the password in KAFKA_ADMIN_PASSWORD; prints ca=FILE, the CA clients trust); then "
+                    "`bash infra/kafka/init.sh` creates the service users and ACLs (docs/security.md)")
+    ap.add_argument("--tls-dir", metavar="DIR",
+                    help="with --secure: your certificates (ca.pem, node-<id>.p12, keystore.password; "
+                    "docs/security.md), checked, never changed; default: a throwaway CA made at start")
     add_loglevel_arg(ap)
     settings_help(ap, LocalBrokerSettings, cluster=False)
     args = ap.parse_args(argv)
@@ -101,6 +106,8 @@ def _broker_main(argv: list[str]) -> int:
     admin_password = os.environ.get("KAFKA_ADMIN_PASSWORD") if args.secure else None
     if args.secure and not admin_password:
         ap.error("--secure needs KAFKA_ADMIN_PASSWORD (the super user admin's password; never on the command line)")
+    if args.tls_dir and not args.secure:
+        ap.error("--tls-dir needs --secure")
     if args.nodes < 1:
         ap.error("--nodes must be >= 1")
     setup_logging(args.loglevel)
@@ -110,7 +117,8 @@ def _broker_main(argv: list[str]) -> int:
         if args.engine == "kafka":
             from unlearn.infra.local_engine import run_kafka_forever
 
-            return run_kafka_forever(args.port, args.data, args.nodes, admin_password=admin_password)
+            return run_kafka_forever(args.port, args.data, args.nodes, admin_password=admin_password,
+                                     tls_dir=args.tls_dir)
         return run_broker_forever(args.port, args.data)
     except (BrokerError, ValueError) as exc:  # ValueError: an admin password the JAAS string cannot hold
         print(f"error: {exc}", file=sys.stderr)
@@ -136,6 +144,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "clients": _lazy("unlearn.services.registry.clients_cli", "clients_main"),
     "acls": _lazy("unlearn.infra.acl_matrix", "acls_main"),
     "kafka-init": _lazy("unlearn.infra.kafka_init", "kafka_init_main"),
+    "certs": _lazy("unlearn.infra.certificates", "certs_main"),
     "add": _lazy("unlearn.services.client.cli", "add_main"),
     "delete": _lazy("unlearn.services.client.cli", "delete_main"),
     "delete-subject": _lazy("unlearn.services.client.cli", "delete_subject_main"),

@@ -1,36 +1,53 @@
 #!/bin/bash
 # Entry point of the compose `kafka` service (apache/kafka image): one KRaft node (broker and
-# controller) with a SASL_PLAINTEXT (SCRAM-SHA-512) listener for every client and the
-# StandardAuthorizer (nothing is allowed without an ACL). The controller listener is plaintext
-# but bound to localhost, so only this container reaches it (its principal, User:ANONYMOUS, is a
-# super user: the broker half authenticates to the controller half through it).
+# controller). No listener is plaintext: clients (and the broker, replicating as admin) use
+# SASL_SSL with SCRAM-SHA-512; the controller listener is SSL with client certificates required,
+# bound to localhost, and its principal (the node certificate's subject) is a super user. TLS 1.3
+# only; clients verify the host name against the certificate. The StandardAuthorizer allows
+# nothing without an ACL.
+# Certificates: the compose `certs` service (`unlearn certs`, infra/certificates.py) leaves them
+# in /unlearn-tls: ca.pem, node-1.p12, keystore.password; a throwaway CA unless the operator
+# mounted their own (docs/security.md, "TLS").
 # The super user `admin` gets its SCRAM credential at format time (kafka-storage --add-scram,
 # KIP-900): SCRAM users live in the cluster metadata, so there is no other way to have the
 # first one. Every other principal is created by infra/kafka/init.sh.
-# Env: KAFKA_ADMIN_PASSWORD (required), KAFKA_CLUSTER_ID, KAFKA_ADVERTISED_HOST (default kafka).
+# Env: KAFKA_ADMIN_PASSWORD (required), KAFKA_CLUSTER_ID, KAFKA_ADVERTISED_HOST (default kafka),
+# KAFKA_TLS_PRINCIPAL (the node certificate's subject; default: the generated one's).
 set -euo pipefail
 : "${KAFKA_ADMIN_PASSWORD:?set KAFKA_ADMIN_PASSWORD}"
 CLUSTER_ID="${KAFKA_CLUSTER_ID:-5L6g3nShT-eMCtK--X86sw}"
 HOST="${KAFKA_ADVERTISED_HOST:-kafka}"
+TLS=/unlearn-tls
 CONF=/tmp/unlearn-kafka/server.properties
 mkdir -p /tmp/unlearn-kafka
 jaas="org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"${KAFKA_ADMIN_PASSWORD}\";"
-umask 077  # the files below hold the admin password
+keystore_password="$(cat "$TLS/keystore.password")"
+umask 077  # the files below hold the admin and keystore passwords
 cat > "$CONF" <<PROPS
 node.id=1
 process.roles=broker,controller
 controller.quorum.voters=1@localhost:9093
-listeners=SASL_PLAINTEXT://:9092,CONTROLLER://localhost:9093
-advertised.listeners=SASL_PLAINTEXT://${HOST}:9092
+listeners=SASL_SSL://:9092,CONTROLLER://localhost:9093
+advertised.listeners=SASL_SSL://${HOST}:9092
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=SASL_PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
-listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=${jaas}
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=${jaas}
+listener.name.controller.ssl.client.auth=required
+ssl.keystore.type=PKCS12
+ssl.keystore.location=${TLS}/node-1.p12
+ssl.keystore.password=${keystore_password}
+ssl.key.password=${keystore_password}
+ssl.truststore.type=PEM
+ssl.truststore.location=${TLS}/ca.pem
+ssl.endpoint.identification.algorithm=https
+ssl.protocol=TLSv1.3
+ssl.enabled.protocols=TLSv1.3
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
-super.users=User:admin;User:ANONYMOUS
+super.users=User:admin;User:${KAFKA_TLS_PRINCIPAL:-CN=unlearn-kafka-broker,O=unlearn}
 log.dirs=/tmp/unlearn-kafka/data
 offsets.topic.replication.factor=1
 transaction.state.log.replication.factor=1
@@ -43,7 +60,9 @@ auto.create.topics.enable=false
 PROPS
 # Client config of the super user, for the healthcheck and the init service's admin commands.
 cat > /tmp/unlearn-kafka/admin.properties <<PROPS
-security.protocol=SASL_PLAINTEXT
+security.protocol=SASL_SSL
+ssl.truststore.type=PEM
+ssl.truststore.location=${TLS}/ca.pem
 sasl.mechanism=SCRAM-SHA-512
 sasl.jaas.config=${jaas}
 PROPS

@@ -1,10 +1,11 @@
 """The secured compose deployment, checked statically (no Docker engine here; what it runs is run
 for real, without Docker, by tests/infra/test_secured_kafka.py). The file parses; every worker
 runs as its own principal, from its own Kafka client properties file (a compose config mounted
-where ``UNLEARN_KAFKA_PROPERTIES`` points); the init service creates exactly the matrix's
-principals; the broker script turns the authorizer on; and each service's environment and file,
-run through the typed settings and ``infra.settings``, give its librdkafka clients the SASL config
-(shown in docs/security.md)."""
+where ``UNLEARN_KAFKA_PROPERTIES`` points) over SASL_SSL, trusting the CA the ``certs`` service
+makes; the init service creates exactly the matrix's principals; the broker script has no
+plaintext listener and turns the authorizer on; and each service's environment and file, run
+through the typed settings and ``infra.settings``, give its librdkafka clients the SASL and TLS
+config (shown in docs/security.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
+from unlearn.infra.certificates import generate_tls_dir
 from unlearn.infra.kafka_properties import client_security, read_properties
 from unlearn.infra.settings import (
     SecuritySettings,
@@ -32,7 +34,8 @@ COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text
 SERVICES: dict[str, Any] = COMPOSE["services"]
 CONFIGS: dict[str, Any] = COMPOSE["configs"]
 WORKERS = {name: svc for name, svc in SERVICES.items()
-           if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile" and name != "kafka-init"}
+           if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile" and name not in ("kafka-init", "certs")}
+CA_MOUNT = "/etc/unlearn/ca"  # where the kafka-ca volume (ca.pem, made by `certs`) is mounted
 # Which principal each compose service runs as.
 PRINCIPAL_OF = {"topics": "operator", "operator": "operator", "featurizer": "featurizer", "ledger": "ledger",
                 "serve": "serving", "verifier": "verifier", "client": "client"}
@@ -55,8 +58,12 @@ def _properties(service: str, directory: Path, env: dict[str, str] | None = None
     interpolated content written to ``directory`` (as compose writes it into the container)."""
     (mount,) = SERVICES[service]["configs"]
     assert mount["target"] == _environment(service)["UNLEARN_KAFKA_PROPERTIES"], service
+    assert f"kafka-ca:{CA_MOUNT}:ro" in SERVICES[service]["volumes"], service
+    ca = directory / "ca"  # the volume, here
+    if not (ca / "ca.pem").exists():
+        generate_tls_dir(ca, [1], ["kafka"])
     path = directory / f"{service}.properties"
-    path.write_text(_interpolate(CONFIGS[mount["source"]]["content"], env or {}))
+    path.write_text(_interpolate(CONFIGS[mount["source"]]["content"], env or {}).replace(CA_MOUNT, str(ca)))
     return mount["source"], path
 
 
@@ -73,8 +80,9 @@ def test_every_worker_runs_as_its_own_principal(tmp_path: Path) -> None:
         source, path = _properties(name, tmp_path)
         assert source == f"kafka-{user}"
         assert client_security(str(path)) == {
-            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
-            "sasl.password": f"{user}-local-only"}
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": f"{user}-local-only", "ssl.ca.location": str(tmp_path / "ca" / "ca.pem"),
+            "ssl.endpoint.identification.algorithm": "https"}
         assert f"sasl.password=${{UNLEARN_{user.upper()}_PASSWORD:-{user}-local-only}}" in \
             CONFIGS[source]["content"].splitlines(), name
 
@@ -92,10 +100,13 @@ def test_init_service_creates_every_principal_with_the_workers_passwords(tmp_pat
     # the worker image runs the script of the checkout (COPY . .), which calls `unlearn kafka-init`
     assert init["build"] == {"context": ".", "dockerfile": "infra/Dockerfile"}
     assert init["entrypoint"] == ["/bin/bash", "/app/infra/kafka/init.sh"]
+    assert init["environment"]["KAFKA_SSL_CA_LOCATION"] == f"{CA_MOUNT}/ca.pem"
+    assert f"kafka-ca:{CA_MOUNT}:ro" in init["volumes"]
     script = (ROOT / "infra/kafka/init.sh").read_text()
     (loop,) = re.findall(r"^for user in ([a-z ]+); do$", script, re.M)
     assert loop.split() == list(PRINCIPALS)
-    assert re.search(r'^exec "\$\{UNLEARN_CLI:-unlearn\}" kafka-init .*--mechanism SCRAM-SHA-512$', script, re.M)
+    assert re.search(r'^exec "\$\{UNLEARN_CLI:-unlearn\}" kafka-init .*--security-protocol SASL_SSL '
+                     r'--mechanism SCRAM-SHA-512$', script, re.M)
     # an overridden password reaches both the init service and the worker
     env = {"UNLEARN_LEDGER_PASSWORD": "rotated-2027"}
     assert _environment("kafka-init", env)["UNLEARN_LEDGER_PASSWORD"] == "rotated-2027"
@@ -103,23 +114,35 @@ def test_init_service_creates_every_principal_with_the_workers_passwords(tmp_pat
     assert read_properties(str(path))["sasl.password"].value == "rotated-2027"
 
 
-def test_broker_requires_scram_and_acls() -> None:
+def test_broker_requires_tls_scram_and_acls() -> None:
     kafka = SERVICES["kafka"]
+    from unlearn.infra.certificates import BROKER_NAME
     from unlearn.infra.kafka_broker import kafka_version
 
     assert kafka["image"] == f"apache/kafka:{kafka_version()}"  # the broker the tests run
     assert kafka["entrypoint"] == ["/bin/bash", "/unlearn-kafka/broker.sh"]
-    assert "./infra/kafka:/unlearn-kafka:ro" in kafka["volumes"]
-    assert kafka["ports"] == ["9092:9092"]  # the SASL listener only; the controller stays inside
+    assert kafka["volumes"] == ["./infra/kafka:/unlearn-kafka:ro", "kafka-tls:/unlearn-tls:ro"]
+    assert kafka["depends_on"] == {"certs": {"condition": "service_completed_successfully"}}
+    certs = SERVICES["certs"]["command"]  # the keystore for the names the broker is dialled by
+    assert certs[:3] == ["certs", "--dir", "/tls"] and {"kafka", "localhost"} <= set(certs)
+    assert SERVICES["certs"]["volumes"] == ["kafka-tls:/tls", "kafka-ca:/ca"] and "/ca/ca.pem" in certs
+    assert kafka["ports"] == ["9092:9092"]  # the SASL_SSL listener only; the controller stays inside
     assert "--command-config /tmp/unlearn-kafka/admin.properties" in kafka["healthcheck"]["test"][1]
-    props = dict(line.split("=", 1) for line in (ROOT / "infra/kafka/broker.sh").read_text().splitlines()
-                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask")))
-    assert props["listeners"] == "SASL_PLAINTEXT://:9092,CONTROLLER://localhost:9093"
-    assert props["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+    script = (ROOT / "infra/kafka/broker.sh").read_text()
+    props = dict(line.split("=", 1) for line in script.splitlines()
+                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask", "keystore_")))
+    assert props["listeners"] == "SASL_SSL://:9092,CONTROLLER://localhost:9093"  # no plaintext listener
+    assert props["listener.security.protocol.map"] == "CONTROLLER:SSL,SASL_SSL:SASL_SSL"
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["listener.name.controller.ssl.client.auth"] == "required"
+    assert props["ssl.endpoint.identification.algorithm"] == "https"
+    assert props["ssl.enabled.protocols"] == "TLSv1.3"
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
     assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     assert props["allow.everyone.if.no.acl.found"] == "false"
-    assert props["super.users"] == "User:admin;User:ANONYMOUS"  # ANONYMOUS: the localhost controller listener
+    # the node certificate's subject: the controller listener's principal (no ANONYMOUS super user)
+    assert props["super.users"] == "User:admin;User:${KAFKA_TLS_PRINCIPAL:-CN=" + BROKER_NAME + ",O=unlearn}"
+    assert "PLAINTEXT" not in script
     assert props["controller.quorum.voters"] == "1@localhost:9093"
     assert props["auto.create.topics.enable"] == "false"
     assert "admin" not in PRINCIPALS  # the super user is not a service principal
@@ -141,8 +164,9 @@ def test_each_service_gets_its_librdkafka_security_config(service: str, monkeypa
                                                          tmp_path: Path) -> None:
     s = _settings_of(service, monkeypatch, tmp_path)
     user = PRINCIPAL_OF[service]
-    want = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
-            "sasl.password": f"{user}-local-only"}
+    want = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": f"{user}-local-only", "ssl.ca.location": str(tmp_path / "ca" / "ca.pem"),
+            "ssl.endpoint.identification.algorithm": "https"}
     assert security_config(s) == want
     for conf in (producer_config(s), consumer_config(s, "g"), admin_config(s)):
         assert {k: conf[k] for k in want} == want and conf["bootstrap.servers"] == "kafka:9092"

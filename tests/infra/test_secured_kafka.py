@@ -1,5 +1,6 @@
 """The secured deployment, started for real: the project's Apache Kafka with the compose broker's
-security (SASL/SCRAM-SHA-512 listener, StandardAuthorizer, nothing allowed without an ACL), the
+security (SASL_SSL/SCRAM-SHA-512 listener with a throwaway CA, controllers over mutual TLS,
+StandardAuthorizer, nothing allowed without an ACL), the
 compose init script itself (infra/kafka/init.sh: a SCRAM user per service and the ACL matrix),
 then the whole pipeline with each service as its own principal: a client's adds and delete reach
 an exact head, a receipt, a served prediction and a verifier's certificate. And the matrix
@@ -56,6 +57,7 @@ class Secured:
     bootstrap: str
     prefix: str
     admin_password: str
+    ca: str
     passwords: dict[str, str]
     init_output: str
     tmp: Path
@@ -66,30 +68,33 @@ class Secured:
         password = self.passwords[principal] if password is None else password
         path = self.tmp / f"{principal}-{uuid.uuid4().hex[:8]}.properties"
         path.write_text(f"# {principal}: as docker-compose.yml's kafka-{principal} config\n"
-                        f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+                        f"security.protocol=SASL_SSL\nssl.ca.location={self.ca}\nsasl.mechanism=SCRAM-SHA-512\n"
                         f"sasl.username={principal}\nsasl.password={password}\n")
         return Settings.from_env(bootstrap=self.bootstrap, profile="kafka", topic_prefix=self.prefix,
                                  kafka_properties=str(path), **changes)
 
     def admin_conf(self) -> dict[str, str]:
-        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": self.admin_password}
+        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_SSL", "ssl.ca.location": self.ca,
+                "ssl.endpoint.identification.algorithm": "https", "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "admin", "sasl.password": self.admin_password}
 
 
-def run_init(bootstrap: str, prefix: str, admin_password: str,
+def run_init(bootstrap: str, prefix: str, admin_password: str, ca: str,
              passwords: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """infra/kafka/init.sh, as the compose kafka-init service runs it (its env), with this venv's CLI."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNLEARN_")}
     env.update(BOOTSTRAP=bootstrap, KAFKA_ADMIN_PASSWORD=admin_password, UNLEARN_TOPIC_PREFIX=prefix,
+               KAFKA_SSL_CA_LOCATION=ca,
                UNLEARN_CLI=str(Path(sys.executable).parent / "unlearn"),
                **{f"UNLEARN_{p.upper()}_PASSWORD": pw for p, pw in passwords.items()})
     return subprocess.run(["bash", str(ROOT / "infra/kafka/init.sh")], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
-def start_secured_broker(admin_password: str, log: Path, timeout: float = 120.0) -> tuple[subprocess.Popen[str], str]:
+def start_secured_broker(admin_password: str, log: Path,
+                         timeout: float = 120.0) -> tuple[subprocess.Popen[str], str, str]:
     """``unlearn broker --engine kafka --secure`` as an operator runs it (the admin password in
-    KAFKA_ADMIN_PASSWORD); returns the process and the ``bootstrap=`` it prints when ready."""
+    KAFKA_ADMIN_PASSWORD); returns the process, the ``ca=`` and the ``bootstrap=`` it prints when ready."""
     import queue
     import threading
 
@@ -101,13 +106,17 @@ def start_secured_broker(admin_password: str, log: Path, timeout: float = 120.0)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
     deadline = time.monotonic() + timeout
+    ca = ""
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             line = lines.get(timeout=1.0)
         except queue.Empty:
             continue
+        if line.startswith("ca="):
+            ca = line.strip().split("=", 1)[1]
         if line.startswith("bootstrap="):
-            return proc, line.strip().split("=", 1)[1]
+            assert ca, "no ca= line before bootstrap="
+            return proc, ca, line.strip().split("=", 1)[1]
     proc.kill()
     raise AssertionError(f"`unlearn broker --engine kafka --secure` not ready in {timeout:g}s:\n"
                          + log.read_text(errors="replace")[-3000:])
@@ -122,11 +131,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     passwords = {p: f"{p}-{uuid.uuid4().hex[:12]}" for p in PRINCIPALS}
     prefix = f"t.secured.{tag}."
     tmp = tmp_path_factory.mktemp("secured")
-    broker, bootstrap = start_secured_broker(admin_password, tmp / "broker.log")
+    broker, ca, bootstrap = start_secured_broker(admin_password, tmp / "broker.log")
     try:
-        done = run_init(bootstrap, prefix, admin_password, passwords)
+        done = run_init(bootstrap, prefix, admin_password, ca, passwords)
         assert done.returncode == 0, done.stdout + done.stderr
-        secured = Secured(bootstrap, prefix, admin_password, passwords, done.stdout, tmp)
+        secured = Secured(bootstrap, prefix, admin_password, ca, passwords, done.stdout, tmp)
         create_topics(secured.settings("operator"))  # compose: the `topics` service, as operator
         yield secured
     finally:
@@ -149,7 +158,8 @@ def test_broker_security_is_the_compose_brokers() -> None:
     from unlearn.infra.secure_kafka import SECURITY_PROPERTIES
 
     props = dict(line.split("=", 1) for line in (ROOT / "infra/kafka/broker.sh").read_text().splitlines()
-                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask")))
+                 if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask", "keystore_")))
+    props["super.users"] = props["super.users"].replace("${KAFKA_TLS_PRINCIPAL:-", "").replace("}", "")
     assert {k: props[k] for k in SECURITY_PROPERTIES} == SECURITY_PROPERTIES
     assert "--add-scram \"SCRAM-SHA-512=[name=admin,password=${KAFKA_ADMIN_PASSWORD}]\"" in \
         (ROOT / "infra/kafka/broker.sh").read_text()
@@ -170,14 +180,14 @@ def test_init_script_creates_the_users_and_exactly_the_matrix(secured: Secured) 
     for desc in (users[p] for p in PRINCIPALS):
         assert [(i.mechanism.name, i.iterations) for i in desc.scram_credential_infos] == [("SCRAM_SHA_512", 8192)]
     # idempotent: a second run (password rotation) changes nothing but the passwords
-    again = run_init(secured.bootstrap, secured.prefix, secured.admin_password, secured.passwords)
+    again = run_init(secured.bootstrap, secured.prefix, secured.admin_password, secured.ca, secured.passwords)
     assert again.returncode == 0, again.stderr
     assert sorted(map(str, admin.describe_acls(every, request_timeout=30).result())) == sorted(map(str, have))
 
 
 def test_init_script_without_a_password_names_it(secured: Secured) -> None:
     passwords = {**secured.passwords, "ledger": ""}
-    done = run_init(secured.bootstrap, secured.prefix, secured.admin_password, passwords)
+    done = run_init(secured.bootstrap, secured.prefix, secured.admin_password, secured.ca, passwords)
     assert done.returncode != 0 and "UNLEARN_LEDGER_PASSWORD" in done.stderr
 
 
@@ -195,6 +205,7 @@ def test_kafka_init_names_every_missing_password(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--secure"], {"KAFKA_ADMIN_PASSWORD": "x"}, "--secure needs --engine kafka"),
     (["--engine", "kafka", "--secure"], {}, "--secure needs KAFKA_ADMIN_PASSWORD"),
+    (["--engine", "kafka", "--tls-dir", "/x"], {"KAFKA_ADMIN_PASSWORD": "x"}, "--tls-dir needs --secure"),
 ])
 def test_broker_secure_usage_errors(argv: list[str], env: dict[str, str], message: str,
                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

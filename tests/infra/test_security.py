@@ -5,7 +5,9 @@ error (which is what logs print)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,9 +28,14 @@ def _file(tmp_path: Path, text: str, name: str = "client.properties") -> str:
     return str(path)
 
 
-def _pem(tmp_path: Path, name: str) -> str:
+def _pem(tmp_path: Path, name: str, **ca: Any) -> str:
+    """A file holding a real certificate (a fresh CA's; ``days``/``now`` make it expire)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from unlearn.infra.certificates import make_ca
+
     path = tmp_path / name
-    path.write_text("-----BEGIN CERTIFICATE-----\n")
+    path.write_bytes(make_ca(**ca)[1].public_bytes(serialization.Encoding.PEM))
     return str(path)
 
 
@@ -62,7 +69,8 @@ def test_sasl_scram_over_tls_reaches_every_client(tmp_path: Path) -> None:
     s = Settings.from_env({"UNLEARN_BOOTSTRAP": "b:9093", "UNLEARN_PROFILE": "kafka",
                            "UNLEARN_KAFKA_PROPERTIES": path})
     want = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ledger",
-            "sasl.password": "s3cret", "ssl.ca.location": ca}
+            "sasl.password": "s3cret", "ssl.ca.location": ca,
+            "ssl.endpoint.identification.algorithm": "https"}  # the host name is always verified
     assert security_config(s) == want
     for conf in (producer_config(s), consumer_config(s, "g"), admin_config(s)):
         assert {k: conf[k] for k in want} == want
@@ -108,6 +116,12 @@ SASL = "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\
     ("security.protocol=SSL\nrequest.timeout.ms=5\n", r":2: request.timeout.ms is not a security key"),
     ("security.protocol=SSL\nsecurity.protocol=SASL_SSL\n", r":2: security.protocol is already set on line 1"),
     ("security.protocol=SSL\nsasl.username\n", r":2: expected key=value"),
+    ("security.protocol=SSL\nssl.endpoint.identification.algorithm=none\n",
+     r":2: ssl.endpoint.identification.algorithm cannot be set: the broker's host name is always verified"),
+    ("security.protocol=SSL\nenable.ssl.certificate.verification=false\n",
+     r":2: enable.ssl.certificate.verification cannot be set"),
+    ("security.protocol=SSL\nssl.ca.location=/etc/hostname\n",
+     r":2: ssl.ca.location /etc/hostname: no PEM certificate in it"),
     ("=SSL\n", r":1: expected key=value \(the key is empty\)"),
     (SASL.replace("=p\n", "=p\\u00zz\n"), r":4: malformed \\uXXXX escape"),
 ])
@@ -135,3 +149,16 @@ def test_a_password_is_never_in_an_error(tmp_path: Path) -> None:
     with pytest.raises(PropertiesError) as exc:
         client_security(path)
     assert "sasl.password is set but" in str(exc.value) and "hunter2" not in str(exc.value)
+
+
+def test_an_expired_certificate_fails_at_start_naming_file_and_date(tmp_path: Path) -> None:
+    old = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    ca = _pem(tmp_path, "old-ca.pem", days=30, now=old)
+    path = _file(tmp_path, f"security.protocol=SSL\nssl.ca.location={ca}\n")
+    with pytest.raises(ValueError, match=f"UNLEARN_KAFKA_PROPERTIES: {path}:2: ssl.ca.location {ca}: the "
+                                         "certificate expired on 2020-01-31"):
+        Settings(bootstrap="b").with_(kafka_properties=path)
+    cert, key = _pem(tmp_path, "c.pem", days=30, now=old), _pem(tmp_path, "k.pem")
+    mtls = _file(tmp_path, f"security.protocol=SSL\nssl.certificate.location={cert}\nssl.key.location={key}\n")
+    with pytest.raises(PropertiesError, match=r":2: ssl.certificate.location .*expired on 2020-01-31"):
+        client_security(mtls)

@@ -84,6 +84,11 @@ public final class UnlearnClient implements AutoCloseable {
         public Builder listenTimeout(Duration d) { this.listenTimeout = d; return this; }
         /** Any Kafka client property (security, ...), for both the producer and the consumers. */
         public Builder kafkaProperty(String k, Object v) { extra.put(k, v); return this; }
+        /**
+         * Kafka security from the properties file every Python client reads
+         * ({@code UNLEARN_KAFKA_PROPERTIES}, librdkafka names; {@link KafkaSecurity#read}).
+         */
+        public Builder kafkaPropertiesFile(java.nio.file.Path file) { extra.putAll(KafkaSecurity.read(file)); return this; }
 
         public UnlearnClient build() {
             if (!Ids.isValid(clientId)) {
