@@ -135,7 +135,8 @@ class Report:
     cluster_restarts: int = 0
     unplanned_worker_restarts: int = 0  # workers found dead that no kill of ours explains
     node_outage_s: list[float] = field(default_factory=list)  # kill -9 -> restarted node answers
-    produce_errors: int = 0  # the benchmark's own produce calls that failed (not the pipeline's loss)
+    produce_errors: int = 0  # the benchmark's own produce calls that failed, even when sent again
+    produce_resent: int = 0  # of those, sent again as an at-least-once app does (same event id and content)
     loadavg: list[float] = field(default_factory=list)  # 1-minute load average at the start and the end
     timeline: list[str] = field(default_factory=list)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
@@ -562,9 +563,26 @@ def run(cfg: Config, root: Path) -> Report:
         report.timeline.append(f"{time.monotonic() - t0:7.1f} s  {what}")
         print(report.timeline[-1], file=sys.stderr, flush=True)
 
-    def on_delivery(err: Any, _msg: Any) -> None:
+    failed: list[tuple[bytes, bytes]] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
         if err is not None:
             report.produce_errors += 1
+            failed.append((msg.key(), msg.value()))
+
+    def resend_failed() -> None:
+        """Send again what a fault made fail, as an at-least-once app does: the same event (id and
+        content), so a copy that did land is a duplicate to the featurizer (docs/featurizer.md,
+        "Event ids"), never a second application; a fresh producer, the faulted one may be stuck."""
+        for _ in range(5):
+            if not failed:
+                return
+            again, failed[:] = list(failed), []
+            retry = Producer(producer_config(pipe.settings, **{"on_delivery": on_delivery}))
+            for key, value in again:
+                retry.produce(pipe.settings.topic("requests"), key=key, value=value)
+            report.produce_resent += len(again)
+            retry.flush(120)
 
     try:
         pipe.start_workers()
@@ -580,6 +598,7 @@ def run(cfg: Config, root: Path) -> Report:
                 _produce(pipe.settings, work, n, producer)
                 left = producer.flush(300)  # retries until message.timeout.ms; a fault only delays
                 report.produce_errors += left
+                resend_failed()
 
             action = actions[i] if i < len(actions) else None
             if action == "node":
@@ -610,6 +629,7 @@ def run(cfg: Config, root: Path) -> Report:
                 took = pipe.restart_cluster()
                 pipe.clock.record("cluster restart" if cfg.nodes > 1 else "broker restart (one node)", t_fault,
                                   _probe(pipe, work, producer))
+                resend_failed()
                 report.cluster_restarts += 1
                 note(f"cluster answering {took:.1f} s after the stop; full ISR after "
                      f"{pipe.recovery['cluster_isr'][-1]:.1f} s more")
@@ -620,6 +640,7 @@ def run(cfg: Config, root: Path) -> Report:
                 report.kills.append(which)
                 note(f"chunk {i}: {n} events; kill -9 {which}")
             pipe.check_workers()
+        resend_failed()
         report.events_produced = work.n
         report.adds, report.deletes = len(work.add_events), len(work.delete_events)
         note("all produced; settling and auditing")
@@ -664,7 +685,7 @@ def render(r: Report) -> str:
         f"| deletes with identical duplicate receipts (allowed: at-least-once) | {r.receipts_duplicated} |",
         f"| worker restarts no kill caused (a worker that did not ride through a broker fault) | "
         f"{r.unplanned_worker_restarts} |",
-        f"| the benchmark's own produce calls that failed | {r.produce_errors} |",
+        f"| the benchmark's own produce calls that failed (sent again: {r.produce_resent}) | {r.produce_errors} |",
         "",
         f"recovery to readiness: ledger {stats(r.recovery_s.get('ledger', []))}; "
         f"featurizer {stats(r.recovery_s.get('featurizer', []))}; broker {stats(r.recovery_s.get('broker', []))}",
