@@ -168,7 +168,7 @@ def test_broker_security_is_the_compose_brokers() -> None:
 def test_init_script_creates_the_users_and_exactly_the_matrix(secured: Secured) -> None:
     from unlearn.infra.kafka_init import acl_bindings
 
-    assert "scram: SCRAM-SHA-512 users operator featurizer ledger serving verifier client" in secured.init_output
+    assert "scram: SCRAM-SHA-512 users operator featurizer ledger serving verifier client cdc" in secured.init_output
     assert re.search(r"acls: \d+ rules \(\d+ bindings\) for prefix " + re.escape(secured.prefix), secured.init_output)
     admin = AdminClient(secured.admin_conf())
     every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
