@@ -7,6 +7,7 @@ test_secured_kafka.py runs `unlearn cdc` as `cdc` on the secured broker."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,58 @@ def test_connect_process_keeps_secrets_off_argv_and_removes_its_files(tmp_path: 
     assert len(started) == 2 and Path(started[1][-1]).parent.is_dir()
     proc.stop()
     assert not Path(started[1][-1]).parent.exists()
+
+
+JAVA_CHECK = """
+import java.nio.file.Path;
+import java.util.Properties;
+import java.util.TreeSet;
+
+public class Check {
+    public static void main(String[] args) {
+        Properties p = dev.unlearn.client.KafkaSecurity.read(Path.of(args[0]));
+        for (String k : new TreeSet<>(p.stringPropertyNames())) {
+            System.out.println(k + "\\t" + p.getProperty(k).replace("\\\\", "\\\\\\\\").replace("\\n", "\\\\n"));
+        }
+    }
+}
+"""
+
+
+def test_the_rules_are_the_java_clients(tmp_path: Path) -> None:
+    """The same properties file through clients/java's KafkaSecurity.java (compiled here) and
+    through java_security: the same Java properties, secrets and inline PEM included."""
+    import shutil
+    import subprocess
+
+    from unlearn.infra.kafka_properties import client_security
+
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac")
+    source = Path(__file__).resolve().parents[2] / "clients/java/src/main/java/dev/unlearn/client/KafkaSecurity.java"
+    (tmp_path / "Check.java").write_text(JAVA_CHECK)
+    subprocess.run([javac, "-d", str(tmp_path / "classes"), str(source), str(tmp_path / "Check.java")], check=True,
+                   capture_output=True, timeout=120)
+    from unlearn.infra.certificates import generate_tls_dir
+
+    tls = generate_tls_dir(tmp_path / "tls", [1], ["localhost"])
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.write_text(tls.ca.read_text())  # any PEM certificate: the rules only copy it inline
+    key.write_text("-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n")
+    files = {
+        "scram": f"security.protocol=SASL_SSL\nssl.ca.location={tls.ca}\nsasl.mechanism=SCRAM-SHA-512\n"
+                 'sasl.username=cdc\nsasl.password=p\\\\w"d\n',
+        "plain": "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=x\n",
+        "mtls": f"security.protocol=SSL\nssl.ca.location={tls.ca}\nssl.certificate.location={cert}\n"
+                f"ssl.key.location={key}\nssl.key.password=kp\n",
+        "plaintext": "",
+    }
+    for name, text in files.items():
+        path = tmp_path / f"{name}.properties"
+        path.write_text(text)
+        out = subprocess.run(["java", "-cp", str(tmp_path / "classes"), "Check", str(path)], check=True,
+                             capture_output=True, text=True, timeout=60).stdout
+        java = dict(line.split("\t", 1) for line in out.splitlines())
+        java = {k: re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v) for k, v in java.items()}
+        assert java_security(client_security(str(path))) == java, name
