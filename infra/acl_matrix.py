@@ -12,8 +12,8 @@ table) and ``unlearn kafka-init`` on the deployment.
 Names are relative to the deployment prefix ``P`` (``UNLEARN_TOPIC_PREFIX``): a grant of
 ``requests`` is the topic ``P requests``. ``prefixed`` grants are Kafka ``PREFIXED`` resource
 patterns: every name that starts with ``P`` + the name (the rotated topic families
-``heads.``, ``ledger-state.``, ``subject-keys.``, ``transit-private.``, and consumer group ids that end in a random
-suffix). Kafka's implication rules apply: READ, WRITE, DELETE and ALTER imply DESCRIBE.
+``heads.``, ``ledger-state.``, ``subject-keys.``, ``transit-private.``, the change topics ``cdc.``, and consumer
+group ids that end in a random suffix). Kafka's implication rules apply: READ, WRITE, DELETE and ALTER imply DESCRIBE.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ Resource = Literal["topic", "group", "cluster"]
 Pattern = Literal["literal", "prefixed"]
 Operation = Literal["READ", "WRITE", "CREATE", "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER"]
 
-PRINCIPALS: tuple[str, ...] = ("operator", "featurizer", "ledger", "serving", "verifier", "client")
-"""One SCRAM user per service (``User:<name>``). ``client`` stands for upstream apps (SDK, CLI)."""
+PRINCIPALS: tuple[str, ...] = ("operator", "featurizer", "ledger", "serving", "verifier", "client", "cdc")
+"""One SCRAM user per service (``User:<name>``). ``client`` stands for upstream apps (SDK, CLI);
+``cdc`` for `unlearn cdc` and the Kafka Connect standalone worker it runs (docs/cdc.md)."""
 
 @dataclass(frozen=True)
 class Grant:
@@ -131,6 +132,8 @@ MATRIX: tuple[Grant, ...] = (
     *(_t("verifier", name, "READ", why="`unlearn erasure-report`: no readable raw input of the subject")
       for name in ("requests", "requests.by-head")),
     _t("verifier", "head-registry", "READ", why="`unlearn audit`: a head's contract"),
+    _t("verifier", "cdc.", "READ", prefixed=True,
+       why="`unlearn erasure-report`: no change record of `unlearn cdc` holds a row of the subject"),
     _g("verifier", "verifier-", "READ", why="its readers"),
     _g("verifier", "head-reader-", "READ", why="`unlearn audit`: the latest heads (`read_heads`)"),
     _g("verifier", "registry-", "READ", why="`unlearn audit`: head-registry reader"),
@@ -145,6 +148,15 @@ MATRIX: tuple[Grant, ...] = (
     _g("client", "head-reader-", "READ", why="`unlearn head`"),
     _g("client", "head-follower-", "READ", why="the SDK's `HeadFollower`"),
     _g("client", "client-transit-", "READ", why="the SDK's transit key reader"),
+    # cdc: `unlearn cdc` and its Kafka Connect standalone worker, one principal (docs/cdc.md). Standalone
+    # keeps Connect's source offsets in a local file: no config/offset/status topics, no worker group;
+    # Debezium's PostgreSQL connector here writes no heartbeat, schema or transaction topic.
+    _t("cdc", "cdc.", "READ", "WRITE", "CREATE", "DELETE", prefixed=True,
+       why="its change topics `P cdc.<schema>.<table>`: created by `unlearn cdc` (one partition), written by "
+           "Connect's producer, read by the bridge, trimmed with DeleteRecords once forwarded"),
+    _t("cdc", "requests", "WRITE", why="the adds and deletes it maps the changes to"),
+    _t("cdc", "deadletter", "WRITE", why="changes that cannot become a request"),
+    _g("cdc", "cdc.", "READ", why="the bridge's group `P cdc.<slot>` (Connect standalone uses none)"),
 )
 """Every ALLOW rule of the deployment; nothing else is allowed (allow.everyone.if.no.acl.found=false)."""
 

@@ -7,11 +7,11 @@
 # existing ACL is a no-op; it never removes one).
 # Over SASL_SSL, trusting the CA in KAFKA_SSL_CA_LOCATION and verifying the broker's host name.
 # Env: BOOTSTRAP (default kafka:9092), KAFKA_ADMIN_PASSWORD, KAFKA_SSL_CA_LOCATION, UNLEARN_<PRINCIPAL>_PASSWORD for
-# operator, featurizer, ledger, serving, verifier, client; UNLEARN_TOPIC_PREFIX (default unlearn.);
+# operator, featurizer, ledger, serving, verifier, client, cdc; UNLEARN_TOPIC_PREFIX (default unlearn.);
 # UNLEARN_CLI (default: unlearn on PATH).
 set -euo pipefail
 : "${KAFKA_ADMIN_PASSWORD:?set KAFKA_ADMIN_PASSWORD}"
-for user in operator featurizer ledger serving verifier client; do
+for user in operator featurizer ledger serving verifier client cdc; do
     var="UNLEARN_$(echo "$user" | tr '[:lower:]' '[:upper:]')_PASSWORD"
     : "${!var:?set $var}"
 done

@@ -168,6 +168,7 @@ def run_cdc(settings: Settings, m: TableMap, pg: PgTarget, slot: str, state_dir:
             state = connect.task_state() if connect.alive else "DEAD"
             if state == "RUNNING" and not running:
                 running = True
+                connect.forget_config()  # read at start: the secrets leave the disk
                 log.info("connect task running (connect start %d)", restarts)
                 if restarts == 0:
                     log_ready("cdc", table=m.table, head=m.head, topic=topic, slot=slot)

@@ -14,8 +14,10 @@ import contextlib
 import json
 import logging
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,9 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from unlearn.infra.java_security import connect_security, write_private_properties
 from unlearn.infra.kafka_broker import find_java
 from unlearn.infra.processes import terminate, with_pdeathsig
-from unlearn.infra.settings import Settings
+from unlearn.infra.settings import Settings, security_config
 
 __all__ = ["ConnectJarsMissing", "ConnectProcess", "PgTarget", "connector_config", "find_connect_jars",
            "worker_config"]
@@ -88,9 +91,12 @@ class PgTarget:
 def worker_config(settings: Settings, state_dir: Path, rest_port: int, flush_ms: int) -> dict[str, str]:
     """The standalone worker: JSON with schemas on values (the mapping reads column types from
     them), source offsets in ``state_dir``, flushed every ``flush_ms`` (a kill -9 redelivers at most
-    that much, which the deterministic event ids make harmless)."""
+    that much, which the deterministic event ids make harmless). The broker security of
+    ``UNLEARN_KAFKA_PROPERTIES``, in the Java client's names, for the worker and its ``producer.``,
+    ``consumer.`` and ``admin.`` clients (``infra/java_security.py``): it holds the password."""
     return {
         "bootstrap.servers": settings.bootstrap,
+        **connect_security(security_config(settings)),
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": "false",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -133,13 +139,6 @@ def connector_config(name: str, pg: PgTarget, table: str, topic_prefix: str, slo
     }
 
 
-def _props(conf: dict[str, str]) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
-
-    return "".join(f"{k}={esc(v)}\n" for k, v in conf.items())
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,7 +146,12 @@ def _free_port() -> int:
 
 
 class ConnectProcess:
-    """One Connect standalone JVM with one connector; ``task_state`` asks its REST API."""
+    """One Connect standalone JVM with one connector; ``task_state`` asks its REST API.
+
+    Its two properties files hold secrets (the broker's JAAS line, the database password): each
+    start writes them owner-only (0600) into a new private temporary directory (0700) and passes
+    only their paths on the command line; :meth:`forget_config` removes them, as soon as the task
+    runs (the JVM has read them by then) and at :meth:`stop`."""
 
     def __init__(self, jars: Path, state_dir: Path, worker: dict[str, str], connector: dict[str, str],
                  heap_mb: int = 256) -> None:
@@ -155,16 +159,18 @@ class ConnectProcess:
         self.worker, self.connector = worker, connector
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir / "connect.log"
+        self.config_dir: Path | None = None
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.worker["listeners"] = f"http://127.0.0.1:{_free_port()}"
-        (self.state_dir / "worker.properties").write_text(_props(self.worker))
-        (self.state_dir / "connector.properties").write_text(_props(self.connector))
+        self.forget_config()
+        self.config_dir = Path(tempfile.mkdtemp(prefix="unlearn-connect-"))  # 0700
+        worker = write_private_properties(self.config_dir / "worker.properties", self.worker)
+        connector = write_private_properties(self.config_dir / "connector.properties", self.connector)
         cmd = with_pdeathsig([find_java(), f"-Xmx{self.heap_mb}m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                               *_LOG_FLAGS, "-cp", str(self.jars / "*"),
-                              "org.apache.kafka.connect.cli.ConnectStandalone",
-                              str(self.state_dir / "worker.properties"), str(self.state_dir / "connector.properties")],
+                              "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)],
                              True)
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== connect start {time.ctime()} =====\n".encode())
@@ -192,6 +198,15 @@ class ConnectProcess:
             return self.log_path.read_text(errors="replace")[-n:]
         return ""
 
+    def forget_config(self) -> None:
+        """Remove the private directory of the properties files (ConnectStandalone reads them once, at start)."""
+        if self.config_dir is not None:
+            shutil.rmtree(self.config_dir, ignore_errors=True)
+            self.config_dir = None
+
     def stop(self, grace: float = 15.0) -> None:
-        if self.proc is not None:
-            terminate(self.proc, grace)
+        try:
+            if self.proc is not None:
+                terminate(self.proc, grace)
+        finally:
+            self.forget_config()

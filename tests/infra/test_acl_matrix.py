@@ -159,6 +159,7 @@ WORKER_GROUP_FILES = {
     "infra/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/erasure.py": {"featurizer"},
     "services/client/sdk.py": {"client"},  # its reader of transit-keys (assign only)
+    "services/cdc/cli.py": {"cdc"},  # the bridge's group P cdc.<slot>
 }
 
 
@@ -179,12 +180,12 @@ def test_worker_groups_are_granted() -> None:
 
 
 WRITES = {  # logical topic -> the only principals that may write it
-    "requests": {"client"},
+    "requests": {"client", "cdc"},
     "requests.by-head": {"featurizer"},
     "deltas": {"featurizer"},
     "featurizer-cache": {"featurizer"},
     "receipts": {"featurizer", "ledger"},
-    "deadletter": {"featurizer", "ledger"},
+    "deadletter": {"featurizer", "ledger", "cdc"},
     REGISTRY_TOPIC: {"operator", "featurizer"},
     CLIENT_REGISTRY_TOPIC: {"operator"},
     "transit-keys": {"featurizer"},  # only the featurizer publishes transit keys: a forged one would be a decoy
@@ -223,6 +224,9 @@ NEEDS: dict[str, list[tuple[Operation, str]]] = {  # principal -> (operation, to
     "verifier": [("READ", "deltas"), ("READ", "heads.p1.g0"), ("READ", "receipts"), ("READ", "subject-keys.p1.g0"),
                  ("READ", "transit-private.p1.g0"), ("READ", REGISTRY_TOPIC)],
     "client": [("WRITE", "requests"), ("READ", "receipts"), ("READ", "heads.p0.g3"), ("DESCRIBE", "deltas")],
+    # services/cdc: ensure_topic (CREATE), Connect's producer (WRITE), the bridge (READ), trim (DELETE)
+    "cdc": [(op, "cdc.public.items") for op in ("CREATE", "WRITE", "READ", "DELETE")]
+    + [("WRITE", "requests"), ("WRITE", "deadletter")],
     "operator": [("CREATE", t) for t in TOPICS] + [("DESCRIBE", t) for t in TOPICS]
     + [("READ", REGISTRY_TOPIC), ("WRITE", REGISTRY_TOPIC), ("READ", CLIENT_REGISTRY_TOPIC),
        ("WRITE", CLIENT_REGISTRY_TOPIC)],
@@ -254,3 +258,11 @@ def test_least_privilege_examples() -> None:
         assert not allows(principal, "READ", "topic", "other.requests", P)
         assert not allows(principal, "CREATE", "topic", "other.requests", P)
     assert not allows("ledger", "CREATE", "topic", P + "heads-evil", P)  # prefixed means "heads." exactly
+    # cdc: its change topics and two writes, nothing else (no read of what it produces, no other family)
+    assert not allows("cdc", "READ", "topic", P + "requests", P)
+    assert not allows("cdc", "DELETE", "topic", P + "requests", P)
+    assert not allows("cdc", "READ", "topic", f"{P}subject-keys.p0.g0", P)
+    assert not allows("cdc", "CREATE", "topic", P + "cdc-evil", P)
+    assert not allows("cdc", "DESCRIBE", "cluster", "kafka-cluster", P)
+    assert {p for p in PRINCIPALS if allows(p, "READ", "topic", P + "cdc.public.items", P)} == {"cdc", "verifier"}
+    assert {p for p in PRINCIPALS if allows(p, "WRITE", "topic", P + "cdc.public.items", P)} == {"cdc"}

@@ -168,7 +168,7 @@ def test_broker_security_is_the_compose_brokers() -> None:
 def test_init_script_creates_the_users_and_exactly_the_matrix(secured: Secured) -> None:
     from unlearn.infra.kafka_init import acl_bindings
 
-    assert "scram: SCRAM-SHA-512 users operator featurizer ledger serving verifier client" in secured.init_output
+    assert "scram: SCRAM-SHA-512 users operator featurizer ledger serving verifier client cdc" in secured.init_output
     assert re.search(r"acls: \d+ rules \(\d+ bindings\) for prefix " + re.escape(secured.prefix), secured.init_output)
     admin = AdminClient(secured.admin_conf())
     every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
@@ -235,6 +235,15 @@ def _served(port: int, version: int, timeout: float = 60.0) -> dict[str, Any]:
     raise AssertionError(f"serving never served version {version} of {HEAD}: {got}")
 
 
+def _assert_never_refused(procs: list[Any]) -> None:
+    """Each service exited cleanly and its log shows no refusal by the broker."""
+    for p in procs:
+        assert p.proc is not None and p.proc.returncode == 0, p.log_tail()
+        log = p.log_path.read_text(errors="replace")
+        assert not re.search(r"AUTHORIZATION_FAILED|not authorized|Authorization failed", log, re.I), \
+            f"{p.name} was refused something the matrix should grant:\n{p.log_tail()}"
+
+
 def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) -> None:
     from unlearn.features.contract import quantize_feature_row
     from unlearn.infra.broker import free_port
@@ -286,11 +295,7 @@ def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) 
     finally:
         for p in procs:
             p.stop()
-    for p in procs:
-        assert p.proc is not None and p.proc.returncode == 0, p.log_tail()
-        log = p.log_path.read_text(errors="replace")
-        assert not re.search(r"AUTHORIZATION_FAILED|not authorized|Authorization failed", log, re.I), \
-            f"{p.name} was refused something the matrix should grant:\n{p.log_tail()}"
+    _assert_never_refused(procs)
     print(f"secured pipeline: add x5 -> delete -> receipt -> exact head -> served -> certified -> erasure report "
           f"in {wall:.1f}s (the report {report_s:.1f}s)")
 
@@ -407,3 +412,91 @@ def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
 def test_a_wrong_password_gets_nothing(secured: Secured) -> None:
     s = secured.settings("client", password="not-the-password")
     assert _produce_error(s, secured.prefix + "requests") == "_AUTHENTICATION"
+
+
+# --------------------------------------------------------------------------- unlearn cdc, as cdc
+def test_cdc_runs_as_its_own_principal(secured: Secured, postgres: Any) -> None:
+    """`unlearn cdc` as `cdc` (Connect standalone gets the SASL_SSL config from the same properties
+    file, in the Java client's names): a row inserted into a table becomes an add, the row deleted a
+    delete with an applied receipt; the forwarded change records are trimmed, and the verifier's
+    erasure report reads the change topic."""
+    import psycopg
+
+    from unlearn.infra.processes import ServiceProcess
+    from unlearn.services.cdc.cli import change_topic
+    from unlearn.services.client.head_reader import wait_for_head
+    from unlearn.services.erasure.report import erasure_report
+
+    def sql(query: str, *args: Any) -> None:
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(query, args or None)
+
+    tag = uuid.uuid4().hex[:8]
+    table, head = f"public.sec_{tag}", f"cdc-sec-{tag}"
+    sql(f"CREATE TABLE {table} (id text PRIMARY KEY, owner text NOT NULL, label int, feat real[])")
+    sql(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+    worker = {"data_dir": str(secured.tmp / f"cdc-data-{tag}"), "checkpoint_every_seconds": 1.0,
+              "reset_every_seconds": 1.0, "batch_max_ms": 20}
+    logs = secured.tmp / f"cdc-logs-{tag}"
+    as_ = secured.settings
+    procs = [ServiceProcess("featurizer", ["featurizer"], as_("featurizer", **worker), logs).start(),
+             ServiceProcess("ledger", ["ledger"], as_("ledger", **worker), logs).start()]
+    cdc = ServiceProcess("cdc", ["cdc", "--dsn", postgres.dsn, "--table", table, "--head", head, "--sample-id", "id",
+                                 "--subject-id", "owner", "--label", "label", "--features", "feat"],
+                         as_("cdc", trim_every_seconds=1.0, **worker), logs)
+    procs.append(cdc)
+    client, verifier = as_("client"), as_("verifier", data_dir=worker["data_dir"])
+    try:
+        cdc.start()
+        cdc.wait_for_log("unlearn cdc ready", timeout=120)
+        rng = np.random.default_rng(3)
+        for i, owner in enumerate(("alice", "bob", "alice")):
+            sql(f"INSERT INTO {table} VALUES (%s, %s, %s, %s)", f"r{i}", owner, i, rng.uniform(-1, 1, D).tolist())
+        wait_for_head(client, head, lambda u: u.mode == "exact" and u.n_retained == 3, timeout=120)
+        sql(f"DELETE FROM {table} WHERE id = 'r1'")
+        wait_for_head(client, head, lambda u: u.mode == "exact" and u.n_retained == 2, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:  # the delete's receipt, and the change topic trimmed of bob's row
+            report = erasure_report(verifier, head, "bob", timeout=30)
+            change = next(c for c in report.checks if c.store == "cdc change topics")
+            if ([r["status"] for r in report.receipts] == ["applied"] and change.clear) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert [(r["status"], r["sample_ids"]) for r in report.receipts] == [("applied", ["r1"])], report.receipts
+        assert change.clear and "1 change topics" in change.detail, change
+        assert change_topic(as_("cdc"), table).startswith(secured.prefix + "cdc.")
+    finally:
+        for p in procs:
+            p.stop()
+    _assert_never_refused(procs)
+    state = Path(worker["data_dir"]) / "cdc"
+    connect_log = "".join(f.read_text(errors="replace") for f in state.rglob("connect.log"))
+    assert "connect start" in connect_log
+    assert not re.search(r"AUTHORIZATION_FAILED|not authorized|Authorization failed|Authentication failed",
+                         connect_log, re.I), connect_log[-3000:]
+    assert secured.passwords["cdc"] not in connect_log  # the JAAS line is never logged
+    assert not list(state.rglob("*.properties"))  # the worker's and connector's config left no file
+
+
+def test_cdc_may_not_write_deltas_or_read_what_it_does_not_own(secured: Secured) -> None:
+    from unlearn.infra.settings import consumer_config
+
+    s = secured.settings("cdc")
+    P = secured.prefix
+    assert _produce_errors(s, [P + "deltas", P + "receipts"]) == dict.fromkeys([P + "deltas", P + "receipts"],
+                                                                                "TOPIC_AUTHORIZATION_FAILED")
+    c = Consumer(consumer_config(s, f"{P}cdc.probe-{uuid.uuid4().hex[:6]}"))  # its own group: the topic is refused
+    try:
+        md = c.list_topics(timeout=30)
+        assert P + "deltas" not in md.topics and P + "requests" in md.topics  # it sees only what it may touch
+        c.subscribe([P + "requests"])  # it writes requests, and may not read them back
+        deadline = time.monotonic() + 30
+        error = None
+        while error is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                assert m.error() is not None, "cdc read a request"
+                error = m.error().name()
+    finally:
+        c.close()
+    assert error == "TOPIC_AUTHORIZATION_FAILED"
