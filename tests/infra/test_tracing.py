@@ -29,6 +29,7 @@ TP_ADD2 = b"00-22222222222222222222222222222222-2222222222222222-00"
 ])
 def test_valid_traceparents_parse(value: bytes | str) -> None:
     assert tracing.parse(value) == (TID, "00f067aa0ba902b7", 1)
+    assert tracing.valid(value.encode() if isinstance(value, str) else value)
 
 
 @pytest.mark.parametrize("value", [
@@ -39,6 +40,7 @@ def test_valid_traceparents_parse(value: bytes | str) -> None:
 def test_invalid_traceparents_are_none(value: bytes | None) -> None:
     assert tracing.parse(value) is None
     assert tracing.traceparent_of([("traceparent", value)]) is None
+    assert value is None or not tracing.valid(value)
 
 
 def test_header_lookup_and_event_list() -> None:
