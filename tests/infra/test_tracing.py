@@ -13,7 +13,15 @@ import pytest
 
 from tests.streams.featurizer.test_core import MemCache, add, cfg, delete, no_encoder
 from unlearn.infra import tracing
-from unlearn.streams.featurizer.cache import FeatureCache, decode_txn, encode_txn
+from unlearn.streams.featurizer.cache import (
+    PHASE_CHANGELOG,
+    FeatureCache,
+    Position,
+    batch_records,
+    decode_txn,
+    encode_txn,
+    outputs_of_txn,
+)
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import CacheMutations, InMessage, OutMessage
 from unlearn.streams.ledger.worker import PollOutputs
@@ -108,6 +116,18 @@ def test_the_outbox_and_the_changelog_txn_keep_the_headers(tmp_path: Path) -> No
     db.close()
     with FeatureCache(path) as cache:
         assert [r.headers for r in cache.pending_outbox()] == [(), (), ()]
+
+
+def test_a_batch_rebuilt_from_its_changelog_txn_keeps_the_headers() -> None:
+    """With the changelog, the outbox keeps phase 0 only and phase 1 is rebuilt from the txn after
+    a crash (``outputs_of_txn``): the rebuilt delta still carries its trace context."""
+    hdrs = (("traceparent", TP_DEL), (tracing.EVENTS_HEADER, b"d0 " + TP_DEL))
+    msgs = [OutMessage("t.deltas", b"h", b"v1", headers=hdrs), OutMessage("t.receipts", b"s", b"v2")]
+    pos = Position(0, 5, "t.requests.by-head", "tid", "L", 1, 0, "", {0: 5}, "rid", 1)
+    recs = batch_records(0, "t.featurizer-cache", CacheMutations(), msgs, pos, 7)  # several txn pieces
+    rebuilt = outputs_of_txn("t.featurizer-cache", 0, [m for m in recs if m.phase == PHASE_CHANGELOG])
+    assert [(m.topic, m.headers) for m in rebuilt if m.topic != "t.featurizer-cache"] == [
+        ("t.deltas", hdrs), ("t.receipts", ())]
 
 
 def test_a_head_update_is_parented_by_a_deleting_delta() -> None:
