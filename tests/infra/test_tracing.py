@@ -196,3 +196,20 @@ def test_a_span_without_any_context_starts_a_trace(spans) -> None:  # type: igno
     tp = tracing.span_header("x", [])
     (span,) = spans.get_finished_spans()
     assert span.parent is None and tp is not None and _ctx(tp) == (span.context.trace_id, span.context.span_id)
+
+
+def test_unset_endpoint_makes_nothing_and_a_missing_exporter_only_warns(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import importlib.util
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    assert tracing.configure_from_env("unlearn-test") is False and not tracing.enabled()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    try:
+        on = tracing.configure_from_env("unlearn-test")
+        if importlib.util.find_spec("opentelemetry.exporter") is None:  # not in the pins (docs/operations.md)
+            assert not on and "not installed" in caplog.text
+        else:
+            assert on and tracing.enabled()
+    finally:
+        tracing.configure(None)
