@@ -68,7 +68,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -269,6 +269,14 @@ def head_update(head: HeadRuntime, mode: HeadMode | None = None, *, posterior: b
         retained_classes=head.retained_classes())
 
 
+def receipt_headers(event_id: str, traces: Mapping[str, bytes] | None) -> tuple[tuple[str, bytes | None], ...]:
+    """A receipt's headers: its delete's own trace context as parent (none when it had none)."""
+    tp = traces.get(event_id) if traces else None
+    if tp is None:
+        return ()
+    return tracing.headers_with(tracing.span_header("ledger.receipt", [tp], {"unlearn.event_id": event_id}))
+
+
 class Outputs:
     """The worker's producer and the rules of what it sends (module docstring)."""
 
@@ -355,10 +363,8 @@ class Outputs:
                 for d in outcome.deletes:
                     r = Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, outcome.version, None, now,
                                         retained_hash=outcome.retained_hash)
-                    tp = poll.events.get(d.event_id) if poll.events else None  # the delete's own context
-                    headers = () if tp is None else tracing.headers_with(tracing.span_header(
-                        "ledger.receipt", [tp], {"unlearn.event_id": d.event_id, "unlearn.version": outcome.version}))
-                    self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r), headers)
+                    self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r),
+                                 receipt_headers(d.event_id, poll.events))
 
     # ---------------------------------------------------------------- refusals
     def dead_original(self, raw: bytes) -> bytes:
@@ -373,16 +379,17 @@ class Outputs:
                                    part, offset, key, None, time.time()))
 
     def reject_all(self, delta: Delta, raw: bytes, part: int, offset: int, key: bytes | None, reason: str,
-                   detail: str) -> None:
+                   detail: str, traces: Mapping[str, bytes] | None = None) -> None:
         """Every entry of ``delta`` refused for one ``reason``."""
         original = self.dead_original(raw)
         for i, e in enumerate(delta.entries):
             rej = Rejection(i, e.sign, reason, detail, e.event_ids, e.sample_ids, e.subject_ids)
-            self.rejected(delta.head_id, rej, original, part, offset, key)
+            self.rejected(delta.head_id, rej, original, part, offset, key, traces)
 
     def rejected(self, head_id: str, rej: Rejection, original: bytes, part: int, offset: int,
-                 key: bytes | None) -> None:
-        """One refused entry: a dead letter, and a rejected receipt per delete event in it."""
+                 key: bytes | None, traces: Mapping[str, bytes] | None = None) -> None:
+        """One refused entry: a dead letter, and a rejected receipt per delete event in it (with the
+        delete's trace context, ``traces``: event id -> traceparent)."""
         first_event = rej.event_ids[0] if rej.event_ids else None
         kind = "add" if rej.sign > 0 else "delete"
         detail = f"entry {rej.entry_index} ({kind}, {len(rej.event_ids)} rows): {rej.detail}"
@@ -391,7 +398,8 @@ class Outputs:
         if rej.sign < 0:
             for d in group_by_event(rej.event_ids, rej.sample_ids, rej.subject_ids):
                 r = Receipt.rejected(d.event_id, d.subject_id, head_id, d.sample_ids, rej.reason, time.time())
-                self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
+                self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r),
+                             receipt_headers(d.event_id, traces))
 
     def deadletter(self, rec: DeadLetter) -> None:
         log.warning("deadletter %s: %r", rec.reason, rec.detail)
@@ -433,13 +441,15 @@ class DeltaFold:
         if owner is not None and owner != part:
             self.outputs.reject_all(delta, raw, part, offset, key, "wrong_partition",
                                     f"head {delta.head_id!r} lives on deltas partition {owner}, not {part}: "
-                                    "a head's deltas must share one partition (key them by head id)")
+                                    "a head's deltas must share one partition (key them by head id)",
+                                    poll.record_events)
             return
         head = ps.heads.get(delta.head_id)
         if head is None:
             if not creates:
                 self.outputs.reject_all(delta, raw, part, offset, key, "unknown_head",
-                                        f"head {delta.head_id!r} does not exist yet: its first event must be an add")
+                                        f"head {delta.head_id!r} does not exist yet: its first event must be an add",
+                                        poll.record_events)
                 return
             config = replace(self.config, gamma=self.contracts.gamma(delta.head_id))
             head = HeadRuntime.new(delta.head_id, delta, config)
@@ -454,7 +464,7 @@ class DeltaFold:
             return
         original = self.outputs.dead_original(raw) if outcome.rejections else raw
         for rej in outcome.rejections:
-            self.outputs.rejected(head.head_id, rej, original, part, offset, key)
+            self.outputs.rejected(head.head_id, rej, original, part, offset, key, poll.record_events)
         poll.add(part, head, outcome)
 
 

@@ -24,7 +24,7 @@ from unlearn.streams.featurizer.cache import (
 )
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import CacheMutations, InMessage, OutMessage
-from unlearn.streams.ledger.worker import PollOutputs
+from unlearn.streams.ledger.worker import PollOutputs, receipt_headers
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TP_DEL = f"00-{TID}-00f067aa0ba902b7-01".encode()
@@ -184,7 +184,8 @@ def test_spans_have_the_delete_as_parent_and_the_others_as_links(spans) -> None:
     # the ledger: a receipt's span is the child of its delete's own context, the head update's of
     # the first deleting delta, linked to the poll's other deltas
     spans.clear()
-    receipt_tp = tracing.span_header("ledger.receipt", [tracing.events_of(delta.headers)["d0"]])
+    receipt_tp = dict(receipt_headers("d0", tracing.events_of(delta.headers)))["traceparent"]
+    assert receipt_headers("untraced", tracing.events_of(delta.headers)) == receipt_headers("d0", None) == ()
     head_tp = tracing.span_header("ledger.head_update", [tp, TP_ADD1, TP_ADD1])
     receipt, head = spans.get_finished_spans()
     assert (receipt.parent.span_id, head.parent.span_id) == (_ctx(TP_DEL)[1], _ctx(tp)[1])
