@@ -70,6 +70,7 @@ from typing import Any, Literal
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from unlearn.infra import tracing
 from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.infra.settings import ErasureSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, read_range
@@ -463,6 +464,7 @@ class RequestHandle:
     partition: int | None = None
     offset: int | None = None
     _receipt: Receipt | None = field(default=None, repr=False)
+    traceparent: bytes | None = None  # the W3C traceparent header it was sent with
 
     @property
     def delivered(self) -> bool:
@@ -547,7 +549,7 @@ class UnlearnClient:
             features: Sequence[float] | np.ndarray | None = None, text: str | None = None,
             image_png: bytes | str | None = None, client_id: str | None = None,
             event_id: str | None = None, ts: float | None = None,
-            features_encoding: FeaturesEncoding | None = None) -> RequestHandle:
+            features_encoding: FeaturesEncoding | None = None, traceparent: bytes | str | None = None) -> RequestHandle:
         """Add one sample (exactly one of features=, text=, image_png=) with a class index or a
         target vector as ``label``; ``features_encoding`` overrides the client's for this call."""
         lab: int | tuple[float, ...] = label if isinstance(label, int) else tuple(float(v) for v in label)
@@ -555,24 +557,29 @@ class UnlearnClient:
                          features_encoding=features_encoding or self.features_encoding)
         req = Request(event_id or new_event_id(), "add", head_id, client_id or self.client_id, subject_id,
                       sample_id, lab, inp, time.time() if ts is None else ts)
-        return self.send(req)
+        return self.send(req, traceparent=traceparent)
 
     def delete(self, head_id: str, sample_id: str, subject_id: str, *, client_id: str | None = None,
-               event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+               event_id: str | None = None, ts: float | None = None,
+               traceparent: bytes | str | None = None) -> RequestHandle:
         """Delete one sample (the featurizer reuses the add's cached features)."""
         req = Request(event_id or new_event_id(), "delete", head_id, client_id or self.client_id, subject_id,
                       sample_id, ts=time.time() if ts is None else ts)
-        return self.send(req)
+        return self.send(req, traceparent=traceparent)
 
     def delete_subject(self, head_id: str, subject_id: str, *, client_id: str | None = None,
-                       event_id: str | None = None, ts: float | None = None) -> RequestHandle:
+                       event_id: str | None = None, ts: float | None = None,
+                       traceparent: bytes | str | None = None) -> RequestHandle:
         """Delete every sample of a subject in a head (one receipt listing them)."""
         req = Request(event_id or new_event_id(), "delete_subject", head_id, client_id or self.client_id,
                       subject_id, ts=time.time() if ts is None else ts)
-        return self.send(req)
+        return self.send(req, traceparent=traceparent)
 
-    def send(self, req: Request) -> RequestHandle:
-        """Produce any validated :class:`Request` (InvalidRequest if it does not conform to v1)."""
+    def send(self, req: Request, *, traceparent: bytes | str | None = None) -> RequestHandle:
+        """Produce any validated :class:`Request` (InvalidRequest if it does not conform to v1)
+        with a W3C ``traceparent`` header: ``traceparent`` when given (the caller's trace; an
+        invalid one is sent as given and ignored downstream), else a fresh one
+        (``handle.traceparent``: follow the request across the stages, docs/operations.md)."""
         if self._closed:
             raise ClientError("client is closed")
         try:
@@ -580,8 +587,10 @@ class UnlearnClient:
         except TransitUnavailable as exc:
             raise ClientError(str(exc)) from None
         value = encode_request(req)  # validates: a bad request fails here, not in deadletter
-        headers = self.signer.headers(value) if self.signer is not None else None
-        handle = RequestHandle(req.event_id, req.op, req.head_id, req.subject_id, req.sample_id, self)
+        tp = tracing.new_traceparent() if traceparent is None else (
+            traceparent.encode() if isinstance(traceparent, str) else bytes(traceparent))
+        headers = [*(self.signer.headers(value) if self.signer is not None else ()), (tracing.TRACEPARENT, tp)]
+        handle = RequestHandle(req.event_id, req.op, req.head_id, req.subject_id, req.sample_id, self, traceparent=tp)
         if req.op != "add":
             # Listener first (offsets fixed), event registered, THEN produce: no receipt is missed.
             self._ensure_listener().register(req.event_id)

@@ -151,6 +151,7 @@ PHASE_OUTPUT = 1
 _POSITION_FORMAT = "unlearn.featurizer-position/v2"
 _SAMPLE_MAGIC = b"ULFS\x01"
 _TXN_MAGIC = b"ULFT\x01"
+_TXN_MAGIC_HEADERS = b"ULFT\x02"  # as v1, each message followed by its headers (only when one has some)
 _NONE = 0xFFFFFFFF
 
 Record = tuple[bytes, bytes | None]  # (key, value); value None is a tombstone
@@ -357,13 +358,49 @@ def _frame(b: bytes | None) -> bytes:
     return struct.pack("<I", _NONE) if b is None else struct.pack("<I", len(b)) + b
 
 
+def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    """Kafka headers as frames: a count, then name and value of each (None values kept)."""
+    return b"".join([struct.pack("<I", len(headers))] + [_frame(n.encode()) + _frame(v) for n, v in headers])
+
+
+def decode_headers(raw: bytes | None) -> tuple[tuple[str, bytes | None], ...]:
+    """Inverse of :func:`encode_headers` (None or b"": no headers); ValueError when malformed."""
+    if not raw:
+        return ()
+    (n,), at = struct.unpack_from("<I", raw, 0), 4
+    out: list[tuple[str, bytes | None]] = []
+    for _ in range(n):
+        pair: list[bytes | None] = []
+        for _ in range(2):
+            (size,) = struct.unpack_from("<I", raw, at)
+            at += 4
+            if size == _NONE:
+                pair.append(None)
+                continue
+            if at + size > len(raw):
+                raise ValueError("truncated headers")
+            pair.append(raw[at: at + size])
+            at += size
+        if pair[0] is None:
+            raise ValueError("null header name")
+        out.append((pair[0].decode(), pair[1]))
+    if at != len(raw):
+        raise ValueError("trailing header bytes")
+    return tuple(out)
+
+
 def encode_txn(records: Sequence[Record], messages: Sequence[OutMessage]) -> bytes:
-    """A batch: its state records and its downstream messages, length-prefixed."""
-    parts = [_TXN_MAGIC, struct.pack("<II", len(records), len(messages))]
+    """A batch: its state records and its downstream messages, length-prefixed. When a message
+    has headers (trace context), the v2 magic says each message is followed by its headers; a
+    batch without any is written as v1, byte for byte as before."""
+    headed = any(m.headers for m in messages)
+    parts = [_TXN_MAGIC_HEADERS if headed else _TXN_MAGIC, struct.pack("<II", len(records), len(messages))]
     for k, v in records:
         parts += [_frame(k), _frame(v)]
     for m in messages:
         parts += [_frame(m.topic.encode()), _frame(m.key), _frame(m.value)]
+        if headed:
+            parts.append(_frame(encode_headers(m.headers)))
     return b"".join(parts)
 
 
@@ -384,7 +421,8 @@ def decode_txn(raw: bytes) -> tuple[list[Record], list[OutMessage]]:
         return b
 
     try:
-        if not raw.startswith(_TXN_MAGIC):
+        headed = raw.startswith(_TXN_MAGIC_HEADERS)
+        if not (headed or raw.startswith(_TXN_MAGIC)):
             raise ValueError("not a txn")
         at = len(_TXN_MAGIC)
         n_rec, n_msg = struct.unpack_from("<II", raw, at)
@@ -400,7 +438,7 @@ def decode_txn(raw: bytes) -> tuple[list[Record], list[OutMessage]]:
             topic, key, value = take(), take(), take()
             if topic is None or value is None:
                 raise ValueError("null topic or value")
-            messages.append(OutMessage(topic.decode(), key, value))
+            messages.append(OutMessage(topic.decode(), key, value, headers=decode_headers(take()) if headed else ()))
         if at != len(raw):
             raise ValueError("trailing bytes")
         return records, messages
@@ -445,7 +483,7 @@ def outputs_of_txn(topic: str, partition: int, phase0: Sequence[Keyed]) -> list[
                                      "verify against its position")
             records, messages = decode_txn(txn)
             out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in records]
-            out += [OutMessage(x.topic, x.key, x.value, None, PHASE_OUTPUT) for x in messages]
+            out += [OutMessage(x.topic, x.key, x.value, None, PHASE_OUTPUT, x.headers) for x in messages]
             pieces = []
         elif m.key is not None and m.key.startswith(b"txn/") and m.value is not None:
             pieces.append(m.value)
@@ -704,6 +742,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     value BLOB,
     partition INTEGER,
     phase INTEGER NOT NULL DEFAULT 1,
+    headers BLOB,  -- Kafka headers (encode_headers; the trace context), NULL: none
     CHECK (value IS NOT NULL OR partition IS NOT NULL)  -- only a changelog tombstone has no value
 );
 CREATE TABLE IF NOT EXISTS progress (
@@ -774,11 +813,19 @@ def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> 
         db.execute("PRAGMA busy_timeout=30000")
         db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)
         db.executescript(_SCHEMA + EVENTS_SCHEMA)
+        _add_outbox_headers(db)
         check_meta(db, path, {"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity)})
     except Exception:
         db.close()
         raise
     return db
+
+
+def _add_outbox_headers(db: sqlite3.Connection) -> None:
+    """A cache file made before the outbox kept headers gains the column (NULL: no headers, what
+    its rows had); schema version 1 either way: an older featurizer ignores the column."""
+    if "headers" not in {str(r[1]) for r in db.execute("PRAGMA table_info(outbox)").fetchall()}:
+        db.execute("ALTER TABLE outbox ADD COLUMN headers BLOB")
 
 
 def check_meta(db: sqlite3.Connection, path: Path, wanted: Mapping[str, str]) -> None:
@@ -979,6 +1026,7 @@ class OutboxRow:
     value: bytes | None  # None: a changelog tombstone
     partition: int | None = None
     phase: int = 1
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 class Outbox:
@@ -994,9 +1042,10 @@ class Outbox:
         row = self._db.execute("SELECT MAX(s) FROM (SELECT seq AS s FROM sqlite_sequence WHERE name = 'outbox' "
                                "UNION ALL SELECT MAX(seq) FROM outbox)").fetchone()
         base = int(row[0] or 0)
-        rows = [(base + i, m.topic, m.key, m.value, m.partition, int(m.phase)) for i, m in enumerate(messages, 1)]
-        self._db.executemany("INSERT INTO outbox (seq, topic, key, value, partition, phase) VALUES (?, ?, ?, ?, ?, ?)",
-                             rows)
+        rows = [(base + i, m.topic, m.key, m.value, m.partition, int(m.phase),
+                 encode_headers(m.headers) if m.headers else None) for i, m in enumerate(messages, 1)]
+        self._db.executemany("INSERT INTO outbox (seq, topic, key, value, partition, phase, headers) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         return [r[0] for r in rows]
 
     def clear(self) -> None:
@@ -1005,9 +1054,11 @@ class Outbox:
 
     def pending(self) -> list[OutboxRow]:
         """Messages written but not yet acknowledged, in write order."""
-        rows = self._db.execute("SELECT seq, topic, key, value, partition, phase FROM outbox ORDER BY seq").fetchall()
+        rows = self._db.execute("SELECT seq, topic, key, value, partition, phase, headers FROM outbox "
+                                "ORDER BY seq").fetchall()
         return [OutboxRow(int(s), str(t), None if k is None else bytes(k), None if v is None else bytes(v),
-                          None if p is None else int(p), int(ph)) for s, t, k, v, p, ph in rows]
+                          None if p is None else int(p), int(ph), decode_headers(None if h is None else bytes(h)))
+                for s, t, k, v, p, ph, h in rows]
 
     def ack(self, seqs: Iterable[int]) -> None:
         """Forget rows the broker acknowledged: one range DELETE per run of consecutive sequence

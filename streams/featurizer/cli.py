@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from unlearn.infra import tracing
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.log_position import StaleStateError
 from unlearn.infra.settings import ErasureSettings, HeadSettings, MetricsSettings
@@ -71,6 +72,7 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         settings = settings_from_args(args, device=args.device, metrics_port=args.metrics_port)
     except ValueError as exc:
         return cli_exit_code(exc)
+    tracing.configure_from_env("unlearn-featurizer")
     try:
         service = FeaturizerService(settings, group=args.group, federated=args.federated, client_id=args.client_id,
                                     requests_topic=args.requests_topic, max_batch=args.max_batch,

@@ -122,6 +122,7 @@ from unlearn.features.contract import (
     quantize_label,
     resolve_backbone,
 )
+from unlearn.infra import tracing
 from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.deadletter import DeadLetter
@@ -1134,6 +1135,7 @@ def featurize_batch(
                             gaps=admitted.gaps)
     ts = time.time() if now is None else float(now)
     reqs = open_sealed(parse_batch(fresh), transit, config.featurizer.require_sealed_input)
+    traces = trace_contexts(fresh, reqs)
     screened = auth.screen(fresh, reqs, ts) if auth is not None else None
     encoded = encode_adds(screened.admitted(reqs) if screened else reqs, config, encoder or RegistryEncoder("auto"))
     view = BatchView(cache, named_samples(reqs), named_tombstones(reqs),  # one cache lookup per batch, not per event
@@ -1147,7 +1149,19 @@ def featurize_batch(
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),
                         accepted=judged.accepted, rows=n_rows, origin_offsets=admitted.origin_offsets,
                         reforwarded=admitted.reforwarded, gaps=admitted.gaps,
-                        contracts=auto_contracts(judged.overlay.heads.values(), config))
+                        contracts=auto_contracts(judged.overlay.heads.values(), config), traces=traces)
+
+
+def trace_contexts(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidRequest]) -> dict[str, bytes]:
+    """event id -> the valid ``traceparent`` header of its record (infra/tracing.py; an invalid one
+    is ignored). Only header bytes are looked at: no span here."""
+    out: dict[str, bytes] = {}
+    for m, r in zip(messages, reqs, strict=True):
+        if m.headers:
+            tp = tracing.traceparent_of(m.headers)
+            if tp is not None and isinstance(r, Request):
+                out.setdefault(r.event_id, tp)
+    return out
 
 
 TRANSIT_REASONS: dict[str, str] = {

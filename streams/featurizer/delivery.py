@@ -69,15 +69,24 @@ def produce_acked(producer: Any, sends: Sequence[dict[str, Any]], on_acked: OnAc
     Acks(producer, on_acked, error).send(sends).wait(timeout)
 
 
+def produce_kwargs(m: OutMessage | OutboxRow) -> dict[str, Any]:
+    """``Producer.produce`` keywords of one message (its headers only when it has some: the trace
+    context, infra/tracing.py)."""
+    kw: dict[str, Any] = {"topic": m.topic, "value": m.value, "key": m.key}
+    if m.partition is not None:
+        kw["partition"] = m.partition
+    if m.headers:
+        kw["headers"] = list(m.headers)
+    return kw
+
+
 def deliver_phases(producer: Any, messages: Sequence[OutMessage | OutboxRow],
                    after_phase: Callable[[int], None] | None = None, on_acked: OnAcked | None = None) -> None:
     """Produce in order, phase by phase (phase 0, the changelog's txn and position records, is
     flushed and fully acknowledged before phase 1 is sent); raise unless every message was
     acknowledged."""
     for phase in sorted({m.phase for m in messages}):
-        produce_acked(producer, [{"topic": m.topic, "value": m.value, "key": m.key,
-                                  **({} if m.partition is None else {"partition": m.partition})}
-                                 for m in messages if m.phase == phase], on_acked)
+        produce_acked(producer, [produce_kwargs(m) for m in messages if m.phase == phase], on_acked)
         if after_phase is not None:
             after_phase(phase)
 
@@ -90,9 +99,7 @@ def deliver_overlapped(producer: Any, messages: Sequence[OutMessage | OutboxRow]
     judging instead of adding to every batch."""
     phases = sorted({m.phase for m in messages}) or [0]
     deliver_phases(producer, [m for m in messages if m.phase != phases[-1]], after_phase, on_acked)
-    last = Acks(producer, on_acked).send([{"topic": m.topic, "value": m.value, "key": m.key,
-                                           **({} if m.partition is None else {"partition": m.partition})}
-                                          for m in messages if m.phase == phases[-1]])
+    last = Acks(producer, on_acked).send([produce_kwargs(m) for m in messages if m.phase == phases[-1]])
     # Serves delivery reports; it does not beat linger.ms (librdkafka drops the flush's "no linger"
     # flag when the call returns), which is why the featurizer's producer has linger.ms=0.
     producer.flush(0)

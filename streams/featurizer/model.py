@@ -43,6 +43,7 @@ import orjson
 
 from unlearn.features.backbones import BackboneError, EncodeResult
 from unlearn.features.contract import quantizer
+from unlearn.infra import tracing
 from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
@@ -193,6 +194,7 @@ class OutMessage:
     value: bytes | None  # None only for a changelog tombstone
     partition: int | None = None  # None: the producer's partitioner (by key); set for changelog records
     phase: int = 1  # delivery phase: every message of phase 0 is acknowledged before phase 1 is sent
+    headers: tuple[tuple[str, bytes | None], ...] = ()  # Kafka headers (trace context: infra/tracing.py)
 
 
 Encoder = Callable[[str, Sequence[Any]], EncodeResult]
@@ -302,6 +304,7 @@ class BatchOutcome:
     reforwarded: int = 0  # records dropped as copies the router forwarded again (core.admit_routed)
     gaps: int = 0  # records dropped because a predecessor's delivery failed (forwarded again later)
     contracts: list[HeadContract] = field(default_factory=list)  # auto contracts of heads this batch created
+    traces: dict[str, bytes] = field(default_factory=dict)  # event id -> its request's valid traceparent
 
     def reasons(self) -> dict[str, int]:
         """Dead-letter reason -> count (for logs and tests)."""
@@ -312,17 +315,40 @@ class BatchOutcome:
 
     def messages(self, config: CoreConfig) -> list[OutMessage]:
         """Encoded messages, in produce order: auto contracts (when ``config.registry_topic``),
-        deltas, dead letters, receipts."""
+        deltas, dead letters, receipts; each carries its requests' trace context (``traces``,
+        infra/tracing.py) as headers."""
         out = [OutMessage(config.registry_topic, c.head_id.encode(), encode_contract(c))
                for c in self.contracts if config.registry_topic]
-        out += [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d)) for d in self.deltas]
+        out += [OutMessage(config.deltas_topic, d.head_id.encode(), encode_delta(d), headers=self._delta_headers(d))
+                for d in self.deltas]
         out += [
             OutMessage(config.deadletter_topic, d.key if d.key is not None else STAGE.encode(),
-                       encode_deadletter_bounded(d, config.max_message_bytes))
+                       encode_deadletter_bounded(d, config.max_message_bytes),
+                       headers=self._event_headers("featurizer.deadletter", d.event_id))
             for d in self.deadletters
         ]
-        out += [OutMessage(config.receipts_topic, r.subject_id.encode(), encode_receipt(r)) for r in self.receipts]
+        out += [OutMessage(config.receipts_topic, r.subject_id.encode(), encode_receipt(r),
+                           headers=self._event_headers("featurizer.receipt", r.event_id)) for r in self.receipts]
         return out
+
+    def _event_headers(self, span: str, event_id: str | None) -> tuple[tuple[str, bytes | None], ...]:
+        """One event's output: its request's context as parent (nothing when it had none)."""
+        tp = self.traces.get(event_id) if self.traces and event_id is not None else None
+        if tp is None:
+            return ()
+        return tracing.headers_with(tracing.span_header(span, [tp], {"unlearn.event_id": event_id}))
+
+    def _delta_headers(self, d: Delta) -> tuple[tuple[str, bytes | None], ...]:
+        """A delta: the first traced delete's context as parent (else the first traced add's), the
+        others linked, and every covered traced event named (infra/tracing.py)."""
+        if not self.traces:
+            return ()
+        named = [(e, self.traces[e]) for entry in sorted(d.entries, key=lambda x: getattr(x, "sign", 1))
+                 for e in entry.event_ids if e in self.traces]
+        if not named:
+            return ()
+        tp = tracing.span_header("featurizer.delta", [t for _, t in named], {"unlearn.head_id": d.head_id})
+        return tracing.headers_with(tp, ((tracing.EVENTS_HEADER, tracing.encode_events(named)),))
 
 
 # --------------------------------------------------------------------------- service types

@@ -205,7 +205,7 @@ class Partitions:
         local outbox still had to deliver."""
         changelog = self.topics.changelog
         assert changelog is not None
-        downstream = [OutMessage(r.topic, r.key, r.value) for r in
+        downstream = [OutMessage(r.topic, r.key, r.value, headers=r.headers) for r in
                       outbox_messages(cache.pending_outbox(), changelog, p) if r.topic != changelog]
         gen = cache.generation + 1
         pos = Position(p, cache.applied_offset, self.topics.by_head, cache.topic_id or self.topics.by_head_id,

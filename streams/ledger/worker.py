@@ -68,10 +68,11 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unlearn.infra import tracing
 from unlearn.infra.between_stages import Checkpoint, HeadPointer
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.log_position import StaleStateError, log_bounds, topic_id
@@ -229,11 +230,28 @@ class PollOutputs:
     outcomes: dict[str, list[ApplyOutcome]] = field(default_factory=dict)
     record_ts: float = 0.0  # the Kafka timestamp (s) of the message being folded
     delete_ts: list[float] = field(default_factory=list)  # one per applied delete: its message's timestamp
+    record_trace: bytes | None = None  # the valid traceparent of the message being folded (infra/tracing.py)
+    record_events: dict[str, bytes] = field(default_factory=dict)  # its event id -> traceparent header
+    traces: dict[str, list[tuple[bool, bytes]]] = field(default_factory=dict)  # head id -> (no deletes, context)
+    events: dict[str, bytes] = field(default_factory=dict)  # event id -> its request's context
 
     def add(self, part: int, head: HeadRuntime, outcome: ApplyOutcome) -> None:
         self.heads[head.head_id] = (part, head)
         self.outcomes.setdefault(head.head_id, []).append(outcome)
         self.delete_ts += [self.record_ts] * len(outcome.deletes)
+        if self.record_trace is not None:
+            self.traces.setdefault(head.head_id, []).append((not outcome.deletes, self.record_trace))
+            self.events.update(self.record_events)
+
+    def head_traces(self, head_id: str) -> list[bytes]:
+        """The contexts of the head's traced deltas in this poll: those that deleted first (the
+        head update's parent is the first), then the others, each in log order."""
+        return [tp for _, tp in sorted(self.traces.get(head_id, ()), key=lambda x: x[0])]
+
+    def read_trace(self, headers: Any) -> None:
+        """The trace context of the message about to be folded (only header bytes are read)."""
+        self.record_trace = tracing.traceparent_of(headers) if headers else None
+        self.record_events = tracing.events_of(headers) if self.record_trace is not None else {}
 
 
 def head_update(head: HeadRuntime, mode: HeadMode | None = None, *, posterior: bool = False) -> HeadUpdate:
@@ -254,6 +272,14 @@ def head_update(head: HeadRuntime, mode: HeadMode | None = None, *, posterior: b
         retained_classes=head.retained_classes())
 
 
+def receipt_headers(event_id: str, traces: Mapping[str, bytes] | None) -> tuple[tuple[str, bytes | None], ...]:
+    """A receipt's headers: its delete's own trace context as parent (none when it had none)."""
+    tp = traces.get(event_id) if traces else None
+    if tp is None:
+        return ()
+    return tracing.headers_with(tracing.span_header("ledger.receipt", [tp], {"unlearn.event_id": event_id}))
+
+
 class Outputs:
     """The worker's producer and the rules of what it sends (module docstring)."""
 
@@ -272,14 +298,15 @@ class Outputs:
         self.retry = RetryPolicy.of(settings)
 
     # ---------------------------------------------------------------- delivery
-    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes | None]] = ()) -> None:
         def on_delivery(err: Any, msg: Any) -> None:
             if err is not None:
                 self.delivery_errors.append(f"{topic}: {err}")
 
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery,
+                                      **({"headers": list(headers)} if headers else {}))
                 return
             except BufferError:
                 self.producer.poll(0.1)
@@ -302,7 +329,8 @@ class Outputs:
         self.raise_if_failed()
 
     # ---------------------------------------------------------------- head updates
-    def publish_head(self, part: int, head: HeadRuntime, mode: HeadMode | None = None) -> bool:
+    def publish_head(self, part: int, head: HeadRuntime, mode: HeadMode | None = None,
+                     traces: Sequence[bytes] = ()) -> bool:
         """Produce the head's update to ``part``'s heads topic; False if it cannot fit in a message
         even without the posterior. Then the state stays exact and a dead letter says why: a head
         too large to publish must not stop the worker (and every head on its partition) in a crash
@@ -321,7 +349,9 @@ class Outputs:
                                        None, head.head_id.encode(), None, time.time()))
             return False
         key = head.head_id.encode()
-        self.produce(self.store.heads_topic(part), key, value)
+        headers = tracing.headers_with(tracing.span_header("ledger.head_update", traces, {
+            "unlearn.head_id": head.head_id, "unlearn.version": head.version})) if traces else ()
+        self.produce(self.store.heads_topic(part), key, value, headers)
         self.store.count_head_bytes(part, len(key) + len(value))
         self.stats["head_updates"] = self.stats.get("head_updates", 0) + 1
         return True
@@ -333,13 +363,14 @@ class Outputs:
         version: those depend on poll boundaries, so replays would issue conflicting receipts."""
         for head_id, (part, head) in poll.heads.items():
             head.sync()
-            self.publish_head(part, head)
+            self.publish_head(part, head, traces=poll.head_traces(head_id))
             now = time.time()
             for outcome in poll.outcomes[head_id]:
                 for d in outcome.deletes:
                     r = Receipt.applied(d.event_id, d.subject_id, head_id, d.sample_ids, outcome.version, None, now,
                                         retained_hash=outcome.retained_hash)
-                    self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
+                    self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r),
+                                 receipt_headers(d.event_id, poll.events))
 
     # ---------------------------------------------------------------- refusals
     def dead_original(self, raw: bytes) -> bytes:
@@ -354,16 +385,17 @@ class Outputs:
                                    part, offset, key, None, time.time()))
 
     def reject_all(self, delta: Delta, raw: bytes, part: int, offset: int, key: bytes | None, reason: str,
-                   detail: str) -> None:
+                   detail: str, traces: Mapping[str, bytes] | None = None) -> None:
         """Every entry of ``delta`` refused for one ``reason``."""
         original = self.dead_original(raw)
         for i, e in enumerate(delta.entries):
             rej = Rejection(i, e.sign, reason, detail, e.event_ids, e.sample_ids, e.subject_ids)
-            self.rejected(delta.head_id, rej, original, part, offset, key)
+            self.rejected(delta.head_id, rej, original, part, offset, key, traces)
 
     def rejected(self, head_id: str, rej: Rejection, original: bytes, part: int, offset: int,
-                 key: bytes | None) -> None:
-        """One refused entry: a dead letter, and a rejected receipt per delete event in it."""
+                 key: bytes | None, traces: Mapping[str, bytes] | None = None) -> None:
+        """One refused entry: a dead letter, and a rejected receipt per delete event in it (with the
+        delete's trace context, ``traces``: event id -> traceparent)."""
         first_event = rej.event_ids[0] if rej.event_ids else None
         kind = "add" if rej.sign > 0 else "delete"
         detail = f"entry {rej.entry_index} ({kind}, {len(rej.event_ids)} rows): {rej.detail}"
@@ -372,7 +404,8 @@ class Outputs:
         if rej.sign < 0:
             for d in group_by_event(rej.event_ids, rej.sample_ids, rej.subject_ids):
                 r = Receipt.rejected(d.event_id, d.subject_id, head_id, d.sample_ids, rej.reason, time.time())
-                self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r))
+                self.produce(self.receipts_topic, d.subject_id.encode(), encode_receipt(r),
+                             receipt_headers(d.event_id, traces))
 
     def deadletter(self, rec: DeadLetter) -> None:
         log.warning("deadletter %s: %r", rec.reason, rec.detail)
@@ -414,13 +447,15 @@ class DeltaFold:
         if owner is not None and owner != part:
             self.outputs.reject_all(delta, raw, part, offset, key, "wrong_partition",
                                     f"head {delta.head_id!r} lives on deltas partition {owner}, not {part}: "
-                                    "a head's deltas must share one partition (key them by head id)")
+                                    "a head's deltas must share one partition (key them by head id)",
+                                    poll.record_events)
             return
         head = ps.heads.get(delta.head_id)
         if head is None:
             if not creates:
                 self.outputs.reject_all(delta, raw, part, offset, key, "unknown_head",
-                                        f"head {delta.head_id!r} does not exist yet: its first event must be an add")
+                                        f"head {delta.head_id!r} does not exist yet: its first event must be an add",
+                                        poll.record_events)
                 return
             config = replace(self.config, gamma=self.contracts.gamma(delta.head_id))
             head = HeadRuntime.new(delta.head_id, delta, config)
@@ -435,7 +470,7 @@ class DeltaFold:
             return
         original = self.outputs.dead_original(raw) if outcome.rejections else raw
         for rej in outcome.rejections:
-            self.outputs.rejected(head.head_id, rej, original, part, offset, key)
+            self.outputs.rejected(head.head_id, rej, original, part, offset, key, poll.record_events)
         poll.add(part, head, outcome)
 
 
@@ -715,6 +750,7 @@ class LedgerWorker:
         ps.next_offset = m.offset() + 1
         ps.pending += 1
         poll.record_ts = m.timestamp()[1] / 1000.0
+        poll.read_trace(m.headers())
         self.fold.fold(ps, m.offset(), m.key(), m.value() or b"", poll)
 
     def _publish_poll(self, poll: PollOutputs) -> None:
@@ -806,6 +842,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
     # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).
     with threadpool_limits(limits=LedgerSettings.of(settings).ledger_blas_threads, user_api="blas"):
         create_topics(settings)
+        tracing.configure_from_env("unlearn-ledger")
         worker = LedgerWorker(settings, worker_id, metrics)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())

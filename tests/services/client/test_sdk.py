@@ -370,3 +370,72 @@ def test_the_sdk_is_importable_from_the_package() -> None:
     assert set(client_pkg.__all__) == set(sdk.__all__)
     with pytest.raises(AttributeError):
         _ = client_pkg.NoSuchThing  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- trace context (issue 32)
+def _records_with_headers(s: Settings, topic: str) -> list[tuple[bytes | None, dict[str, bytes]]]:
+    """(key, headers) of every record now on ``topic`` (all partitions, from the beginning)."""
+    from unlearn.infra.settings import consumer_config
+
+    c = Consumer(consumer_config(s, f"t-{uuid.uuid4().hex}", **{"enable.partition.eof": True,
+                                                                "enable.auto.commit": False}))
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[tuple[bytes | None, dict[str, bytes]]] = []
+        eof: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(eof) < len(parts) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                eof.add(m.partition())
+                continue
+            out.append((m.key(), {k: bytes(v) for k, v in (m.headers() or ()) if v is not None}))
+        return out
+    finally:
+        c.close()
+
+
+def test_a_delete_traceparent_reaches_its_deltas_receipt_and_head_update(pipeline: Settings) -> None:
+    """The SDK sends a delete with a traceparent; its trace id is on the delta, the receipt and the
+    head update it produced (Kafka headers, read back from the broker), and an invalid traceparent
+    on an add is ignored: the add is applied, never dead-lettered."""
+    from unlearn.infra import tracing
+    from unlearn.services.client.sdk import UnlearnClient
+
+    s = pipeline
+    trace_id = uuid.uuid4().hex
+    tp = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+    F = features(7, 2)
+    with UnlearnClient(s, client_id="trace-test") as client:
+        adds = [client.add("trace", "tu", "t0", 1, features=F[0], traceparent=b"00-not-a-trace"),
+                client.add("trace", "tu", "t1", 0, features=F[1])]
+        for h in adds:
+            h.wait_delivered(30)
+        assert adds[1].traceparent is not None and tracing.parse(adds[1].traceparent) is not None  # the SDK sets one
+        d = client.delete("trace", "t0", "tu", traceparent=tp)
+        r = d.wait_receipt(120)
+    assert r.status == "applied" and r.sample_ids == ("t0",)  # the invalid traceparent broke nothing
+
+    def trace_ids(records: list[tuple[bytes | None, dict[str, bytes]]]) -> set[str]:
+        return {p[0] for _, h in records if (p := tracing.parse(h.get(tracing.TRACEPARENT))) is not None}
+
+    deltas = [x for x in _records_with_headers(s, s.topic("deltas")) if x[0] == b"trace"]
+    assert trace_id in trace_ids(deltas)
+    named = [tracing.events_of(list(h.items())) for _, h in deltas]
+    assert any(ev.get(d.event_id) == tp.encode() for ev in named)  # the delete's own context, named
+    receipts = [x for x in _records_with_headers(s, s.topic("receipts")) if x[0] == b"tu"]
+    assert trace_id in trace_ids(receipts)
+    exact_head_from(s, "trace", r.head_version or 0)
+    from confluent_kafka.admin import AdminClient
+
+    from unlearn.infra.settings import admin_config
+
+    topics = AdminClient(admin_config(s)).list_topics(timeout=10).topics
+    heads = [x for t in topics if t.startswith(s.topic_prefix) and "heads" in t
+             for x in _records_with_headers(s, t) if x[0] == b"trace"]
+    assert trace_id in trace_ids(heads)
+    reasons = [x for x in _records_with_headers(s, s.topic("deadletter"))]
+    assert not any(tracing.TRACEPARENT in h and b"not-a-trace" in h[tracing.TRACEPARENT] for _, h in reasons)

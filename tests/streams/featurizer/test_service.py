@@ -59,12 +59,17 @@ class Reader:
         self.c.close()
 
 
-def produce(settings: Settings, values: list[tuple[str, bytes]], topic: str | None = None) -> None:
+def produce(settings: Settings, values: list[tuple[str, bytes]], topic: str | None = None,
+            traced: bool = False) -> None:
+    """``traced``: each record with a fresh W3C traceparent header (infra/tracing.py)."""
     from confluent_kafka import Producer
+
+    from unlearn.infra.tracing import new_traceparent
 
     p = Producer(producer_config(settings))
     for key, value in values:
-        p.produce(topic or settings.topic("requests"), value=value, key=key.encode())
+        p.produce(topic or settings.topic("requests"), value=value, key=key.encode(),
+                  **({"headers": [("traceparent", new_traceparent())]} if traced else {}))
     assert p.flush(30) == 0
 
 
@@ -297,7 +302,7 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
     and the source-id rule gives the exact ledger."""
     s = settings.with_(data_dir=str(tmp_path / "data"))
     reqs, retained, accepted, reasons = workload()
-    produce(s, reqs)
+    produce(s, reqs, traced=True)
 
     class Crash(Exception):
         pass
@@ -343,6 +348,13 @@ def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, c
     assert checked  # every judged request gave a delta row or a dead letter
     for m in checked:
         assert sent.count((m.topic, m.key, m.value)) == copies, (m.topic, m.key)
+    # the re-sent outputs keep their requests' trace context (the outbox and the txn keep headers)
+    from unlearn.infra import tracing
+
+    for m in rebuilt:
+        if m.topic in (s.topic("deltas"), s.topic("receipts")):
+            assert tracing.traceparent_of(m.headers) is not None, (m.topic, m.key)
+    assert all(tracing.traceparent_of(m.headers()) is not None for m in got["deltas"])
     if crash_at != "after_produce":
         # nothing downstream was produced before the crash: every message exactly once, no re-judging
         assert dls == reasons

@@ -21,7 +21,8 @@ def rows(tag: str, labels: list[int], seed: int, sign: int = 1) -> RowsEntry:
     Q = Quantizer().quantize(l2_normalize(np.random.default_rng(seed).normal(size=(len(labels), D))))
     ids = [f"{tag}{i}" for i in range(len(labels))]
     # a delete is an event of its own: its id never reuses its add's (docs/featurizer.md, "Event ids")
-    return RowsEntry(sign, [f"ev-{'del-' if sign < 0 else ''}{i}" for i in ids], ids, ["u"] * len(labels), np.array(labels, np.int64), Q)
+    events = [f"ev-{'del-' if sign < 0 else ''}{i}" for i in ids]
+    return RowsEntry(sign, events, ids, ["u"] * len(labels), np.array(labels, np.int64), Q)
 
 
 def delta(src: int, entries: list[RowsEntry], contract: tuple[int, int] | None) -> Delta:

@@ -1,7 +1,9 @@
 package dev.unlearn.client;
 
 import java.nio.charset.StandardCharsets;
+import java.security.SecureRandom;
 import java.time.Duration;
+import java.util.HexFormat;
 import java.util.Properties;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
@@ -161,9 +163,18 @@ public final class UnlearnClient implements AutoCloseable {
 
     /**
      * Produce any request: sealed (adds, per {@link Seal}), validated and encoded, signed, keyed by
-     * subject id. A delete's receipt is registered before the request is produced.
+     * subject id, with a fresh W3C {@code traceparent} header. A delete's receipt is registered
+     * before the request is produced.
      */
     public RequestHandle send(Request req) {
+        return send(req, newTraceparent());
+    }
+
+    /**
+     * As {@link #send(Request)}, with the caller's W3C {@code traceparent} (docs/operations.md,
+     * "Traces": the stages carry it to the deltas, receipt and head update; an invalid one is ignored).
+     */
+    public RequestHandle send(Request req, String traceparent) {
         if (closed) {
             throw new ClientException("client is closed");
         }
@@ -176,6 +187,9 @@ public final class UnlearnClient implements AutoCloseable {
                     signer.keyId().getBytes(StandardCharsets.UTF_8)));
             rec.headers().add(new RecordHeader(RequestSigner.SIG_HEADER,
                     signer.signatureHeader(value).getBytes(StandardCharsets.US_ASCII)));
+        }
+        if (traceparent != null) {
+            rec.headers().add(new RecordHeader(TRACEPARENT_HEADER, traceparent.getBytes(StandardCharsets.US_ASCII)));
         }
         CompletableFuture<Receipt> receipt = null;
         ReceiptListener l = null;
@@ -204,6 +218,34 @@ public final class UnlearnClient implements AutoCloseable {
             throw new ClientException("cannot produce event '" + eventId + "': " + e, e);
         }
         return new RequestHandle(req, delivered, receipt, prefix + "receipts");
+    }
+
+    /** The W3C trace context header a request carries. */
+    public static final String TRACEPARENT_HEADER = "traceparent";
+
+    /** A fresh sampled W3C trace context, {@code 00-<trace id>-<span id>-01}, with random non-zero ids. */
+    public static String newTraceparent() {
+        SecureRandom rnd = RANDOM;
+        byte[] trace = new byte[16];
+        byte[] span = new byte[8];
+        do {
+            rnd.nextBytes(trace);
+        } while (allZero(trace));
+        do {
+            rnd.nextBytes(span);
+        } while (allZero(span));
+        return "00-" + HexFormat.of().formatHex(trace) + "-" + HexFormat.of().formatHex(span) + "-01";
+    }
+
+    private static final SecureRandom RANDOM = new SecureRandom();
+
+    private static boolean allZero(byte[] b) {
+        for (byte x : b) {
+            if (x != 0) {
+                return false;
+            }
+        }
+        return true;
     }
 
     private Request sealForTransit(Request req) {
