@@ -442,7 +442,8 @@ class FeaturizerService:
                                    lambda: group_committed(s, self.group, t.requests, self.topics.requests_partitions))
         by_head_partitions, requests_partitions = check_topics(s, self._consumer, t.requests, t.by_head,
                                                                self.config.registry_topic, t.changelog)
-        self.registry = RegistryView(s).start(wait_caught_up=s.admin_timeout)
+        # the follower rides through a broker restart itself: wait for it up to the retry deadline
+        self.registry = RegistryView(s).start(wait_caught_up=RetryPolicy.of(s).deadline_s)
         if self.auth is not None:
             self.auth.start()
         t = self.topics = replace(t, requests_id=topic_id(s, t.requests), by_head_id=topic_id(s, t.by_head),
