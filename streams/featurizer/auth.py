@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from unlearn.features.contract import FeatureRejected
 from unlearn.infra.registry import ClientRegistryView
+from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import Settings
 from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.envelope import InvalidRequest, Request
@@ -225,7 +226,8 @@ class AuthGate:
     def start(self) -> None:
         """Read the client registry to its end before judging anything (a request is never
         refused as ``unknown_client`` only because the registry was not read)."""
-        self.view = ClientRegistryView(self.settings).start(wait_caught_up=self.settings.admin_timeout)
+        # the follower rides through a broker restart itself: waited for up to the retry deadline
+        self.view = ClientRegistryView(self.settings).start(wait_caught_up=RetryPolicy.of(self.settings).deadline_s)
 
     def stop(self) -> None:
         """Stop following the registry."""

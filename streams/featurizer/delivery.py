@@ -6,6 +6,12 @@ changelog's txn and position records (phase 0) must be durable before the downst
 acknowledged (:class:`Acks` produces now and waits later, where a wait can overlap work).
 ``on_acked`` sees each acknowledged message (the shredder learns where a delete landed in
 ``deltas``).
+
+Broker faults (``infra.retry``): while a broker restarts, produced messages wait in the client's
+queue and the client sends them again itself, so a wait without its own timeout waits up to the
+policy's deadline (``UNLEARN_BROKER_RETRY_SECONDS``), then stops the featurizer with
+BrokerUnavailable (its outbox re-sends the batch on restart). A failed delivery *report* still
+raises: the client already retried that message for ``message.timeout.ms``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.streams.featurizer.cache import OutboxRow, delivered_record, outputs_of_txn
 from unlearn.streams.featurizer.model import DeliveryError, OutMessage
 
@@ -27,8 +34,9 @@ class Acks:
     other work (the router's forwards overlap the featurizer's batch, a batch's new keys its
     changelog records) while each guarantee still waits where it is needed."""
 
-    def __init__(self, producer: Any, on_acked: OnAcked | None = None, error: type[Exception] = DeliveryError) -> None:
-        self.producer, self.on_acked, self.error = producer, on_acked, error
+    def __init__(self, producer: Any, on_acked: OnAcked | None = None, error: type[Exception] = DeliveryError,
+                 policy: RetryPolicy | None = None) -> None:
+        self.producer, self.on_acked, self.error, self.policy = producer, on_acked, error, policy
         self.sent = self.acked = 0
         self.failures: list[str] = []
 
@@ -53,9 +61,14 @@ class Acks:
         return self
 
     def wait(self, timeout: float | None = None) -> int:
-        """Flush (within ``timeout`` seconds, or without bound); raise unless every message sent
-        so far was acknowledged. Returns how many were."""
-        remaining = self.producer.flush() if timeout is None else self.producer.flush(timeout)
+        """Flush (within ``timeout`` seconds; without one, the policy's deadline, BrokerUnavailable
+        past it, or without bound where there is no policy); raise unless every message sent so
+        far was acknowledged. Returns how many were."""
+        if timeout is None and self.policy is not None:
+            flush_within(self.producer, self.policy, "delivering the featurizer's outputs")
+            remaining = 0
+        else:
+            remaining = self.producer.flush() if timeout is None else self.producer.flush(timeout)
         if remaining or self.failures or self.acked != self.sent:
             raise self.error(f"{self.sent - self.acked} message(s) unacknowledged ({remaining} in the queue), "
                              f"{len(self.failures)} failed: {self.failures[:3]}")
@@ -63,10 +76,11 @@ class Acks:
 
 
 def produce_acked(producer: Any, sends: Sequence[dict[str, Any]], on_acked: OnAcked | None = None,
-                  timeout: float | None = None, error: type[Exception] = DeliveryError) -> None:
+                  timeout: float | None = None, error: type[Exception] = DeliveryError,
+                  policy: RetryPolicy | None = None) -> None:
     """Produce each ``Producer.produce`` keyword set in order and flush (within ``timeout``
-    seconds, or without bound); raise ``error`` unless every message was acknowledged."""
-    Acks(producer, on_acked, error).send(sends).wait(timeout)
+    seconds, or as :meth:`Acks.wait`); raise ``error`` unless every message was acknowledged."""
+    Acks(producer, on_acked, error, policy).send(sends).wait(timeout)
 
 
 def produce_kwargs(m: OutMessage | OutboxRow) -> dict[str, Any]:
@@ -81,25 +95,27 @@ def produce_kwargs(m: OutMessage | OutboxRow) -> dict[str, Any]:
 
 
 def deliver_phases(producer: Any, messages: Sequence[OutMessage | OutboxRow],
-                   after_phase: Callable[[int], None] | None = None, on_acked: OnAcked | None = None) -> None:
+                   after_phase: Callable[[int], None] | None = None, on_acked: OnAcked | None = None,
+                   policy: RetryPolicy | None = None) -> None:
     """Produce in order, phase by phase (phase 0, the changelog's txn and position records, is
     flushed and fully acknowledged before phase 1 is sent); raise unless every message was
     acknowledged."""
     for phase in sorted({m.phase for m in messages}):
-        produce_acked(producer, [produce_kwargs(m) for m in messages if m.phase == phase], on_acked)
+        produce_acked(producer, [produce_kwargs(m) for m in messages if m.phase == phase], on_acked, policy=policy)
         if after_phase is not None:
             after_phase(phase)
 
 
 def deliver_overlapped(producer: Any, messages: Sequence[OutMessage | OutboxRow],
-                       after_phase: Callable[[int], None] | None = None, on_acked: OnAcked | None = None) -> Acks:
+                       after_phase: Callable[[int], None] | None = None, on_acked: OnAcked | None = None,
+                       policy: RetryPolicy | None = None) -> Acks:
     """As :func:`deliver_phases`, but the last phase is only sent: its :class:`Acks` are returned
     for the caller to await before anything that depends on them (the batch's outbox delete, the
     next batch's phase 0). Why: phase 1's round trip then overlaps the next batch's polling and
     judging instead of adding to every batch."""
     phases = sorted({m.phase for m in messages}) or [0]
-    deliver_phases(producer, [m for m in messages if m.phase != phases[-1]], after_phase, on_acked)
-    last = Acks(producer, on_acked).send([produce_kwargs(m) for m in messages if m.phase == phases[-1]])
+    deliver_phases(producer, [m for m in messages if m.phase != phases[-1]], after_phase, on_acked, policy)
+    last = Acks(producer, on_acked, policy=policy).send([produce_kwargs(m) for m in messages if m.phase == phases[-1]])
     # Serves delivery reports; it does not beat linger.ms (librdkafka drops the flush's "no linger"
     # flag when the call returns), which is why the featurizer's producer has linger.ms=0.
     producer.flush(0)
@@ -121,26 +137,29 @@ class Delivery:
     """The featurizer's producer as the router, the batch processor and the partitions share it:
     forwards sent now and awaited later, outbox messages delivered phase by phase, and the
     changelog's ``delivered`` marks. ``on_acked`` sees every acknowledged message (the shredder
-    learns where a delete landed in ``deltas``)."""
+    learns where a delete landed in ``deltas``). ``policy``: every wait is bounded by its deadline
+    (module docstring)."""
 
-    def __init__(self, producer: Any, changelog_topic: str | None, on_acked: OnAcked | None = None) -> None:
+    def __init__(self, producer: Any, changelog_topic: str | None, on_acked: OnAcked | None = None,
+                 policy: RetryPolicy | None = None) -> None:
         self.producer = producer
         self.changelog_topic = changelog_topic
         self.on_acked = on_acked
+        self.policy = policy
 
     def send(self, sends: Sequence[dict[str, Any]]) -> Acks:
         """Produce ``Producer.produce`` keyword sets now; await the returned :class:`Acks` later."""
-        return Acks(self.producer, self.on_acked).send(sends)
+        return Acks(self.producer, self.on_acked, policy=self.policy).send(sends)
 
     def deliver(self, messages: Sequence[OutMessage | OutboxRow],
                 after_phase: Callable[[int], None] | None = None) -> None:
         """Every phase produced and acknowledged (:func:`deliver_phases`)."""
-        deliver_phases(self.producer, messages, after_phase, self.on_acked)
+        deliver_phases(self.producer, messages, after_phase, self.on_acked, self.policy)
 
     def deliver_overlapped(self, messages: Sequence[OutMessage | OutboxRow],
                            after_phase: Callable[[int], None] | None = None) -> Acks:
         """Every phase but the last acknowledged; the last one's acks returned (:func:`deliver_overlapped`)."""
-        return deliver_overlapped(self.producer, messages, after_phase, self.on_acked)
+        return deliver_overlapped(self.producer, messages, after_phase, self.on_acked, self.policy)
 
     def mark_delivered(self, partition: int, generation: int) -> None:
         """Tell a future owner generation ``generation`` needs no re-send (best effort, not awaited:

@@ -121,6 +121,7 @@ before the current one's ``use_until``, so a producer always finds a valid key).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -145,7 +146,7 @@ from unlearn.infra.between_stages import (
     transit_private_family,
 )
 from unlearn.infra.log_position import log_ends, watermarks
-from unlearn.infra.retry import RetryPolicy
+from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, is_retriable, kafka_error
 from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, key_family_config
@@ -532,9 +533,10 @@ class KeyStore:
     def load(self, partition: int) -> None:
         """Take partition ``partition`` over: read its newest complete generation (creating
         generation 0 if there is none); newer incomplete ones are deleted after the grace period."""
-        topics = list(RetryPolicy.of(self.settings).call("listing topics", lambda: self.admin.list_topics(
-            timeout=self.settings.admin_timeout)).topics)
-        gen = read_partition_keys(self.settings, self.family, topics, partition, role="featurizer")
+        def read() -> tuple[list[str], KeyGeneration | None]:  # listing and reading again together, a new reader
+            names = list(self.admin.list_topics(timeout=self.settings.admin_timeout).topics)
+            return names, read_partition_keys(self.settings, self.family, names, partition, role="featurizer")
+        topics, gen = RetryPolicy.of(self.settings).call(f"reading the keys of partition {partition}", read)
         if gen is None:
             topic = self.family.topic(partition, 0)
             self._ensure(topic)
@@ -678,18 +680,19 @@ class KeyStore:
         if not due:
             return []
         self.retiring = [(at, names) for at, names in self.retiring if not (force or at <= now)]
-        try:
-            delete_topics(self.settings, due, admin=self.admin)
-        except TopicError as exc:
+        try:  # infra.retry: deleting a topic again is harmless (a missing one is not an error)
+            RetryPolicy.of(self.settings).call("deleting superseded key generations",
+                                               lambda: delete_topics(self.settings, due, admin=self.admin))
+        except (TopicError, BrokerUnavailable) as exc:
             log.warning("could not delete superseded key generations %s: %s", due, exc)
             return []
         return due
 
     # ------------------------------------------------------------------ I/O
     def _ensure(self, topic: str) -> None:
-        try:
-            ensure_topic(self.settings, topic, compacted=True, admin=self.admin,
-                         config=key_family_config(self.settings))
+        try:  # infra.retry: creating a topic that exists is no error
+            RetryPolicy.of(self.settings).call(f"creating {topic}", lambda: ensure_topic(
+                self.settings, topic, compacted=True, admin=self.admin, config=key_family_config(self.settings)))
         except TopicError as exc:
             raise KeyStoreError(str(exc)) from None
 
@@ -1075,7 +1078,8 @@ class Erasure:
             md = c.list_topics(timeout=self.settings.admin_timeout).topics.get(self.deltas_topic)
             parts = [(self.deltas_topic, q) for q in sorted(md.partitions if md is not None else [])]
             return {q: end for (_, q), end in log_ends(self.settings, c, parts).items()}
-        result: dict[int, int] = run_with_consumers(self._new_consumer, read)
+        result: dict[int, int] = RetryPolicy.of(self.settings).call(  # a read: new consumers per try
+            "reading the ends of deltas", lambda: run_with_consumers(self._new_consumer, read))
         return result
 
     def tick(self, caches: Mapping[int, Any], force: bool = False) -> int:
@@ -1171,6 +1175,7 @@ class Trimmer:
         self.stats = {"trims": 0, "records": 0, "failures": 0}
         self._next = time.monotonic() + self.every
         self._offered: list[TP] | None = None
+        self.fatal: BaseException | None = None  # a non-transient broker error: raised by the poll loop (check)
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="featurizer-trim", daemon=True)
@@ -1196,11 +1201,31 @@ class Trimmer:
                 tps, self._offered = self._offered, None
                 if self._closed or tps is None:
                     return
-            try:
-                self.trim(tps)
-            except Exception as exc:  # retried next period: it delays erasure, never correctness
+            try:  # infra.retry: DeleteRecords is idempotent, a new admin client and readers per try
+                RetryPolicy.of(self.settings).call("raw-input trim", functools.partial(self.trim, tps),
+                                                   on_retry=self._renew)
+            except Exception as exc:  # transient past the deadline: retried next period (delays erasure only)
                 self.stats["failures"] += 1
+                if not isinstance(exc, BrokerUnavailable) and kafka_error(exc) is not None and not is_retriable(exc):
+                    self.fatal = exc  # authorization, configuration: the featurizer stops (check)
+                    log.error("raw-input trim failed: %s", exc)
+                    return
                 log.warning("raw-input trim failed (retried in %.1fs): %s", self.every, exc)
+
+    def check(self) -> None:
+        """Raise the trim's fatal error on the caller's thread (the poll loop), if there was one."""
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _renew(self) -> None:
+        """Before a new try: a new admin client and new offset readers (ones that met a restart
+        may keep stale metadata, infra.retry)."""
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient(admin_config(self.settings))
+        readers, self._readers = self._readers, {}
+        for c in readers.values():
+            c.close()
 
     def committed(self, partitions: Iterable[TP]) -> dict[str, dict[TP, int]]:
         """group -> (topic, partition) -> committed offset on ``partitions``, for every consumer

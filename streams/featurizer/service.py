@@ -22,6 +22,11 @@ finish delivering the changelog's last batch), or upload a local cache the chang
 the partition is sought to (cache's recorded offset + 1), after checking the cache belongs to
 these topics. Re-produced deltas carry the same ``source_id`` as the first copy, so the ledger
 skips a duplicate.
+
+**Broker faults** (``infra.retry``, docs/featurizer.md): every read of assignment (the changelog's
+position and restore, committed offsets, log bounds), the topic checks and the deliveries run
+under the one retry policy; each is a read, or a re-send the outbox and the ledger's source ids
+make harmless, so asking again is safe. Offset commits stay as they are (recovery never reads them).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 
 from unlearn.infra.log_position import StaleStateError, check_resume, log_bounds, topic_id
 from unlearn.infra.registry import RegistryView
+from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.infra.worker_metrics import WorkerMetrics
@@ -101,6 +107,7 @@ class Partitions:
         self.erasure = erasure
         self.stats = stats
         self.caches: dict[int, FeatureCache] = {}
+        self.retry = RetryPolicy.of(settings)  # the broker reads of assignment (module docstring)
         self._reader = ChangelogReader(settings, topics.changelog) if topics.changelog else None
 
     def assign(self, consumer: Any, partitions: Sequence[Any]) -> None:
@@ -151,7 +158,8 @@ class Partitions:
                                origin_ends: dict[int, int]) -> None:
         """Local cache vs changelog (``resume_plan``): continue, rebuild, seed or start fresh."""
         p = tp.partition
-        latest, delivered = reader.latest_position(p)
+        latest, delivered = self.retry.call(f"reading the changelog position of partition {p}",
+                                            lambda: reader.latest_position(p))  # a new reader per try
         plan = resume_plan(cache.local_position(), latest)
         folded = self._rebuild(p, cache, reader) if plan == "rebuild" else None
         if cache.applied_offset < 0:
@@ -174,7 +182,9 @@ class Partitions:
     def _rebuild(self, p: int, cache: FeatureCache, reader: ChangelogReader) -> FoldedChangelog:
         """The cache becomes the changelog's copy (refused if the changelog belongs to another topic)."""
         t0 = time.monotonic()
-        folded = reader.restore(p, self.erasure.opener(p) if self.erasure is not None else None)
+        opener = self.erasure.opener(p) if self.erasure is not None else None
+        folded = self.retry.call(f"restoring partition {p} from {self.topics.changelog}",
+                                 lambda: reader.restore(p, opener))  # read again from the start, a new reader
         pos = folded.position
         if pos is None:
             raise FeaturizerError(f"partition {p}: changelog position vanished while rebuilding")
@@ -238,7 +248,8 @@ class Partitions:
     def _check_not_lost(self, consumer: Any, p: int, what: str, fix: str) -> None:
         from confluent_kafka import TopicPartition
 
-        committed = consumer.committed([TopicPartition(self.topics.by_head, p)], timeout=self.settings.admin_timeout)
+        committed = self.retry.call(f"reading the committed offset of partition {p}", lambda: consumer.committed(
+            [TopicPartition(self.topics.by_head, p)], timeout=self.settings.admin_timeout))
         if committed and committed[0].offset > 0:
             raise LostCacheError(
                 f"partition {p}: {what}, but group {self.group!r} committed offset {committed[0].offset}: deletes "
@@ -251,13 +262,17 @@ class Partitions:
         topics (``_check_routing``); else StaleStateError."""
         off = cache.applied_offset
         next_offset = off + 1 if off >= 0 else None
-        low, end = log_bounds(self.settings, consumer, self.topics.by_head, partition, next_offset or 0)
+        low, end = self._log_bounds(consumer, self.topics.by_head, partition, next_offset or 0)
         start = check_resume(f"feature cache {cache.path} (partition {partition})", next_offset, cache.topic_id,
                              self.topics.by_head_id, low, end, _STALE_FIX)
         self._check_routing(consumer, partition, cache, origin_ends)
         cache.bind_topic_id(self.topics.by_head_id)
         cache.bind_routing(self.topics.requests_id, self.topics.by_head_partitions)
         return start
+
+    def _log_bounds(self, consumer: Any, topic: str, partition: int, at_least: int) -> tuple[int, int]:
+        return self.retry.call(f"reading the bounds of {topic}/{partition}",
+                               lambda: log_bounds(self.settings, consumer, topic, partition, at_least))
 
     def _check_routing(self, consumer: Any, partition: int, cache: FeatureCache, origin_ends: dict[int, int]) -> None:
         """The cache's routing state must belong to these topics: heads routed by the same
@@ -274,7 +289,7 @@ class Partitions:
                                   f"{t.requests} now has id {t.requests_id} (recreated): {_STALE_FIX}")
         for p, last in sorted(cache.origin_offsets().items()):
             if origin_ends.get(p, -1) < last + 1:
-                origin_ends[p] = log_bounds(self.settings, consumer, t.requests, p, last + 1)[1]
+                origin_ends[p] = self._log_bounds(consumer, t.requests, p, last + 1)[1]
             if origin_ends[p] < last + 1:
                 raise StaleStateError(f"{what} judged {t.requests}/{p} up to offset {last}, but the log ends "
                                       f"at {origin_ends[p]} (truncated, recreated or a different broker): refusing to "
@@ -288,15 +303,21 @@ def check_topics(settings: Settings, consumer: Any, requests_topic: str, routed_
     topic would be auto-created by tansu with 4 partitions. The requests topic must exist; its
     by-head topic is created if missing (with the requests topic's partition count); the head
     registry must exist; the changelog must exist (never auto-created) with a partition per
-    by-head partition. FeaturizerError otherwise."""
-    md = consumer.list_topics(timeout=settings.admin_timeout)  # all topics: never creates one
+    by-head partition. FeaturizerError otherwise. The listings run under ``infra.retry``: a broker
+    restarting is waited for, never taken for a missing topic."""
+    retry = RetryPolicy.of(settings)
+
+    def listing() -> Any:  # all topics: never creates one
+        return retry.call("listing topics", lambda: consumer.list_topics(timeout=settings.admin_timeout))
+    md = listing()
     req = md.topics.get(requests_topic)
     if req is None or req.error is not None or not req.partitions:
         raise FeaturizerError(f"requests topic {requests_topic!r} is missing: run `unlearn topics create`")
     routed = md.topics.get(routed_topic)
     if routed is None or routed.error is not None or not routed.partitions:
-        ensure_topic(settings, routed_topic, partitions=len(req.partitions), config=raw_input_config(settings))
-        md = consumer.list_topics(timeout=settings.admin_timeout)
+        retry.call(f"creating {routed_topic}", lambda: ensure_topic(
+            settings, routed_topic, partitions=len(req.partitions), config=raw_input_config(settings)))
+        md = listing()
         routed = md.topics[routed_topic]
     route_partitions, request_partitions = len(routed.partitions), len(req.partitions)
     reg = md.topics.get(registry_topic)
@@ -421,14 +442,16 @@ class FeaturizerService:
                                    lambda: group_committed(s, self.group, t.requests, self.topics.requests_partitions))
         by_head_partitions, requests_partitions = check_topics(s, self._consumer, t.requests, t.by_head,
                                                                self.config.registry_topic, t.changelog)
-        self.registry = RegistryView(s).start(wait_caught_up=s.admin_timeout)
+        # the follower rides through a broker restart itself: wait for it up to the retry deadline
+        self.registry = RegistryView(s).start(wait_caught_up=RetryPolicy.of(s).deadline_s)
         if self.auth is not None:
             self.auth.start()
         t = self.topics = replace(t, requests_id=topic_id(s, t.requests), by_head_id=topic_id(s, t.by_head),
                                   by_head_partitions=by_head_partitions, requests_partitions=requests_partitions)
         if quirks(s).delete_records and t.changelog is not None and ErasureSettings.of(s).trim_every_seconds > 0:
             self.trimmer = Trimmer(s, self.group, (t.requests, t.by_head))  # a federated cache has no changelog
-        delivery = Delivery(self._producer, t.changelog, self.erasure.delivered if self.erasure is not None else None)
+        delivery = Delivery(self._producer, t.changelog, self.erasure.delivered if self.erasure is not None else None,
+                            RetryPolicy.of(s))
         self.router = Router(t.origin_stream, t.by_head, t.by_head_partitions, delivery)
         self.partitions = Partitions(s, t, group=self.group, stream_dir=self.stream_dir,
                                      client_id=self.config.client_id, delivery=delivery, erasure=self.erasure,
@@ -455,6 +478,8 @@ class FeaturizerService:
             self.batches.settle()
         if self.erasure is not None:
             self.erasure.tick(self.partitions.caches)
+        if self.trimmer is not None:
+            self.trimmer.check()
         if self.trimmer is not None and self.trimmer.due():
             self.trimmer.offer(self._consumer.assignment())
 

@@ -30,3 +30,17 @@ def test_acks_count_only_their_own_messages_and_raise_on_any_failure(settings: S
     with pytest.raises(DeliveryError, match=r"2 message\(s\) unacknowledged .* 2 failed"):
         bad.wait(30)
     assert Acks(producer).wait() == 0  # nothing sent, nothing owed
+
+
+def test_a_wait_without_timeout_rides_out_the_broker_up_to_the_retry_deadline() -> None:
+    """With the retry policy (infra.retry), a wait without its own timeout is bounded by the
+    deadline: messages the broker has not acknowledged yet are waited for (a restart), and past
+    the deadline the featurizer stops with BrokerUnavailable rather than waiting forever."""
+    from confluent_kafka import Producer
+
+    from unlearn.infra.retry import BrokerUnavailable, RetryPolicy
+
+    nowhere = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 60_000})
+    acks = Acks(nowhere, policy=RetryPolicy(deadline_s=1.0)).send([{"topic": "t", "value": b"v", "partition": 0}])
+    with pytest.raises(BrokerUnavailable, match="1 messages not delivered"):
+        acks.wait()

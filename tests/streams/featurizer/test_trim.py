@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from tests.streams.featurizer.test_service import (
 )
 from unlearn.infra.settings import Settings, admin_config, consumer_config, quirks
 from unlearn.infra.topic_reader import read_topic
-from unlearn.streams.featurizer.erasure import trim_bounds
+from unlearn.streams.featurizer.erasure import Trimmer, trim_bounds
 
 SECRET = [0.7318237412, -0.2918374619, 0.4129387123, -0.1837461928, 0.3128374619]
 NEEDLE = repr(SECRET[0])[:10].encode()
@@ -128,3 +129,30 @@ def test_plaintext_inputs_leave_both_raw_topics_once_taken_over(settings: Settin
                 run.thread.join(30)
     rows = q_rows(got_msgs["deltas"])
     assert rows[(-1, "x1")] == rows[(1, "x1")] and not got_msgs["deadletter"]
+
+
+def test_a_transient_trim_error_is_asked_again_and_a_fatal_one_stops_the_poll_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """infra.retry on the trim's thread: a transport error is tried again at once (with a new
+    admin client), an authorization error is kept for the poll loop (``check``) to raise."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    calls: list[int] = []
+
+    def trim(self: Trimmer, partitions: object) -> int:
+        calls.append(1)
+        code = KafkaError._TRANSPORT if len(calls) == 1 else KafkaError.TOPIC_AUTHORIZATION_FAILED
+        raise KafkaException(KafkaError(code))
+    monkeypatch.setattr(Trimmer, "trim", trim)
+    t = Trimmer(Settings.from_env(bootstrap="127.0.0.1:9", admin_timeout=1.0), "g", ("r",))  # never connected to
+    try:
+        t.check()  # nothing yet
+        t.offer([TopicPartition("r", 0)])
+        deadline = time.monotonic() + 10
+        while t.fatal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(calls) == 2 and t.stats["failures"] == 1
+        with pytest.raises(KafkaException, match="AUTHORIZATION"):
+            t.check()
+    finally:
+        t.close()

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.broker_restart_support import Restarter, restart_cluster
 from tests.streams.ledger.test_worker import Stream, assert_final_heads_exact, produce, worker_settings
 from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.settings import Settings
@@ -39,49 +39,7 @@ pytestmark = pytest.mark.broker
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    # die_with_parent=False: the node is started again from short-lived threads
-    c = LocalKafka(1, data_dir=tmp_path_factory.mktemp("kafka-restart"), die_with_parent=False).start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-def _restart_in_background(cluster: LocalKafka, down_s: float) -> threading.Thread:
-    """kill -9 the node now; start it again from its data dir after ``down_s``."""
-    cluster.kill_node(1)
-    t = threading.Thread(target=lambda: (time.sleep(down_s), cluster.start_node(1)), daemon=True)
-    t.start()
-    return t
-
-
-class Restarter:
-    """Wraps one method of the worker: its ``nth`` call with work to do (``busy``), once ``armed``,
-    restarts the broker first."""
-
-    def __init__(self, cluster: LocalKafka, owner: Any, name: str, nth: int = 1,
-                 busy: Callable[..., bool] = lambda *a, **k: True) -> None:
-        self.cluster, self.nth, self.calls = cluster, nth, 0
-        self.armed = False
-        self.restarts: list[threading.Thread] = []
-        original: Callable[..., Any] = getattr(owner, name)
-
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self.armed and not self.restarts and busy(*args, **kwargs):
-                self.calls += 1
-                if self.calls == self.nth:
-                    self.restarts.append(_restart_in_background(self.cluster, 1.5))
-            return original(*args, **kwargs)
-        setattr(owner, name, wrapped)
-
-    def wait_done(self, timeout: float = 120.0) -> None:
-        """Until the step under test restarted the broker, and the node is back."""
-        deadline = time.monotonic() + 60.0
-        while not self.restarts and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert self.restarts, "the broker was never restarted in the step under test"
-        self.restarts[0].join(timeout)
-        assert not self.restarts[0].is_alive()
+    yield from restart_cluster(tmp_path_factory.mktemp("kafka-restart"))
 
 
 @contextlib.contextmanager
