@@ -303,9 +303,15 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
            "featurized_s": t_featurized - t0, "featurizer_events_per_s": n / (t_featurized - t0),
            "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0), "featurizer_cpu_us_per_add": 1e6 * cpu / n}
     if count_topics:
-        res["per_add"] = topic_bytes.per_add(topic_bytes.written(s, before, topic_bytes.snapshot(s)), n)
-        print("  written per add (records, bytes): " + "; ".join(
-            f"{t} {v['records']:.3f}, {v['bytes']:,.0f}" for t, v in res["per_add"].items()), flush=True)
+        counts = topic_bytes.written(s, before, topic_bytes.snapshot(s))
+        req = counts.get("requests")
+        if req is not None and req["estimated"]:  # trimmed meanwhile: what this benchmark produced
+            req.update(bytes=sum(len(k) + len(v) for k, v in msgs) * req["records"] / n, estimated=False)
+        res["per_add"] = topic_bytes.per_add(counts, n)
+        print("  written per add (records, bytes; ~: bytes estimated from the records left after trimming): " +
+              "; ".join(f"{t} {v['records']:.3f}, {'~' if v['estimated'] else ''}"
+                        f"{'?' if v['bytes'] is None else format(v['bytes'], ',.0f')}"
+                        for t, v in res["per_add"].items()), flush=True)
     return res
 
 
@@ -348,7 +354,7 @@ def summary(out: dict[str, Any]) -> None:
             continue
         us = 0.0
         for t, v in r["per_add"].items():
-            if t == "(all)" or not v["records"]:
+            if t == "(all)" or not v["records"] or v["bytes"] is None:
                 continue
             size = v["bytes"] / v["records"]
             cost = np.polyval(fit["us_per_produce"], size)
