@@ -1,7 +1,8 @@
 """End-to-end pipeline benchmark on the local broker: throughput and delete-to-head latency.
 
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
-                                   [--encodings json,f64,f32 | --binary] [--json PATH]
+                                   [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
+                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -18,6 +19,12 @@ worker as real processes (as `make demo` does), then:
    slowest tenth, each one's hops (featurizer, ledger, delivery) and whether an exact head (a
    ledger reset) was published while it waited;
 3. the same for a burst (all deletes produced at once), where queueing dominates.
+With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
+``--ceiling-sizes`` produced, acknowledged and read back) is measured first on the same broker;
+each throughput run then also prints the records and bytes it wrote per add per topic
+(``bench.topic_bytes``), the featurizer process's CPU time per add, and its rate as a fraction of
+the broker's bound for those writes. ``--cpu-dims`` adds ``--cpu-n`` ``<f4`` adds per d, each on a
+head of its own, for the featurizer's CPU per add at each d.
 Then the featurizer's backbone throughput (text, image) from bench.featurizer_bench. Prints the
 machine and settings with the numbers; asserts nothing.
 """
