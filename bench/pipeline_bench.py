@@ -1,7 +1,8 @@
 """End-to-end pipeline benchmark on the local broker: throughput and delete-to-head latency.
 
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
-                                   [--encodings json,f64,f32 | --binary] [--json PATH]
+                                   [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
+                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -18,6 +19,12 @@ worker as real processes (as `make demo` does), then:
    slowest tenth, each one's hops (featurizer, ledger, delivery) and whether an exact head (a
    ledger reset) was published while it waited;
 3. the same for a burst (all deletes produced at once), where queueing dominates.
+With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
+``--ceiling-sizes`` produced, acknowledged and read back) is measured first on the same broker;
+each throughput run then also prints the records and bytes it wrote per add per topic
+(``bench.topic_bytes``), the featurizer process's CPU time per add, and its rate as a fraction of
+the broker's bound for those writes. ``--cpu-dims`` adds ``--cpu-n`` ``<f4`` adds per d, each on a
+head of its own, for the featurizer's CPU per add at each d.
 Then the featurizer's backbone throughput (text, image) from bench.featurizer_bench. Prints the
 machine and settings with the numbers; asserts nothing.
 """
@@ -39,6 +46,7 @@ import numpy as np
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench import topic_bytes
 from unlearn.infra.between_stages import heads_family
 from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
@@ -136,6 +144,20 @@ def request(i: int, op: str, head: str, f: np.ndarray | None = None, y: int = 0,
     return subject.encode(), orjson.dumps(body)
 
 
+def settings_of(s: Settings, names: tuple[str, ...]) -> dict[str, Any]:
+    """The named settings, from ``s`` or from its featurizer / ledger sections."""
+    from unlearn.streams.featurizer.settings import FeaturizerSettings
+    from unlearn.streams.ledger.settings import LedgerSettings
+
+    out: dict[str, Any] = {}
+    for k in names:
+        for src in (s, FeaturizerSettings.of(s), LedgerSettings.of(s)):
+            if hasattr(src, k):
+                out[k] = getattr(src, k)
+                break
+    return out
+
+
 def percentiles(xs: list[float]) -> dict[str, float]:
     a = np.array(xs) * 1000
     return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
@@ -153,10 +175,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
         s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="bench.", data_dir=tmp,
                               publish_posterior=args.posterior, profile=args.engine)
-        out["config"]["settings"] = {k: getattr(s, k) for k in (
+        out["config"]["settings"] = settings_of(s, (
             "partitions", "batch_max_events", "batch_max_ms", "checkpoint_every_messages",
-            "checkpoint_every_seconds", "reset_every_events", "reset_every_seconds", "publish_posterior")}
+            "checkpoint_every_seconds", "reset_every_events", "reset_every_seconds", "publish_posterior"))
         create_topics(s)
+        if args.ceiling:
+            out["ceiling"] = ceiling(s, args)
         procs = [ServiceProcess("featurizer", ["featurizer"], s, tmp).start(),
                  ServiceProcess("ledger", ["ledger"], s, tmp).start()]
         w = Watcher(s, head)
@@ -167,8 +191,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             X = rng.normal(size=(args.n, args.dim))
             y = rng.integers(0, args.classes, args.n)
             out["throughput"] = {}
+            fz = procs[0].proc.pid if procs[0].proc is not None else None
             for enc in encodings:
-                out["throughput"][enc] = throughput(p, s, w, f"bench-{enc}", FEATURES_ENCODINGS[enc], X, y, args)
+                out["throughput"][enc] = throughput(p, s, w, f"bench-{enc}", FEATURES_ENCODINGS[enc], X, y, args,
+                                                    featurizer_pid=fz)
+            out["cpu_per_add"] = {}
+            for d in [int(x) for x in args.cpu_dims.split(",") if x]:
+                Xd = rng.normal(size=(args.cpu_n, d))
+                yd = rng.integers(0, args.classes, args.cpu_n)
+                out["cpu_per_add"][d] = throughput(p, s, w, f"bench-cpu{d}", "<f4", Xd, yd, args,
+                                                   featurizer_pid=fz, count_topics=False)
+            if "ceiling" in out:
+                summary(out)
 
             def deletes(ids: list[int], gap: float) -> dict[str, Any]:
                 sent: dict[str, float] = {}
@@ -236,7 +270,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | None, X: np.ndarray,
-               y: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+               y: np.ndarray, args: argparse.Namespace, featurizer_pid: int | None = None,
+               count_topics: bool = True) -> dict[str, Any]:
     """Adds of every row of ``X`` to a new ``head`` (after one warm-up add that creates it):
     from the first produce to the head covering them all (end to end), and to the last delta
     covering them (the featurizer's part). Messages are built before timing."""
@@ -246,6 +281,8 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     p.flush()
     w.wait(lambda: head in w.n_retained, 120)
     msgs = [request(i, "add", head, X[i], int(y[i]), dtype) for i in range(n)]
+    before = topic_bytes.snapshot(s) if count_topics else {}
+    cpu0 = topic_bytes.cpu_seconds(featurizer_pid) if featurizer_pid else 0.0
     t0 = time.time()
     for key, val in msgs:
         while True:
@@ -261,14 +298,84 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     t_done = time.time()
     w.wait(lambda: all(f"{head}.add{i}" in w.delta_ts for i in range(n)), 60)
     t_featurized = max(w.delta_ts[f"{head}.add{i}"] for i in range(n))  # broker timestamps: same host clock
+    # the featurizer's CPU for these adds (it idles at ~2% of a core meanwhile: counted too)
+    cpu = topic_bytes.cpu_seconds(featurizer_pid) - cpu0 if featurizer_pid else float("nan")
     name = "JSON numbers" if dtype is None else f"features_bin {dtype}"
     size = float(np.mean([len(v) for _, v in msgs]))
-    print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={args.dim}, c={args.classes}: "
+    print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={X.shape[1]}, c={args.classes}: "
           f"{n / (t_done - t0):,.0f} events/s end to end ({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s, "
-          f"featurized in {t_featurized - t0:.1f} s: {n / (t_featurized - t0):,.0f} events/s)", flush=True)
-    return {"events": n, "dtype": dtype, "bytes_per_request": size, "produce_s": t_produced - t0,
-            "featurized_s": t_featurized - t0, "featurizer_events_per_s": n / (t_featurized - t0),
-            "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0)}
+          f"featurized in {t_featurized - t0:.1f} s: {n / (t_featurized - t0):,.0f} events/s); "
+          f"featurizer CPU {1e6 * cpu / n:,.0f} µs/add", flush=True)
+    res = {"events": n, "dim": X.shape[1], "dtype": dtype, "bytes_per_request": size, "produce_s": t_produced - t0,
+           "featurized_s": t_featurized - t0, "featurizer_events_per_s": n / (t_featurized - t0),
+           "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0), "featurizer_cpu_us_per_add": 1e6 * cpu / n}
+    if count_topics:
+        counts = topic_bytes.written(s, before, topic_bytes.snapshot(s))
+        req = counts.get("requests")
+        if req is not None and req["estimated"]:  # trimmed meanwhile: what this benchmark produced
+            req.update(bytes=sum(len(k) + len(v) for k, v in msgs) * req["records"] / n, estimated=False)
+        res["per_add"] = topic_bytes.per_add(counts, n)
+        print("  written per add (records, bytes; ~: bytes estimated from the records left after trimming): " +
+              "; ".join(f"{t} {v['records']:.3f}, {'~' if v['estimated'] else ''}"
+                        f"{'?' if v['bytes'] is None else format(v['bytes'], ',.0f')}"
+                        for t, v in res["per_add"].items()), flush=True)
+    return res
+
+
+def ceiling(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    """The broker's one-hop ceiling (bench.broker_ceiling) on this run's broker, before the services
+    start: produce (acknowledged) and consume rates for messages of the pipeline's sizes."""
+    from bench.broker_ceiling import consume_rate, produce_rate
+
+    out: dict[str, Any] = {"loadavg": os.getloadavg(), "sizes": {}}
+    for size in [int(x) for x in args.ceiling_sizes.split(",")]:
+        logical = f"ceiling{size}"
+        create_topics(s, extra=[logical])
+        prod = produce_rate(s, s.topic(logical), args.ceiling, size, 5)
+        cons = consume_rate(s, s.topic(logical), s.partitions, args.ceiling)
+        out["sizes"][size] = {"produce_per_s": prod, "consume_per_s": cons,
+                              "us_per_produce": 1e6 / prod, "us_per_consume": 1e6 / cons}
+        print(f"broker ceiling, {size:,} B messages ({args.ceiling} per run): produce {prod:,.0f}/s (acked), "
+              f"consume {cons:,.0f}/s: {1e6 / prod + 1e6 / cons:.1f} µs of the box per produce + consume",
+              flush=True)
+    return out
+
+
+# topics read back by a consumer on an add's path (router, featurizer, ledger, the bench's follower)
+CONSUMED = frozenset({"requests", "requests.by-head", "deltas"})
+
+
+def summary(out: dict[str, Any]) -> None:
+    """Each encoding's rate as a fraction of the broker's ceiling: (1) of one produce + one consume of
+    its request (a hop), (2) of what its records per add cost the broker (per-message cost fitted
+    linearly in bytes from the ceiling's sizes; every record produced, those of CONSUMED read once)."""
+    sizes = sorted(out["ceiling"]["sizes"].items())
+    b = np.array([float(k) for k, _ in sizes])
+    fit = {}
+    for key in ("us_per_produce", "us_per_consume"):
+        v = np.array([r[key] for _, r in sizes])
+        fit[key] = np.polyfit(b, v, 1) if len(b) > 1 else np.array([0.0, v[0]])
+    out["ceiling"]["fit_us"] = {k: list(map(float, f)) for k, f in fit.items()}
+    for enc, r in out["throughput"].items():
+        if "per_add" not in r:
+            continue
+        us = 0.0
+        for t, v in r["per_add"].items():
+            if t == "(all)" or not v["records"] or v["bytes"] is None:
+                continue
+            size = v["bytes"] / v["records"]
+            cost = np.polyval(fit["us_per_produce"], size)
+            if t in CONSUMED:
+                cost += np.polyval(fit["us_per_consume"], size)
+            us += v["records"] * max(float(cost), 0.0)
+        hop = np.polyval(fit["us_per_produce"], r["bytes_per_request"]) + np.polyval(
+            fit["us_per_consume"], r["bytes_per_request"])
+        r["bound_adds_per_s"] = 1e6 / us
+        r["one_hop_per_s"] = 1e6 / float(hop)
+        print(f"{enc}: {r['events_per_s']:,.0f} adds/s end to end = {r['events_per_s'] / r['bound_adds_per_s']:.0%} of "
+              f"the broker bound for its writes ({us:.0f} µs of the box per add: {r['bound_adds_per_s']:,.0f} adds/s), "
+              f"{r['events_per_s'] / r['one_hop_per_s']:.0%} of one request hop ({r['one_hop_per_s']:,.0f}/s)",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,6 +394,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--binary", action="store_true", help="shorthand for --encodings json,f64 (side by side)")
     ap.add_argument("--engine", choices=ENGINES, default="tansu",
                     help="the local broker: tansu (embedded, memory) or kafka (Apache Kafka, one node; make kafka)")
+    ap.add_argument("--ceiling", type=int, default=0,
+                    help="first measure the broker's one-hop ceiling with this many messages per size")
+    ap.add_argument("--ceiling-sizes", default="4400,6300,15300", help="message sizes for --ceiling, bytes")
+    ap.add_argument("--cpu-dims", default="", help="comma list of d: the featurizer's CPU per <f4 add at each")
+    ap.add_argument("--cpu-n", type=int, default=1000, help="adds per --cpu-dims run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.binary:

@@ -4,15 +4,16 @@ JSON parsers disagree on ``{"head_id": "a", "head_id": "b"}`` (RFC 8259 leaves i
 orjson and Python keep the last value, others the first or refuse), and ``"head\\u005fid"`` is the
 same name written otherwise. A request whose meaning depends on which parser reads it is refused.
 
-The check costs next to nothing for ordinary requests: every key of the parsed objects appears in
-the bytes once as ``"key"`` when there is no duplicate and no escape, so only bytes with a backslash
-or a key name written twice (possibly inside a value) are parsed again, by the standard library
+The check costs next to nothing for ordinary requests: without a backslash every ``"`` delimits a
+string, so a key held twice is a string written twice; only bytes with a backslash or a key's
+name written twice as a string (possibly as a value) are parsed again, by the standard library
 with a hook that sees every member.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 __all__ = ["duplicate_key"]
@@ -46,12 +47,24 @@ def _keys(obj: Any) -> list[str]:
     return out
 
 
+def _no_repeated_key(data: bytes, parsed: Any) -> bool:
+    """True only when no object of ``data`` (valid JSON without a backslash) can hold a key twice.
+    Without a backslash every ``"`` delimits a string, so the strings are the odd pieces of
+    ``data.split(b'"')``, and a key held twice is a string written twice: one split (one pass over
+    the bytes) instead of a search of the whole request per key; the keys are only collected when
+    some string repeats (a value may repeat a key's name or another value)."""
+    strings = data.split(b'"')[1::2]
+    if len(set(strings)) == len(strings):
+        return True
+    counts = Counter(strings)
+    return all(counts[k.encode()] == 1 for k in _keys(parsed))
+
+
 def duplicate_key(raw: bytes | bytearray | memoryview | str, parsed: Any) -> str | None:
     """The first key an object of ``raw`` holds twice (``parsed``: its value as orjson read it),
     or None."""
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
-    keys = _keys(parsed)
-    if b"\\" not in data and all(data.count(b'"' + k.encode() + b'"') == 1 for k in keys):
+    if b"\\" not in data and _no_repeated_key(data, parsed):
         return None
     try:
         json.loads(data, object_pairs_hook=_unique)

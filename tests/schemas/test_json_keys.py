@@ -46,3 +46,42 @@ def test_requests_with_a_repeated_key_are_refused() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_inner_input(b'{"kind": "text", "text": "a", "text": "b"}')
     assert info.value.reason == "duplicate_key"
+
+
+def _reference(raw: bytes, parsed: object) -> str | None:
+    """``duplicate_key`` as it was before the one-split test (a count of ``"key"`` per key)."""
+    import json
+
+    from unlearn.schemas import json_keys
+
+    if b"\\" not in raw and all(raw.count(b'"' + k.encode() + b'"') == 1 for k in json_keys._keys(parsed)):
+        return None
+    try:
+        json.loads(raw, object_pairs_hook=json_keys._unique)
+    except json_keys._Duplicate as dup:
+        return dup.key
+    except ValueError:
+        return None
+    return None
+
+
+_names = st.sampled_from(["a", "b", "ab", "head_id", ":", ",", " ", "", "é", "a b"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(obj=st.dictionaries(_names, st.recursive(
+    st.none() | st.integers(-5, 5) | _names,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_names, inner, max_size=3), max_leaves=8),
+    max_size=5), data=st.data())
+def test_the_one_split_test_answers_as_the_count_per_key(obj: dict, data: st.DataObject) -> None:
+    """Values repeating keys' names and each other, keys repeated at any depth (spliced in), plain
+    or escaped: the same answer as the reference (a count of ``"key"`` per key)."""
+    raw = orjson.dumps(obj)
+    if obj and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(obj)))
+        name = data.draw(st.sampled_from([orjson.dumps(key).decode(), '"' + "".join(
+            f"\\u{ord(c):04x}" for c in key) + '"']))
+        value = data.draw(st.sampled_from(["1", "{}", "[]", orjson.dumps(key).decode()]))
+        raw = raw[:-1] + f", {name}: {value}}}".encode()
+    parsed = orjson.loads(raw)
+    assert duplicate_key(raw, parsed) == _reference(raw, parsed)
