@@ -13,11 +13,12 @@ from unlearn.infra.settings import Settings
 
 def test_a_child_that_dies_interrupts_the_wait_and_says_why(tmp_path: Path) -> None:
     proc = ServiceProcess("featurizer", ["featurizer", "--no-such-flag"], Settings.from_env(), tmp_path)
-    t0 = time.monotonic()
+    slept_through = False
     with pytest.raises(ServiceDied) as info, watch_services([proc], every=0.1):
         proc.start()
         time.sleep(60)  # what the caller waits for never comes: the watch ends the wait
-    assert time.monotonic() - t0 < 30
+        slept_through = True
+    assert not slept_through  # interrupted inside the sleep, not after it
     msg = str(info.value)
     assert msg.startswith("featurizer exited with code 2; its last log line: ")
     assert "unrecognized arguments: --no-such-flag" in msg and f"log: {tmp_path / 'featurizer.log'}" in msg
