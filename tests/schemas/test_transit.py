@@ -16,17 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.thread_support import run_racing
-from unlearn.schemas.envelope import (
-    FeaturesInput,
-    InvalidRequest,
-    Request,
-    SealedInput,
-    TextInput,
-    encode_request,
-    input_to_dict,
-    parse_request,
-)
-from unlearn.schemas.sealed import (
+from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, SealedInput, TextInput, input_to_dict
+from unlearn.schemas.transit import (
     SEALER_MAX_MESSAGES,
     SealerExhausted,
     TransitError,
