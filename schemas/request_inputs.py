@@ -94,7 +94,7 @@ class ImageInput:
 
 @dataclass(frozen=True, slots=True)
 class SealedInput:
-    """An input sealed for transit (``schemas/sealed.py``): the featurizer opens it into one of
+    """An input sealed for transit (``schemas/transit.py``): the featurizer opens it into one of
     the other kinds right after parsing, under its by-head partition's transit key ``key_id``."""
 
     key_id: str

@@ -1,4 +1,4 @@
-"""Transit sealing of raw inputs (schemas/sealed.py): round trips, and a sealed input opens only
+"""Transit sealing of raw inputs (schemas/transit.py): round trips, and a sealed input opens only
 under exactly its key and context (docs/formats.md, "Sealed inputs"). One ephemeral key for many
 requests (``TransitSealer``): the bytes are the ordinary format, each request opens exactly as a
 one-shot seal does (with or without a cached derived key), and every associated-data binding
