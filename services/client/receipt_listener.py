@@ -1,12 +1,9 @@
-"""The receipts a client waits for: one background reader of ``<prefix>receipts`` per client.
+"""The receipts a client waits for: one background reader of ``<prefix>receipts`` per client
+(:class:`ReceiptListener`).
 
-A delete or delete_subject is answered on ``<prefix>receipts`` by exactly one
-receipt (applied, or rejected with a reason) carrying the request's event id. One
-:class:`ReceiptListener` per client reads that topic in a background thread (an
-``infra.topic_reader.TopicFollower`` started at the topic's end). It is started, and
-its start offsets are fixed, *before* the first delete is produced, and every delete's event id
-is registered before its request is produced, so a receipt can never slip past unseen however
-fast the pipeline answers. See docs/client.md.
+Its start offsets are fixed before the first delete is produced, and every delete's event id is
+registered before its request is produced, so a receipt can never slip past unseen however fast
+the pipeline answers (docs/client.md, "Why no receipt can be missed").
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """Transit sealing on the producer side: the published transit keys per by-head partition
-(:class:`TransitKeyCache`) and :func:`seal_for_transit`, which applies ``UNLEARN_TRANSIT_SEAL``.
+(:class:`TransitKeyCache`) and :func:`seal_for_transit`, which applies ``UNLEARN_TRANSIT_SEAL``
+(docs/client.md, "Transit sealing"; docs/erasure.md section 5). Used by the SDK, the CLI and the demo.
 
-Used by the SDK, the CLI and the demo (``UNLEARN_TRANSIT_SEAL``, default ``auto``; docs/client.md,
-docs/erasure.md section 5): an add's input is sealed under the transit key the
-featurizer of the head's by-head partition publishes, so it becomes unreadable in ``requests``
-once that key is destroyed. Signatures cover the sealed bytes. The featurizer owning by-head
-partition P publishes P's current transit key on ``<prefix>transit-keys`` (record key ``p<P>``,
-partition P modulo the topic's partition count). :class:`TransitKeyCache` finds a head's
-partition exactly as the router does (``infra.between_stages.head_partition`` over the by-head
-topic's partition count from topic metadata), reads the tail of that partition of
-``transit-keys`` and keeps the newest key whose ``use_until`` is still ahead; it reads again once
-that has passed. :func:`seal_for_transit` applies ``UNLEARN_TRANSIT_SEAL``: ``auto`` seals,
-waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` for a key when none is published yet (a deployment
-that has only just started), then raises :class:`TransitUnavailable`: it never sends plaintext for
-want of a key; ``always`` raises at once when none is published; ``off`` never seals (deployments
-that publish no transit keys).
-
-Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
-``schemas/transit.TransitSealer`` per by-head partition): one X25519 exchange per producer session
-and epoch, not per request. A new one is made when the partition's transit key changes or after
-``SEALER_MAX_MESSAGES`` requests; the old one's derived AES key is dropped then, and any whose key
-is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`. Safe for threads
-producing through one client: the cache's lock makes one sealer per partition and key, the
-sealer's lock counts its seals exactly, and a seal that finds its sealer exhausted by another
-thread (``SealerExhausted``) asks the cache again, which rolls a new one.
-
-A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
-bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
-delivery fails loudly at the producer instead of arriving after the destruction.
+:class:`TransitKeyCache` finds a head's partition exactly as the router does
+(``infra.between_stages.head_partition``), reads the tail of that partition of ``transit-keys``
+and keeps the newest key whose ``use_until`` is still ahead. It reuses one
+``schemas/transit.TransitSealer`` per partition and key (one X25519 exchange per producer session
+and epoch, not per request). Safe for threads producing through one client: the cache's lock
+makes one sealer per partition and key, the sealer's lock counts its seals exactly, and a seal
+that finds its sealer exhausted by another thread (``SealerExhausted``) asks the cache again,
+which rolls a new one. :func:`transit_producer_overrides` bounds ``message.timeout.ms`` so a
+sealed request is delivered, or fails, before its key can be destroyed.
 """
 
 from __future__ import annotations
