@@ -81,10 +81,12 @@ from unlearn.infra.settings import HeadSettings, Settings, admin_config, produce
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import ExactLedger, MultisetHash
-from unlearn.schemas.delta_codec import CodecError, decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import decode_delta
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.head_runtime import RowOpener, admit, apply_entries, creates_head, record_applied
 

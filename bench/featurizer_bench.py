@@ -75,7 +75,8 @@ def wire_costs(dim: int = 768, n: int = 2000, repeats: int = 5) -> list[dict[str
     of parsing ``n`` requests and of quantizing their vectors (frac_bits 30, L2-normalized) as
     the featurizer does (float64; a float32 vector widened first)."""
     from unlearn.features.contract import quantize_feature_row
-    from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, parse_request
+    from unlearn.schemas.envelope import Request, encode_request, parse_request
+    from unlearn.schemas.request_inputs import FeaturesInput
     from unlearn.services.client.sdk import FEATURES_ENCODINGS
 
     X = np.random.default_rng(0).normal(size=(n, dim))

@@ -98,7 +98,9 @@ def run_stage(s: Settings, n_events: int, profile: cProfile.Profile | None, time
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("waiting for broker acknowledgements (Producer.flush)", ("Producer' objects>:flush", "method 'flush' of")),
     ("sqlite (lookups, batch commit, outbox ack)", ("sqlite3", "featurizer/cache.py:")),
-    ("parse_request (JSON / base64 -> float64, checks)", ("schemas/envelope.py:", "schemas/json_keys.py:")),
+    ("parse_request (JSON / base64 -> float64, checks)", ("schemas/envelope.py:", "schemas/request_inputs.py:",
+                                                          "schemas/request_errors.py:", "schemas/source_id.py:",
+                                                          "schemas/json_keys.py:")),
     ("quantizing (BatchQuantizer, l2_normalize, rint)", ("features/contract.py:",)),
     ("sealing (AES-GCM, HMAC, keys)", ("featurizer/erasure.py:", "cryptography", "hmac", "schemas/sealed",
                                        "transit")),

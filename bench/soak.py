@@ -44,7 +44,8 @@ from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.infra.topics import create_topics, prefixed_topics
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput
 
 
 @dataclass

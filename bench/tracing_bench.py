@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from unlearn.infra import tracing
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.core import featurize_batch, parse_batch, trace_contexts
 from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, HeadInfo, InMessage
 

@@ -25,11 +25,12 @@ from collections.abc import Callable
 import cryptography
 import numpy as np
 
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, parse_request
-from unlearn.schemas.sealed import TransitPublicKey, new_transit_key, open_request, seal_request
+from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.schemas.transit import TransitPublicKey, new_transit_key, open_request, seal_request
 
 try:  # absent before the session sealer existed: only the per-request rows are printed then
-    from unlearn.schemas.sealed import TransitSealer
+    from unlearn.schemas.transit import TransitSealer
     from unlearn.streams.featurizer.core import DerivedKeys
 except ImportError:  # pragma: no cover - the "before" run
     TransitSealer = None  # type: ignore[assignment,misc]

@@ -13,7 +13,7 @@ A :class:`VersionedTopic` names the topic and its record format; it folds, reads
 publishes. A :class:`VersionedView` follows the topic in a thread for long-running services.
 
 **The head registry**: ``<prefix>head-registry``, key = head id, value = an
-``unlearn.head-contract/v1`` document (``schemas/head.py``). On Kafka the topic is compacted, so
+``unlearn.head-contract/v1`` document (``schemas/head_contract.py``). On Kafka the topic is compacted, so
 it keeps about one record per head; on tansu (no compaction) it keeps every version ever written,
 which is small: a record per create or extend.
 
@@ -33,7 +33,7 @@ from typing import Generic, Protocol, Self, TypeVar
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.schemas.client_record import ClientError, ClientRecord, decode_client, encode_client
-from unlearn.schemas.head import ContractError, HeadContract, decode_contract, encode_contract
+from unlearn.schemas.head_contract import ContractError, HeadContract, decode_contract, encode_contract
 
 __all__ = [
     "Versioned",

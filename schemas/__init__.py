@@ -12,6 +12,7 @@ anything else, so a consumer can route any failure to ``deadletter`` instead of 
 
 from pathlib import Path
 
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import (
     DEADLETTER_SCHEMA_V1,
     STAGES,
@@ -23,7 +24,6 @@ from unlearn.schemas.deadletter import (
 from unlearn.schemas.delta_codec import (
     DELTA_MAGIC,
     DELTA_VERSION,
-    CodecError,
     Delta,
     PackedEntry,
     RowsEntry,
@@ -31,29 +31,15 @@ from unlearn.schemas.delta_codec import (
     encode_delta,
 )
 from unlearn.schemas.envelope import (
-    REQUEST_REASONS,
     REQUEST_SCHEMA_V1,
-    FeaturesInput,
-    ImageInput,
-    Input,
-    InvalidRequest,
     Op,
     Request,
-    TextInput,
     encode_request,
     parse_request,
     request_from_dict,
     request_to_dict,
 )
-from unlearn.schemas.head import (
-    HEAD_MAGIC,
-    HEAD_VERSION,
-    MODES,
-    HeadUpdate,
-    decode_head,
-    encode_head,
-    head_to_json,
-)
+from unlearn.schemas.head import HEAD_MAGIC, HEAD_VERSION, MODES, HeadUpdate, decode_head, encode_head, head_to_json
 from unlearn.schemas.receipts import (
     RECEIPT_SCHEMA_V3,
     Receipt,
@@ -62,6 +48,8 @@ from unlearn.schemas.receipts import (
     receipt_from_dict,
     receipt_to_dict,
 )
+from unlearn.schemas.request_errors import REQUEST_REASONS, InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, Input, TextInput
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 """Folder holding the JSON Schema files (request.v1.schema.json, receipt.v3.schema.json, ...)."""

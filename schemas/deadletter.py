@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from unlearn.schemas.delta_codec import CodecError
+from unlearn.schemas.binary_frame import CodecError
 
 __all__ = [
     "DEADLETTER_SCHEMA_V1",

@@ -1,57 +1,11 @@
-"""Binary ``deltas`` messages (exact integer rows or a packed ledger, featurizer to ledger), and the
-frame every binary format shares (``deltas`` and ``heads``): see docs/formats.md.
+"""Binary ``deltas`` messages: exact integer rows, a packed ledger or sealed rows, featurizer to
+ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED,
+SEALED), the per-row client and event time and the contract block: docs/formats.md, "Deltas".
 
-**The frame.** Every binary message is::
-
-    magic[4] | version u16 | flags u16 | total_len u64 | body ... | crc32c u32
-
-all little-endian. The 16-byte prefix and the trailing CRC are the same in every version, so a
-decoder checks, in this order: magic, total length (truncation / trailing bytes), CRC32C over
-everything before it (corruption), then the version (a future version arrives intact and is
-reported as unknown, not as corrupt). The body is then read by a :class:`Reader` that checks
-every length against what is left before touching it: a decoder never reads out of bounds and
-never allocates from an unchecked length.
-
-CRC32C (Castagnoli, the checksum Kafka itself uses for record batches) rather than a truncated
-SHA-256: it detects every burst error up to 32 bits and random corruption with probability
-1 - 2^-32, is far cheaper with the hardware instruction, and has a library in every language. It
-guards against corruption, not forgery. The ``crc32c`` package is used because it reads any
-buffer (numpy memory included): encoding then makes exactly one large allocation (the message),
-which matters on VMs where fresh pages are expensive.
-
-**Deltas.** Binary because a batch of int64 rows as JSON number lists would be several times
-larger and far slower to parse. The layout (docs/formats.md) is the frame prefix, a header,
-entries of columnar little-endian arrays (8-aligned, so decoding is a zero-copy numpy view) and
-the CRC32C trailer. Key the message by ``head_id``: one head's deltas are then totally ordered,
-which is what lets the ledger skip redelivered offsets (docs/design.md section 4).
-
-Every entry names, per row, its event, sample and subject ids, its **client** (an add row: the
-client that added it; a delete row: the client its tombstone is scoped to, "" when it refuses
-every client's adds) and its **event time** (integer microseconds: an add's, or for a delete row
-the delete's, exactly as the featurizer judged them, ``streams/featurizer/core.py``), and a
-delete entry says whether its rows were removed by delete_subject requests (``by_subject``: each
-then leaves a tombstone of its whole subject), so the verifier's replay can rebuild the
-tombstones and re-judge remove-wins. Kinds:
-
-- ROWS: signed (+1 add / -1 delete) quantized feature rows ``q`` (n, d) int64 with their labels:
-  class indices (n,) int64, or quantized target vectors (n, c) int64.
-- PACKED: the rows' ids plus an opaque ``ledger_blob`` (the serialized exact ledger of the batch,
-  produced and read by the ledger module), for batches so large that the Gram matrix is smaller
-  than the rows; optionally the multiset hash of the batch's rows
-  (``ledger.MultisetHash.to_bytes()``, docs/design.md section 6): without it the ledger cannot
-  keep the head's hash of its retained rows.
-- SEALED (docs/erasure.md): rows sealed per sample for crypto-shredding. Per row: the sample's
-  key id, the row's commitment (``schemas.sealed.commitment``) and the AES-256-GCM sealed
-  canonical row bytes (q then label, int64 LE). The ledger and the verifier open it into a ROWS
-  entry with the sample keys (``schemas.sealed``) before applying it.
-
-The head's contract (frame flag bit 0): the featurizer names the class count (``n_classes``: the
-contract's label columns, ``HeadContract.n_outputs``) and the contract version the delta was
-judged under, right after the fixed header. The ledger sizes the head's label columns from it
-(grows them when a later delta declares more: ``unlearn heads extend``) and names the version in
-its head updates, so a replay gives the same head whatever the registry's timing. A delta of a
-head with no contract (undeclared, with auto-creation off) leaves the flag clear: its class
-columns are the largest class index seen plus one.
+Binary because a batch of int64 rows as JSON number lists would be several times larger and far
+slower to parse; columns are 8-aligned, so decoding is a zero-copy numpy view. Key the message by
+``head_id``: one head's deltas are then totally ordered, which is what lets the ledger skip
+redelivered offsets (docs/design.md section 4).
 """
 
 from __future__ import annotations
@@ -60,18 +14,12 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import crc32c as _crc32c
 import numpy as np
 
+from unlearn.schemas.binary_frame import CodecError, Reader, Writer, check_frame
 from unlearn.schemas.envelope import ID_CHARS, is_valid_id
 
 __all__ = [
-    "PREFIX",
-    "CodecError",
-    "Reader",
-    "Writer",
-    "check_frame",
-    "crc32c",
     "DELTA_MAGIC",
     "DELTA_VERSION",
     "MULTISET_HASH_BYTES",
@@ -82,194 +30,6 @@ __all__ = [
     "decode_delta",
     "encode_delta",
 ]
-
-class CodecError(ValueError):
-    """Bytes that are not a valid message of the expected format (truncated, corrupt, unknown
-    version, inconsistent lengths), or arguments that cannot be encoded."""
-
-
-PREFIX = struct.Struct("<4sHHQ")  # magic, version, flags, total_len
-_CRC = struct.Struct("<I")
-MIN_FRAME = PREFIX.size + _CRC.size
-
-
-
-def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
-    """CRC32C (Castagnoli; reflected, init and final xor 0xFFFFFFFF) of ``data``; pass the
-    previous result as ``value`` to continue over several chunks."""
-    return int(_crc32c.crc32c(data, value=value))
-
-
-def check_frame(buf: bytes | bytearray | memoryview, magic: bytes, what: str) -> tuple[memoryview, int, int]:
-    """Validate the frame; return (body view without prefix/CRC, version, flags)."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise CodecError(f"{what}: expected bytes, got {type(buf).__name__}")
-    mv = memoryview(buf)
-    if mv.format != "B" or mv.ndim != 1:
-        if not mv.c_contiguous:
-            raise CodecError(f"{what}: expected a contiguous buffer")
-        mv = mv.cast("B")
-    n = len(mv)
-    if n < MIN_FRAME:
-        raise CodecError(f"{what}: truncated: {n} bytes, a message has at least {MIN_FRAME}")
-    got_magic, version, flags, total = PREFIX.unpack_from(mv, 0)
-    if got_magic != magic:
-        raise CodecError(f"{what}: bad magic {bytes(got_magic)!r}, expected {magic!r} (not a {what})")
-    if total != n:
-        kind = "truncated" if n < total else "trailing bytes or corrupt length"
-        raise CodecError(f"{what}: {kind}: header says {total} bytes, got {n}")
-    (want,) = _CRC.unpack_from(mv, n - _CRC.size)
-    got = crc32c(mv[: n - _CRC.size])
-    if got != want:
-        raise CodecError(f"{what}: checksum mismatch (crc32c {got:#010x}, stored {want:#010x}): corrupt")
-    return mv[PREFIX.size : n - _CRC.size], version, flags
-
-
-class Reader:
-    """Bounds-checked little-endian reads from a body view; offsets are body-relative and the
-    body starts 16 bytes into the message (8-aligned, so alignment is the same for both)."""
-
-    __slots__ = ("base", "mv", "pos", "what")
-
-    def __init__(self, mv: memoryview, what: str, base: int = PREFIX.size) -> None:
-        self.mv = mv
-        self.pos = 0
-        self.what = what
-        self.base = base
-
-    def remaining(self) -> int:
-        return len(self.mv) - self.pos
-
-    def fail(self, msg: str) -> CodecError:
-        return CodecError(f"{self.what}: {msg} (at byte {self.base + self.pos})")
-
-    def need(self, size: int, what: str) -> None:
-        if size < 0 or size > self.remaining():
-            raise self.fail(f"{what} needs {size} bytes, only {self.remaining()} left")
-
-    def unpack(self, st: struct.Struct, what: str) -> tuple:
-        self.need(st.size, what)
-        out = st.unpack_from(self.mv, self.pos)
-        self.pos += st.size
-        return out
-
-    def raw(self, size: int, what: str) -> memoryview:
-        self.need(size, what)
-        out = self.mv[self.pos : self.pos + size]
-        self.pos += size
-        return out
-
-    def str16(self, what: str, allow_empty: bool = False) -> str:
-        (n,) = self.unpack(_U16, f"{what} length")
-        if n == 0 and not allow_empty:
-            raise self.fail(f"{what} is empty")
-        try:
-            return str(self.raw(n, what), "utf-8")
-        except UnicodeDecodeError as exc:
-            raise self.fail(f"{what} is not UTF-8: {exc.reason}") from None
-
-    def pad8(self, what: str) -> None:
-        p = (-(self.base + self.pos)) % 8
-        if p and any(self.raw(p, f"padding before {what}")):
-            raise self.fail(f"non-zero padding before {what}")
-
-    def array(self, dtype: str, count: int, what: str, align: bool = True) -> np.ndarray:
-        """A read-only numpy view (zero-copy) of ``count`` items."""
-        if align:
-            self.pad8(what)
-        itemsize = np.dtype(dtype).itemsize
-        self.need(count * itemsize, what)
-        out = np.frombuffer(self.mv, dtype=dtype, count=count, offset=self.pos)
-        self.pos += count * itemsize
-        return out
-
-    def str_column(self, count: int, what: str, allow_empty: bool = False) -> tuple[str, ...]:
-        """``count`` strings: u16 byte lengths[count], then the UTF-8 bytes back to back (empty
-        strings only where ``allow_empty``)."""
-        lengths = self.array("<u2", count, f"{what} lengths", align=False)
-        if count and not allow_empty and not lengths.all():
-            raise self.fail(f"{what}: empty string")
-        total = int(lengths.sum(dtype=np.int64))
-        blob = bytes(self.raw(total, f"{what} bytes"))
-        ends = np.cumsum(lengths, dtype=np.int64).tolist()
-        starts = [0, *ends[:-1]]
-        try:
-            if blob.isascii():  # one decode, then slices: byte offsets are char offsets
-                text = blob.decode("ascii")
-                return tuple(text[a:b] for a, b in zip(starts, ends))
-            return tuple(blob[a:b].decode("utf-8") for a, b in zip(starts, ends))
-        except UnicodeDecodeError as exc:
-            raise self.fail(f"{what} is not UTF-8: {exc.reason}") from None
-
-    def done(self) -> None:
-        if self.remaining():
-            raise self.fail(f"{self.remaining()} unexpected bytes before the checksum")
-
-
-_U16 = struct.Struct("<H")
-
-
-class Writer:
-    """Collects parts of a message and frames it (prefix + body + CRC) with one join."""
-
-    __slots__ = ("parts", "size")
-
-    def __init__(self) -> None:
-        self.parts: list[bytes | memoryview] = []
-        self.size = PREFIX.size  # body offsets are tracked relative to the message start
-
-    def put(self, b: bytes | memoryview) -> None:
-        self.parts.append(b)
-        self.size += len(b)
-
-    def pack(self, st: struct.Struct, *values: object) -> None:
-        self.put(st.pack(*values))
-
-    def str16(self, s: str, what: str, allow_empty: bool = False) -> None:
-        if not isinstance(s, str):
-            raise CodecError(f"{what} must be a str, got {type(s).__name__}")
-        try:
-            b = s.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise CodecError(f"{what}: not encodable as UTF-8: {exc.reason}") from None
-        if len(b) > 0xFFFF or (not b and not allow_empty):
-            raise CodecError(f"{what} must be 1..65535 UTF-8 bytes, got {len(b)}")
-        self.put(_U16.pack(len(b)) + b)
-
-    def pad8(self) -> None:
-        p = (-self.size) % 8
-        if p:
-            self.put(bytes(p))
-
-    def array(self, a: np.ndarray, align: bool = True) -> None:
-        if align:
-            self.pad8()
-        a = np.ascontiguousarray(a)
-        self.put(a.reshape(-1).data.cast("B") if a.size else b"")
-
-    def str_column(self, items: Sequence[str], what: str, allow_empty: bool = False) -> None:
-        try:
-            encoded = [s.encode("utf-8") for s in items]
-        except AttributeError:
-            bad = next(s for s in items if not isinstance(s, str))
-            raise CodecError(f"{what} must hold str, got {type(bad).__name__}") from None
-        except UnicodeEncodeError as exc:  # lone surrogates
-            raise CodecError(f"{what}: not encodable as UTF-8: {exc.reason}") from None
-        lengths = list(map(len, encoded))
-        least = 0 if allow_empty else 1
-        if lengths and not (min(lengths) >= least and max(lengths) <= 0xFFFF):
-            raise CodecError(f"{what}: each must be {least}..65535 UTF-8 bytes")
-        self.put(struct.pack(f"<{len(lengths)}H", *lengths))
-        self.put(b"".join(encoded))
-
-    def finish(self, magic: bytes, version: int, flags: int) -> bytes:
-        total = self.size + _CRC.size
-        head = PREFIX.pack(magic, version, flags, total)
-        crc = crc32c(head)
-        for part in self.parts:  # incremental CRC over views: the join is the only copy
-            crc = crc32c(part, crc)
-        return b"".join([head, *self.parts, _CRC.pack(crc)])
-
 
 DELTA_MAGIC = b"ULDT"
 DELTA_VERSION = 1  # the one version this codec writes and reads

@@ -1,6 +1,7 @@
-"""The head: its binary ``heads`` messages, its contract, and which classes it may predict.
+"""The head version: :class:`HeadUpdate` and its binary ``heads`` messages (its contract is in
+``schemas/head_contract.py``, which classes it may predict in ``schemas/head_scores.py``).
 
-**Messages** (binary ``ULHD``; docs/formats.md, "Heads"). The ``heads`` topic is compacted and
+Binary ``ULHD`` messages (docs/formats.md, "Heads"). The ``heads`` topic is compacted and
 keyed by head id, so the latest message per key is the current head. Besides W (d x c float64) a
 message carries the version (receipts point at the first version that excludes a deleted
 sample), the delta offsets it covers (where to resume), and optionally: the ledger digest (so
@@ -11,28 +12,7 @@ for predictive variance, the fingerprint of the multiset hash of the retained ro
 built under (the one named by its latest delta: flag bit 3), which serving quantizes predict
 inputs with, and, for a head of class-index labels, which class columns hold retained samples
 (flag bit 4: a bitmap from the ledger's exact per-class counts). Same frame and robustness rules
-as the deltas (``schemas/delta_codec.py``).
-
-**Contracts** (``head-registry`` records, ``unlearn.head-contract/v1``, JSON because operators
-and other languages read it). A head's contract declares everything that must stay fixed for its
-ledger to stay meaningful: the feature dimension, the backbone and input kind, the preprocessing
-(L2 normalization, feature bound, quantization grids), gamma and the label space (a class count,
-optionally with class names, or a target-vector width). The featurizer refuses what falls outside
-it, and serving quantizes with it, so neither depends on its own settings nor on the data seen so
-far (docs/registry.md). The class columns of a head never depend on data: only an explicit
-:meth:`HeadContract.extend` grows the label space, and each change bumps ``version``.
-:func:`parse_contract` is strict: unknown fields, wrong types and out-of-range values raise
-:class:`ContractError` naming the field.
-
-**Predictions**: scores of the classes that hold retained samples, and only those. A column
-without one (``HeadUpdate.retained_classes``) has no data behind it: its weights are zero (or, on
-a fast head, a float residue of zero), so its score is not a competing 0.0 but *no score*. Every
-Python reader that predicts (serving, the SDK's ``predict_rows``, the demo) takes the predicted
-class and the top k here, over the marked classes only, and reports the other classes' scores as
-absent (NaN here, ``null`` in JSON); a head with no retained sample predicts nothing (``-1`` /
-``null``). A head of target vectors (``retained_classes`` None) has every column as an output.
-The rule is part of the head format (docs/formats.md, "Heads"), so clients in other languages
-implement the same.
+as the deltas (``schemas/binary_frame.py``).
 """
 
 from __future__ import annotations
@@ -40,40 +20,23 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import orjson
-from numpy.typing import NDArray
 
-from unlearn.ledger.exact import MAX_CLASS_INDEX
-from unlearn.schemas.delta_codec import CodecError, Reader, Writer, check_frame
+from unlearn.schemas.binary_frame import CodecError, Reader, Writer, check_frame
 from unlearn.schemas.envelope import ID_CHARS, is_valid_id
-from unlearn.schemas.registry_record import check_id_and_version, load_document, open_document, require_fields, typed
 
 __all__ = [
     "HEAD_MAGIC",
     "HEAD_VERSION",
     "MODES",
-    "CodecError",
     "HeadUpdate",
     "decode_head",
     "encode_head",
     "head_to_json",
     "retained_class_list",
-    "HEAD_CONTRACT_SCHEMA_V1",
-    "INPUT_KINDS",
-    "MAX_CONTRACT_CLASSES",
-    "MAX_CONTRACT_DIM",
-    "ContractError",
-    "HeadContract",
-    "decode_contract",
-    "encode_contract",
-    "parse_contract",
-    "HeadScores",
-    "output_mask",
-    "score_rows",
 ]
 
 HEAD_MAGIC = b"ULHD"
@@ -368,227 +331,3 @@ def head_to_json(h: HeadUpdate, include_posterior: bool = False) -> dict[str, An
     if include_posterior and h.posterior is not None:
         out["posterior"] = np.asarray(h.posterior, dtype=np.float64).tolist()
     return out
-
-
-HEAD_CONTRACT_SCHEMA_V1 = "unlearn.head-contract/v1"
-INPUT_KINDS: tuple[str, ...] = ("features", "text", "image")
-MAX_CONTRACT_DIM = 65_536
-"""Format limit on ``dimension``; deployments cap it lower (``UNLEARN_MAX_FEATURE_DIM``)."""
-MAX_CONTRACT_CLASSES = MAX_CLASS_INDEX + 1
-"""Format limit on the label space (the ledger's class-index limit); deployments cap it lower
-(``UNLEARN_MAX_CLASSES``)."""
-_MAX_LABEL_NAME = 256
-
-_FIELDS = ("schema", "head_id", "version", "dimension", "backbone", "input_kind", "normalization",
-           "feature_bound", "frac_bits", "label_frac_bits", "label_kind", "n_classes", "label_names",
-           "label_width", "gamma", "origin")
-
-
-class ContractError(ValueError):
-    """A head contract that is malformed, out of range, or not a valid change of its predecessor."""
-
-
-@dataclass(frozen=True)
-class HeadContract:
-    """One version of a head's contract (see the module docstring; fields as in the JSON).
-
-    ``label_kind`` "class": labels are class indices ``0 <= y < n_classes`` (``label_names``,
-    when given, names each class); "vector": labels are target vectors of ``label_width`` values.
-    ``origin`` says who wrote it: "declared" (``unlearn heads``) or "auto" (the featurizer, on
-    the first add of an undeclared head)."""
-
-    head_id: str
-    version: int
-    dimension: int
-    backbone: str
-    input_kind: str
-    normalization: Literal["l2", "none"]
-    feature_bound: float
-    frac_bits: int
-    label_frac_bits: int
-    label_kind: Literal["class", "vector"]
-    gamma: float
-    n_classes: int = 0
-    label_names: tuple[str, ...] | None = None
-    label_width: int = 0
-    origin: Literal["declared", "auto"] = "declared"
-
-    def __post_init__(self) -> None:
-        _check(self)
-
-    @property
-    def normalize(self) -> bool:
-        """Whether feature rows are L2-normalized before quantizing."""
-        return self.normalization == "l2"
-
-    @property
-    def n_outputs(self) -> int:
-        """The head's label columns: ``n_classes`` or ``label_width``."""
-        return self.n_classes if self.label_kind == "class" else self.label_width
-
-    def extend(self, n_classes: int | None = None, names: tuple[str, ...] = ()) -> HeadContract:
-        """The next version with a larger class space: ``n_classes`` in total, or ``names``
-        appended (a named label space grows by names only). Raises :class:`ContractError` for
-        anything but growth: class-incremental learning adds columns, never removes or renames."""
-        if self.label_kind != "class":
-            raise ContractError(f"head {self.head_id!r} takes label vectors; only a class label space can grow")
-        if self.label_names is not None:
-            if n_classes is not None or not names:
-                raise ContractError(f"head {self.head_id!r} names its classes: extend it with new names")
-            return replace(self, version=self.version + 1, n_classes=self.n_classes + len(names),
-                           label_names=(*self.label_names, *names))
-        if names:
-            raise ContractError(f"head {self.head_id!r} has unnamed classes: extend it with a class count")
-        if n_classes is None or n_classes <= self.n_classes:
-            raise ContractError(f"head {self.head_id!r} has {self.n_classes} classes: extend needs more, "
-                                f"got {n_classes}")
-        return replace(self, version=self.version + 1, n_classes=n_classes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object (fields that do not apply to the label kind are left out)."""
-        d: dict[str, Any] = {
-            "schema": HEAD_CONTRACT_SCHEMA_V1, "head_id": self.head_id, "version": self.version,
-            "dimension": self.dimension, "backbone": self.backbone, "input_kind": self.input_kind,
-            "normalization": self.normalization, "feature_bound": self.feature_bound,
-            "frac_bits": self.frac_bits, "label_frac_bits": self.label_frac_bits,
-            "label_kind": self.label_kind, "gamma": self.gamma, "origin": self.origin,
-        }
-        if self.label_kind == "class":
-            d["n_classes"] = self.n_classes
-            if self.label_names is not None:
-                d["label_names"] = list(self.label_names)
-        else:
-            d["label_width"] = self.label_width
-        return d
-
-
-def _check(c: HeadContract) -> None:
-    """Every range rule of the format (the JSON Schema says the same)."""
-    check_id_and_version("head_id", c.head_id, c.version, ContractError)
-    if not 1 <= c.dimension <= MAX_CONTRACT_DIM:
-        raise ContractError(f"dimension must be in 1..{MAX_CONTRACT_DIM}, got {c.dimension}")
-    if not c.backbone or len(c.backbone) > 128:
-        raise ContractError("backbone must be a backbone name of 1..128 characters")
-    if c.input_kind not in INPUT_KINDS:
-        raise ContractError(f"input_kind must be one of {INPUT_KINDS}, got {c.input_kind!r}")
-    if c.normalization not in ("l2", "none"):
-        raise ContractError(f"normalization must be 'l2' or 'none', got {c.normalization!r}")
-    if not 1 <= c.frac_bits <= 30:
-        raise ContractError(f"frac_bits must be in 1..30, got {c.frac_bits}")
-    if not 0 <= c.label_frac_bits <= 30:
-        raise ContractError(f"label_frac_bits must be in 0..30, got {c.label_frac_bits}")
-    if not (math.isfinite(c.feature_bound) and c.feature_bound > 0):
-        raise ContractError(f"feature_bound must be a finite number > 0, got {c.feature_bound}")
-    if c.feature_bound * 2.0 ** c.frac_bits > 2.0 ** 30:
-        raise ContractError(f"feature_bound * 2^frac_bits must be <= 2^30 (|q| <= 2^30), got "
-                            f"{c.feature_bound} * 2^{c.frac_bits}")
-    if not (math.isfinite(c.gamma) and c.gamma > 0):
-        raise ContractError(f"gamma must be a finite number > 0, got {c.gamma}")
-    if c.origin not in ("declared", "auto"):
-        raise ContractError(f"origin must be 'declared' or 'auto', got {c.origin!r}")
-    if c.label_kind == "class":
-        if not 1 <= c.n_classes <= MAX_CONTRACT_CLASSES or c.label_width:
-            raise ContractError(f"a class head needs n_classes in 1..{MAX_CONTRACT_CLASSES} and no label_width, "
-                                f"got n_classes={c.n_classes}, label_width={c.label_width}")
-        if c.label_names is not None:
-            if len(c.label_names) != c.n_classes:
-                raise ContractError(f"label_names has {len(c.label_names)} names for {c.n_classes} classes")
-            if len(set(c.label_names)) != len(c.label_names) or not all(
-                    isinstance(n, str) and 1 <= len(n) <= _MAX_LABEL_NAME for n in c.label_names):
-                raise ContractError(f"label_names must be distinct strings of 1..{_MAX_LABEL_NAME} characters")
-    elif c.label_kind == "vector":
-        if not 1 <= c.label_width <= MAX_CONTRACT_CLASSES or c.n_classes or c.label_names is not None:
-            raise ContractError(f"a vector head needs label_width in 1..{MAX_CONTRACT_CLASSES} and no n_classes "
-                                f"or label_names, got label_width={c.label_width}")
-    else:
-        raise ContractError(f"label_kind must be 'class' or 'vector', got {c.label_kind!r}")
-
-
-def _typed(d: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    return typed(d, name, kind, ContractError)
-
-
-def parse_contract(d: Any) -> HeadContract:
-    """A contract from its JSON object; raises :class:`ContractError` naming the first problem."""
-    d = open_document(d, schema=HEAD_CONTRACT_SCHEMA_V1, fields=_FIELDS, what="a head contract", error=ContractError)
-    require_fields(d, ["head_id", "version", "dimension", "backbone", "input_kind", "normalization", "feature_bound",
-                       "frac_bits", "label_frac_bits", "label_kind", "gamma", "origin",
-                       "n_classes" if d.get("label_kind") == "class" else "label_width"], ContractError)
-    names = d.get("label_names")
-    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise ContractError("label_names must be a list of strings")
-    return HeadContract(
-        head_id=_typed(d, "head_id", str), version=_typed(d, "version", int),
-        dimension=_typed(d, "dimension", int), backbone=_typed(d, "backbone", str),
-        input_kind=_typed(d, "input_kind", str), normalization=_typed(d, "normalization", str),
-        feature_bound=float(_typed(d, "feature_bound", (int, float))),
-        frac_bits=_typed(d, "frac_bits", int), label_frac_bits=_typed(d, "label_frac_bits", int),
-        label_kind=_typed(d, "label_kind", str), gamma=float(_typed(d, "gamma", (int, float))),
-        n_classes=_typed(d, "n_classes", int) if "n_classes" in d else 0,
-        label_names=tuple(names) if names is not None else None,
-        label_width=_typed(d, "label_width", int) if "label_width" in d else 0,
-        origin=_typed(d, "origin", str),
-    )
-
-
-def encode_contract(c: HeadContract) -> bytes:
-    """The record value on ``head-registry`` (key: the head id, UTF-8)."""
-    return orjson.dumps(c.to_dict())
-
-
-def decode_contract(raw: bytes) -> HeadContract:
-    """A record value of ``head-registry``; raises :class:`ContractError` (also for bad JSON)."""
-    return parse_contract(load_document(raw, ContractError))
-
-
-def output_mask(head: HeadUpdate) -> NDArray[np.bool_]:
-    """bool (c,): the columns a prediction may name (every column for a head of target vectors)."""
-    if head.retained_classes is None:
-        return np.ones(head.c, dtype=bool)
-    return np.asarray(head.retained_classes, dtype=bool)
-
-
-@dataclass(frozen=True)
-class HeadScores:
-    """Scores of n inputs under one head version.
-
-    ``scores`` (n, c) float64: f @ W on the output columns, NaN on the others. ``predicted`` (n,)
-    int64: the argmax over the output columns (the lowest index among equal scores), -1 when
-    the head has none. ``top`` (n, k) int64: the k best output columns, best first (k <= the
-    number of output columns). ``mask``: which columns are outputs."""
-
-    scores: NDArray[np.float64]
-    predicted: NDArray[np.int64]
-    top: NDArray[np.int64]
-    mask: NDArray[np.bool_]
-
-    def as_json(self, i: int) -> dict[str, Any]:
-        """Input ``i``'s ``scores`` (null where absent), ``predicted_class`` and ``top_classes``."""
-        row = self.scores[i]
-        return {
-            "scores": [float(v) if m else None for v, m in zip(row.tolist(), self.mask.tolist())],
-            "predicted_class": int(self.predicted[i]) if self.predicted[i] >= 0 else None,
-            "top_classes": self.top[i].tolist(),
-        }
-
-
-def score_rows(head: HeadUpdate, X: NDArray[np.float64], top_k: int = 1) -> HeadScores:
-    """Scores of the feature rows X (n, d) under ``head``, ranked over its output columns only.
-    ``top_k`` (>= 1) is clipped to the number of output columns."""
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[1] != head.d:
-        raise ValueError(f"X must have shape (n, {head.d}), got {X.shape}")
-    mask = output_mask(head)
-    raw = X @ np.asarray(head.weights, dtype=np.float64)
-    scores = np.where(mask, raw, np.nan)
-    cols = np.flatnonzero(mask)
-    n = X.shape[0]
-    k = min(top_k, cols.size)
-    if k == 0:
-        return HeadScores(scores, np.full(n, -1, np.int64), np.zeros((n, 0), np.int64), mask)
-    # a stable sort of -score: the best first, the lowest class index first among equal scores
-    order = np.argsort(-raw[:, cols], axis=1, kind="stable")[:, :k]
-    top = cols[order].astype(np.int64)
-    return HeadScores(scores, top[:, 0].copy(), top, mask)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import orjson
 
-from unlearn.schemas.delta_codec import CodecError
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 
 __all__ = [

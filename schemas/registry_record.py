@@ -1,6 +1,6 @@
 """What the records of the versioned registries share: a strict JSON document per version.
 
-``head-registry`` (``schemas/head.py``) and ``client-registry``
+``head-registry`` (``schemas/head_contract.py``) and ``client-registry``
 (``schemas/client_record.py``) both keep one JSON object per version of a key: a ``schema``
 tag, an id field that is also the record key, a ``version`` >= 1, and fields of their own.
 Both parsers refuse the same things the same way (not JSON, not an object, another schema,

@@ -30,8 +30,10 @@ from unlearn.infra.between_stages import (
 from unlearn.infra.settings import HeadSettings, Settings, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_topic
 from unlearn.schemas.deadletter import DeadLetter, decode_deadletter
-from unlearn.schemas.envelope import InvalidRequest, Request, SealedInput, TextInput, encode_request, parse_request
-from unlearn.schemas.sealed import seal_request
+from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import SealedInput, TextInput
+from unlearn.schemas.transit import seal_request
 from unlearn.services.cli import main
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient

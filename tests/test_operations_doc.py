@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from unlearn.infra.settings import Settings
-from unlearn.services.serving.http import Metrics
+from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.predict import HeadStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,20 +34,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from unlearn.infra.between_stages import head_partition
-from unlearn.schemas.delta_codec import CodecError, crc32c
-from unlearn.schemas.envelope import (
-    FeaturesInput,
-    ImageInput,
-    InvalidRequest,
-    Request,
-    SealedInput,
-    TextInput,
-    encode_request,
-    input_to_dict,
-)
-from unlearn.schemas.head import HeadContract, HeadUpdate, decode_head, encode_head, head_to_json
+from unlearn.schemas.binary_frame import CodecError, crc32c
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.head import HeadUpdate, decode_head, encode_head, head_to_json
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.schemas.receipts import decode_receipt
-from unlearn.schemas.sealed import (
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, SealedInput, TextInput, input_to_dict
+from unlearn.schemas.signature import Signer
+from unlearn.schemas.transit import (
     TransitKeyPair,
     TransitPublicKey,
     decode_public_record,
@@ -56,7 +51,6 @@ from unlearn.schemas.sealed import (
     transit_aad,
     transit_key,
 )
-from unlearn.schemas.signature import Signer
 from unlearn.services.serving.predict import HeadStore, PredictError, predict, prepare_inputs
 
 HERE = Path(__file__).resolve().parent

@@ -27,11 +27,13 @@ from unlearn.infra.between_stages import heads_family
 from unlearn.infra.registry import read_contracts
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, read_topic
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.delta_codec import CodecError, decode_delta
-from unlearn.schemas.envelope import InvalidRequest, parse_request
+from unlearn.schemas.delta_codec import decode_delta
+from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
+from unlearn.schemas.request_errors import InvalidRequest
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.erasure.report import ErasureReport, erasure_report
 from unlearn.services.verifier.errors import VerifyError

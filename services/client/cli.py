@@ -26,8 +26,9 @@ import orjson
 
 from unlearn.infra.cli_args import add_broker_args, cli_exit_code, settings_from_args, settings_help
 from unlearn.infra.settings import ErasureSettings, Settings
-from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, InvalidRequest, Request, request_from_dict
+from unlearn.schemas.envelope import REQUEST_SCHEMA_V1, Request, request_from_dict
 from unlearn.schemas.receipts import receipt_to_dict
+from unlearn.schemas.request_errors import InvalidRequest
 from unlearn.services.client.settings import ClientSettings
 
 if TYPE_CHECKING:  # the SDK (confluent-kafka) loads only when a request is produced
@@ -265,7 +266,8 @@ def _requests_of(args: argparse.Namespace, op: str, defaults: dict[str, Any]) ->
 def _produce_and_wait(settings: Settings, reqs: list[Request], args: argparse.Namespace, op: str) -> int:
     """Produce ``reqs`` and wait for their acknowledgement; then print them, or with --wait
     collect and print their receipts. The exit code."""
-    from unlearn.services.client.sdk import ClientError, UnlearnClient
+    from unlearn.services.client.errors import ClientError
+    from unlearn.services.client.sdk import UnlearnClient
 
     wait = bool(getattr(args, "wait", False))
     timeout = getattr(args, "timeout", None) or ClientSettings.of(settings).receipt_timeout
@@ -313,7 +315,7 @@ def _collect_receipts(client: UnlearnClient, handles: list[RequestHandle], timeo
     is no failure: it says on stderr that nothing was removed)."""
     from tqdm import tqdm
 
-    from unlearn.services.client.sdk import DeliveryFailed
+    from unlearn.services.client.errors import DeliveryFailed
 
     deadline = time.monotonic() + timeout
     rejected = 0

@@ -23,7 +23,8 @@ from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
 from unlearn.infra.topics import prefixed_topics
-from unlearn.schemas.head import CodecError, HeadUpdate, decode_head, head_to_json, retained_class_list
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.head import HeadUpdate, decode_head, head_to_json, retained_class_list
 
 __all__ = ["HeadFollower", "head_main", "latest_heads", "read_heads", "wait_for_head"]
 

@@ -4,7 +4,7 @@ An app that reads head updates itself (``head_reader.read_heads`` / ``HeadFollow
 here instead of multiplying by W: inputs are quantized on the head contract's grid (the
 featurizer's ``quantize_feature_row``, then dequantized), exactly as training rows and serving's
 inputs are, and classes are ranked over those with retained samples only
-(``schemas/head.py``): a class without data never wins with a 0.0 score, and its score is
+(``schemas/head_scores.py``): a class without data never wins with a 0.0 score, and its score is
 absent (NaN; ``HeadScores.as_json`` gives ``null``). The same answer as ``POST
 /v1/heads/{head}/predict`` on the same head version, without a network hop.
 """
@@ -15,7 +15,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from unlearn.features.contract import quantize_feature_row, quantizer
-from unlearn.schemas.head import HeadContract, HeadScores, HeadUpdate, score_rows
+from unlearn.schemas.head import HeadUpdate
+from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head_scores import HeadScores, score_rows
 
 __all__ = ["HeadScores", "featurize_rows", "predict_features"]
 

@@ -19,41 +19,8 @@ Feature vectors travel as JSON numbers by default, or as binary floats (``featur
 call: high-rate producers save bytes and the featurizer's parsing. JSON stays the default because
 JSON requests stay readable on the topic and in dead letters (docs/client.md).
 
-**Receipts**: a delete or delete_subject is answered on ``<prefix>receipts`` by exactly one
-receipt (applied, or rejected with a reason) carrying the request's event id. One
-:class:`ReceiptListener` per client reads that topic in a background thread (an
-``infra.topic_reader.TopicFollower`` started at the topic's end). It is started, and
-its start offsets are fixed, *before* the first delete is produced, and every delete's event id
-is registered before its request is produced, so a receipt can never slip past unseen however
-fast the pipeline answers. See docs/client.md.
-
-**Transit sealing** (``UNLEARN_TRANSIT_SEAL``, default ``auto``; docs/client.md, docs/erasure.md
-section 5), also used by the CLI and the demo: an add's input is sealed under the transit key the
-featurizer of the head's by-head partition publishes, so it becomes unreadable in ``requests``
-once that key is destroyed. Signatures cover the sealed bytes. The featurizer owning by-head
-partition P publishes P's current transit key on ``<prefix>transit-keys`` (record key ``p<P>``,
-partition P modulo the topic's partition count). :class:`TransitKeyCache` finds a head's
-partition exactly as the router does (``infra.between_stages.head_partition`` over the by-head
-topic's partition count from topic metadata), reads the tail of that partition of
-``transit-keys`` and keeps the newest key whose ``use_until`` is still ahead; it reads again once
-that has passed. :func:`seal_for_transit` applies ``UNLEARN_TRANSIT_SEAL``: ``auto`` seals,
-waiting up to ``UNLEARN_TRANSIT_WAIT_SECONDS`` for a key when none is published yet (a deployment
-that has only just started), then raises :class:`TransitUnavailable`: it never sends plaintext for
-want of a key; ``always`` raises at once when none is published; ``off`` never seals (deployments
-that publish no transit keys).
-
-Sealing reuses one ephemeral key per transit key (:meth:`TransitKeyCache.sealer_for`, a
-``schemas/sealed.TransitSealer`` per by-head partition): one X25519 exchange per producer session
-and epoch, not per request. A new one is made when the partition's transit key changes or after
-``SEALER_MAX_MESSAGES`` requests; the old one's derived AES key is dropped then, and any whose key
-is past ``use_until`` on the next add or :meth:`~TransitKeyCache.close`. Safe for threads
-producing through one client: the cache's lock makes one sealer per partition and key, the
-sealer's lock counts its seals exactly, and a seal that finds its sealer exhausted by another
-thread (``SealerExhausted``) asks the cache again, which rolls a new one.
-
-A sealed request must be delivered before its key is destroyed: :func:`transit_producer_overrides`
-bounds librdkafka's ``message.timeout.ms`` below ``UNLEARN_TRANSIT_GRACE_SECONDS``, so a late
-delivery fails loudly at the producer instead of arriving after the destruction.
+Receipts are read by ``services/client/receipt_listener.py``; an add's input is sealed for
+transit by ``services/client/transit_key_cache.py`` (``UNLEARN_TRANSIT_SEAL``). See docs/client.md.
 """
 
 from __future__ import annotations
@@ -71,42 +38,24 @@ import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from unlearn.infra import tracing
-from unlearn.infra.between_stages import head_partition, routed_topic_name
-from unlearn.infra.settings import ErasureSettings, Settings, consumer_config, producer_config
-from unlearn.infra.topic_reader import LogRecord, TopicFollower, TopicReadError, read_range
-from unlearn.schemas.delta_codec import CodecError
-from unlearn.schemas.envelope import (
-    FeatureDtype,
-    FeaturesInput,
-    ImageInput,
-    Input,
-    InvalidRequest,
-    Request,
-    SealedInput,
-    TextInput,
-    encode_request,
-)
-from unlearn.schemas.receipts import Receipt, decode_receipt
-from unlearn.schemas.sealed import (
-    SEALER_MAX_MESSAGES,
-    SealerExhausted,
-    TransitError,
-    TransitPublicKey,
-    TransitSealer,
-    decode_public_record,
-)
+from unlearn.infra.settings import Settings, producer_config
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.receipts import Receipt
+from unlearn.schemas.request_inputs import FeatureDtype, FeaturesInput, ImageInput, Input, TextInput
 from unlearn.schemas.signature import Signer
+from unlearn.services.client.errors import ClientError, DeliveryFailed, ReceiptTimeout
+from unlearn.services.client.receipt_listener import ReceiptListener
 from unlearn.services.client.settings import ClientSettings
+from unlearn.services.client.transit_key_cache import (
+    TransitKeyCache,
+    TransitUnavailable,
+    seal_for_transit,
+    transit_producer_overrides,
+)
 
 __all__ = [
-    "TransitUnavailable",
     "FEATURES_ENCODINGS",
-    "ClientError",
-    "DeliveryFailed",
     "FeaturesEncoding",
-    "InvalidRequest",
-    "ReceiptListener",
-    "ReceiptTimeout",
     "RequestHandle",
     "UnlearnClient",
     "make_input",
@@ -115,193 +64,10 @@ __all__ = [
 
 log = logging.getLogger("unlearn.client")
 
-_TAIL = 32  # records read back from the end of a transit-keys partition (a few epochs per by-head partition)
-_MARGIN_S = 1.0  # a key is used only while its use_until is at least this far ahead
-_RETRY_S = 1.0  # at most one read per partition this often while none is published
-
-
-class TransitUnavailable(RuntimeError):
-    """No transit key is published for the head's partition (``always``), or none came within
-    ``UNLEARN_TRANSIT_WAIT_SECONDS`` (``auto``): the add is not sent."""
-
-
-def transit_producer_overrides(settings: Settings) -> dict[str, Any]:
-    """librdkafka settings of a producer that seals: ``message.timeout.ms`` at three quarters of
-    the grace (the rest covers clock skew), so a sealed request is delivered or fails before its
-    key can be destroyed. Empty when sealing is off."""
-    if ClientSettings.of(settings).transit_seal == "off":
-        return {}
-    return {"message.timeout.ms": max(1000, int(ErasureSettings.of(settings).transit_grace_seconds * 750))}
-
-
-class TransitKeyCache:
-    """The published transit keys, per by-head partition, as a producer needs them (thread-safe)."""
-
-    def __init__(self, settings: Settings, requests_topic: str | None = None,
-                 max_messages: int = SEALER_MAX_MESSAGES) -> None:
-        self.settings = settings
-        self.max_messages = max_messages  # per ephemeral key (tests set it low)
-        self.topic = settings.topic("transit-keys")
-        self.by_head = routed_topic_name(requests_topic or settings.topic("requests"))
-        self.keys: dict[int, TransitPublicKey] = {}
-        self.sealers: dict[int, TransitSealer] = {}  # per by-head partition, for its current key
-        self._partitions: tuple[int, int] | None = None  # (by-head count, transit-keys count)
-        self._tried: dict[int, float] = {}
-        self._lock = threading.Lock()
-        self._consumer: Any = None
-
-    def key_for(self, head_id: str) -> TransitPublicKey | None:
-        """The key to seal an add of ``head_id`` with now, or None if none is published."""
-        with self._lock:
-            found = self._key(head_id)
-            return None if found is None else found[1]
-
-    def sealer_for(self, head_id: str) -> TransitSealer | None:
-        """The sealer for an add of ``head_id`` now (None: no key published): the partition's
-        current one, or a new ephemeral key when its transit key changed or it is exhausted."""
-        with self._lock:
-            found = self._key(head_id)
-            now = time.time()
-            for q in [q for q, s in self.sealers.items() if s.public.use_until <= now]:
-                del self.sealers[q]  # a derived key is kept no longer than its transit key is used
-            if found is None:
-                return None
-            p, key = found
-            sealer = self.sealers.get(p)
-            if sealer is None or sealer.public.key_id != key.key_id or sealer.exhausted:
-                sealer = self.sealers[p] = TransitSealer(key, self.max_messages)
-            return sealer
-
-    def _key(self, head_id: str) -> tuple[int, TransitPublicKey] | None:
-        counts = self._counts()
-        if counts is None:
-            return None
-        p = head_partition(head_id, counts[0])
-        key = self.keys.get(p)
-        now = time.time()
-        if key is None or key.use_until - _MARGIN_S <= now:
-            if now - self._tried.get(p, 0.0) < _RETRY_S:
-                return None
-            self._tried[p] = now
-            key = self._read(p, counts[1])
-        return (p, key) if key is not None and key.use_until - _MARGIN_S > now else None
-
-    def wait_for(self, head_id: str, timeout: float) -> TransitPublicKey | None:
-        """:meth:`key_for`, retried until a key is published or ``timeout`` passes (None)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            key = self.key_for(head_id)
-            if key is not None or time.monotonic() >= deadline:
-                return key
-            time.sleep(0.5)
-
-    def _counts(self) -> tuple[int, int] | None:
-        if self._partitions is None:
-            md = self._consumer_().list_topics(timeout=self.settings.admin_timeout).topics  # all: never creates
-            by_head = md.get(self.by_head) or md.get(self.settings.topic("requests"))  # the router copies its count
-            keys = md.get(self.topic)
-            if by_head is None or keys is None or by_head.error is not None or keys.error is not None \
-                    or not by_head.partitions or not keys.partitions:
-                return None  # not learnt yet: asked again next time
-            self._partitions = (len(by_head.partitions), len(keys.partitions))
-        return self._partitions
-
-    def _read(self, partition: int, n_keys: int) -> TransitPublicKey | None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        c = self._consumer_()
-        q = partition % n_keys
-        try:
-            low, high = c.get_watermark_offsets(TopicPartition(self.topic, q), timeout=self.settings.admin_timeout)
-            recs = read_range(c, self.topic, q, max(int(low), int(high) - _TAIL, 0), None, 5.0) if high > 0 else []
-        except (TopicReadError, KafkaException) as exc:  # a broker hiccup: plaintext or retry, never a crash
-            log.warning("reading transit keys of partition %d: %s", partition, exc)
-            return None
-        best: TransitPublicKey | None = None
-        for _, _, value in recs:
-            try:
-                k = decode_public_record(value or b"")
-            except TransitError:
-                continue
-            if k.partition == partition and (best is None or k.use_until > best.use_until):
-                best = k
-        if best is not None:
-            self.keys[partition] = best
-        return best
-
-    def _consumer_(self) -> Any:
-        if self._consumer is None:
-            from confluent_kafka import Consumer
-
-            self._consumer = Consumer(consumer_config(
-                self.settings, f"{self.settings.topic_prefix}client-transit-{uuid.uuid4().hex}",
-                **{"enable.partition.eof": True, "enable.auto.commit": False}))
-        return self._consumer
-
-    def close(self) -> None:
-        """Close the reader (before the broker goes away) and drop the derived sealing keys."""
-        with self._lock:
-            self.sealers.clear()
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
-
-
-def seal_for_transit(req: Request, keys: TransitKeyCache | None, mode: str) -> Request:
-    """``req`` sealed for transit per ``mode`` (UNLEARN_TRANSIT_SEAL: auto | always | off); only
-    adds are sealed. Without a published key, ``auto`` waits up to UNLEARN_TRANSIT_WAIT_SECONDS
-    for one and ``always`` does not wait; then both raise :class:`TransitUnavailable`. Why:
-    plaintext sent because the featurizer had not published its key yet stays readable in
-    ``requests`` wherever the broker cannot delete records (docs/erasure.md section 5)."""
-    if mode == "off" or keys is None or req.op != "add" or isinstance(req.input, SealedInput):
-        return req
-    while True:
-        sealer = keys.sealer_for(req.head_id)
-        if sealer is None and mode == "auto":
-            wait = ClientSettings.of(keys.settings).transit_wait_seconds
-            log.info("no transit key published yet for head %r: waiting up to %gs", req.head_id, wait)
-            if keys.wait_for(req.head_id, wait) is not None:
-                continue
-            raise TransitUnavailable(
-                f"no transit key was published for head {req.head_id!r} on {keys.topic} within {wait:g}s "
-                "(UNLEARN_TRANSIT_WAIT_SECONDS): the add is not sent rather than sent in plaintext. Is a "
-                "featurizer running and sealing? A deployment without transit keys (federated, "
-                "UNLEARN_SEAL_ROWS=false) sets UNLEARN_TRANSIT_SEAL=off")
-        if sealer is None:
-            raise TransitUnavailable(f"no transit key is published for head {req.head_id!r} on {keys.topic} "
-                                     "(is a featurizer running? UNLEARN_TRANSIT_SEAL=always)")
-        try:
-            return sealer.seal_request(req)
-        except SealerExhausted:  # another thread took its last slot: the cache rolls a new one
-            continue
-
 
 FeaturesEncoding = Literal["json", "f64", "f32"]
 FEATURES_ENCODINGS: dict[str, FeatureDtype | None] = {"json": None, "f64": "<f8", "f32": "<f4"}
 """``features_encoding`` -> the envelope's ``features_bin`` dtype (None: a JSON array of numbers)."""
-
-
-class ClientError(RuntimeError):
-    """The client cannot do what was asked (missing topic, closed client, ...)."""
-
-
-class DeliveryFailed(ClientError):
-    """The broker did not acknowledge a request message."""
-
-
-class ReceiptTimeout(TimeoutError):
-    """No receipt arrived in time. ``event_id`` and ``head_id`` say which request."""
-
-    def __init__(self, event_id: str, head_id: str, timeout: float, topic: str, detail: str = "") -> None:
-        self.event_id = event_id
-        self.head_id = head_id
-        self.timeout = timeout
-        self.topic = topic
-        msg = (f"no receipt for event {event_id!r} (head {head_id!r}) on {topic} within {timeout:g}s"
-               + (f": {detail}" if detail else "")
-               + "; are the featurizer and ledger workers running and caught up? "
-               f"(`unlearn head --head {head_id}`; rejected requests are also in the deadletter topic)")
-        super().__init__(msg)
 
 
 def new_event_id() -> str:
@@ -334,121 +100,9 @@ def make_input(*, features: Sequence[float] | np.ndarray | None = None, text: st
     return ImageInput(bytes(data), "png")  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------- receipts
-class _Waiter:
-    __slots__ = ("event", "receipt")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.receipt: Receipt | None = None
-
-
-class ReceiptListener:
-    """Reads ``<prefix>receipts`` from "now" on (an ``infra.topic_reader.TopicFollower`` started at
-    the end) and hands receipts to waiters.
-
-    Only receipts of registered event ids are kept (a busy deployment's other receipts are
-    dropped on sight). ``start()`` returns once every partition is assigned at an explicit offset
-    no later than the current end, so anything produced after ``start()`` returns is seen.
-    """
-
-    def __init__(self, settings: Settings, *, poll_interval: float = 0.2) -> None:
-        self.settings = settings
-        self.topic = settings.topic("receipts")
-        self.poll_interval = poll_interval
-        self._waiters: dict[str, _Waiter] = {}
-        self._lock = threading.Lock()
-        self._follower: TopicFollower | None = None
-        self.received = 0  # receipts read (all event ids)
-        self.bad = 0  # undecodable receipts seen
-
-    # ------------------------------------------------------------------ lifecycle
-    @property
-    def running(self) -> bool:
-        return self._follower is not None and self._follower.running
-
-    def start(self, timeout: float | None = None) -> ReceiptListener:
-        """Fix the start offsets (every partition's current end), then read in a daemon thread.
-        Idempotent. ``ClientError`` if the broker or the topic is not there within ``timeout``."""
-        if self._follower is not None:
-            return self
-        follower = TopicFollower(self.settings, self.topic, self._on_record, start_at="end",
-                                 role="client-receipts", poll_interval=self.poll_interval)
-        try:
-            follower.start(wait_assigned=self.settings.admin_timeout if timeout is None else timeout)
-        except TopicReadError:
-            follower.stop()
-            raise ClientError(f"cannot read {self.topic} on {self.settings.bootstrap}: {follower.error or 'timed out'}"
-                              " (is the broker up? run `unlearn topics create` with the same --prefix first)"
-                              ) from None
-        self._follower = follower
-        return self
-
-    def close(self) -> None:
-        """Stop the thread and close the consumer (pending waits then time out)."""
-        if self._follower is not None:
-            self._follower.stop()
-
-    # ------------------------------------------------------------------ waiting
-    def register(self, event_id: str) -> None:
-        """Keep the receipt of ``event_id`` when it comes (call BEFORE producing the request)."""
-        with self._lock:
-            self._waiters.setdefault(event_id, _Waiter())
-
-    def forget(self, event_id: str) -> None:
-        """Stop keeping the receipt of ``event_id`` (collected, or its request failed)."""
-        with self._lock:
-            self._waiters.pop(event_id, None)
-
-    def get(self, event_id: str) -> Receipt | None:
-        """The receipt if it already arrived (non-blocking)."""
-        with self._lock:
-            w = self._waiters.get(event_id)
-        return w.receipt if w is not None else None
-
-    def wait(self, event_id: str, timeout: float) -> Receipt | None:
-        """Block until the receipt of a registered event id arrives; None on timeout, ClientError
-        if the reading thread died (its error says why)."""
-        with self._lock:
-            w = self._waiters.get(event_id)
-        if w is None:
-            raise ClientError(f"event {event_id!r} was not registered with this receipt listener")
-        deadline = time.monotonic() + max(0.0, timeout)
-        while not w.event.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
-            failure = self._failure()
-            if failure is not None:
-                raise ClientError(f"receipt listener failed: {failure}")
-            if time.monotonic() >= deadline:
-                return None
-        return w.receipt
-
-    def _failure(self) -> str | None:
-        """Why the reading thread stopped by itself (None while it runs or after ``close()``)."""
-        f = self._follower
-        if f is None or f.running or f.error is None:
-            return None
-        return f.error
-
-    # ------------------------------------------------------------------ thread
-    def _on_record(self, record: LogRecord) -> None:
-        """Runs in the follower's thread: decode, and hand a registered receipt to its waiter."""
-        self.received += 1
-        if record.value is None:
-            return
-        try:
-            r = decode_receipt(record.value)
-        except CodecError as exc:
-            self.bad += 1
-            log.warning("undecodable receipt at %s/%d@%d: %s", self.topic, record.partition, record.offset, exc)
-            return
-        with self._lock:
-            w = self._waiters.get(r.event_id)
-        if w is not None and w.receipt is None:
-            w.receipt = r
-            w.event.set()
-
-
 # --------------------------------------------------------------------------- handles
+
+
 @dataclass
 class RequestHandle:
     """What a produced request is known by. ``wait_receipt`` only for delete / delete_subject."""
@@ -517,6 +171,8 @@ class RequestHandle:
 
 
 # --------------------------------------------------------------------------- client
+
+
 class UnlearnClient:
     """Produces request envelopes; one shared receipt listener per client (started lazily by the
     first delete, or at construction with ``listen_receipts=True``). Thread-safe for producing.

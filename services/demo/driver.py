@@ -35,14 +35,16 @@ from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import LogRecord, TopicFollower
 from unlearn.infra.topics import create_topics
 from unlearn.ledger import Quantizer, l2_normalize
-from unlearn.schemas.delta_codec import CodecError
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, SealedInput, TextInput, encode_request
-from unlearn.schemas.head import HeadUpdate, score_rows
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.head import HeadUpdate
+from unlearn.schemas.head_scores import score_rows
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, SealedInput, TextInput
 from unlearn.schemas.signature import Signer
 from unlearn.services.client.head_reader import HeadFollower
-from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.client.settings import ClientSettings
+from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 from unlearn.services.serving.settings import ServeSettings
 
@@ -235,7 +237,7 @@ class Demo:
         """Test accuracy of the head's weights on the (quantized, normalized) test features."""
         q = Quantizer(HeadSettings.of(self.settings).frac_bits)
         F = q.dequantize(q.quantize(l2_normalize(self.data.F_test)))
-        # over the classes with retained samples only, as serving predicts (schemas/head.py)
+        # over the classes with retained samples only, as serving predicts (schemas/head_scores.py)
         return float(np.mean(score_rows(h, F).predicted == self.data.y_test))
 
     def record(self, name: str, events: int, t0: float, h: HeadUpdate, **extra: Any) -> None:

@@ -57,11 +57,14 @@ from unlearn.infra.between_stages import (
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
 from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.infra.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
-from unlearn.schemas.envelope import InvalidRequest, SealedInput, parse_request
+from unlearn.schemas.delta_codec import RowsEntry, SealedRowsEntry, decode_delta
+from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import is_redacted, readable_delta
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import SealedInput
 from unlearn.services.verifier.erasure import open_records
 from unlearn.services.verifier.errors import VerifyError
 from unlearn.services.verifier.reading import read_head_records

@@ -16,7 +16,7 @@ from typing import Literal
 
 from unlearn.infra.cli_args import add_broker_args, settings_help
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.schemas.head import ContractError, HeadContract
+from unlearn.schemas.head_contract import ContractError, HeadContract
 from unlearn.services.registry.command import run_registry_command
 
 __all__ = ["build_parser", "contract_from_args", "heads_main"]

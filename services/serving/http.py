@@ -1,55 +1,32 @@
-"""Serving over HTTP: the aiohttp app and its handlers, the heads follower that fills its store,
-and its Prometheus metrics.
+"""Serving over HTTP: the aiohttp app, its handlers and an in-process server.
 
-**The app.** Endpoints (``openapi.json`` next to this module is their document, served at
+Endpoints (``openapi.json`` next to this module is their document, served at
 ``GET /openapi.json``; docs/serving.md): ``POST /v1/heads/{head}/predict``, ``GET /v1/heads/{head}``,
 ``GET /v1/heads``, ``GET /healthz``, ``GET /metrics``, and the Open Inference Protocol v2 under
 ``/v2`` (module ``oip``). Every handler reads the served head ONCE from
 the store and answers from that reference only, so a response never mixes two head versions.
-
-**The heads follower** (:class:`HeadsFollower`): every head update, from the beginning, offered to
-the store. Head updates live in the ``heads`` topic family (``<prefix>heads.p<P>.g<G>``, one topic
-per ``deltas`` partition; docs/ledger-processor.md says how the ledger bounds it). The follower
-reads every generation it finds, from the log start, and the store keeps the newest update per head
-(``HeadUpdate.supersedes``), so the order in which topics are read does not matter. Reading is
-the shared :class:`~unlearn.infra.topic_reader.TopicFollower` (explicit assignment, no consumer
-group, waits for the topic and the broker, EOF-based ``caught_up``, lag from fetch responses), so
-the broker rules live in one place; the follower only decodes, offers and counts.
-
-**Metrics** (:class:`Metrics`): each app owns a :class:`~prometheus_client.CollectorRegistry`
-instead of the process-global one, so several apps in one process (tests, the demo) neither
-collide on metric names nor mix their counts. Request and head-update counters are updated as
-things happen; the gauges that describe state (served heads, consumer lag, consumer up) are read
-from the store and the follower at scrape time by :class:`_StateCollector`, so they can never
-drift from what is served.
+The store is filled by ``heads_follower``; the metrics are ``metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
-import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
-from unlearn.infra.between_stages import heads_family
 from unlearn.infra.registry import ContractSource, RegistryView, contract_at
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_reader import LogRecord, TopicFollower
-from unlearn.schemas.head import CodecError, decode_head, head_to_json
+from unlearn.schemas.head import head_to_json
+from unlearn.services.serving.heads_follower import HeadsFollower
+from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.oip import OipState, add_oip_routes
+from unlearn.services.serving.openapi import openapi_document
 from unlearn.services.serving.predict import (
     MAX_TOP_K,
     HeadStore,
@@ -61,191 +38,19 @@ from unlearn.services.serving.predict import (
 from unlearn.services.serving.settings import ServeSettings
 
 __all__ = [
-    "HEAD_UPDATE_RESULTS",
-    "LATENCY_BUCKETS",
-    "Metrics",
-    "WatchedFollower",
-    "HeadsFollower",
-    "OPENAPI_RESOURCE",
     "ServingServer",
     "build_app",
     "follower_of",
     "listen",
     "metrics_of",
-    "openapi_document",
-    "openapi_spec",
     "store_of",
 ]
 
 log = logging.getLogger("unlearn.serving")
 
-#: Request latency buckets in seconds: 0.5 ms .. 10 s.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-#: Outcomes of a record read from the heads topic (all exported from the start, at 0).
-HEAD_UPDATE_RESULTS = ("accepted", "stale", "invalid")
-
-
-class WatchedFollower(Protocol):
-    """What the state gauges read from the heads follower (kept structural: no import cycle)."""
-
-    @property
-    def running(self) -> bool: ...
-
-    def lag(self) -> dict[int | str, int]: ...
-
-
-class Metrics:
-    """The serving app's metrics on its own registry; ``render()`` is the ``/metrics`` body."""
-
-    content_type = CONTENT_TYPE_LATEST
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("unlearn_serving_requests_total", "HTTP requests by route, method and status.",
-                                ["route", "method", "status"], registry=self.registry)
-        self.latency = Histogram("unlearn_serving_request_duration_seconds", "HTTP request latency.",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.head_updates = Counter("unlearn_serving_head_updates_total",
-                                    "Head updates read from the heads topic, by outcome.", ["result"],
-                                    registry=self.registry)
-        for result in HEAD_UPDATE_RESULTS:
-            self.head_updates.labels(result=result)
-
-    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        """Count one request; ``route`` is the route template, so head ids don't blow up cardinality."""
-        self.requests.labels(route=route, method=method, status=str(status)).inc()
-        self.latency.labels(route=route).observe(seconds)
-
-    def head_update(self, result: str) -> None:
-        """Count one record of the heads topic by outcome (accepted / stale / invalid)."""
-        self.head_updates.labels(result=result).inc()
-
-    def watch(self, store: HeadStore, follower: WatchedFollower | None) -> None:
-        """Export the state gauges of ``store`` and ``follower`` (read at every scrape)."""
-        self.registry.register(_StateCollector(store, follower))
-
-    def render(self) -> bytes:
-        """The exposition of this registry, in the format ``content_type`` names."""
-        return generate_latest(self.registry)
-
-
-class _StateCollector(Collector):
-    """Gauges computed from the store and the follower when scraped (no copies to keep in sync)."""
-
-    def __init__(self, store: HeadStore, follower: WatchedFollower | None) -> None:
-        self.store = store
-        self.follower = follower
-
-    def collect(self) -> Iterator[Metric]:
-        now = time.time()
-        lag = self.follower.lag() if self.follower is not None else {}
-        g = GaugeMetricFamily("unlearn_serving_consumer_lag",
-                              "Messages of the heads topic not yet read, per partition.", labels=["partition"])
-        for p, n in sorted(lag.items()):
-            g.add_metric([str(p)], n)
-        yield g
-        yield GaugeMetricFamily("unlearn_serving_consumer_lag_total", "Messages of the heads topic not yet read.",
-                                value=sum(lag.values()))
-        up = 1 if (self.follower is not None and self.follower.running) else 0
-        yield GaugeMetricFamily("unlearn_serving_consumer_up", "1 while the heads consumer thread runs.", value=up)
-
-        heads = sorted(self.store.all().items())
-        yield GaugeMetricFamily("unlearn_serving_heads", "Heads being served.", value=len(heads))
-        version = GaugeMetricFamily("unlearn_serving_head_version", "Version of the served head.",
-                                    labels=["head", "mode"])
-        retained = GaugeMetricFamily("unlearn_serving_head_n_retained", "Retained samples behind the served head.",
-                                     labels=["head"])
-        age = GaugeMetricFamily("unlearn_serving_head_age_seconds", "Seconds since the served head was published.",
-                                labels=["head"])
-        for hid, sh in heads:
-            version.add_metric([hid, sh.update.mode], sh.update.version)
-            retained.add_metric([hid], sh.update.n_retained)
-            age.add_metric([hid], max(0.0, now - sh.update.created_ts))
-        yield version
-        yield retained
-        yield age
-
-
-class HeadsFollower:
-    """Follows the heads family on a daemon thread and offers every update to ``store``.
-
-    ``caught_up`` is set once every partition reached its end at least once (``/healthz``
-    ``ready``); ``error`` says why it is waiting or why it stopped.
-    """
-
-    def __init__(self, settings: Settings, store: HeadStore, metrics: Metrics | None = None,
-                 poll_interval: float = 0.1) -> None:
-        self.settings = settings
-        self.store = store
-        self.metrics = metrics or Metrics()
-        self.topic = heads_family(settings.topic_prefix)
-        self.reader = TopicFollower(settings, self.topic, self.on_record, start_at="beginning", role="serving",
-                                    poll_interval=poll_interval)
-
-    @property
-    def running(self) -> bool:
-        return self.reader.running
-
-    @property
-    def caught_up(self) -> threading.Event:
-        return self.reader.caught_up
-
-    @property
-    def error(self) -> str | None:
-        return self.reader.error
-
-    @property
-    def partitions(self) -> list[str]:
-        """The ``topic/partition`` pairs being followed."""
-        return [f"{t}/{p}" for t, p in sorted(self.reader.partitions)]
-
-    def lag(self) -> dict[int | str, int]:
-        """Messages not yet read per ``topic/partition`` (refreshed by the reader every 0.5 s)."""
-        return self.reader.lag()
-
-    def start(self) -> HeadsFollower:
-        """Start reading (idempotent; returns at once: serving may start before the topic exists)."""
-        self.reader.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread and close its consumer (blocking up to ``timeout``)."""
-        self.reader.stop(timeout)
-
-    def on_record(self, record: LogRecord) -> None:
-        """Decode one record and offer it; tombstones are skipped, undecodable ones counted."""
-        if record.value is None:  # a tombstone: nothing to serve
-            return
-        try:
-            u = decode_head(record.value)
-        except CodecError as exc:
-            self.metrics.head_update("invalid")
-            log.warning("undecodable head update at %s/%d@%d: %s", record.topic, record.partition, record.offset, exc)
-            return
-        result = self.store.offer(u)
-        self.metrics.head_update(result)
-        if result == "accepted":
-            log.debug("head %s now version %d (%s)", u.head_id, u.version, u.mode)
-
-
-#: The OpenAPI document, shipped as package data of ``unlearn.services`` (pyproject.toml).
-OPENAPI_RESOURCE = "openapi.json"
 
 #: Largest accepted request body (a batch of images).
 MAX_BODY_BYTES = 64 * 1024 * 1024
-
-
-@functools.cache
-def openapi_document() -> bytes:
-    """The OpenAPI document's bytes, exactly as shipped (read once)."""
-    return resources.files(__package__).joinpath(OPENAPI_RESOURCE).read_bytes()
-
-
-def openapi_spec() -> dict[str, Any]:
-    """The OpenAPI document, parsed (a fresh dict: callers may modify it)."""
-    spec: dict[str, Any] = json.loads(openapi_document())
-    return spec
 
 
 def _json(data: Any, status: int = 200) -> web.Response:

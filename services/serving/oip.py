@@ -33,7 +33,7 @@ from aiohttp import web
 
 from unlearn.infra.registry import ContractSource, contract_at
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.schemas.head import score_rows
+from unlearn.schemas.head_scores import score_rows
 from unlearn.services.serving.predict import MAX_INPUTS, HeadStore, PredictError, ServedHead, prepare_inputs
 from unlearn.services.serving.settings import ServeSettings
 

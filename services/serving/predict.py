@@ -8,7 +8,7 @@ digest) from it, so a response can never mix two heads. Which update is newer is
 **Predictions**: parse a request body, featurize its inputs exactly like training, score them.
 Inputs go through the featurizer's pipeline and nothing else, all of it from the feature contract
 (``unlearn.features.contract``) and the **head's contract** from the head registry
-(``schemas/head.py``, docs/registry.md): its backbone and input kind, then
+(``schemas/head_contract.py``, docs/registry.md): its backbone and input kind, then
 ``quantize_feature_row`` with its normalization, bound and grid, then dequantization -- so a
 served input is the very feature vector a training sample with that input contributed to the
 ledger, whatever this process's own settings say. A head with no contract in the registry falls
@@ -29,7 +29,9 @@ import numpy as np
 
 from unlearn.features.contract import FeatureRejected, quantize_feature_row, quantizer, resolve_backbone
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.schemas.head import HeadContract, HeadUpdate, retained_class_list, score_rows
+from unlearn.schemas.head import HeadUpdate, retained_class_list
+from unlearn.schemas.head_contract import HeadContract
+from unlearn.schemas.head_scores import score_rows
 
 __all__ = [
     "HeadStore",
@@ -262,7 +264,7 @@ def prepare_inputs(settings: Settings, head: ServedHead, kind: str, items: Seque
 def predict(head: ServedHead, X: np.ndarray, sigma2: float = 1.0, top_k: int = 1) -> dict[str, Any]:
     """Scores X @ W, predicted class and top ``top_k`` classes, predictive variance sigma^2 f^T T f
     -- all from ``head``. Classes are ranked over those with retained samples only; the others'
-    scores are null (``schemas/head.py``)."""
+    scores are null (``schemas/head_scores.py``)."""
     from unlearn.ledger.bayes import predictive_variance
 
     u = head.update

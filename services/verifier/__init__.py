@@ -7,7 +7,9 @@ docs/verifier.md has the full story. The package, by concept:
   head updates and receipts.
 - ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/head_runtime.py``).
 - ``orders``: the add-before-delete DAG, shuffled orders, partitionings, the retained rows.
-- ``checks``: one function per check on the replay's ``Evidence``.
+- ``evidence``: the replay's ``Evidence`` of one head, what every check looks at.
+- ``checks``: one function per check on the ``Evidence``, and ``run_checks`` in the certificate's order.
+- ``live_head_checks``: the checks of the published head (live digest, retained hash, canonical head).
 - ``certificate``: ``Check`` and ``Certificate`` (``unlearn.verify/v1``).
 - ``certify``: ``verify`` (pure, records in memory), ``verify_broker``, ``verify_head``, ``verify_file``.
 - ``cli``: ``verify_main``, ``export_deltas_main``.

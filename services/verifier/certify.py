@@ -13,7 +13,8 @@ import numpy as np
 from unlearn.infra.between_stages import KeysUnavailable, heads_family, keys_family
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord
-from unlearn.schemas.delta_codec import CodecError, decode_delta
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed import is_sealed
@@ -22,9 +23,10 @@ from unlearn.streams.featurizer.core import Tombstone
 from unlearn.streams.ledger.head_runtime import RowOpener
 
 from .certificate import Certificate, Check, head_json
-from .checks import Evidence, run_checks
+from .checks import run_checks
 from .erasure import check_erased_pairs, open_records, unreproducible_versions
 from .errors import VerifyError
+from .evidence import Evidence
 from .export import read_export
 from .reading import decode_receipts, delta_head, read_head_records, read_head_updates, read_receipt_records
 from .remove_wins import erased_tombstones

@@ -2,9 +2,10 @@
 
 Before the replay, :func:`open_records` turns each sealed ``deltas`` message into the plaintext
 delta the live ledger applied (``streams.ledger.head_runtime.RowOpener``, the same transform as the
-ledger worker's), so the replay and every check in ``checks.py`` run unchanged. Rows whose key is
-destroyed cannot be opened: they are *erased*. Each erased add must be cancelled by a later erased
-delete of the same (sample, key id, commitment) in the same head: the pair contributes
+ledger worker's), so the replay and every check (``checks.py``, ``live_head_checks.py``) run
+unchanged. Rows whose key is destroyed cannot be opened: they are *erased*. Each erased add must
+be cancelled by a later erased delete of the same (sample, key id, commitment) in the same
+head: the pair contributes
 ``+x - x = 0``, so the final digest equals a from-scratch build on the retained set
 (:func:`check_erased_pairs`; an unpaired erased row fails it). The ledger states strictly between
 an erased add and its delete held that row and can be reproduced by no one, by design:
@@ -20,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from unlearn.infra.topic_reader import LogRecord
-from unlearn.schemas.delta_codec import CodecError, decode_delta, encode_delta
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import decode_delta, encode_delta
 from unlearn.schemas.sealed import ErasedRow, SealError, is_sealed
 from unlearn.streams.ledger.head_runtime import RowOpener, creates_head
 

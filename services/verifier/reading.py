@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import LogRecord, Source, TopicReadError, read_topic
-from unlearn.schemas.delta_codec import CodecError, decode_delta
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import Receipt, decode_receipt
 

@@ -25,8 +25,9 @@ import numpy as np
 
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, MultisetHash
-from unlearn.schemas.delta_codec import CodecError, Delta, PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import dedup_key
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, decode_delta
+from unlearn.schemas.source_id import dedup_key
 from unlearn.streams.ledger.head_runtime import (
     Rejection,
     admit,

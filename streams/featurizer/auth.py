@@ -45,7 +45,8 @@ from unlearn.infra.registry import ClientRegistryView
 from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import Settings
 from unlearn.schemas.client_record import ClientRecord
-from unlearn.schemas.envelope import InvalidRequest, Request
+from unlearn.schemas.envelope import Request
+from unlearn.schemas.request_errors import InvalidRequest
 from unlearn.schemas.signature import SignatureFormatError, read_signature, verify_value
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 

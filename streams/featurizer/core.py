@@ -127,21 +127,14 @@ from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
-from unlearn.schemas.envelope import (
-    FeaturesInput,
-    ImageInput,
-    InvalidRequest,
-    Request,
-    SealedInput,
-    TextInput,
-    format_source_id,
-    is_valid_id,
-    parse_request,
-)
-from unlearn.schemas.head import HeadContract
+from unlearn.schemas.envelope import Request, is_valid_id, parse_request
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.redaction import redact_original
-from unlearn.schemas.sealed import TransitError, TransitKeyPair, open_request, opening_key
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, SealedInput, TextInput
+from unlearn.schemas.source_id import format_source_id
+from unlearn.schemas.transit import TransitError, TransitKeyPair, open_request, opening_key
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS, Authorizer, Screened
 from unlearn.streams.featurizer.events import (
     ERASED,

@@ -150,23 +150,21 @@ from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, is_retriable, ka
 from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, key_family_config
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import DeadLetter
-from unlearn.schemas.delta_codec import CodecError, RowsEntry, SealedRowsEntry, decode_delta
+from unlearn.schemas.delta_codec import RowsEntry, SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import (
     PURPOSE_CHANGELOG,
     PURPOSE_DEADLETTER,
     SampleKey,
     SealError,
-    TransitKeyPair,
-    TransitPublicKey,
     encode_key_record,
-    encode_public_record,
     new_key,
-    new_transit_key,
     seal,
     seal_delta,
     unseal,
 )
+from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_public_record, new_transit_key
 from unlearn.streams.featurizer.cache import OpenSample
 from unlearn.streams.featurizer.core import DerivedKeys, TransitGate
 from unlearn.streams.featurizer.delivery import Acks, produce_acked

@@ -33,7 +33,9 @@ import numpy as np
 import orjson
 
 from unlearn.features.contract import FeatureRejected
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, InvalidRequest, Request, SealedInput, TextInput
+from unlearn.schemas.envelope import Request
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, SealedInput, TextInput
 
 __all__ = [
     "CACHED",

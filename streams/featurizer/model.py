@@ -48,9 +48,10 @@ from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta, encode_delta
-from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, format_source_id, is_valid_id, parse_source, source_stream
-from unlearn.schemas.head import HeadContract, encode_contract
+from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
+from unlearn.schemas.head_contract import HeadContract, encode_contract
 from unlearn.schemas.receipts import Receipt, encode_receipt
+from unlearn.schemas.source_id import format_source_id, parse_source, source_stream
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 if TYPE_CHECKING:  # core.py, which holds the remove-wins rule, imports this module

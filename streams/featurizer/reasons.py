@@ -3,7 +3,7 @@ meaning: the envelope's, the core's, and those of remove wins, signed mode and s
 
 from __future__ import annotations
 
-from unlearn.schemas.envelope import REQUEST_REASONS
+from unlearn.schemas.request_errors import REQUEST_REASONS
 from unlearn.streams.featurizer.auth import AUTH_REASONS
 from unlearn.streams.featurizer.core import TOMBSTONE_REASONS, TRANSIT_REASONS
 from unlearn.streams.featurizer.events import EVENT_REASONS

@@ -45,7 +45,7 @@ from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.infra.worker_metrics import WorkerMetrics
-from unlearn.schemas.envelope import source_stream
+from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
 from unlearn.streams.featurizer.cache import (

@@ -57,8 +57,8 @@ from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDele
 from unlearn.ledger.exact import STATE_BYTES
 from unlearn.ledger.tracked import HeadMode
 from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry, SealedRowsEntry
-from unlearn.schemas.envelope import dedup_key
 from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta
+from unlearn.schemas.source_id import dedup_key
 
 __all__ = [
     "RowOpener",

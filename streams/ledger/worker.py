@@ -82,9 +82,11 @@ from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, cons
 from unlearn.infra.topic_reader import TopicReadError
 from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.ledger.tracked import HeadMode
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
-from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
-from unlearn.schemas.head import HeadContract, HeadUpdate, encode_head
+from unlearn.schemas.delta_codec import Delta, decode_delta
+from unlearn.schemas.head import HeadUpdate, encode_head
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.schemas.receipts import Receipt, encode_receipt
 from unlearn.schemas.redaction import redact_delta
 from unlearn.schemas.sealed import SealError

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bench import featurizer_bench, pipeline_bench
-from unlearn.schemas.envelope import FeaturesInput, parse_request
+from unlearn.schemas.envelope import parse_request
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 
 

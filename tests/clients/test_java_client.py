@@ -29,8 +29,9 @@ from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.registry import publish_client, read_contracts
 from unlearn.infra.settings import Settings
 from unlearn.infra.topic_reader import read_topic
+from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.client_record import ClientKey, ClientRecord, key_fingerprint
-from unlearn.schemas.head import CodecError, HeadUpdate, decode_head
+from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.services.serving.predict import HeadStore, predict, prepare_inputs
 
 pytestmark = pytest.mark.broker

@@ -123,14 +123,14 @@ def _roles_in_code() -> dict[str, set[str]]:
 # Which principal runs the code that uses each reader role (a new role fails the next test until
 # it is listed here and granted in the matrix).
 ROLE_PRINCIPALS = {
-    "serving": {"serving"},                       # services/serving/http.py
+    "serving": {"serving"},                       # services/serving/heads_follower.py
     "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # infra/registry.py (+ unlearn audit)
     "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
     "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/erasure.py
     "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
-    "client-receipts": {"client"},                # services/client/sdk.py
+    "client-receipts": {"client"},                # services/client/receipt_listener.py
     "demo-receipts": set(),                       # the demo runs on the embedded broker only
     "reader": set(), "follower": set(),           # defaults of infra/topic_reader.py
 }
@@ -158,7 +158,7 @@ WORKER_GROUP_FILES = {
     "streams/ledger/state_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/erasure.py": {"featurizer"},
-    "services/client/sdk.py": {"client"},  # its reader of transit-keys (assign only)
+    "services/client/transit_key_cache.py": {"client"},  # its reader of transit-keys (assign only)
     "services/cdc/cli.py": {"cdc"},  # the bridge's group P cdc.<slot>
 }
 

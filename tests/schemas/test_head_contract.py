@@ -9,13 +9,7 @@ import orjson
 import pytest
 
 from unlearn.schemas import SCHEMA_DIR
-from unlearn.schemas.head import (
-    ContractError,
-    HeadContract,
-    decode_contract,
-    encode_contract,
-    parse_contract,
-)
+from unlearn.schemas.head_contract import ContractError, HeadContract, decode_contract, encode_contract, parse_contract
 
 SCHEMA = jsonschema.Draft202012Validator(orjson.loads((SCHEMA_DIR / "head-contract.v1.schema.json").read_bytes()))
 

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.schemas.envelope import InvalidRequest, parse_inner_input, parse_request
+from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.json_keys import duplicate_key
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import parse_inner_input
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, decode_delta, encode_delta
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, TextInput, encode_request, parse_request
+from unlearn.schemas.envelope import Request, encode_request, parse_request
 from unlearn.schemas.redaction import (
     REDACTED_DELTA_SCHEMA,
     is_redacted,
@@ -22,7 +22,9 @@ from unlearn.schemas.redaction import (
     redact_delta,
     redact_original,
 )
-from unlearn.schemas.sealed import TransitPublicKey, new_key, new_transit_key, seal_delta, seal_request
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, TextInput
+from unlearn.schemas.sealed import new_key, seal_delta
+from unlearn.schemas.transit import TransitPublicKey, new_transit_key, seal_request
 
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _id = st.text(alphabet="abcXYZ019._:@+-", min_size=1, max_size=12)

@@ -1,4 +1,4 @@
-"""Transit sealing of raw inputs (schemas/sealed.py): round trips, and a sealed input opens only
+"""Transit sealing of raw inputs (schemas/transit.py): round trips, and a sealed input opens only
 under exactly its key and context (docs/formats.md, "Sealed inputs"). One ephemeral key for many
 requests (``TransitSealer``): the bytes are the ordinary format, each request opens exactly as a
 one-shot seal does (with or without a cached derived key), and every associated-data binding
@@ -16,17 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.thread_support import run_racing
-from unlearn.schemas.envelope import (
-    FeaturesInput,
-    InvalidRequest,
-    Request,
-    SealedInput,
-    TextInput,
-    encode_request,
-    input_to_dict,
-    parse_request,
-)
-from unlearn.schemas.sealed import (
+from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, SealedInput, TextInput, input_to_dict
+from unlearn.schemas.transit import (
     SEALER_MAX_MESSAGES,
     SealerExhausted,
     TransitError,

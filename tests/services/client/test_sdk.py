@@ -124,7 +124,8 @@ def test_plain_producer_from_the_json_schema_gets_its_receipt(pipeline: Settings
 
 # --------------------------------------------------------------------------- the SDK
 def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
-    from unlearn.services.client.sdk import ClientError, UnlearnClient
+    from unlearn.services.client.errors import ClientError
+    from unlearn.services.client.sdk import UnlearnClient
 
     s = pipeline
     F = features(2, 6)
@@ -242,7 +243,8 @@ def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -
 def test_wait_receipt_timeout_names_the_event_and_head(settings: Settings, capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
     from unlearn.services.client.cli import delete_main
-    from unlearn.services.client.sdk import ReceiptTimeout, UnlearnClient
+    from unlearn.services.client.errors import ReceiptTimeout
+    from unlearn.services.client.sdk import UnlearnClient
 
     with UnlearnClient(settings) as client:
         h = client.delete("lonely-head", "x", "s")
@@ -330,7 +332,8 @@ def test_cli_argument_errors(settings: Settings, tmp_path: Path, capsys: pytest.
 
 # --------------------------------------------------------------------------- the receipt listener
 def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> None:
-    from unlearn.services.client.sdk import ClientError, ReceiptListener
+    from unlearn.services.client.errors import ClientError
+    from unlearn.services.client.receipt_listener import ReceiptListener
 
     missing = settings.with_(topic_prefix=settings.topic_prefix + "nothing-here.")
     listener = ReceiptListener(missing)
@@ -342,21 +345,22 @@ def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> Non
 def test_a_dead_listener_fails_its_waiters(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reading thread dying is reported to every waiter (not a silent timeout)."""
     from unlearn.infra.settings import producer_config
-    from unlearn.services.client import sdk
+    from unlearn.services.client import receipt_listener
+    from unlearn.services.client.errors import ClientError
 
     def broken(_value: bytes) -> Receipt:
         raise RuntimeError("decoder exploded")
 
-    monkeypatch.setattr(sdk, "decode_receipt", broken)
-    listener = sdk.ReceiptListener(settings).start()
+    monkeypatch.setattr(receipt_listener, "decode_receipt", broken)
+    listener = receipt_listener.ReceiptListener(settings).start()
     try:
         listener.register("ev-1")
         p = Producer(producer_config(settings))
         p.produce(settings.topic("receipts"), key=b"s", value=b"{}")
         assert p.flush(10) == 0
-        with pytest.raises(sdk.ClientError, match="decoder exploded"):
+        with pytest.raises(ClientError, match="decoder exploded"):
             listener.wait("ev-1", 30)
-        with pytest.raises(sdk.ClientError, match="not registered"):
+        with pytest.raises(ClientError, match="not registered"):
             listener.wait("ev-unknown", 1)
     finally:
         listener.close()
@@ -367,7 +371,8 @@ def test_the_sdk_is_importable_from_the_package() -> None:
     from unlearn.services.client import UnlearnClient, sdk
 
     assert UnlearnClient is sdk.UnlearnClient
-    assert set(client_pkg.__all__) == set(sdk.__all__)
+    assert set(sdk.__all__) <= set(client_pkg.__all__)
+    assert all(getattr(client_pkg, name) is not None for name in client_pkg.__all__)
     with pytest.raises(AttributeError):
         _ = client_pkg.NoSuchThing  # type: ignore[attr-defined]
 

@@ -11,7 +11,7 @@ import pytest
 from tests.services.serving.support import Publisher, dequantized, http, make_head, wait_version
 from unlearn.infra.registry import publish_contract
 from unlearn.infra.settings import Settings
-from unlearn.schemas.head import HeadContract
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.serving.http import ServingServer
 from unlearn.services.serving.predict import HeadStore, PredictError, prepare_inputs
 

@@ -7,7 +7,8 @@ import prometheus_client
 
 from tests.services.serving.support import http, make_head, metric_samples, sample
 from unlearn.infra.settings import Settings
-from unlearn.services.serving.http import HEAD_UPDATE_RESULTS, Metrics, ServingServer
+from unlearn.services.serving.http import ServingServer
+from unlearn.services.serving.metrics import HEAD_UPDATE_RESULTS, Metrics
 from unlearn.services.serving.predict import HeadStore
 
 PREDICT = "/v1/heads/{head}/predict"

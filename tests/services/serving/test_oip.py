@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.services.serving.support import C, D, http, make_head
 from unlearn.infra.settings import Settings
-from unlearn.schemas.head import HeadContract
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.serving.http import ServingServer
 from unlearn.services.serving.predict import HeadStore
 

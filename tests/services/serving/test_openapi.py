@@ -11,7 +11,8 @@ from openapi_spec_validator import validate
 
 from tests.services.serving.support import http, make_head
 from unlearn.infra.settings import Settings
-from unlearn.services.serving.http import ServingServer, build_app, openapi_spec
+from unlearn.services.serving.http import ServingServer, build_app
+from unlearn.services.serving.openapi import openapi_spec
 from unlearn.services.serving.predict import HeadStore
 
 DOC = Path(__file__).resolve().parents[3] / "services" / "serving" / "openapi.json"

@@ -34,8 +34,8 @@ from unlearn.infra.registry import publish_contract
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
-from unlearn.schemas.head import HeadContract
-from unlearn.services.serving.http import openapi_spec
+from unlearn.schemas.head_contract import HeadContract
+from unlearn.services.serving.openapi import openapi_spec
 from unlearn.services.serving.predict import MAX_TOP_K
 
 HEAD = "st-head"

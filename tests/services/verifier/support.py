@@ -9,7 +9,8 @@ import numpy as np
 
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
-from unlearn.schemas.delta_codec import CodecError, Delta, RowsEntry, decode_delta, encode_delta
+from unlearn.schemas.binary_frame import CodecError
+from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import Certificate

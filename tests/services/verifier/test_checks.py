@@ -20,7 +20,9 @@ from unlearn.schemas.delta_codec import PackedEntry
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import verify
-from unlearn.services.verifier.checks import Evidence, check_delete_matching, check_live_digest, run_checks
+from unlearn.services.verifier.checks import check_delete_matching, run_checks
+from unlearn.services.verifier.evidence import Evidence
+from unlearn.services.verifier.live_head_checks import check_live_digest
 
 
 def test_a_ghost_delete_the_ledger_accepts_is_flagged() -> None:

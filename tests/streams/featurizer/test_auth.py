@@ -21,7 +21,8 @@ from unlearn.schemas.client_record import (
     encode_client,
     key_fingerprint,
 )
-from unlearn.schemas.envelope import FeaturesInput, Request, TextInput, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput, TextInput
 from unlearn.schemas.signature import (
     SIG_HEADER,
     SIG_KEY_HEADER,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from unlearn.schemas.delta_codec import decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
 from unlearn.streams.featurizer.core import Tombstone, featurize_batch
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, CoreConfig, HeadInfo, InMessage, OutMessage

@@ -15,21 +15,12 @@ from unlearn.infra.settings import HeadSettings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import (
-    FeaturesInput,
-    ImageInput,
-    InvalidRequest,
-    Request,
-    TextInput,
-    encode_request,
-    format_source_id,
-    parse_request,
-    parse_source,
-    parse_source_id,
-    source_stream,
-)
+from unlearn.schemas.envelope import Request, encode_request, parse_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
+from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, TextInput
+from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
 from unlearn.streams.featurizer.core import (
     Tombstone,
     assemble_deltas,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.schemas.envelope import FeaturesInput, Request, TextInput, encode_request, parse_request
+from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.request_inputs import FeaturesInput, TextInput
 from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records, fold_changelog
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.events import (

@@ -9,7 +9,7 @@ from tests.streams.featurizer.test_core import MemCache, add, batch, cfg, no_enc
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings
 from unlearn.schemas.delta_codec import decode_delta
-from unlearn.schemas.head import HeadContract, decode_contract
+from unlearn.schemas.head_contract import HeadContract, decode_contract
 from unlearn.streams.featurizer.core import featurize_batch, with_registry
 
 

@@ -23,12 +23,13 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from tests.services.verifier.test_remove_wins_verify import certify_messages
+from tests.services.verifier.test_remove_wins import certify_messages
 from tests.streams.featurizer.test_remove_wins import assert_head_is, receipts_of, settle
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.envelope import FeaturesInput, ImageInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput, ImageInput
 
 pytestmark = pytest.mark.broker
 

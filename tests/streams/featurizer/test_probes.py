@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from unlearn.infra.settings import Settings
-from unlearn.schemas.sealed import new_transit_key
+from unlearn.schemas.transit import new_transit_key
 from unlearn.streams.featurizer import erasure
 from unlearn.streams.featurizer.erasure import FLOORS, PROBE, Epoch, Erasure, Probes, TransitKeys, _Pending
 

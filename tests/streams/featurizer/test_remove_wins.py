@@ -16,14 +16,15 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from tests.sealed_support import plain_delta
-from tests.services.verifier.test_remove_wins_verify import certify_messages
+from tests.services.verifier.test_remove_wins import certify_messages
 from tests.streams.featurizer.test_routing import reference_digest
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 

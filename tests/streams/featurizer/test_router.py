@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, is_valid_id, parse_source
+from unlearn.schemas.envelope import Request, encode_request, is_valid_id
+from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.core import admit_routed, featurize_batch
 from unlearn.streams.featurizer.model import (
     ORIGIN_HEADER,

@@ -23,8 +23,9 @@ from unlearn.infra.settings import HeadSettings, Settings, producer_config
 from unlearn.infra.topic_reader import read_topic
 from unlearn.ledger import ExactLedger
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.streams.featurizer.model import read_origin

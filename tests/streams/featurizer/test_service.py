@@ -24,8 +24,10 @@ from unlearn.infra.topics import create_topics, delete_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, parse_source
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
 
 pytestmark = pytest.mark.broker

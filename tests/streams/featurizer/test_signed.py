@@ -22,8 +22,9 @@ from unlearn.infra.registry import publish_client, read_clients
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.client_record import ClientKey, ClientRecord
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.signature import Signer
 from unlearn.services.cli import main
 from unlearn.services.client.sdk import UnlearnClient

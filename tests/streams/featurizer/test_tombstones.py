@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from unlearn.features.contract import FeatureRejected
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import RowsEntry
-from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
+from unlearn.schemas.envelope import Request, encode_request
+from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import (
     Tombstone,

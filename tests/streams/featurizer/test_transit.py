@@ -19,9 +19,10 @@ from unlearn.infra.between_stages import (
 )
 from unlearn.infra.settings import Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import read_topic
-from unlearn.schemas.envelope import Request, TextInput
-from unlearn.schemas.sealed import decode_public_record, seal_request
-from unlearn.services.client.sdk import TransitKeyCache
+from unlearn.schemas.envelope import Request
+from unlearn.schemas.request_inputs import TextInput
+from unlearn.schemas.transit import decode_public_record, seal_request
+from unlearn.services.client.transit_key_cache import TransitKeyCache
 from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, router_committed
 

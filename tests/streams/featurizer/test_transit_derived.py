@@ -13,9 +13,10 @@ from typing import Any, cast
 import pytest
 
 from unlearn.infra.settings import Settings
-from unlearn.schemas.envelope import Request, SealedInput, TextInput
-from unlearn.schemas.sealed import TransitError, TransitPublicKey, TransitSealer, new_transit_key
-from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit
+from unlearn.schemas.envelope import Request
+from unlearn.schemas.request_inputs import SealedInput, TextInput
+from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, new_transit_key
+from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit
 from unlearn.streams.featurizer.core import DerivedKeys, UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
 

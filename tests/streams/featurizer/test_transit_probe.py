@@ -11,7 +11,7 @@ from typing import Any, cast
 from confluent_kafka import KafkaError
 
 from unlearn.infra.settings import Settings
-from unlearn.schemas.sealed import new_transit_key
+from unlearn.schemas.transit import new_transit_key
 from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
 
 REQ, BY_HEAD = "t.requests", "t.requests.by-head"

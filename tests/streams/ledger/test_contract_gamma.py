@@ -14,7 +14,7 @@ from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.registry import publish_contract
 from unlearn.infra.settings import Settings
 from unlearn.ledger import solve_head
-from unlearn.schemas.head import HeadContract
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.client.head_reader import wait_for_head
 
 pytestmark = pytest.mark.broker

@@ -9,7 +9,7 @@ import pytest
 
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, relative_deviation, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
-from unlearn.schemas.envelope import dedup_key
+from unlearn.schemas.source_id import dedup_key
 from unlearn.streams.ledger.head_runtime import (
     HeadConfig,
     HeadRuntime,

@@ -15,7 +15,7 @@ import javax.crypto.spec.GCMParameterSpec;
 import javax.crypto.spec.SecretKeySpec;
 
 /**
- * Transit sealing primitives (docs/formats.md, "Sealed inputs"; reference {@code schemas/sealed.py}):
+ * Transit sealing primitives (docs/formats.md, "Sealed inputs"; reference {@code schemas/transit.py}):
  * X25519 between an ephemeral key and the partition's published transit key, HKDF-SHA256 (written
  * here over the JDK's HmacSHA256) to the AES-256 key, AES-256-GCM with the associated data that
  * binds the ciphertext to one request. Also the by-head partition rule and the public key record.

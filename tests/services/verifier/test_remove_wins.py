@@ -25,7 +25,8 @@ from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.schemas.sealed import ErasedRow
 from unlearn.schemas.signature import Signer
 from unlearn.services.verifier import Certificate, Check, verify
-from unlearn.services.verifier.checks import Evidence, check_remove_wins
+from unlearn.services.verifier.checks import check_remove_wins
+from unlearn.services.verifier.evidence import Evidence
 from unlearn.services.verifier.remove_wins import erased_tombstones
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
 from unlearn.streams.featurizer.cache import FeatureCache

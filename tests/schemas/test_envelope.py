@@ -1,5 +1,5 @@
-"""JSON envelopes: the hand-written request checks agree with the JSON Schema upstream apps use,
-every malformed request maps to its reason code, and receipts/deadletters round-trip."""
+"""The request envelope: the hand-written request checks agree with the JSON Schema upstream apps
+use, and every malformed request maps to its reason code; every schema file is valid JSON Schema."""
 
 from __future__ import annotations
 
@@ -20,22 +20,13 @@ from hypothesis import strategies as st
 from unlearn.schemas import (
     REQUEST_REASONS,
     SCHEMA_DIR,
-    CodecError,
-    DeadLetter,
     FeaturesInput,
     ImageInput,
     InvalidRequest,
-    Receipt,
     Request,
     TextInput,
-    deadletter_for,
-    decode_deadletter,
-    decode_receipt,
-    encode_deadletter,
-    encode_receipt,
     encode_request,
     parse_request,
-    receipt_to_dict,
 )
 
 
@@ -46,8 +37,6 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
 
 
 REQUEST_V = _validator("request.v1.schema.json")
-RECEIPT_V = _validator("receipt.v3.schema.json")
-DEADLETTER_V = _validator("deadletter.v1.schema.json")
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
 
@@ -462,142 +451,6 @@ def test_reason_table_is_documented() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     for reason in REQUEST_REASONS:
         assert f"`{reason}`" in doc, f"docs/formats.md does not list {reason}"
-
-
-# --------------------------------------------------------------------------- receipts
-DIGEST = "ab" * 32
-
-
-def _receipt(**changes: Any) -> dict[str, Any]:
-    d = receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3", "img-4"], 12, DIGEST, 1767225600.5))
-    for k, v in changes.items():
-        if v is _DROP:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    return d
-
-
-V3 = "unlearn.receipt/v3"
-RECEIPTS_VALID = [
-    _receipt(),
-    _receipt(sample_ids=[]),
-    _receipt(head_version=0, ts=0),
-    _receipt(retained_hash="cd" * 32),
-    _receipt(digest=_DROP),  # the ledger worker writes no digest
-    _receipt(digest=_DROP, retained_hash="cd" * 32),
-    receipt_to_dict(Receipt.applied("ev-9", "user-9", "fmnist", ["img-3"], 3, None, 1.0, retained_hash="01" * 32)),
-    receipt_to_dict(Receipt.rejected("ev-9", "user-9", "fmnist", ["img-3"], "sample_not_present", 5.0)),
-    receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", ["img-3"], 4.5, 604804.5, 5.0)),
-    receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", [], 4.5, None, 5.0)),  # kept for ever
-    receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", [], 4.5, None, 5.0, "app-1")),  # scoped
-    {"schema": V3, "event_id": "e", "subject_id": "s", "head_id": "h", "sample_ids": [], "status": "tombstoned",
-     "ts": 0, "tombstone_ts": 0},
-]
-_TOMB = receipt_to_dict(Receipt.tombstoned("ev-9", "user-9", "fmnist", ["img-3"], 4.5, 10.0, 5.0))
-RECEIPTS_INVALID = [
-    _receipt(schema="unlearn.receipt/v4"),
-    _receipt(schema="unlearn.receipt/v2"),  # one version: nothing older was released
-    _receipt(schema="unlearn.receipt/v1"),
-    {**_TOMB, "schema": "unlearn.receipt/v2"},
-    _receipt(tombstone_ts=1.0),  # tombstone fields on an applied receipt
-    _receipt(tombstone_expires=1.0),
-    {k: v for k, v in _TOMB.items() if k != "tombstone_ts"},
-    {**_TOMB, "tombstone_ts": -1},
-    {**_TOMB, "tombstone_ts": True},
-    {**_TOMB, "tombstone_expires": None},  # absent when kept for ever, never null
-    {**_TOMB, "tombstone_client_id": None},  # absent when it matches every client, never null
-    {**_TOMB, "tombstone_client_id": ""},
-    {**_TOMB, "tombstone_client_id": "app 1"},
-    _receipt(tombstone_client_id="app-1"),  # only a tombstoned receipt is scoped
-    {**_TOMB, "head_version": 3},
-    {**_TOMB, "digest": DIGEST},
-    {**_TOMB, "reason": "unknown_sample"},
-    _receipt(status="pending"),
-    _receipt(status=["applied"]),
-    _receipt(digest="AB" * 32),
-    _receipt(digest="ab" * 31),
-    _receipt(digest=DIGEST + "\n"),
-    _receipt(digest=None),  # absent when not carried, never null
-    _receipt(head_version=-1),
-    _receipt(head_version=1.5),
-    _receipt(head_version=True),
-    _receipt(head_version=_DROP),
-    _receipt(reason="why"),
-    _receipt(sample_ids=["ok", ""]),
-    _receipt(sample_ids="img-3"),
-    _receipt(event_id=_DROP),
-    _receipt(event_id="e/1"),
-    _receipt(ts=-1),
-    _receipt(ts="1"),
-    _receipt(extra=True),
-    _receipt(status="rejected"),  # has head_version/digest, no reason
-    _receipt(status="rejected", head_version=_DROP, digest=_DROP),  # no reason
-    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason=""),
-    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", tombstone_ts=1.0),
-    _receipt(retained_hash="CD" * 32),
-    _receipt(retained_hash="cd" * 31),
-    _receipt(retained_hash=None),  # absent when unknown, never null
-    _receipt(status="rejected", head_version=_DROP, digest=_DROP, reason="r", retained_hash="cd" * 32),
-    _receipt(status="rejected", head_version=_DROP, reason="r"),  # a digest on a rejected receipt
-]
-
-
-@pytest.mark.parametrize("doc", RECEIPTS_VALID)
-def test_valid_receipts_round_trip_and_match_schema(doc: dict[str, Any]) -> None:
-    assert RECEIPT_V.is_valid(doc)
-    r = decode_receipt(orjson.dumps(doc))
-    assert decode_receipt(encode_receipt(r)) == r
-    assert orjson.loads(encode_receipt(r))["schema"] == V3
-    assert r.removed == (r.status == "applied" and bool(r.sample_ids))
-
-
-@pytest.mark.parametrize("doc", RECEIPTS_INVALID)
-def test_invalid_receipts_are_rejected_like_the_schema(doc: dict[str, Any]) -> None:
-    assert not RECEIPT_V.is_valid(doc)
-    with pytest.raises(CodecError):
-        decode_receipt(orjson.dumps(doc))
-
-
-def test_receipt_garbage_is_codec_error() -> None:
-    for raw in (b"", b"{", b"[]", b"null"):
-        with pytest.raises(CodecError):
-            decode_receipt(raw)
-
-
-# --------------------------------------------------------------------------- deadletter
-def test_deadletter_round_trip_and_schema() -> None:
-    original = b'{"schema": "unlearn.request/v9"}\xff'
-    with pytest.raises(InvalidRequest) as info:
-        parse_request(original)
-    rec = deadletter_for(original, info.value, "featurizer", topic="p.requests", partition=2, offset=41, key=b"user-9")
-    assert rec.reason == "not_json"
-    raw = encode_deadletter(rec)
-    assert DEADLETTER_V.is_valid(orjson.loads(raw))
-    back = decode_deadletter(raw)
-    assert back == rec and back.original == original
-
-    from_codec = deadletter_for(b"\x00", CodecError("delta: truncated"), "ledger", ts=1.0)
-    assert from_codec.reason == "codec_error" and from_codec.topic is None
-    assert decode_deadletter(encode_deadletter(from_codec)) == from_codec
-    assert deadletter_for(None, RuntimeError("boom"), "ledger").reason == "internal_error"
-
-
-def test_deadletter_garbage_is_codec_error() -> None:
-    good = orjson.loads(encode_deadletter(DeadLetter(b"x", "bad_op", "d", "featurizer", ts=1.0)))
-    bad_docs = [
-        b"",
-        b"[]",
-        orjson.dumps({**good, "schema": "unlearn.deadletter/v2"}),
-        orjson.dumps({**good, "original": "!!!"}),
-        orjson.dumps({**good, "reason": ""}),
-        orjson.dumps({**good, "source": None}),
-        orjson.dumps({k: v for k, v in good.items() if k != "stage"}),
-        orjson.dumps({**good, "ts": "yesterday"}),
-    ]
-    for raw in bad_docs:
-        with pytest.raises(CodecError):
-            decode_deadletter(raw)
 
 
 def test_schema_files_are_valid_draft_2020_12() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from unlearn.infra.registry import RegistryView, publish_contract, read_contracts
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.schemas.head import HeadContract
+from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.cli import main
 
 
