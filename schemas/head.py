@@ -47,7 +47,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from unlearn.ledger.exact import MAX_CLASS_INDEX
+from unlearn.ledger.quantization import MAX_CLASS_INDEX
 from unlearn.schemas.delta_codec import CodecError, Reader, Writer, check_frame
 from unlearn.schemas.envelope import ID_CHARS, is_valid_id
 from unlearn.schemas.registry_record import check_id_and_version, load_document, open_document, require_fields, typed

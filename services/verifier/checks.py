@@ -24,7 +24,7 @@ from unlearn.ledger import (
     solve_head,
 )
 from unlearn.ledger.solve import posterior_inverse_cho_solve
-from unlearn.ledger.tracked import relative_deviation
+from unlearn.ledger.tracker_checks import relative_deviation
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.streams.featurizer.core import Tombstone

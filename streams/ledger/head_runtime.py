@@ -54,8 +54,8 @@ from numpy.typing import NDArray
 from unlearn.infra.between_stages import KeyRing, Locate, head_partition, routed_topic_name
 from unlearn.infra.settings import Settings
 from unlearn.ledger import ExactLedger, LedgerError, MultisetHash, NonMemberDelete, TrackedHead
-from unlearn.ledger.exact import STATE_BYTES
-from unlearn.ledger.tracked import HeadMode
+from unlearn.ledger.multiset_hash import STATE_BYTES
+from unlearn.ledger.tracked_head import HeadMode
 from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.envelope import dedup_key
 from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta

@@ -81,7 +81,7 @@ from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topic_reader import TopicReadError
 from unlearn.infra.worker_metrics import WorkerMetrics
-from unlearn.ledger.tracked import HeadMode
+from unlearn.ledger.tracked_head import HeadMode
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import CodecError, Delta, decode_delta
 from unlearn.schemas.head import HeadContract, HeadUpdate, encode_head
