@@ -1,7 +1,7 @@
 """Verification after erasure (docs/erasure.md, "Verification survives erasure").
 
 Before the replay, :func:`open_records` turns each sealed ``deltas`` message into the plaintext
-delta the live ledger applied (``streams.ledger.head_runtime.RowOpener``, the same transform as the
+delta the live ledger applied (``streams.ledger.row_opener.RowOpener``, the same transform as the
 ledger worker's), so the replay and every check in ``checks.py`` run unchanged. Rows whose key is
 destroyed cannot be opened: they are *erased*. Each erased add must be cancelled by a later erased
 delete of the same (sample, key id, commitment) in the same head: the pair contributes
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, decode_delta, encode_delta
 from unlearn.schemas.sealed import ErasedRow, SealError, is_sealed
-from unlearn.streams.ledger.head_runtime import RowOpener, creates_head
+from unlearn.streams.ledger.delta_rules import creates_head
+from unlearn.streams.ledger.row_opener import RowOpener
 
 from .certificate import Check
 from .reading import record_value

@@ -18,7 +18,7 @@ from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.services.client.predict import featurize_rows, predict_features
 from unlearn.services.serving.predict import ServedHead, predict
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.worker import head_update
+from unlearn.streams.ledger.outputs import head_update
 
 GAMMA = 0.5
 CFG = HeadConfig(gamma=GAMMA, reset_every=1000, drift_threshold=1.0)
