@@ -12,7 +12,7 @@ it also restarts a persistent broker once (SIGTERM, then the same port and data 
 waits for the heads to settle and audits:
 
 - **lost / doubled events**: the deltas log is replayed with the ledger's own admission rules
-  (``head_runtime.admit`` / ``apply_entries``) to see which request events reached the ledger,
+  (``delta_rules.admit`` / ``apply_entries``) to see which request events reached the ledger,
   how many times; every add and delete produced must be applied exactly once;
 - **digest mismatches**: each head's latest exact digest must equal a from-scratch ledger of the
   retained samples (quantized by the feature contract), and its retained-rows hash the
@@ -88,7 +88,8 @@ from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.sealed import SealError
-from unlearn.streams.ledger.head_runtime import RowOpener, admit, apply_entries, creates_head, record_applied
+from unlearn.streams.ledger.delta_rules import admit, apply_entries, creates_head, record_applied
+from unlearn.streams.ledger.row_opener import RowOpener
 
 _ADMIN_PASSWORD = "admin-chaos-local-only"  # --secure: the super user every client of the run is
 

@@ -54,11 +54,11 @@ from unlearn.ledger import (
     SMWTracker,
     TrackedHead,
     centralized_retrain,
+    cholesky_tracker,
     l2_normalize,
     one_hot,
     relative_deviation,
     solve_head,
-    tracked,
 )
 
 GAMMA = 1.0
@@ -728,7 +728,7 @@ def bench_fast_heads(d: int, c: int, ranks: Iterable[int], n_rows: int, repeats:
     ex.add(Qx, yx)  # the trackers hold these rows too, so a delete removes a member
     smw = SMWTracker.from_ledger(ex, GAMMA)
     chol = CholeskyTracker.from_ledger(ex, GAMMA, kernel="blocked")
-    hyh = CholeskyTracker.from_ledger(ex, GAMMA, kernel="hyhound") if tracked.hyhound is not None else None
+    hyh = CholeskyTracker.from_ledger(ex, GAMMA, kernel="hyhound") if cholesky_tracker.hyhound is not None else None
     H = ex.gram()
     H[np.diag_indices_from(H)] += GAMMA
     rows = []
@@ -1011,7 +1011,7 @@ def render(results: dict[str, Any]) -> str:
         out.append("")
         out.append(f"Median of {fh['repeats']} side-by-side rounds, µs; each update gets the rows' labels, as "
                    "TrackedHead passes them. SMW: inverse T, Sherman-Morrison-Woodbury. Cholesky: factor L, "
-                   "rank-r update/downdate (ledger/tracked.py) with the blocked numpy kernel, and with the "
+                   "rank-r update/downdate (ledger/cholesky_tracker.py) with the blocked numpy kernel, and with the "
                    "compiled hyhound kernel where installed. Ratio > 1: the factor is faster.")
         out.append("")
         hy = "hyh_add_us" in fh["ranks"][0]

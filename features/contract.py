@@ -19,7 +19,7 @@ import numpy as np
 
 from unlearn.features.backbones import BackboneError, backbone_cache_key, backbone_info
 from unlearn.ledger import QuantizationError, Quantizer, l2_normalize
-from unlearn.ledger.exact import MAX_CLASS_INDEX
+from unlearn.ledger.quantization import MAX_CLASS_INDEX
 
 __all__ = [
     "DEFAULT_BACKBONES",

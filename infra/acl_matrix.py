@@ -109,7 +109,7 @@ MATRIX: tuple[Grant, ...] = (
        why="head-update topics (created, trimmed with DeleteRecords or rotated by the ledger)"),
     _t("ledger", "subject-keys.", "READ", prefixed=True, why="the subject-keys family"),
     *(_t("ledger", name, "DESCRIBE", why="at start it ensures every project topic exists (`create_topics`)"
-         + ("; its partition count names a head's key partition (`streams/ledger/head_runtime.py`)"
+         + ("; its partition count names a head's key partition (`streams/ledger/row_opener.py`)"
             if name == "requests.by-head" else ""))
       for name in ("requests", "requests.by-head", "featurizer-cache", "client-registry", "transit-keys")),
     _g("ledger", "ledger", "READ", why="its group `P ledger` and `P ledger-recovery-*`"),

@@ -387,7 +387,7 @@ def superseded_left(settings: Settings, family: TopicFamily, below: Mapping[int,
 
 
 class KeyRing:
-    """The keys of every partition, for the ledger worker and the verifier (``streams.ledger.head_runtime``).
+    """The keys of every partition, for the ledger worker and the verifier (``streams.ledger.row_opener``).
     :meth:`refresh` reads the family to its current end (the featurizer acknowledged a key before
     any ciphertext under it was produced) or raises :class:`KeysUnavailable`;
     :meth:`refresh_partition` reads one partition to its end."""

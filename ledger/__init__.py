@@ -6,21 +6,17 @@ Public API (other packages and external checks use these names):
 """
 
 from .bayes import kl_matrix_normal, posterior_covariance, predictive_variance, predictive_variance_cholesky
+from .cholesky_tracker import CholeskyTracker
 from .errors import LedgerError, NonMemberDelete, OverflowBudgetError, QuantizationError
-from .exact import (
-    QMAX,
-    ExactLedger,
-    MultisetHash,
-    Quantizer,
-    SufficientStatistics,
-    l2_normalize,
-    quantize_targets,
-    with_intercept,
-)
+from .exact_ledger import ExactLedger, SufficientStatistics
 from .float_ledger import FloatLedger
+from .multiset_hash import MultisetHash
+from .quantization import QMAX, Quantizer, l2_normalize, quantize_targets, with_intercept
 from .retrain import centralized_retrain, one_hot, retrain_deviation
+from .smw_tracker import SMWTracker
 from .solve import cholesky_factor, posterior_inverse, regularized_gram, solve_head
-from .tracked import CholeskyTracker, DowndateCheck, SMWTracker, TrackedHead, UpdateReport, relative_deviation
+from .tracked_head import TrackedHead, UpdateReport
+from .tracker_checks import DowndateCheck, relative_deviation
 
 __all__ = [
     "QMAX", "Quantizer", "QuantizationError", "l2_normalize", "with_intercept", "quantize_targets",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .tracked import relative_deviation
+from .tracker_checks import relative_deviation
 
 
 def one_hot(y: ArrayLike, n_outputs: int) -> NDArray[np.float64]:

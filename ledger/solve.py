@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from scipy.linalg.lapack import dpotri
 
 from .errors import LedgerError
-from .exact import SufficientStatistics, _mirror_upper
+from .exact_ledger import SufficientStatistics, _mirror_upper
 
 _controller = None
 

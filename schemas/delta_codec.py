@@ -45,7 +45,7 @@ _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
 _MAX_EVENT_US = 2**63 - 1
 _ENTRY_MULTISET = 0x0001  # entry flag: a PACKED entry's rows' multiset hash follows its blob
 _ENTRY_SUBJECT = 0x0002  # entry flag: a delete entry whose rows delete_subject requests removed
-#: Size of a multiset hash state (``ledger.exact.STATE_BYTES``; this module does not import the ledger).
+#: Size of a multiset hash state (``ledger.multiset_hash.STATE_BYTES``; this module does not import the ledger).
 MULTISET_HASH_BYTES = 4096
 
 _HEADER = struct.Struct("<IBBHI")  # d, frac_bits, label_frac_bits, reserved, n_entries

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import orjson
 
-from unlearn.ledger.exact import MAX_CLASS_INDEX
+from unlearn.ledger.quantization import MAX_CLASS_INDEX
 from unlearn.schemas.registry_record import check_id_and_version, load_document, open_document, require_fields, typed
 
 __all__ = [

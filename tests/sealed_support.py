@@ -6,7 +6,7 @@ from __future__ import annotations
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, decode_delta
 from unlearn.schemas.sealed import is_sealed
-from unlearn.streams.ledger.head_runtime import RowOpener
+from unlearn.streams.ledger.row_opener import RowOpener
 
 _SETTINGS: dict[str, Settings] = {}
 _OPENERS: dict[str, RowOpener] = {}

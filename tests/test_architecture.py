@@ -101,7 +101,7 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from unlearn.streams.ledger.state_store import latest_checkpoint", "unlearn.streams.featurizer.erasure"),
+    ("from unlearn.streams.ledger.checkpoint_rules import safe_floor", "unlearn.streams.featurizer.erasure"),
     ("import unlearn.streams.featurizer.model", "unlearn.streams.ledger.head_runtime"),
     ("from ..ledger import unseal", "unlearn.streams.featurizer.erasure"),
     ("from .. import ledger", "unlearn.streams.featurizer.erasure"),

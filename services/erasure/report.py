@@ -69,7 +69,7 @@ from unlearn.services.verifier.erasure import open_records
 from unlearn.services.verifier.errors import VerifyError
 from unlearn.services.verifier.reading import read_head_records
 from unlearn.services.verifier.replay import replay_log
-from unlearn.streams.ledger.head_runtime import RowOpener
+from unlearn.streams.ledger.row_opener import RowOpener
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
 

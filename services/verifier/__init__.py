@@ -5,7 +5,7 @@ docs/verifier.md has the full story. The package, by concept:
 - ``reading``: what is read (the shared ``infra.topic_reader``), which head update is live.
 - ``export``: the ``ULDX`` export file (``unlearn export-deltas``, ``verify --deltas-file``): deltas,
   head updates and receipts.
-- ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/head_runtime.py``).
+- ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/delta_rules.py``).
 - ``orders``: the add-before-delete DAG, shuffled orders, partitionings, the retained rows.
 - ``evidence``: the replay's ``Evidence`` of one head, what every check looks at.
 - ``checks``: one function per check on the ``Evidence``, and ``run_checks`` in the certificate's order.

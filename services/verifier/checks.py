@@ -11,8 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from unlearn.ledger import ExactLedger, LedgerError, centralized_retrain, retrain_deviation
-from unlearn.ledger.tracked import relative_deviation
+from unlearn.ledger import (
+    ExactLedger,
+    LedgerError,
+    centralized_retrain,
+    retrain_deviation,
+)
+from unlearn.ledger.tracker_checks import relative_deviation
 
 from .certificate import Check
 from .event_ids import check_event_ids

@@ -1,7 +1,7 @@
 """Verification after erasure (docs/erasure.md, "Verification survives erasure").
 
 Before the replay, :func:`open_records` turns each sealed ``deltas`` message into the plaintext
-delta the live ledger applied (``streams.ledger.head_runtime.RowOpener``, the same transform as the
+delta the live ledger applied (``streams.ledger.row_opener.RowOpener``, the same transform as the
 ledger worker's), so the replay and every check (``checks.py``, ``live_head_checks.py``) run
 unchanged. Rows whose key is destroyed cannot be opened: they are *erased*. Each erased add must
 be cancelled by a later erased delete of the same (sample, key id, commitment) in the same
@@ -24,7 +24,8 @@ from unlearn.infra.topic_reader import LogRecord
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta, encode_delta
 from unlearn.schemas.sealed import ErasedRow, SealError, is_sealed
-from unlearn.streams.ledger.head_runtime import RowOpener, creates_head
+from unlearn.streams.ledger.delta_rules import creates_head
+from unlearn.streams.ledger.row_opener import RowOpener
 
 from .certificate import Check
 from .reading import record_value

@@ -1,7 +1,7 @@
 """The log-order replay: a head's deltas through a pure ``ExactLedger`` with the live ledger's rules.
 
 The rules are not re-coded here: redelivered / duplicate-source skips and the per-entry
-rejections come from ``streams/ledger/head_runtime.py`` (``admit``, ``record_applied``,
+rejections come from ``streams/ledger/delta_rules.py`` (``admit``, ``record_applied``,
 ``apply_entries``, the functions ``HeadRuntime.apply`` itself runs), head creation from its
 ``creates_head``. Only what the ledger processor's shell does before the runtime (decoding, the
 key check) is mirrored: an undecodable message or a key/head mismatch is a ``bad_delta``.
@@ -25,10 +25,9 @@ import numpy as np
 
 from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, MultisetHash
-from unlearn.schemas.binary_frame import CodecError
-from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, decode_delta
+from unlearn.schemas.delta_codec import CodecError, Delta, PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.source_id import dedup_key
-from unlearn.streams.ledger.head_runtime import (
+from unlearn.streams.ledger.delta_rules import (
     Rejection,
     admit,
     apply_entries,
@@ -143,7 +142,7 @@ class Skipped:
 
 @dataclass
 class _Position:
-    """The replay's place in the deltas input (``head_runtime.InputPosition``)."""
+    """The replay's place in the deltas input (``delta_rules.InputPosition``)."""
 
     applied_offset: int = -1
     source_offsets: dict[str, int] = field(default_factory=dict)
@@ -258,7 +257,7 @@ class _State:
 
 def replay_log(records: Sequence[LogRecord], head_id: str, stop_version: int | None = None,
                capture: Iterable[int] = (), created_at: Container[tuple[int, int]] = frozenset()) -> LogReplay:
-    """The log-order pass with the live ledger's rules (``head_runtime``).
+    """The log-order pass with the live ledger's rules (``delta_rules``).
 
     Records are the deltas messages in log order (other heads' messages are ignored). Units are
     collected up to ``stop_version`` applied messages (None: all), so every later digest describes

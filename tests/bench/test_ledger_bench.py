@@ -128,11 +128,11 @@ def test_main_tiny_prints_all_sections_and_writes_json(tmp_path, capsys) -> None
 def test_sections_runs_only_the_named_ones(capsys) -> None:
     """``--sections 4,8``: the deletion section and the fast heads (with the hyhound columns where
     hyhound is installed), nothing else."""
-    from unlearn.ledger import tracked
+    from unlearn.ledger import cholesky_tracker
 
     lb.main(["--tiny", "--sections", "4,8"])
     text = capsys.readouterr().out
     assert "## 4." in text and "## 8." in text
     assert not any(h in text for h in ("## 1.", "## 2.", "## 3.", "## 5.", "## 6a.", "## 7."))
     assert "deletion B, factor" in text
-    assert ("Cholesky hyhound delete" in text) == (tracked.hyhound is not None)
+    assert ("Cholesky hyhound delete" in text) == (cholesky_tracker.hyhound is not None)

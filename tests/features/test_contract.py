@@ -14,7 +14,7 @@ from unlearn.features.contract import (
     resolve_backbone,
 )
 from unlearn.ledger import Quantizer, l2_normalize
-from unlearn.ledger.exact import MAX_CLASS_INDEX
+from unlearn.ledger.quantization import MAX_CLASS_INDEX
 
 
 def test_feature_row_is_the_quantized_l2_normalized_vector_and_never_clipped() -> None:

@@ -155,7 +155,7 @@ WORKER_GROUP_FILES = {
     "streams/featurizer/service.py": {"featurizer"},
     "streams/featurizer/cache.py": {"featurizer"},
     "streams/ledger/worker.py": {"ledger"},
-    "streams/ledger/state_store.py": {"ledger"},
+    "streams/ledger/changelog_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/erasure.py": {"featurizer"},
     "services/client/transit_key_cache.py": {"client"},  # its reader of transit-keys (assign only)

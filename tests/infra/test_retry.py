@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, flush_within, is_retriable, kafka_error
 from unlearn.infra.topic_reader import TopicReadError
-from unlearn.streams.ledger.state_store import StateStoreError
+from unlearn.streams.ledger.changelog_store import StateStoreError
 
 
 def _exc(code: int, **flags: bool) -> KafkaException:
@@ -125,7 +125,7 @@ def test_the_end_of_a_state_topic_is_read_through_a_broker_restart(tmp_path: Pat
 
     from unlearn.infra.kafka_broker import LocalKafka
     from unlearn.infra.settings import Settings, producer_config
-    from unlearn.streams.ledger.state_store import StateTopics
+    from unlearn.streams.ledger.state_topics import StateTopics
 
     # die_with_parent=False: the node is started again from a short-lived thread
     cluster = LocalKafka(1, data_dir=tmp_path / "kafka", die_with_parent=False).start()

@@ -24,7 +24,7 @@ from unlearn.streams.featurizer.cache import (
 )
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.model import CacheMutations, InMessage, OutMessage
-from unlearn.streams.ledger.worker import PollOutputs, receipt_headers
+from unlearn.streams.ledger.outputs import PollOutputs, receipt_headers
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TP_DEL = f"00-{TID}-00f067aa0ba902b7-01".encode()

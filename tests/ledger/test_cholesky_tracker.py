@@ -1,4 +1,4 @@
-"""The Cholesky-factor fast head (ledger/tracked.py): both factor kernels (the blocked numpy
+"""The Cholesky-factor fast head (ledger/cholesky_tracker.py): both factor kernels (the blocked numpy
 update/downdate and the compiled hyhound one) against a fresh factorization, the tracker with
 either kernel against solve_head on the exact ledger, and its refusals."""
 
@@ -14,14 +14,14 @@ from unlearn.ledger import (
     ExactLedger,
     Quantizer,
     TrackedHead,
+    cholesky_tracker,
     l2_normalize,
     one_hot,
     posterior_inverse,
     relative_deviation,
     solve_head,
-    tracked,
 )
-from unlearn.ledger.tracked import FactorKernel, chol_rank_update, hyperbolic_rank_update, tri_solve
+from unlearn.ledger.cholesky_tracker import FactorKernel, chol_rank_update, hyperbolic_rank_update, tri_solve
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -31,7 +31,7 @@ FAST_HEAD_TOL = 1e-9
 
 #: Every factor kernel the tracker can run; hyhound's wheel is installed where it exists (Linux x86_64).
 KERNELS = ["blocked", pytest.param("hyhound", marks=pytest.mark.skipif(
-    tracked.hyhound is None, reason="hyhound has no wheel for this platform"))]
+    cholesky_tracker.hyhound is None, reason="hyhound has no wheel for this platform"))]
 
 
 def spd(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -61,7 +61,7 @@ def test_rank_update_and_downdate_match_a_fresh_factorization(seed: int, d: int,
     assert np.allclose(L, L0, rtol=0, atol=1e-12 * np.abs(L0).max())
 
 
-@pytest.mark.skipif(tracked.hyhound is None, reason="hyhound has no wheel for this platform")
+@pytest.mark.skipif(cholesky_tracker.hyhound is None, reason="hyhound has no wheel for this platform")
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 70), r=st.integers(1, 12))
 def test_hyperbolic_update_and_downdate_match_a_fresh_factorization(seed: int, d: int, r: int) -> None:
@@ -79,7 +79,7 @@ def test_hyperbolic_update_and_downdate_match_a_fresh_factorization(seed: int, d
     assert np.allclose(np.tril(L), L0, rtol=0, atol=1e-12 * np.abs(L0).max())
 
 
-@pytest.mark.skipif(tracked.hyhound is None, reason="hyhound has no wheel for this platform")
+@pytest.mark.skipif(cholesky_tracker.hyhound is None, reason="hyhound has no wheel for this platform")
 def test_hyperbolic_downdate_past_positive_definiteness_is_reported() -> None:
     rng = np.random.default_rng(1)
     L = np.array(np.linalg.cholesky(spd(rng, 30)), order="F")
@@ -150,7 +150,7 @@ def test_infeasible_downdate_is_refused_and_state_unchanged(kernel: FactorKernel
     assert not tr.check_downdate(U).feasible
 
 
-@pytest.mark.skipif(tracked.hyhound is None, reason="hyhound has no wheel for this platform")
+@pytest.mark.skipif(cholesky_tracker.hyhound is None, reason="hyhound has no wheel for this platform")
 def test_a_failed_in_place_downdate_at_the_margin_restores_the_factor(monkeypatch: pytest.MonkeyPatch) -> None:
     """hyhound downdates in place: where the Lemma-1 pivot is small, the tracker keeps a copy of L, so
     a factor downdate that fails anyway (rounding at the margin; simulated here) leaves L and W as
@@ -164,14 +164,14 @@ def test_a_failed_in_place_downdate_at_the_margin_restores_the_factor(monkeypatc
     assert isinstance(tr, CholeskyTracker)
     U = Q.astype(float) * 2.0 ** -head.ledger.frac_bits
     chk = tr.check_downdate(U)
-    assert chk.feasible and chk.min_pivot < tracked.BACKUP_BELOW_PIVOT  # 1 - leverage ~ gamma
+    assert chk.feasible and chk.min_pivot < cholesky_tracker.BACKUP_BELOW_PIVOT  # 1 - leverage ~ gamma
     L0, W0 = tr.L.copy(), tr.W.copy()
 
     def failing(L: np.ndarray, V: np.ndarray, sigma: int) -> bool:
         L[np.diag_indices_from(L)] = np.nan
         return False
 
-    monkeypatch.setattr(tracked, "hyperbolic_rank_update", failing)
+    monkeypatch.setattr(cholesky_tracker, "hyperbolic_rank_update", failing)
     chk = tr.delete(U, U.T @ one_hot([1], 2), one_hot([1], 2))
     assert not chk.feasible and "lost positive definiteness" in chk.reason
     assert np.array_equal(tr.L, L0) and np.array_equal(tr.W, W0)
@@ -225,8 +225,9 @@ def test_a_reset_keeps_the_factor_in_fortran_order_whatever_scipy_returns(
     rng = np.random.default_rng(11)
     F, y = clustered(rng, 30, 8, 3)
     led = ExactLedger.from_rows(Quantizer().quantize(F), y, n_outputs=3)
-    real = tracked.cholesky_factor
-    monkeypatch.setattr(tracked, "cholesky_factor", lambda stats, gamma: np.ascontiguousarray(real(stats, gamma)))
+    real = cholesky_tracker.cholesky_factor
+    monkeypatch.setattr(cholesky_tracker, "cholesky_factor",
+                        lambda stats, gamma: np.ascontiguousarray(real(stats, gamma)))
     tr = CholeskyTracker.from_ledger(led, gamma=0.1, kernel=kernel)
     tr.reset(led)
     assert tr.L.flags.f_contiguous

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.ledger.test_ledger_exact import label_kinds, random_labels, random_rows
+from tests.ledger.test_exact_ledger import label_kinds, random_labels, random_rows
 from unlearn.ledger import LedgerError, MultisetHash
-from unlearn.ledger.exact import LANES, STATE_BYTES, encode_row, row_hashes
+from unlearn.ledger.multiset_hash import LANES, STATE_BYTES, encode_row, row_hashes
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

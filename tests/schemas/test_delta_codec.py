@@ -171,7 +171,7 @@ def test_delta_codec_is_fast_for_a_256x768_batch() -> None:
 def test_packed_multiset_hash_is_entry_flag_bit_0() -> None:
     """A packed entry may carry the multiset hash of its rows (entry flag bit 0, the 4096-byte
     state right after the blob); no other entry flag exists."""
-    from unlearn.ledger.exact import STATE_BYTES
+    from unlearn.ledger.multiset_hash import STATE_BYTES
 
     assert MULTISET_HASH_BYTES == STATE_BYTES
     mset = bytes(range(256)) * 16

@@ -39,7 +39,7 @@ from unlearn.services.serving.predict import (
     prepare_inputs,
 )
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.worker import head_update
+from unlearn.streams.ledger.outputs import head_update
 
 SERVING = Path(__file__).resolve().parents[3] / "services" / "serving"
 

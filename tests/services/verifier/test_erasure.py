@@ -12,7 +12,8 @@ from unlearn.schemas.delta_codec import decode_delta, encode_delta
 from unlearn.schemas.sealed import SampleKey, new_key, seal_delta
 from unlearn.services.verifier import replay_log, verify
 from unlearn.services.verifier.erasure import open_records, unreproducible_versions
-from unlearn.streams.ledger.head_runtime import RowOpener, creates_head
+from unlearn.streams.ledger.delta_rules import creates_head
+from unlearn.streams.ledger.row_opener import RowOpener
 
 
 class _Ring(RowOpener):

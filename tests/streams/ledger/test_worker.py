@@ -21,8 +21,8 @@ from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
+from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.settings import LedgerSettings
-from unlearn.streams.ledger.state_store import ChangelogStore
 
 pytestmark = pytest.mark.broker
 

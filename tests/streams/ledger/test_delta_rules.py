@@ -1,4 +1,5 @@
-"""A head's label columns are its contract's class count, named by its deltas (docs/registry.md,
+"""The rules deltas apply by (streams/ledger/delta_rules.py), ``declare_outputs``: a head's label
+columns are its contract's class count, named by its deltas (docs/registry.md,
 docs/formats.md): never the largest label seen plus one, so a head's shape reveals no label and
 its digest equals a from-scratch build given the contract; ``extend`` grows them; the verifier
 replays the same. Old-format deltas (no contract) keep the old rule."""

@@ -11,7 +11,7 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.sealed import seal_delta
 from unlearn.streams.featurizer.erasure import KeyStore
-from unlearn.streams.ledger.head_runtime import RowOpener
+from unlearn.streams.ledger.row_opener import RowOpener
 
 
 def _delta(head: str, samples: list[str]) -> Delta:

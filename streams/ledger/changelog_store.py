@@ -1,70 +1,28 @@
-"""The ledger's durable state in Kafka: ledger-state topics, one per deltas partition and generation.
+"""The ledger's durable state in Kafka (:class:`ChangelogStore`): ledger-state topics, one per
+deltas partition and generation, holding snapshot pieces (``snapshots``) and checkpoint records
+(``checkpoint_rules``).
 
 ``<prefix>ledger-state.p<P>.g<G>`` holds the state of the heads whose deltas are on ``deltas``
-partition P: snapshot pieces (``head_runtime``) and checkpoint records (**The rules** below). Any worker
-on any host rebuilds a partition from here, so a worker has no local state to lose or to get
-wrong. Recovery reads only what the latest checkpoint names: it scans the topic backwards from
-its end for the last checkpoint record, then seeks to each head's pieces, so it costs the size of
-the state, not the age of the log.
+partition P. Any worker on any host rebuilds a partition from here, so a worker has no local
+state to lose or to get wrong. Recovery reads only what the latest checkpoint names: it scans the
+topic backwards from its end for the last checkpoint record, then seeks to each head's pieces, so
+it costs the size of the state, not the age of the log.
 
 What the store keeps is rewritten, once a partition's ledger-state (or heads) topic passed
 ``UNLEARN_STATE_ROTATE_BYTES`` and ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition applied a
-delete (the worker's erasure rotation: records taken before the delete must not outlive it,
-docs/ledger-processor.md). A rewrite writes a full snapshot and a checkpoint (heads: republishes
-every head as an exact update, same versions, same digests), then drops what came before:
-
-- where the broker has DeleteRecords (``BrokerQuirks.delete_records``), into the same topic, then
-  DeleteRecords below the first record the new checkpoint needs (heads: below the first
-  republished update), at once: readers behind the trim point are moved to the new log start by
-  ``auto.offset.reset`` and find an exact update of every head there;
-- elsewhere (a broker that never compacts nor deletes records), into a new generation
-  (``infra.between_stages``) ``<prefix>ledger-state.p<P>.g<G+1>`` / ``heads.p<P>.g<H+1>``, and G / H
-  are deleted after ``UNLEARN_HEADS_RETIRE_SECONDS``.
-
-Recovery does the same for heads (it republishes every restored head anyway) and, where it trims,
-trims ledger-state below what its checkpoint needs, so a crash between a rewrite's checkpoint and
-its trim leaves nothing behind. Stored state and head history stay within about twice the bound
-per partition, plus one snapshot.
-
-**StateTopics**: the ledger's own topics on the broker (``ledger-state`` and ``heads`` per deltas partition):
-created on first use, trimmed, and deleted after a grace, through one admin client.
-
-Created compacted, and where the broker has DeleteRecords also ``cleanup.policy=compact,delete``
-with ``retention.ms=-1`` (``infra.topics.trimmed_changelog_config``): Kafka refuses DeleteRecords
-on a compact-only topic. Why the store trims or rotates: the top of this docstring.
-
-**The rules**: the ledger worker's crash-consistency rules, without I/O (docs/design.md section 4).
-
-A ledger worker owns ``deltas`` partitions. For each one it keeps the heads whose deltas are on
-that partition and, in the ``ledger-state`` changelog partition of the same number, their
-snapshots plus one *checkpoint record*: the partition's **floor** (every deltas message below it
-is covered by the durable snapshots the record names) and the identity of the ``deltas`` topic
-the state belongs to (the record, ``infra.between_stages.Checkpoint``, is shared with the
-featurizer, which reads its floor before destroying a key). Three invariants make the ledger
-exact under kill -9, rebalances and broker restarts; each has a function here and a test without
-a broker:
-
-1. **A floor never passes durable state** (:func:`safe_floor`): the floor of a partition is at
-   most the first offset of any head in it whose events are not all in a durable snapshot.
-2. **Recovery starts at the floor, and never skips** (:func:`check_recovery`): a worker resumes
-   a partition at its checkpoint's floor (not at a consumer-group offset, which a framework or an
-   operator may move), and refuses state that does not belong to the log it reads: another topic
-   incarnation (topic id), a floor beyond the log's end (truncated or recreated log), or a log
-   that starts after the floor (events lost to retention). It raises ``infra.log_position.StaleStateError``
-   naming the mismatch instead of guessing.
-3. **A (head, version) pair has one digest**: versions count applied deltas messages and replay
-   starts from a snapshot taken at a message boundary, so a replay recomputes the same versions
-   from the same ledger states (``HeadRuntime``; tested there and by the chaos benchmark).
+delete: into the same topic and trimmed by DeleteRecords where the broker has it
+(``BrokerQuirks.delete_records``), else into a new generation, the old one deleted after
+``UNLEARN_HEADS_RETIRE_SECONDS`` (docs/ledger-processor.md, "Checkpoints", "Rewrites"). Recovery
+does the same for heads and, where it trims, trims ledger-state below what its checkpoint needs,
+so a crash between a rewrite's checkpoint and its trim leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from unlearn.infra.between_stages import (
     Checkpoint,
@@ -74,12 +32,14 @@ from unlearn.infra.between_stages import (
     latest_checkpoint,
     state_family,
 )
-from unlearn.infra.log_position import StaleStateError, check_resume, watermarks
-from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, flush_within
-from unlearn.infra.settings import Settings, admin_config, consumer_config, producer_config, quirks
+from unlearn.infra.log_position import StaleStateError, watermarks
+from unlearn.infra.retry import flush_within
+from unlearn.infra.settings import Settings, consumer_config, producer_config, quirks
 from unlearn.infra.topic_reader import TopicReadError, read_range
-from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, trimmed_changelog_config
-from unlearn.streams.ledger.head_runtime import (
+from unlearn.infra.topics import TopicError
+from unlearn.streams.ledger.checkpoint_rules import first_needed, piece_key, plan_generations
+from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.ledger.snapshots import (
     HeadState,
     SnapshotError,
     decode_state,
@@ -88,175 +48,13 @@ from unlearn.streams.ledger.head_runtime import (
     split_pieces,
     state_sha,
 )
-from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.ledger.state_topics import StateTopics
 
 __all__ = [
-    "StateTopics",
-    "check_recovery",
-    "first_needed",
-    "piece_key",
-    "plan_generations",
-    "safe_floor",
+    "ChangelogStore",
+    "HeadsRewrite",
+    "StateStoreError",
 ]
-
-log = logging.getLogger("unlearn.ledger")
-
-T = TypeVar("T")
-
-class StateTopics:
-    """Creates, lists, trims and retires the ledger's topics (module docstring)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.retiring: list[tuple[float, list[str]]] = []  # (due, superseded topics)
-        self.created: set[str] = set()
-        self._admin_client: Any = None
-        self.retry = RetryPolicy.of(settings)  # every admin call rides through a broker restart
-
-    def admin(self) -> Any:
-        """One admin client for the store's life (creating one per call reconnects every time)."""
-        if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin_client = AdminClient(admin_config(self.settings))
-        return self._admin_client
-
-    def fresh_admin(self) -> None:
-        """Drop the admin client before a retry (infra.retry: its metadata may be stale)."""
-        self._admin_client = None
-
-    def call(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()`` under the retry policy, with a new admin client for each retry."""
-        return self.retry.call(what, fn, on_retry=self.fresh_admin)
-
-    def ensure(self, name: str) -> None:
-        """Create ``name`` if this store has not yet (TopicError if it cannot)."""
-        if name in self.created:
-            return
-        self.call(f"creating {name}", lambda: ensure_topic(
-            self.settings, name, compacted=True, admin=self.admin(), config=trimmed_changelog_config(self.settings)))
-        self.created.add(name)
-
-    def delete(self, names: list[str]) -> None:
-        try:
-            self.call(f"deleting {names}", lambda: delete_topics(self.settings, names, admin=self.admin()))
-        except (TopicError, BrokerUnavailable) as exc:  # only space: say so, go on (the next rotation retries nothing)
-            log.warning("could not delete superseded topics %s: %s", names, exc)
-        self.created.difference_update(names)
-
-    def listed(self) -> list[str]:
-        """Every topic on the broker (whole-cluster metadata: naming a topic would auto-create
-        it on the embedded broker)."""
-        return list(self.call("listing topics", lambda: self.admin().list_topics(
-            timeout=self.settings.admin_timeout).topics))
-
-    def retire(self, names: list[str]) -> None:
-        """Delete ``names`` once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off
-        them (infra.topic_reader.source_partitions says why a reader must not be on a topic when it
-        is deleted)."""
-        if names:
-            self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds, names))
-
-    def retire_due(self) -> None:
-        """Delete the retired topics whose grace period is over (cheap when none is)."""
-        if not self.retiring or self.retiring[0][0] > time.monotonic():
-            return
-        now = time.monotonic()
-        due = [t for at, names in self.retiring if at <= now for t in names]
-        self.retiring = [(at, names) for at, names in self.retiring if at > now]
-        self.delete(due)
-
-    def trim(self, topic: str, below: int) -> bool:
-        """DeleteRecords below ``below`` on ``topic`` partition 0; False if the broker refused
-        (logged: retried by the next rewrite or recovery, the erasure stays pending). DeleteRecords
-        is idempotent: a transient error is asked again within the retry deadline."""
-        try:
-            self.call(f"trimming {topic}", lambda: delete_records(self.settings, {(topic, 0): below},
-                                                                         admin=self.admin()))
-        except (TopicError, BrokerUnavailable) as exc:
-            log.warning("could not trim %s below offset %d: %s", topic, below, exc)
-            return False
-        log.debug("trimmed %s below offset %d", topic, below)
-        return True
-
-    def end_offset(self, topic: str) -> int:
-        """One past the last record of ``topic`` partition 0 (ListOffsets latest: exact on every
-        broker that trims, and never too high elsewhere, so trimming below it keeps all newer).
-        A leader or epoch change (FENCED_LEADER_EPOCH after a restart) is asked again within the
-        retry deadline; TopicError if the broker refuses, BrokerUnavailable if it stays away."""
-        from confluent_kafka import KafkaException, TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        timeout = self.settings.admin_timeout
-        tp = TopicPartition(topic, 0)
-
-        def ask() -> int:
-            try:
-                fut = self.admin().list_offsets({tp: OffsetSpec.latest()}, request_timeout=timeout)[tp]
-                return int(fut.result(timeout=timeout).offset)
-            except (KafkaException, TimeoutError) as exc:
-                raise TopicError(f"cannot read the end of {topic}: {exc}") from exc
-        return self.call(f"reading the end of {topic}", ask)
-
-
-_FIX = ("delete the ledger-state topic to rebuild every head from the deltas log, or point the worker at the "
-        "broker and topics its state came from")
-
-
-def plan_generations(found: Mapping[int, bool]) -> tuple[int | None, list[int], int]:
-    """Which generation to recover from, which to delete, and the next one to write.
-
-    ``found``: generation -> whether it holds a checkpoint record. The newest generation with a
-    checkpoint wins (a newer one without is a rotation that crashed before its checkpoint, and an
-    older one is superseded): both kinds are deleted. With no checkpoint anywhere, nothing is
-    recovered and every generation is deleted."""
-    with_cp = sorted(g for g, has in found.items() if has)
-    use = with_cp[-1] if with_cp else None
-    delete = sorted(g for g in found if g != use)
-    next_gen = use if use is not None else (max(found) + 1 if found else 0)
-    return use, delete, next_gen
-
-
-def first_needed(pointers: Mapping[str, HeadPointer]) -> int | None:
-    """The lowest ledger-state offset a checkpoint naming ``pointers`` needs: its first snapshot
-    piece (the checkpoint record itself is written after every piece it names). Everything below
-    may be trimmed; None (no head) trims nothing."""
-    return min((o for p in pointers.values() for o in p.piece_offsets), default=None)
-
-
-def piece_key(head_id: str, slot: int, index: int) -> bytes:
-    """Changelog key of a snapshot piece. Two slots (double buffering), so that on a compacting
-    broker the pieces a checkpoint names are still the latest values of their keys until a newer
-    checkpoint names the other slot."""
-    return f"piece/{head_id}/{slot}/{index}".encode()
-
-
-def safe_floor(next_offset: int, last_touched: Mapping[str, int], durable: Mapping[str, int]) -> int:
-    """The highest floor that does not pass durable state (invariant 1).
-
-    ``next_offset``: one past the last deltas message processed in the partition;
-    ``last_touched``: head -> offset of its last message processed; ``durable``: head -> applied
-    offset of its latest durable snapshot (absent: none). A head with events beyond its durable
-    snapshot holds the floor at its durable offset + 1 (the first of its events that could be
-    lost), whatever other heads did.
-    """
-    floor = next_offset
-    for head, last in last_touched.items():
-        done = durable.get(head, -1)
-        if done < last:
-            floor = min(floor, done + 1)
-    return floor
-
-
-def check_recovery(cp: Checkpoint | None, topic_id: str, log_start: int, log_end: int) -> int:
-    """Where to resume a partition, or ``StaleStateError`` (invariant 2).
-
-    ``log_start``/``log_end``: the first offset and one past the last offset the deltas partition
-    holds now; ``topic_id``: the deltas topic's id now ("" where the broker has none)."""
-    what = "ledger state" if cp is None else f"ledger state of deltas partition {cp.partition}"
-    return check_resume(what, None if cp is None else cp.floor, "" if cp is None else cp.topic_id, topic_id,
-                        log_start, log_end, _FIX)
-
 
 #: First backward-scan window when looking for the last checkpoint record (records).
 _SCAN_WINDOW = 256

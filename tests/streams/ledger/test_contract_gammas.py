@@ -1,6 +1,6 @@
-"""A new head's gamma in the ledger is its contract's (docs/registry.md), not the worker's
-settings: declared before or after the worker started; an undeclared head falls back to the
-settings. Real broker, real ledger worker process."""
+"""``ContractGammas`` (streams/ledger/contract_gammas.py): a new head's gamma in the ledger is its
+contract's (docs/registry.md), not the worker's settings: declared before or after the worker
+started; an undeclared head falls back to the settings. Real broker, real ledger worker process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ledger's crash-consistency invariants, without a broker (streams/ledger/state_store.py)."""
+"""The ledger's crash-consistency invariants, without a broker (streams/ledger/checkpoint_rules.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from unlearn.infra.between_stages import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
 from unlearn.infra.log_position import StaleStateError
-from unlearn.streams.ledger.state_store import check_recovery, first_needed, safe_floor
+from unlearn.streams.ledger.checkpoint_rules import check_recovery, first_needed, safe_floor
 
 HEADS = st.sampled_from(["a", "b", "c", "d"])
 

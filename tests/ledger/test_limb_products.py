@@ -1,4 +1,4 @@
-"""The exact limb kernel (ledger/exact.py): pending float64 dsyrk accumulation folded into int64.
+"""The exact limb kernel (ledger/limb_products.py): pending float64 dsyrk accumulation folded into int64.
 
 Every fast path is checked against a straightforward Python-int reference of the limbs themselves
 (not only S), and the digests/blobs of fixed streams against values recorded from the previous
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unlearn.ledger import QMAX, ExactLedger
-from unlearn.ledger import exact as exact_mod
+from unlearn.ledger import QMAX, ExactLedger, NonMemberDelete, exact_ledger, limb_products
+from unlearn.ledger.ledger_encoding import BLOB_HEADER
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -48,7 +48,7 @@ def blob_limbs(led: ExactLedger) -> list[np.ndarray]:
     blob = led.to_bytes()
     d, c = led.dim, led.n_outputs
     t = d * (d + 1) // 2
-    body = np.frombuffer(blob[exact_mod.BLOB_HEADER.size:-32], dtype="<i8")[c:]
+    body = np.frombuffer(blob[BLOB_HEADER.size:-32], dtype="<i8")[c:]
     parts = np.split(body, np.cumsum([t, t, t, d * c, d * c]))
     return [p.astype(object) for p in parts[:3]] + [p.reshape(d, c).astype(object) for p in parts[3:]]
 
@@ -103,9 +103,10 @@ def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int,
     pool = rows(rng, 40, d, 0.3)
     ys = rng.integers(0, 4, 40)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(exact_mod, "ROW_BLOCK", row_block)
-        m.setattr(exact_mod, "EXACT_ROWS", exact_rows)
-        m.setattr(exact_mod, "DEFER_ROWS", defer_rows)
+        m.setattr(exact_ledger, "ROW_BLOCK", row_block)
+        m.setattr(limb_products, "ROW_BLOCK", row_block)
+        m.setattr(limb_products, "EXACT_ROWS", exact_rows)
+        m.setattr(limb_products, "DEFER_ROWS", defer_rows)
         led = ExactLedger(d, 4)
         held: list[int] = []
         for _ in range(n_ops):
@@ -148,7 +149,7 @@ def test_add_then_delete_restores_the_exact_state(seed: int, d: int, r: int, rea
 def test_extremes_past_the_exact_budget() -> None:
     """More than EXACT_ROWS rows of the largest |s| = |a + b| (and of +-QMAX): the pending float
     accumulators fold before they could round, and every limb equals its closed form."""
-    n = exact_mod.EXACT_ROWS + 5
+    n = limb_products.EXACT_ROWS + 5
     q_s = (1 << 30) - (1 << 14) - 1  # a = 2^15 - 1, b = 2^14 - 1: the largest s
     Q = np.empty((n, 2), np.int64)
     Q[:, 0] = q_s
@@ -232,15 +233,15 @@ def test_deferred_rows_show_in_the_diagonals_and_fold_to_the_same_limbs(seed: in
     """Small updates wait unmultiplied (DEFER_ROWS); the diagonals the delete check reads include
     them exactly, and the fold gives the limbs of the Python-int reference whatever was deferred."""
     rng = np.random.default_rng(seed)
-    pend = exact_mod.PendingProducts(d)
+    pend = limb_products.PendingProducts(d)
     ref = [np.zeros((d, d), dtype=object) for _ in range(3)]
     for r, sign in zip(sizes, signs):
         Q = rows(rng, r, d, 0.3)
-        pend.accumulate(*exact_mod.split_rows(Q), sign)
+        pend.accumulate(*limb_products.split_rows(Q), sign)
         a, b = halves(Q)
         for acc, part in zip(ref, (a.T @ a, a.T @ b + b.T @ a, b.T @ b)):
             acc += sign * part
-    assert pend.deferred < exact_mod.DEFER_ROWS  # flushed once that many wait
+    assert pend.deferred < limb_products.DEFER_ROWS  # flushed once that many wait
     diag = pend.diagonals()
     for got, want in zip(diag, ref):
         assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
@@ -257,7 +258,7 @@ def test_delete_check_sees_pending_diagonal() -> None:
     q = np.array([[QMAX, 5, -7]], np.int64)
     led.add(q, [0])
     led.add(np.zeros((1, 3), np.int64), [0])
-    with pytest.raises(exact_mod.NonMemberDelete, match=r"S\[0,0\]"):
+    with pytest.raises(NonMemberDelete, match=r"S\[0,0\]"):
         led.delete(np.array([[QMAX, 5, -7], [1, 0, 0]], np.int64), [0, 0])
     led.delete(q, [0])
     assert led.gram_int()[0, 0] == 0
@@ -270,18 +271,18 @@ def test_stale_accumulator_is_overwritten_not_read() -> None:
     for d, r in ((5, 1), (5, 3), (64, 2), (200, 70)):
         C = np.full((d, d), np.nan)
         M = rng.integers(-9, 9, (r, d)).astype(np.float64)
-        exact_mod.syrk_upper(-1.0, M, C, accumulate=False)
+        limb_products.syrk_upper(-1.0, M, C, accumulate=False)
         iu = np.triu_indices(d)
         assert np.array_equal(C[iu], (-M.T @ M)[iu])
         assert np.isnan(C[np.tril_indices(d, -1)]).all()
-        exact_mod.syrk_upper(1.0, M[:1], C, accumulate=True)  # the dsyr path, in place
+        limb_products.syrk_upper(1.0, M[:1], C, accumulate=True)  # the dsyr path, in place
         assert np.array_equal(C[iu], (-M.T @ M + M[:1].T @ M[:1])[iu])
 
 
 def test_exact_int_at_its_bounds() -> None:
     edge = (1 << 51) - 1
     v = np.array([edge, -edge, 0.0, -0.0, 1, -1, 12345678901234], np.float64)
-    assert exact_mod.exact_int(v).tolist() == [edge, -edge, 0, 0, 1, -1, 12345678901234]
+    assert limb_products.exact_int(v).tolist() == [edge, -edge, 0, 0, 1, -1, 12345678901234]
 
 
 @SETTINGS
@@ -289,7 +290,7 @@ def test_exact_int_at_its_bounds() -> None:
 def test_split_rows_is_the_integer_split(seed: int, r: int) -> None:
     rng = np.random.default_rng(seed)
     Q = rows(rng, r, 7, 0.5)
-    a, b, s = exact_mod.split_rows(Q)
+    a, b, s = limb_products.split_rows(Q)
     ai = (Q + (1 << 14)) >> 15
     assert np.array_equal(a, ai) and np.array_equal(b, Q - (ai << 15)) and np.array_equal(s, a + b)
     assert (b >= -(1 << 14)).all() and (b < (1 << 14)).all()
