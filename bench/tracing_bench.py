@@ -20,8 +20,10 @@ import numpy as np
 
 from unlearn.infra import tracing
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.core import featurize_batch, parse_batch, trace_contexts
-from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, HeadInfo, InMessage
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import CacheMutations, HeadInfo
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch, parse_batch, trace_contexts
 
 
 class _Empty:

@@ -30,7 +30,7 @@ from unlearn.schemas.sealed import TransitPublicKey, new_transit_key, open_reque
 
 try:  # absent before the session sealer existed: only the per-request rows are printed then
     from unlearn.schemas.sealed import TransitSealer
-    from unlearn.streams.featurizer.core import DerivedKeys
+    from unlearn.streams.featurizer.transit_open import DerivedKeys
 except ImportError:  # pragma: no cover - the "before" run
     TransitSealer = None  # type: ignore[assignment,misc]
     DerivedKeys = None  # type: ignore[assignment,misc]

@@ -27,7 +27,7 @@ from unlearn.ledger.solve import posterior_inverse_cho_solve
 from unlearn.ledger.tracked import relative_deviation
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
-from unlearn.streams.featurizer.core import Tombstone
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 from .certificate import Check
 from .event_ids import check_event_ids

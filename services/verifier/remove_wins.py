@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed import ErasedRow
-from unlearn.streams.featurizer.core import Tombstone, blocking_tombstone, seconds_to_us
+from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone, seconds_to_us
 
 __all__ = ["EventTimes", "RetainedAdd", "erased_tombstones", "receipt_tombstones", "violations"]
 

@@ -40,29 +40,23 @@ from typing import TYPE_CHECKING, Any
 
 from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import Settings
+from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
+from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     FeatureCache,
     Position,
     batch_records,
 )
-from unlearn.streams.featurizer.core import featurize_batch, with_registry
+from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Acks, Delivery
 from unlearn.streams.featurizer.erasure import Erasure
-from unlearn.streams.featurizer.model import (
-    CoreConfig,
-    Encoder,
-    FaultHook,
-    FeaturizerError,
-    InMessage,
-    OutMessage,
-    Router,
-    Topics,
-    count_batch,
-    might_delete,
-    read_origin,
-)
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.featurizer_errors import FeaturizerError
+from unlearn.streams.featurizer.head_contracts import with_registry
+from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
+from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
 
 if TYPE_CHECKING:  # service.py, which owns the partitions, imports this module
     from unlearn.streams.featurizer.service import Partitions

@@ -35,8 +35,8 @@ from unlearn.schemas.signature import (
 )
 from unlearn.services.client.settings import ClientSettings
 from unlearn.streams.featurizer.auth import AUTH_REASONS, Authorizer, AuthState
-from unlearn.streams.featurizer.core import featurize_batch
-from unlearn.streams.featurizer.model import InMessage
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.reasons import FEATURIZER_REASONS
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 

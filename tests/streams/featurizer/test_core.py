@@ -30,30 +30,15 @@ from unlearn.schemas.envelope import (
 )
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
-from unlearn.streams.featurizer.core import (
-    Tombstone,
-    assemble_deltas,
-    check_batch,
-    encode_adds,
-    featurize_batch,
-    judge_add,
-    judge_batch,
-    judge_delete,
-    judge_delete_subject,
-    parse_batch,
-    refusal,
-    route_adds,
-    salvage_delete_ids,
-    use_packed,
-)
-from unlearn.streams.featurizer.model import (
-    CachedSample,
-    CacheMutations,
-    CoreConfig,
-    HeadInfo,
-    InMessage,
-    RegistryEncoder,
-)
+from unlearn.streams.featurizer.add_encoding import RegistryEncoder, encode_adds, route_adds
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.delta_assembly import assemble_deltas, use_packed
+from unlearn.streams.featurizer.featurize import check_batch, featurize_batch, parse_batch
+from unlearn.streams.featurizer.judge import judge_add, judge_batch, judge_delete, judge_delete_subject
+from unlearn.streams.featurizer.refusals import refusal, salvage_delete_ids
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30
 

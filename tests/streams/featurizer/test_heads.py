@@ -10,7 +10,8 @@ from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import HeadContract, decode_contract
-from unlearn.streams.featurizer.core import featurize_batch, with_registry
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.head_contracts import with_registry
 
 
 def declared(head: str = "h", **kw: object) -> HeadContract:

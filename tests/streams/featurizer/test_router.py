@@ -11,14 +11,14 @@ from unlearn.infra.between_stages import head_partition, routed_topic_name
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request, is_valid_id, parse_source
-from unlearn.streams.featurizer.core import admit_routed, featurize_batch
-from unlearn.streams.featurizer.model import (
+from unlearn.streams.featurizer.batch_io import InMessage, Origin
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.routing import (
     ORIGIN_HEADER,
     PREVIOUS_HEADER,
-    CoreConfig,
-    InMessage,
-    Origin,
     RouterSession,
+    admit_routed,
     might_delete,
     read_origin,
     route_partition,

@@ -27,7 +27,7 @@ from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
-from unlearn.streams.featurizer.model import read_origin
+from unlearn.streams.featurizer.routing import read_origin
 
 pytestmark = pytest.mark.broker
 

@@ -22,8 +22,8 @@ from unlearn.infra.topic_reader import read_topic
 from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.sealed import decode_public_record, seal_request
 from unlearn.services.client.sdk import TransitKeyCache
-from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, router_committed
+from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
 
 pytestmark = pytest.mark.broker
 

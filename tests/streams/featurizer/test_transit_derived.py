@@ -16,8 +16,8 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, SealedInput, TextInput
 from unlearn.schemas.sealed import TransitError, TransitPublicKey, TransitSealer, new_transit_key
 from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit
-from unlearn.streams.featurizer.core import DerivedKeys, UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
+from unlearn.streams.featurizer.transit_open import DerivedKeys, UnopenedRequest, open_sealed
 
 
 def _add(i: int) -> Request:
