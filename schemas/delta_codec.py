@@ -28,7 +28,7 @@ which is what lets the ledger skip redelivered offsets (docs/design.md section 4
 Every entry names, per row, its event, sample and subject ids, its **client** (an add row: the
 client that added it; a delete row: the client its tombstone is scoped to, "" when it refuses
 every client's adds) and its **event time** (integer microseconds: an add's, or for a delete row
-the delete's, exactly as the featurizer judged them, ``streams/featurizer/core.py``), and a
+the delete's, exactly as the featurizer judged them, ``streams/featurizer/judge.py``), and a
 delete entry says whether its rows were removed by delete_subject requests (``by_subject``: each
 then leaves a tombstone of its whole subject), so the verifier's replay can rebuild the
 tombstones and re-judge remove-wins. Kinds:

@@ -1,4 +1,4 @@
-"""Remove wins in event time (``streams/featurizer/core.py``): the pure rule, and the
+"""Remove wins in event time (``streams/featurizer/tombstones.py``): the pure rule, and the
 featurizer's core over random interleavings against an independent reference."""
 
 from __future__ import annotations

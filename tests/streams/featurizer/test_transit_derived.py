@@ -1,4 +1,4 @@
-"""The featurizer's derived transit keys (streams/featurizer/core.DerivedKeys, docs/erasure.md
+"""The featurizer's derived transit keys (streams/featurizer/transit_open.DerivedKeys, docs/erasure.md
 section 5): one X25519 exchange per (transit key, producer epk), a bounded LRU, and no derived key
 outlives its private key: destroying a transit key (or handing its partition over) drops every
 AES key derived from it. The SDK side (services/client/sdk.py) reuses one ephemeral key
