@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.streams.featurizer.test_core import MemCache, add, cfg, delete, no_encoder
+from tests.streams.featurizer.test_featurize import MemCache, add, cfg, delete, no_encoder
 from unlearn.infra import tracing
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.cache import (

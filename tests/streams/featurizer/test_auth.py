@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.streams.featurizer.test_core import MemCache, cfg
+from tests.streams.featurizer.test_featurize import MemCache, cfg
 from unlearn.schemas.client_record import (
     ClientError,
     ClientKey,

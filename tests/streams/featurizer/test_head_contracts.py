@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.streams.featurizer.test_core import MemCache, add, batch, cfg, no_encoder, ref_q
+from tests.streams.featurizer.test_featurize import MemCache, add, batch, cfg, no_encoder, ref_q
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings
 from unlearn.schemas.delta_codec import decode_delta
