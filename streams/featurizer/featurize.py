@@ -3,7 +3,9 @@
 In: the records of ONE partition of the by-head topic (ascending offsets; each carries a request
 and the place in ``requests`` it was routed from), a read-only view of that partition's feature
 cache, the last origin offset judged per requests partition, and an encoder (the frozen
-backbones). Out: a :class:`~streams.featurizer.batch_io.BatchOutcome`, which ``batch.py`` applies
+backbones). Out: a :class:`~streams.featurizer.batch_io.BatchOutcome`: one exact delta per head
+touched, dead letters (reason codes: ``reasons.py``) and receipts, the cache mutations (the batch's
+net effect), the last input offset covered and the new last origin offsets; ``batch.py`` applies it
 through the cache's transactional outbox (docs/featurizer.md, "Crash consistency"). The steps:
 
 1. check the batch: one partition, ascending offsets (:func:`check_batch`);
