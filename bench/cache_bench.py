@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records
-from unlearn.streams.featurizer.core import featurize_batch
-from unlearn.streams.featurizer.model import CoreConfig, InMessage
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch
 
 
 def adds(n: int, first: int, dim: int, rng: np.random.Generator) -> list[InMessage]:

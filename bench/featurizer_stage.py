@@ -105,10 +105,14 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sealing (AES-GCM, HMAC, keys)", ("featurizer/erasure.py:", "cryptography", "hmac", "schemas/sealed",
                                        "transit")),
     ("changelog records (txn pieces, SHA-256)", ("changelog",)),
-    ("router (head id, partition, headers)", ("router", "featurizer/model.py:")),
+    ("router (head id, partition, headers)", ("router", "featurizer/routing.py:")),
     ("produce calls, consumer poll and commit", ("cimpl", "confluent_kafka", "delivery.py:")),
     ("delta / record encoding", ("delta_codec", "schemas/")),
-    ("judging (core, overlay, contracts)", ("featurizer/core.py:", "featurizer/events.py:", "auth.py:")),
+    ("judging (core, overlay, contracts)", (
+        "featurizer/featurize.py:", "featurizer/judge.py:", "featurizer/cache_view.py:", "featurizer/tombstones.py:",
+        "featurizer/head_contracts.py:", "featurizer/refusals.py:", "featurizer/add_encoding.py:",
+        "featurizer/delta_assembly.py:", "featurizer/batch_io.py:", "featurizer/core_config.py:",
+        "featurizer/events.py:", "auth.py:")),
 )
 OTHER = "other Python (batch loop, service, stdlib)"
 

@@ -21,8 +21,10 @@ import numpy as np
 from unlearn.infra import tracing
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
-from unlearn.streams.featurizer.core import featurize_batch, parse_batch, trace_contexts
-from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, HeadInfo, InMessage
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import CacheMutations, HeadInfo
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch, parse_batch, trace_contexts
 
 
 class _Empty:

@@ -31,7 +31,7 @@ from unlearn.schemas.transit import TransitPublicKey, new_transit_key, open_requ
 
 try:  # absent before the session sealer existed: only the per-request rows are printed then
     from unlearn.schemas.transit import TransitSealer
-    from unlearn.streams.featurizer.core import DerivedKeys
+    from unlearn.streams.featurizer.transit_open import DerivedKeys
 except ImportError:  # pragma: no cover - the "before" run
     TransitSealer = None  # type: ignore[assignment,misc]
     DerivedKeys = None  # type: ignore[assignment,misc]

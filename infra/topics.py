@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 TOPICS: tuple[str, ...] = ("requests", "requests.by-head", "deltas", "receipts", "deadletter", "featurizer-cache",
                            "head-registry", "client-registry", "transit-keys")
 """Logical topic names; the full name is ``settings.topic(name)`` (prefix + name). ``requests.by-head``
-is the featurizer's internal repartition topic (``streams/featurizer/model.py``); ``head-registry``
+is the featurizer's internal repartition topic (``streams/featurizer/routing.py``); ``head-registry``
 holds the head contracts (``services/registry``, docs/registry.md); ``client-registry`` the clients'
 keys and rights (docs/security.md); ``transit-keys`` the public halves of the featurizers' transit
 keys (docs/erasure.md section 5)."""

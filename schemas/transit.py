@@ -17,7 +17,7 @@ once the epoch's private half is destroyed, every copy of the sealed input left 
   threads: each seal takes its slot under a lock (an exact count, never past the bound; past it
   :class:`SealerExhausted`).
 - :func:`opening_key` / :func:`open_input`'s ``aead``: the featurizer derives a (transit key,
-  epk) pair's AES key once and caches it (``streams/featurizer/core.DerivedKeys``).
+  epk) pair's AES key once and caches it (``streams/featurizer/transit_open.DerivedKeys``).
 - :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
 """
 

@@ -102,10 +102,10 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
 
 @pytest.mark.parametrize(("source", "module"), [
     ("from unlearn.streams.ledger.checkpoint_rules import safe_floor", "unlearn.streams.featurizer.erasure"),
-    ("import unlearn.streams.featurizer.model", "unlearn.streams.ledger.head_runtime"),
+    ("import unlearn.streams.featurizer.routing", "unlearn.streams.ledger.head_runtime"),
     ("from ..ledger import unseal", "unlearn.streams.featurizer.erasure"),
     ("from .. import ledger", "unlearn.streams.featurizer.erasure"),
-    ("def f():\n    from unlearn.streams.featurizer.model import head_partition", "unlearn.services.client.sdk"),
+    ("def f():\n    from unlearn.streams.featurizer.routing import head_partition", "unlearn.services.client.sdk"),
     ("import importlib\nimportlib.import_module('unlearn.streams.ledger.worker')", "unlearn.services.serving.http"),
     ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.infra.topics"),
 ])

@@ -19,7 +19,7 @@ from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed import is_sealed
 from unlearn.services.verifier.settings import VerifySettings
-from unlearn.streams.featurizer.core import Tombstone
+from unlearn.streams.featurizer.tombstones import Tombstone
 from unlearn.streams.ledger.row_opener import RowOpener
 
 from .certificate import Certificate, Check, head_json

@@ -1,7 +1,7 @@
 """Remove-wins, re-judged by the replay: no retained add is dated at or before a delete of it.
 
 The featurizer refuses an add whose event time is not later than a matching tombstone, and a
-delete removes every cached add dated at or before it (``streams/featurizer/core.py``).
+delete removes every cached add dated at or before it (``streams/featurizer/tombstones.py``).
 So in the state the whole ``deltas`` log describes, no retained add may be dated at or before
 a tombstone that matches it. The replay rebuilds the tombstones from what it reads:
 
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field, replace
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, SealedRowsEntry
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.sealed import ErasedRow
-from unlearn.streams.featurizer.core import Tombstone, blocking_tombstone, seconds_to_us
+from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone, seconds_to_us
 
 __all__ = ["EventTimes", "RetainedAdd", "erased_tombstones", "receipt_tombstones", "violations"]
 
 
 @dataclass(frozen=True, slots=True)
 class RetainedAdd:
-    """An add row the log retains, named as the rule needs it (``core.AddName``)."""
+    """An add row the log retains, named as the rule needs it (``tombstones.AddName``)."""
 
     head_id: str
     sample_id: str

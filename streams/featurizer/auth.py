@@ -61,7 +61,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from unlearn.streams.featurizer.model import CachedSample, InMessage
+    from unlearn.streams.featurizer.batch_io import InMessage
+    from unlearn.streams.featurizer.cache_view import CachedSample
 
 AUTH_REASONS: dict[str, str] = {
     "unsigned": "UNLEARN_AUTH_MODE=signed: the request has no signature headers (unlearn-sig-key, unlearn-sig)",

@@ -5,9 +5,9 @@ judge, seal, commit, deliver, settle).
 Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
 
 - **routes** each ``requests`` record: forwarded unchanged to ``<requests>.by-head`` at its
-  head's partition (``model.Router``), with headers naming its origin; the requests offsets are
+  head's partition (``routing.Router``), with headers naming its origin; the requests offsets are
   committed after every forward is acknowledged (at-least-once: the featurizer drops re-forwarded
-  copies exactly, ``core.admit_routed``);
+  copies exactly, ``routing.admit_routed``);
 - **featurizes** the by-head records, per by-head partition, in these steps (the commit sequence):
 
   1. decide the outcome (``featurize_batch``) against the partition's cache (and seal it, with
@@ -40,29 +40,23 @@ from typing import TYPE_CHECKING, Any
 
 from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import Settings
+from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
+from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     FeatureCache,
     Position,
     batch_records,
 )
-from unlearn.streams.featurizer.core import featurize_batch, with_registry
+from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Acks, Delivery
 from unlearn.streams.featurizer.erasure import Erasure
-from unlearn.streams.featurizer.model import (
-    CoreConfig,
-    Encoder,
-    FaultHook,
-    FeaturizerError,
-    InMessage,
-    OutMessage,
-    Router,
-    Topics,
-    count_batch,
-    might_delete,
-    read_origin,
-)
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.featurizer_errors import FeaturizerError
+from unlearn.streams.featurizer.head_contracts import with_registry
+from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
+from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
 
 if TYPE_CHECKING:  # service.py, which owns the partitions, imports this module
     from unlearn.streams.featurizer.service import Partitions
@@ -77,7 +71,7 @@ log = logging.getLogger("unlearn.featurizer")
 
 class BatchWindow:
     """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one; a batch that
-    holds a delete closes as soon as what was already fetched is in (``model.might_delete``):
+    holds a delete closes as soon as what was already fetched is in (``routing.might_delete``):
     the window buys adds throughput, a delete only waits in it."""
 
     def __init__(self, max_batch: int, max_ms: int) -> None:
@@ -135,7 +129,7 @@ class BatchWindow:
 def record_timestamp_ms(m: Any) -> int | None:
     """A consumed record's timestamp in ms (the producer's CreateTime, which the router forwards
     unchanged; the broker's under LogAppendTime), None when it has none: an add's or delete's
-    event time when its request carries no ``ts`` (``core.event_time_us``)."""
+    event time when its request carries no ``ts`` (``tombstones.event_time_us``)."""
     from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
     kind, ts = m.timestamp()
@@ -165,7 +159,7 @@ class _Inflight:
 
 class BatchProcessor:
     """Processes polled batches (module docstring: the steps); :meth:`settle` awaits the one in
-    flight. ``fault`` is the crash hook (``model.FaultHook``); ``stats`` is the service's."""
+    flight. ``fault`` is the crash hook (``service_types.FaultHook``); ``stats`` is the service's."""
 
     def __init__(self, settings: Settings, config: CoreConfig, topics: Topics, *, consumer: Any, delivery: Delivery,
                  router: Router, partitions: Partitions, registry: RegistryView, encoder: Encoder,

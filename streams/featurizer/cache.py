@@ -90,7 +90,8 @@ import orjson
 from unlearn.infra.log_position import watermarks
 from unlearn.infra.settings import Settings, consumer_config
 from unlearn.infra.topic_reader import TopicReadError, read_range
-from unlearn.streams.featurizer.core import TombName, Tombstone, TombstoneKey
+from unlearn.streams.featurizer.batch_io import OutMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
 from unlearn.streams.featurizer.events import (
     EVENTS_SCHEMA,
     EventKey,
@@ -100,7 +101,7 @@ from unlearn.streams.featurizer.events import (
     event_value,
     open_event,
 )
-from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.tombstones import TombName, Tombstone, TombstoneKey
 
 __all__ = [
     "PHASE_CHANGELOG",

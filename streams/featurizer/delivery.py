@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unlearn.infra.retry import RetryPolicy, flush_within
+from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache import OutboxRow, delivered_record, outputs_of_txn
-from unlearn.streams.featurizer.model import DeliveryError, OutMessage
+from unlearn.streams.featurizer.featurizer_errors import DeliveryError
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.
 OnAcked = Callable[[str, int, int, "bytes | None"], None]

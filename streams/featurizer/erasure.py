@@ -165,11 +165,12 @@ from unlearn.schemas.sealed import (
     unseal,
 )
 from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_public_record, new_transit_key
+from unlearn.streams.featurizer.batch_io import BatchOutcome
 from unlearn.streams.featurizer.cache import OpenSample
-from unlearn.streams.featurizer.core import DerivedKeys, TransitGate
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
-from unlearn.streams.featurizer.model import BatchOutcome, KeyStoreError
+from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.featurizer.settings import FeaturizerSettings
+from unlearn.streams.featurizer.transit_open import DerivedKeys, TransitGate
 
 __all__ = [
     "TRANSIT_HEAD",

@@ -105,7 +105,7 @@ def _input_meaning(inp: object) -> list[object]:
         return ["text", inp.text]
     if isinstance(inp, ImageInput):
         return ["image", hashlib.sha256(inp.data).hexdigest()]
-    if isinstance(inp, SealedInput):  # never judged sealed: opened first (core.open_sealed)
+    if isinstance(inp, SealedInput):  # never judged sealed: opened first (transit_open.open_sealed)
         return ["sealed", inp.key_id, inp.ciphertext.hex()]
     return [None]
 
@@ -121,7 +121,7 @@ def request_fingerprint(r: Request) -> bytes:
 
 # --------------------------------------------------------------------------- judging
 class EventView(Protocol):
-    """What judging an event id asks of the batch's view of the cache (``core.Overlay``)."""
+    """What judging an event id asks of the batch's view of the cache (``cache_view.Overlay``)."""
 
     def get_event(self, head_id: str, event_id: str) -> EventMark | None: ...
 

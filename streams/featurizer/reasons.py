@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from unlearn.schemas.request_errors import REQUEST_REASONS
 from unlearn.streams.featurizer.auth import AUTH_REASONS
-from unlearn.streams.featurizer.core import TOMBSTONE_REASONS, TRANSIT_REASONS
 from unlearn.streams.featurizer.events import EVENT_REASONS
+from unlearn.streams.featurizer.tombstones import TOMBSTONE_REASONS
+from unlearn.streams.featurizer.transit_open import TRANSIT_REASONS
 
 __all__ = ["FEATURIZER_REASONS"]
 

@@ -46,8 +46,10 @@ from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, cons
 from unlearn.infra.topics import ensure_topic, raw_input_config
 from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.schemas.source_id import source_stream
+from unlearn.streams.featurizer.add_encoding import Encoder, RegistryEncoder
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
+from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     PHASE_OUTPUT,
@@ -59,21 +61,12 @@ from unlearn.streams.featurizer.cache import (
     resume_plan,
     snapshot_mutations,
 )
+from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
 from unlearn.streams.featurizer.erasure import Erasure, Trimmer, group_committed
-from unlearn.streams.featurizer.model import (
-    CoreConfig,
-    DeliveryError,
-    Encoder,
-    FaultHook,
-    FeaturizerError,
-    LostCacheError,
-    OutMessage,
-    ReadyHook,
-    RegistryEncoder,
-    Router,
-    Topics,
-)
+from unlearn.streams.featurizer.featurizer_errors import DeliveryError, FeaturizerError, LostCacheError
+from unlearn.streams.featurizer.routing import Router
+from unlearn.streams.featurizer.service_types import FaultHook, ReadyHook, Topics
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 __all__ = [

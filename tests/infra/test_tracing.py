@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.streams.featurizer.test_core import MemCache, add, cfg, delete, no_encoder
+from tests.streams.featurizer.test_featurize import MemCache, add, cfg, delete, no_encoder
 from unlearn.infra import tracing
+from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     FeatureCache,
@@ -22,8 +23,8 @@ from unlearn.streams.featurizer.cache import (
     encode_txn,
     outputs_of_txn,
 )
-from unlearn.streams.featurizer.core import featurize_batch
-from unlearn.streams.featurizer.model import CacheMutations, InMessage, OutMessage
+from unlearn.streams.featurizer.cache_view import CacheMutations
+from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.ledger.outputs import PollOutputs, receipt_headers
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -29,9 +29,10 @@ from unlearn.services.verifier.checks import check_remove_wins
 from unlearn.services.verifier.evidence import Evidence
 from unlearn.services.verifier.remove_wins import erased_tombstones
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
+from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.core import featurize_batch, seconds_to_us
-from unlearn.streams.featurizer.model import InMessage
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.tombstones import seconds_to_us
 
 
 def _rows(sign: int, ev: str, sample: str, subject: str, t_us: int, by_subject: bool = False,
@@ -210,7 +211,7 @@ def test_another_clients_older_add_after_a_scoped_delete_subject_passes(tmp_path
 def test_an_add_name_is_what_the_rule_reads() -> None:
     """The verifier's retained row and a request are judged by the same function."""
     from unlearn.services.verifier.remove_wins import RetainedAdd, violations
-    from unlearn.streams.featurizer.core import Tombstone, blocking_tombstone
+    from unlearn.streams.featurizer.tombstones import Tombstone, blocking_tombstone
 
     t = Tombstone("h", "sample", "x", "u", "", seconds_to_us(BASE + 5), "d")
     req = add_req("a", "x", "u", BASE + 5)

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.streams.featurizer.test_core import MemCache, cfg
+from tests.streams.featurizer.test_featurize import MemCache, cfg
 from unlearn.schemas.client_record import (
     ClientError,
     ClientKey,
@@ -36,8 +36,8 @@ from unlearn.schemas.signature import (
 )
 from unlearn.services.client.settings import ClientSettings
 from unlearn.streams.featurizer.auth import AUTH_REASONS, Authorizer, AuthState
-from unlearn.streams.featurizer.core import featurize_batch
-from unlearn.streams.featurizer.model import InMessage
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.reasons import FEATURIZER_REASONS
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 

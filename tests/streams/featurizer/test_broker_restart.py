@@ -39,7 +39,7 @@ from unlearn.infra.topics import create_topics
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.streams.featurizer.cache import ChangelogReader
 from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, Trimmer
-from unlearn.streams.featurizer.model import Router
+from unlearn.streams.featurizer.routing import Router
 
 pytestmark = pytest.mark.broker
 

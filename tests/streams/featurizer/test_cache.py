@@ -14,9 +14,12 @@ import pytest
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
-from unlearn.streams.featurizer.core import Tombstone, featurize_batch
-from unlearn.streams.featurizer.model import CachedSample, CacheMutations, CoreConfig, HeadInfo, InMessage, OutMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAD = HeadInfo("h", "features", "features", 3, "class", 0, 30, 0)
@@ -147,7 +150,9 @@ def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Pat
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from unlearn.streams.featurizer.cache import FeatureCache
-        from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+        from unlearn.streams.featurizer.batch_io import InMessage
+        from unlearn.streams.featurizer.core_config import CoreConfig
+        from unlearn.streams.featurizer.featurize import featurize_batch
         import tests.streams.featurizer.test_cache as t
         cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
         cache = FeatureCache.open_partition({str(tmp_path)!r}, "t.requests", 0)

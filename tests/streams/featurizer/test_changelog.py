@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache import (
     PHASE_CHANGELOG,
     PHASE_OUTPUT,
@@ -30,8 +31,8 @@ from unlearn.streams.featurizer.cache import (
     snapshot_mutations,
     tombstone_key,
 )
-from unlearn.streams.featurizer.core import Tombstone
-from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 TOPIC = "t.featurizer-cache"
 HEADS = {"h": HeadInfo("h", "features", "features", 3, "class", 0, 30, 0),

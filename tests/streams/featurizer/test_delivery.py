@@ -6,7 +6,7 @@ import pytest
 
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.streams.featurizer.delivery import Acks
-from unlearn.streams.featurizer.model import DeliveryError
+from unlearn.streams.featurizer.featurizer_errors import DeliveryError
 
 pytestmark = pytest.mark.broker
 

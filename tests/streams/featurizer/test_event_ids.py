@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from unlearn.schemas.envelope import Request, encode_request, parse_request
 from unlearn.schemas.request_inputs import FeaturesInput, TextInput
+from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records, fold_changelog
-from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.cache_view import CacheMutations
+from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.events import (
     ERASED,
     EventMark,
@@ -25,7 +27,7 @@ from unlearn.streams.featurizer.events import (
     open_event,
     request_fingerprint,
 )
-from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, InMessage
+from unlearn.streams.featurizer.featurize import featurize_batch
 
 NOW = time.time()
 

@@ -17,7 +17,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from tests.sealed_support import plain_delta
 from tests.services.verifier.test_remove_wins import certify_messages
-from tests.streams.featurizer.test_routing import reference_digest
+from tests.streams.featurizer.test_partitioner_independence import reference_digest
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings, producer_config

@@ -8,6 +8,7 @@ import pytest
 from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry
 from unlearn.schemas.sealed import SampleKey, SealError, new_key, open_delta
+from unlearn.streams.featurizer.batch_io import BatchOutcome
 from unlearn.streams.featurizer.cache import (
     Position,
     batch_records,
@@ -15,8 +16,8 @@ from unlearn.streams.featurizer.cache import (
     fold_changelog,
     state_records,
 )
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations
 from unlearn.streams.featurizer.erasure import open_sample_record, sample_sealer, seal_outcome
-from unlearn.streams.featurizer.model import BatchOutcome, CachedSample, CacheMutations
 
 
 class FakeKeys:

@@ -1,4 +1,4 @@
-"""Remove wins in event time (``streams/featurizer/core.py``): the pure rule, and the
+"""Remove wins in event time (``streams/featurizer/tombstones.py``): the pure rule, and the
 featurizer's core over random interleavings against an independent reference."""
 
 from __future__ import annotations
@@ -15,19 +15,20 @@ from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import RowsEntry
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.cache import FeatureCache
-from unlearn.streams.featurizer.core import (
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.settings import FeaturizerSettings
+from unlearn.streams.featurizer.tombstones import (
     Tombstone,
     TombstonePolicy,
     add_event_time,
     blocking_tombstone,
     delete_event_time,
     event_time_us,
-    featurize_batch,
     tombstones_of,
 )
-from unlearn.streams.featurizer.model import CoreConfig, InMessage
-from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 BASE = 1_700_000_000.0  # event times are BASE + small integers (seconds)
 NOW = BASE + 1000.0

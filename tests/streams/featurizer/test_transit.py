@@ -23,8 +23,8 @@ from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import TextInput
 from unlearn.schemas.transit import decode_public_record, seal_request
 from unlearn.services.client.transit_key_cache import TransitKeyCache
-from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, router_committed
+from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
 
 pytestmark = pytest.mark.broker
 

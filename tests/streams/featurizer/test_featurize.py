@@ -1,4 +1,6 @@
-"""The featurizer's pure core: decisions on micro-batches, no broker, no sqlite."""
+"""``featurize_batch`` (streams/featurizer/featurize.py): decisions on micro-batches, step by step and
+whole, no broker, no sqlite. Its helpers (``MemCache``, ``cfg``, ``batch``...) serve the other
+core tests too."""
 
 from __future__ import annotations
 
@@ -10,41 +12,25 @@ import orjson
 import pytest
 
 from unlearn.features.backbones import BackboneError, EncodeResult
-from unlearn.features.contract import FeatureRejected, quantize_feature_row
+from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
-from unlearn.schemas.envelope import Request, encode_request, parse_request
+from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.redaction import redact_original
 from unlearn.schemas.request_errors import InvalidRequest
 from unlearn.schemas.request_inputs import FeaturesInput, ImageInput, TextInput
 from unlearn.schemas.source_id import format_source_id, parse_source, parse_source_id, source_stream
-from unlearn.streams.featurizer.core import (
-    Tombstone,
-    assemble_deltas,
-    check_batch,
-    encode_adds,
-    featurize_batch,
-    judge_add,
-    judge_batch,
-    judge_delete,
-    judge_delete_subject,
-    parse_batch,
-    refusal,
-    route_adds,
-    salvage_delete_ids,
-    use_packed,
-)
-from unlearn.streams.featurizer.model import (
-    CachedSample,
-    CacheMutations,
-    CoreConfig,
-    HeadInfo,
-    InMessage,
-    RegistryEncoder,
-)
+from unlearn.streams.featurizer.add_encoding import RegistryEncoder, encode_adds, route_adds
+from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
+from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.delta_assembly import assemble_deltas
+from unlearn.streams.featurizer.featurize import check_batch, featurize_batch, parse_batch
+from unlearn.streams.featurizer.judge import judge_batch
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 K = 30
 
@@ -559,54 +545,3 @@ def test_steps_parse_encode_judge_assemble() -> None:
     (delta,) = deltas
     assert n_rows == 2 and delta.source_id == "requests/0@10" and [e.sign for e in delta.entries] == [1, -1]
     np.testing.assert_array_equal(delta.entries[0].q[0], ref_q([3, 4]))
-
-
-def test_judge_steps_are_pure_decisions() -> None:
-    cache = MemCache()
-    head = HeadInfo("h", "features", "features", 2, "class", 0, K, 0)
-    cache.heads["h"] = head
-    cs = CachedSample("h", "x", "s", "c1", "add-x", 1, np.array([1, 2], np.int64))
-    cache.samples[("h", "x")] = cs
-    req = parse_request
-    assert judge_delete(req(delete("d", "h", "s", "x")), cache) == [cs]
-    with pytest.raises(FeatureRejected) as exc:
-        judge_delete(req(delete("d", "h", "other", "x")), cache)
-    assert exc.value.reason == "subject_mismatch"
-    assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache) == [cs]
-    assert judge_delete_subject(req(delete_subject("ds", "h", "nobody")), cache) == []  # removes nothing
-    assert judge_delete(req(delete("d", "h", "s", "nope")), cache) == []
-    later = CachedSample("h", "x", "s", "c1", "add-x", 1, np.array([1, 2], np.int64), event_us=7_000_000)
-    cache.samples[("h", "x")] = later  # re-added after the delete's event time: the add wins
-    assert judge_delete(req(delete("d", "h", "s", "x")), cache, 6_999_999) == []
-    assert judge_delete(req(delete("d", "h", "s", "x")), cache, 7_000_000) == [later]
-    assert judge_delete_subject(req(delete_subject("ds", "h", "s")), cache, 6_999_999) == []
-    cache.samples[("h", "x")] = cs
-    new, got_head, is_new = judge_add(req(add("a", "h", "s", "y", [0, 2], 0)), np.array([0.0, 2.0]), "features",
-                                      cache, cfg())
-    assert got_head is head and not is_new and new.q.tolist() == ref_q([0, 2]).tolist()
-    with pytest.raises(FeatureRejected, match="duplicate_add"):
-        judge_add(req(add("a", "h", "s", "x", [0, 2], 0)), np.array([0.0, 2.0]), "features", cache, cfg())
-    with pytest.raises(FeatureRejected, match="dimension_mismatch"):
-        judge_add(req(add("a", "h", "s", "z", [1, 2, 3], 0)), np.array([1.0, 2, 3]), "features", cache, cfg())
-    assert cache.samples.keys() == {("h", "x")}  # nothing was written: the caller applies decisions
-
-
-def test_refusal_gives_receipts_only_for_deletes() -> None:
-    (m,) = batch(delete("d", "h", "s", "x"))
-    dl, receipt = refusal(m, parse_request(m.value), "unknown_sample", "gone", cfg(), 1.0)
-    assert dl.reason == "unknown_sample" and dl.event_id == "d" and dl.stage == "featurizer"
-    assert receipt is not None and receipt.reason == "unknown_sample" and receipt.sample_ids == ("x",)
-    (m,) = batch(add("a", "h", "s", "x", [1, 0]))
-    assert refusal(m, parse_request(m.value), "duplicate_add", "dup", cfg(), 1.0)[1] is None
-    bad = raw(op="delete", event_id="e", subject_id="s", head_id="h", sample_id="x", client_id=7)
-    ids = salvage_delete_ids(bad)
-    assert ids == {"op": "delete", "event_id": "e", "subject_id": "s", "head_id": "h", "sample_ids": ["x"]}
-    assert salvage_delete_ids(raw(op="add", event_id="e", subject_id="s", head_id="h")) is None
-    assert salvage_delete_ids(b"\xff") is None and salvage_delete_ids(None) is None
-
-
-def test_packed_choice() -> None:
-    head = HeadInfo("h", "features", "features", 4, "class", 0, K, 0)
-    assert not use_packed(head, 10, cfg())
-    assert use_packed(head, 11, cfg(max_message_bytes=800))  # 11 * 5 * 8 = 440 > 400
-    assert use_packed(head, 1, cfg(federated=True, client_id="c1"))

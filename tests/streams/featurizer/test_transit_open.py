@@ -1,4 +1,4 @@
-"""The featurizer's derived transit keys (streams/featurizer/core.DerivedKeys, docs/erasure.md
+"""The featurizer's derived transit keys (streams/featurizer/transit_open.DerivedKeys, docs/erasure.md
 section 5): one X25519 exchange per (transit key, producer epk), a bounded LRU, and no derived key
 outlives its private key: destroying a transit key (or handing its partition over) drops every
 AES key derived from it. The SDK side (services/client/sdk.py) reuses one ephemeral key
@@ -17,8 +17,8 @@ from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import SealedInput, TextInput
 from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, new_transit_key
 from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit
-from unlearn.streams.featurizer.core import DerivedKeys, UnopenedRequest, open_sealed
 from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
+from unlearn.streams.featurizer.transit_open import DerivedKeys, UnopenedRequest, open_sealed
 
 
 def _add(i: int) -> Request:

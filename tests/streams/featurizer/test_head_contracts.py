@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.streams.featurizer.test_core import MemCache, add, batch, cfg, no_encoder, ref_q
+from tests.streams.featurizer.test_featurize import MemCache, add, batch, cfg, no_encoder, ref_q
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head_contract import HeadContract, decode_contract
-from unlearn.streams.featurizer.core import featurize_batch, with_registry
+from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.head_contracts import with_registry
 
 
 def declared(head: str = "h", **kw: object) -> HeadContract:

@@ -1,0 +1,29 @@
+"""The featurizer's errors: what stops the process (it should exit non-zero and be restarted:
+:class:`FeaturizerError`) and what stops a batch's commit (:class:`KeyStoreError`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FeaturizerError",
+    "DeliveryError",
+    "KeyStoreError",
+    "LostCacheError",
+]
+
+
+class FeaturizerError(RuntimeError):
+    """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
+
+
+class DeliveryError(FeaturizerError):
+    """The broker did not acknowledge every outbox message (they stay in the outbox)."""
+
+
+class KeyStoreError(RuntimeError):
+    """A key could not be made durable (the batch must not be committed)."""
+
+
+class LostCacheError(FeaturizerError):
+    """A partition's cache (local and changelog) is empty but the group already committed offsets
+    for it."""
