@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records
+from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CoreConfig, InMessage
 
 

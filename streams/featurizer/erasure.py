@@ -167,7 +167,7 @@ from unlearn.schemas.sealed import (
     seal_delta,
     unseal,
 )
-from unlearn.streams.featurizer.cache import OpenSample
+from unlearn.streams.featurizer.changelog_records import OpenSample
 from unlearn.streams.featurizer.core import DerivedKeys, TransitGate
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
 from unlearn.streams.featurizer.model import BatchOutcome, KeyStoreError

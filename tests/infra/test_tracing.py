@@ -13,16 +13,10 @@ import pytest
 
 from tests.streams.featurizer.test_core import MemCache, add, cfg, delete, no_encoder
 from unlearn.infra import tracing
-from unlearn.streams.featurizer.cache import (
-    PHASE_CHANGELOG,
-    FeatureCache,
-    Position,
-    batch_records,
-    decode_txn,
-    encode_txn,
-    outputs_of_txn,
-)
+from unlearn.streams.featurizer.changelog_batches import batch_records, outputs_of_txn
+from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position, decode_txn, encode_txn
 from unlearn.streams.featurizer.core import featurize_batch
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CacheMutations, InMessage, OutMessage
 from unlearn.streams.ledger.worker import PollOutputs, receipt_headers
 

@@ -28,8 +28,8 @@ from unlearn.services.verifier import Certificate, Check, verify
 from unlearn.services.verifier.checks import Evidence, check_remove_wins
 from unlearn.services.verifier.remove_wins import erased_tombstones
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
-from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import featurize_batch, seconds_to_us
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import InMessage
 
 

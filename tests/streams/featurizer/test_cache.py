@@ -13,8 +13,9 @@ import pytest
 
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
+from unlearn.streams.featurizer.cache_file import CACHE_SCHEMA_VERSION, CacheError, cache_path
 from unlearn.streams.featurizer.core import Tombstone, featurize_batch
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, CoreConfig, HeadInfo, InMessage, OutMessage
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -145,7 +146,7 @@ def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Pat
     child = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from unlearn.streams.featurizer.cache import FeatureCache
+        from unlearn.streams.featurizer.feature_cache import FeatureCache
         from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
         import tests.streams.featurizer.test_cache as t
         cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")

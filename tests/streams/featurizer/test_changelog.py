@@ -9,28 +9,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.streams.featurizer.cache import (
+from unlearn.streams.featurizer.changelog_batches import (
+    batch_records,
+    delivered_record,
+    outputs_of_txn,
+    snapshot_mutations,
+)
+from unlearn.streams.featurizer.changelog_records import (
     PHASE_CHANGELOG,
     PHASE_OUTPUT,
     ChangelogError,
-    FeatureCache,
-    LocalPosition,
     Position,
-    batch_records,
     decode_sample,
     decode_tombstone,
-    delivered_record,
     encode_sample,
     encode_tombstone,
-    fold_changelog,
-    outputs_of_txn,
     position_key,
-    resume_plan,
     sample_key,
-    snapshot_mutations,
     tombstone_key,
 )
+from unlearn.streams.featurizer.changelog_restore import LocalPosition, fold_changelog, resume_plan
 from unlearn.streams.featurizer.core import Tombstone
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadInfo, OutMessage
 
 TOPIC = "t.featurizer-cache"

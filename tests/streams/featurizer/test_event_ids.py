@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unlearn.schemas.envelope import FeaturesInput, Request, TextInput, encode_request, parse_request
-from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records, fold_changelog
+from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_records import Position
+from unlearn.streams.featurizer.changelog_restore import fold_changelog
 from unlearn.streams.featurizer.core import featurize_batch
 from unlearn.streams.featurizer.events import (
     ERASED,
@@ -24,6 +26,7 @@ from unlearn.streams.featurizer.events import (
     open_event,
     request_fingerprint,
 )
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CacheMutations, CoreConfig, InMessage
 
 NOW = time.time()

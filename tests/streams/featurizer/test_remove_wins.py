@@ -24,7 +24,7 @@ from unlearn.infra.settings import Settings, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
-from unlearn.streams.featurizer.cache import FeatureCache
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 pytestmark = pytest.mark.broker

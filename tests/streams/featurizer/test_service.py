@@ -199,7 +199,7 @@ def committed_offsets(settings: Settings, group: str, topic: str) -> dict[int, i
 
 def again_counts(data_dir: Path) -> list[int]:
     """Samples per cache file under a data dir."""
-    from unlearn.streams.featurizer.cache import FeatureCache
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     out = []
     for f in sorted(data_dir.glob("featurizer/*/p*.sqlite")):
@@ -604,8 +604,9 @@ def test_crash_then_restart_on_another_host(settings: Settings, tmp_path: Path, 
 def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
     """The phase-1 messages the crash left to deliver, rebuilt from the caches' outbox txns as the
     service rebuilds them (``delivery.outbox_messages``; empty when nothing is pending)."""
-    from unlearn.streams.featurizer.cache import PHASE_OUTPUT, FeatureCache
+    from unlearn.streams.featurizer.changelog_records import PHASE_OUTPUT
     from unlearn.streams.featurizer.delivery import outbox_messages
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     out = []
     for path in caches:
@@ -619,7 +620,7 @@ def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
 
 def has_outbox(path: Path) -> bool:
     """Does the cache file hold unsent outbox rows?"""
-    from unlearn.streams.featurizer.cache import FeatureCache
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     with FeatureCache(path) as cache:
         return bool(cache.pending_outbox())

@@ -14,7 +14,6 @@ from unlearn.features.contract import FeatureRejected
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import RowsEntry
 from unlearn.schemas.envelope import FeaturesInput, Request, encode_request
-from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core import (
     Tombstone,
     TombstonePolicy,
@@ -25,6 +24,7 @@ from unlearn.streams.featurizer.core import (
     featurize_batch,
     tombstones_of,
 )
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.model import CoreConfig, InMessage
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
