@@ -6,6 +6,25 @@ a committed batch survive a process kill and a power loss (re-judging a batch af
 could re-quantize a GPU feature to other bits than the ones the ledger already applied);
 ``NORMAL`` survives a process kill only, and is what the service uses when the changelog backs
 the cache, which then covers a power cut (docs/featurizer.md, "The feature cache", "Durability").
+Tables:
+
+- ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (int64 LE blob);
+  index ``samples_by_subject`` (subject_id, head_id) is the subject index;
+- ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
+  frac bits);
+- ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
+  event time (us) and the delete's event id; adds are judged against them (``core.py``,
+  remove wins), expired ones are dropped batch by batch;
+- ``outbox``: the transactional outbox (``cache_outbox.py``): encoded messages (deltas, dead
+  letters, receipts, and the batch's records for the ``featurizer-cache`` changelog, with their
+  partition and delivery phase) written in the same transaction as the cache mutations, deleted
+  once the broker acknowledged them;
+- ``lineage``: this cache's lineage id and changelog generation (``changelog_restore.resume_plan``);
+- ``progress``: the last input offset whose outcome is in this file;
+- ``origins``: per requests partition, the last origin offset judged (drops the router's
+  re-forwarded copies: ``core.admit_routed``);
+- ``meta``: schema version and identity (topic, partition, client) checked on open, and the ids
+  and partition count the routing state belongs to (``bind_topic_id``, ``bind_routing``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from unlearn.streams.featurizer.model import OutMessage
 
 __all__ = ["Outbox", "OutboxRow"]
 
+
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     """A message waiting for its broker acknowledgement."""

@@ -51,6 +51,7 @@ __all__ = [
     "state_records",
 ]
 
+
 class Keyed(Protocol):
     """A record with a key and a value (an ``OutMessage`` or an outbox row)."""
 
@@ -61,7 +62,6 @@ class Keyed(Protocol):
     def value(self) -> bytes | None: ...
 
 
-# --------------------------------------------------------------------------- records of a batch
 def state_records(mutations: CacheMutations, seal_sample: SealSample | None = None) -> list[Record]:
     """The sample/head/tombstone/event records of a batch's cache mutations (drops are tombstones);
     sample values and adds' event marks sealed with ``seal_sample`` when given (docs/erasure.md)."""

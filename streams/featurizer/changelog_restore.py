@@ -40,6 +40,7 @@ __all__ = [
     "resume_plan",
 ]
 
+
 @dataclass
 class FoldedChangelog:
     """What a changelog partition says: the cache contents, the latest position and the latest

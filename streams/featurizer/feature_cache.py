@@ -34,6 +34,7 @@ from unlearn.streams.featurizer.model import CachedSample, CacheMutations, HeadI
 
 __all__ = ["FeatureCache"]
 
+
 class FeatureCache:
     """One partition's cache; implements ``model.CacheView`` (and ``core.BulkCacheView``).
     Single-threaded use.
@@ -179,7 +180,7 @@ class FeatureCache:
         return self.local_position().generation
 
     def local_position(self) -> LocalPosition:
-        """(applied offset, lineage, generation), for :func:`resume_plan`."""
+        """(applied offset, lineage, generation), for :func:`~streams.featurizer.changelog_restore.resume_plan`."""
         row = self._db.execute("SELECT lineage, generation FROM lineage WHERE id = 0").fetchone()
         if row is None:
             with Transaction(self._db):
