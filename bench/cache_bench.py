@@ -24,8 +24,10 @@ import numpy as np
 import orjson
 
 from unlearn.streams.featurizer.batch_io import InMessage
-from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records
+from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 
 

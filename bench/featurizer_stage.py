@@ -97,7 +97,7 @@ def run_stage(s: Settings, n_events: int, profile: cProfile.Profile | None, time
 # base64, hashlib...) goes to its callers' parts, in proportion to the time each caller spent in it.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("waiting for broker acknowledgements (Producer.flush)", ("Producer' objects>:flush", "method 'flush' of")),
-    ("sqlite (lookups, batch commit, outbox ack)", ("sqlite3", "featurizer/cache.py:")),
+    ("sqlite (lookups, batch commit, outbox ack)", ("sqlite3", "featurizer/feature_cache.py:", "featurizer/cache_")),
     ("parse_request (JSON / base64 -> float64, checks)", ("schemas/envelope.py:", "schemas/request_inputs.py:",
                                                           "schemas/request_errors.py:", "schemas/source_id.py:",
                                                           "schemas/json_keys.py:")),

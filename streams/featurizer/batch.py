@@ -16,7 +16,7 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
      committed), so at most one batch is in flight;
   3. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
      rejected receipts into the outbox (with the changelog: only the batch's txn and position,
-     ``cache.batch_records``, which hold them), record the batch's last input offset;
+     ``changelog_batches.batch_records``, which hold them), record the batch's last input offset;
   4. produce phase 0 (the batch's txn and position records on ``featurizer-cache``) and await
      its acknowledgement; send phase 1 (the downstream messages and the sample/head records);
   5. while the next batch is polled and judged, phase 1 travels; ``settle`` (before the next
@@ -26,7 +26,7 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
      authoritative; the router's resume point for requests partitions).
 
 A crash between any two steps loses nothing: the outbox (or the changelog's last batch) is
-delivered again by the partition's next owner (``service.Partitions``).
+delivered again by the partition's next owner (``owned_partitions.Partitions``).
 """
 
 from __future__ import annotations
@@ -43,23 +43,20 @@ from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
-from unlearn.streams.featurizer.cache import (
-    PHASE_CHANGELOG,
-    FeatureCache,
-    Position,
-    batch_records,
-)
+from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Acks, Delivery
 from unlearn.streams.featurizer.erasure import Erasure
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.featurizer_errors import FeaturizerError
 from unlearn.streams.featurizer.head_contracts import with_registry
 from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
 from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
 
-if TYPE_CHECKING:  # service.py, which owns the partitions, imports this module
-    from unlearn.streams.featurizer.service import Partitions
+if TYPE_CHECKING:  # owned_partitions.py holds the partitions a batch commits to
+    from unlearn.streams.featurizer.owned_partitions import Partitions
 
 __all__ = [
     "BatchWindow",

@@ -1,6 +1,6 @@
 """Producing the featurizer's outputs so that "sent" means "acknowledged by the broker".
 
-The transactional outbox (``cache.py``) deletes a row only after its message is durable, and the
+The transactional outbox (``cache_outbox.py``) deletes a row only after its message is durable, and the
 changelog's txn and position records (phase 0) must be durable before the downstream messages
 (phase 1) exist: both rest on these functions, which raise unless every message was
 acknowledged (:class:`Acks` produces now and waits later, where a wait can overlap work).
@@ -22,7 +22,8 @@ from typing import Any
 
 from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.streams.featurizer.batch_io import OutMessage
-from unlearn.streams.featurizer.cache import OutboxRow, delivered_record, outputs_of_txn
+from unlearn.streams.featurizer.cache_outbox import OutboxRow
+from unlearn.streams.featurizer.changelog_batches import delivered_record, outputs_of_txn
 from unlearn.streams.featurizer.featurizer_errors import DeliveryError
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.

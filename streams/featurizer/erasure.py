@@ -166,7 +166,7 @@ from unlearn.schemas.sealed import (
 )
 from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_public_record, new_transit_key
 from unlearn.streams.featurizer.batch_io import BatchOutcome
-from unlearn.streams.featurizer.cache import OpenSample
+from unlearn.streams.featurizer.changelog_records import OpenSample
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
 from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.featurizer.settings import FeaturizerSettings

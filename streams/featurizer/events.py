@@ -17,7 +17,7 @@ time is older than the tombstone retention (``UNLEARN_TOMBSTONE_RETENTION_SECOND
 for ever); an
 add's id stays taken while its sample is cached anyway, found through the samples' event ids
 (:data:`CACHED`), so the verifier's rule on retained adds holds for ever. Nothing here touches
-Kafka; :class:`EventTable` is the sqlite side, used by ``cache.FeatureCache``.
+Kafka; :class:`EventTable` is the sqlite side, used by ``feature_cache.FeatureCache``.
 """
 
 from __future__ import annotations

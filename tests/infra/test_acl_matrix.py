@@ -153,7 +153,7 @@ def test_reader_groups_are_granted(monkeypatch: pytest.MonkeyPatch, role: str) -
 # the principal that runs that code (a new group id fails the test until it is listed and granted).
 WORKER_GROUP_FILES = {
     "streams/featurizer/service.py": {"featurizer"},
-    "streams/featurizer/cache.py": {"featurizer"},
+    "streams/featurizer/changelog_reader.py": {"featurizer"},
     "streams/ledger/worker.py": {"ledger"},
     "streams/ledger/changelog_store.py": {"ledger"},
     "infra/log_position.py": {"featurizer", "ledger"},

@@ -14,16 +14,10 @@ import pytest
 from tests.streams.featurizer.test_featurize import MemCache, add, cfg, delete, no_encoder
 from unlearn.infra import tracing
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
-from unlearn.streams.featurizer.cache import (
-    PHASE_CHANGELOG,
-    FeatureCache,
-    Position,
-    batch_records,
-    decode_txn,
-    encode_txn,
-    outputs_of_txn,
-)
 from unlearn.streams.featurizer.cache_view import CacheMutations
+from unlearn.streams.featurizer.changelog_batches import batch_records, outputs_of_txn
+from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position, decode_txn, encode_txn
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.ledger.outputs import PollOutputs, receipt_headers
 

@@ -30,7 +30,7 @@ from unlearn.services.verifier.evidence import Evidence
 from unlearn.services.verifier.remove_wins import erased_tombstones
 from unlearn.streams.featurizer.auth import Authorizer, AuthState
 from unlearn.streams.featurizer.batch_io import InMessage
-from unlearn.streams.featurizer.cache import FeatureCache
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.tombstones import seconds_to_us
 

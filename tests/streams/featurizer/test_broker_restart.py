@@ -37,7 +37,7 @@ from unlearn.infra.kafka_broker import LocalKafka
 from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import create_topics
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.streams.featurizer.cache import ChangelogReader
+from unlearn.streams.featurizer.changelog_reader import ChangelogReader
 from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, Trimmer
 from unlearn.streams.featurizer.routing import Router
 

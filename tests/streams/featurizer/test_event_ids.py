@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from unlearn.schemas.envelope import Request, encode_request, parse_request
 from unlearn.schemas.request_inputs import FeaturesInput, TextInput
 from unlearn.streams.featurizer.batch_io import InMessage
-from unlearn.streams.featurizer.cache import FeatureCache, Position, batch_records, fold_changelog
 from unlearn.streams.featurizer.cache_view import CacheMutations
+from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_records import Position
+from unlearn.streams.featurizer.changelog_restore import fold_changelog
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.events import (
     ERASED,
@@ -27,6 +29,7 @@ from unlearn.streams.featurizer.events import (
     open_event,
     request_fingerprint,
 )
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 
 NOW = time.time()

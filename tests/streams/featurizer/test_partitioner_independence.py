@@ -346,7 +346,7 @@ def test_a_cache_routed_by_another_partition_count_is_refused(settings: Settings
     count (Kafka can add partitions; tansu cannot, so the cache's record is edited here) would look
     them up elsewhere. The featurizer stops (exit 2) instead."""
     from unlearn.infra.log_position import StaleStateError
-    from unlearn.streams.featurizer.cache import FeatureCache
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     s = settings.with_(data_dir=str(tmp_path / "data"))
     adds, _, _ = workload()

@@ -25,7 +25,7 @@ from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.schemas.request_inputs import FeaturesInput
-from unlearn.streams.featurizer.cache import FeatureCache
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 
 pytestmark = pytest.mark.broker

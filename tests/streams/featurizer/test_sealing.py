@@ -9,14 +9,10 @@ from unlearn.schemas.deadletter import DeadLetter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, SealedRowsEntry
 from unlearn.schemas.sealed import SampleKey, SealError, new_key, open_delta
 from unlearn.streams.featurizer.batch_io import BatchOutcome
-from unlearn.streams.featurizer.cache import (
-    Position,
-    batch_records,
-    encode_sample,
-    fold_changelog,
-    state_records,
-)
 from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations
+from unlearn.streams.featurizer.changelog_batches import batch_records, state_records
+from unlearn.streams.featurizer.changelog_records import Position, encode_sample
+from unlearn.streams.featurizer.changelog_restore import fold_changelog
 from unlearn.streams.featurizer.erasure import open_sample_record, sample_sealer, seal_outcome
 
 

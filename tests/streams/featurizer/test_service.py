@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,7 +15,8 @@ import orjson
 import pytest
 
 from tests.sealed_support import plain_delta
-from unlearn.infra.settings import Settings, consumer_config, producer_config
+from unlearn.infra.registry import read_contracts
+from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config
 from unlearn.infra.topics import create_topics, delete_topics
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
@@ -28,6 +25,7 @@ from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.source_id import parse_source
+from unlearn.services.cli import main
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
 
 pytestmark = pytest.mark.broker
@@ -201,7 +199,7 @@ def committed_offsets(settings: Settings, group: str, topic: str) -> dict[int, i
 
 def again_counts(data_dir: Path) -> list[int]:
     """Samples per cache file under a data dir."""
-    from unlearn.streams.featurizer.cache import FeatureCache
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     out = []
     for f in sorted(data_dir.glob("featurizer/*/p*.sqlite")):
@@ -401,213 +399,12 @@ def test_federated_site_sends_only_packed_statistics(settings: Settings, tmp_pat
         delete_topics(settings, [settings.topic(site_topic)])
 
 
-def test_cli_exits_zero_on_sigterm_after_finishing(settings: Settings, tmp_path: Path) -> None:
-    s = settings
-    reqs = [add(f"a{i}", "h", f"s{i}", f"x{i}", [i + 1, 1.0], i % 2) for i in range(6)]
-    produce(s, reqs)
-    env = dict(os.environ, UNLEARN_TOPIC_PREFIX=s.topic_prefix, UNLEARN_PROFILE=s.profile,
-               UNLEARN_DATA_DIR=str(tmp_path / "data"))
-    code = ("import sys; from unlearn.streams.featurizer.cli import featurizer_main; "
-            "sys.exit(featurizer_main(sys.argv[1:]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--bootstrap", s.bootstrap, "--group", "fz-cli",
-                             "--max-batch", "4", "--max-ms", "10", "--device", "cpu"],
-                            cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    reader = Reader(s, ("deltas",))
-    try:
-        got = reader.until(lambda g: len(ledgers_from(g["deltas"])[1]) >= 6, timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        reader.close()
-        if proc.poll() is None:
-            proc.kill()
-    log = out.decode(errors="replace")
-    assert proc.returncode == 0, log[-3000:]
-    # one readiness line (after the assignment), and a clean stop: no traceback, nothing at ERROR
-    ready = [line for line in log.splitlines() if "unlearn featurizer ready" in line]
-    assert len(ready) == 1 and "group='fz-cli'" in ready[0] and f"requests_topic={s.topic('requests')!r}" in ready[0]
-    assert "Traceback" not in log and "[ERROR]" not in log, log[-3000:]
-    assert sorted(ledgers_from(got["deltas"])[1]) == sorted(f"a{i}" for i in range(6))
-    committed = committed_offsets(s, "fz-cli", s.topic("requests"))
-    assert sum(o for o in committed.values() if o > 0) == len(reqs)
-
-
-def test_two_featurizers_rebalance_and_the_caches_move_with_the_partitions(settings: Settings, tmp_path: Path) -> None:
-    """Two processes of one group on one host (one data dir): partitions, and with them their
-    cache files, move on a rebalance mid-stream; the result is still exact and nothing repeats."""
-    s = settings.with_(data_dir=str(tmp_path / "data"))
-    reqs, retained, accepted, reasons = workload()
-    produce(s, reqs[:20])
-    reader = Reader(s)
-    a = Running(s, group="fz-pair", max_batch=4)
-    b = None
-    try:
-        reader.until(lambda g: len(ledgers_from(g["deltas"])[1]) >= 5)
-        written = {int(f.stem[1:]) for f in (tmp_path / "data" / "featurizer").glob("*/p*.sqlite")}
-        b = Running(s, group="fz-pair", max_batch=4)
-        deadline = time.monotonic() + 30
-        # B joined and got its share (rebalance done)
-        while b.service.partitions is None or not b.service.partitions.caches:
-            assert time.monotonic() < deadline, "second featurizer got no partitions"
-            time.sleep(0.05)
-        time.sleep(0.5)  # let B's on_assign finish filling its cache map
-        assert b.service.partitions is not None
-        assert written & set(b.service.partitions.caches), "no partition with a cache moved to B"
-        produce(s, reqs[20:])
-        got = reader.until(lambda g: len(g["deadletter"]) >= len(reasons)
-                           and set(accepted) <= set(ledgers_from(g["deltas"])[1]), timeout=60)
-        time.sleep(0.5)
-        got = reader.until(lambda g: True)
-        assert a.stop() == 0 and b.stop() == 0
-    finally:
-        reader.close()
-        a.stop_event.set()
-        if b is not None:
-            b.stop_event.set()
-    # both did work (routing, or featurizing: the two heads may both sit in one member's partitions)
-    assert all(w.service.stats["routed"] + w.service.stats["events"] > 0 for w in (a, b))
-    ledgers, events = ledgers_from(got["deltas"], dedup=False)  # no copies at all: clean handovers
-    assert sorted(events) == sorted(accepted + ["forget-s5"] * 2 + ["forget-s6"])
-    for head in ("h1", "h2"):
-        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
-    assert sorted(decode_deadletter(m.value()).reason for m in got["deadletter"]) == reasons
-
-
-def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
-    from unlearn.streams.featurizer.cli import featurizer_main
-
-    assert featurizer_main(["--no-such-flag"]) == 2
-    assert featurizer_main(["--loglevel", "chatty"]) == 2
-    assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--federated"]) == 2  # no --client-id
-    assert featurizer_main(["--bootstrap", "127.0.0.1:1", "--client-id", "x"]) == 2  # not federated
-
-
-@pytest.mark.parametrize("how", ["recreated_topic", "fresh_broker_log"])
-def test_a_cache_from_another_log_is_refused_not_skipped(settings: Settings, tmp_path: Path, how: str) -> None:
-    """A featurizer whose cache was built from an earlier incarnation of ``requests`` (a recreated
-    topic, or a fresh broker where the log is shorter than the cache's offset) must not resume past
-    the new log's events in silence: it stops with an error naming the mismatch."""
-    from unlearn.infra.log_position import StaleStateError
-    from unlearn.infra.topics import wait_for_topics
-
-    s = settings.with_(data_dir=str(tmp_path / "data"))
-    reqs, *_ = workload()
-    produce(s, reqs)
-    run = Running(s)
-    reader = Reader(s)
-    reader.until(lambda got: len(got["deltas"]) >= 2)  # the cache has advanced
-    reader.close()
-    assert run.stop() == 0
-    delete_topics(s, [s.topic("requests")])
-    time.sleep(1.0)
-    create_topics(s)
-    wait_for_topics(s, [s.topic("requests")])
-    if how == "recreated_topic":
-        produce(s, reqs[:3])  # new events at offsets the old cache claims to have seen
-    run = Running(s)
-    err = run.wait_dead(60)
-    assert isinstance(err, StaleStateError), err
-    assert ("recreated" in str(err)) or ("log ends at" in str(err)), err
-    assert "feature cache" in str(err)
-
-
-def test_a_partition_moves_to_a_host_with_an_empty_data_dir(settings: Settings, tmp_path: Path) -> None:
-    """Host A featurizes the adds; host B (a NEW, empty data dir) takes every partition, rebuilds
-    the caches from the changelog, and its deletes carry exactly the q (and label) of the adds."""
-    s_a = settings.with_(data_dir=str(tmp_path / "host-a"))
-    s_b = settings.with_(data_dir=str(tmp_path / "host-b"))
-    rng = np.random.default_rng(7)
-    adds = [add(f"a{i}", "h1", f"s{i % 4}", f"x{i}", list(rng.normal(size=5)), i % 3) for i in range(16)]
-    deletes = [delete(f"d{i}", "h1", f"s{i % 4}", f"x{i}") for i in range(0, 16, 4)]  # subject s0
-    deletes += [delete_subject("forget-s1", "h1", "s1")]  # x1, x5, x9, x13
-    produce(settings, adds)
-    reader = Reader(settings)
-    a = Running(s_a, group="fz-move")
-    try:
-        reader.until(lambda g: {f"a{i}" for i in range(16)} <= set(ledgers_from(g["deltas"])[1]))
-        assert a.stop() == 0
-        b = Running(s_b, group="fz-move")
-        assert b.service.ready.wait(30)
-        produce(settings, deletes)
-        got = reader.until(lambda g: {"d0", "d4", "d8", "d12", "forget-s1"} <= set(ledgers_from(g["deltas"])[1]))
-        time.sleep(0.5)
-        got = reader.until(lambda g: True)
-        assert b.stop() == 0
-    finally:
-        reader.close()
-        a.stop_event.set()
-    assert b.service.stats["replayed"] == 0  # A's last batch was marked delivered: nothing re-sent
-    assert b.service.stats["events"] == len(deletes) and not got["deadletter"]
-    rows = q_rows(got["deltas"])
-    gone = [f"x{i}" for i in range(16) if i % 4 in (0, 1)]
-    for sid in gone:
-        assert rows[(-1, sid)] == rows[(1, sid)], sid  # the delete reused the add's exact q and label
-    assert all(len(v) == 1 for v in rows.values())  # nothing twice
-    ledgers, _ = ledgers_from(got["deltas"], dedup=False)
-    retained = {("h1", f"x{i}"): (None, i % 3) for i in range(16) if f"x{i}" not in gone}
-    assert ledgers["h1"].count == len(retained)
-
-
-@pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog"])
-def test_crash_then_restart_on_another_host(settings: Settings, tmp_path: Path, crash_at: str) -> None:
-    """kill -9 style: host A crashes in its second batch after the sqlite commit (nothing sent)
-    or after the changelog phase (txn and position durable, no output sent); B, with an empty data
-    dir, rebuilds from the changelog (finishing A's half-sent batch from its txn) and nothing is
-    lost or doubled. Then A comes back with its stale local cache: it must rebuild, not resume it."""
-    s_a = settings.with_(data_dir=str(tmp_path / "host-a"))
-    s_b = settings.with_(data_dir=str(tmp_path / "host-b"))
-    reqs, retained, accepted, reasons = workload()
-    produce(settings, reqs)
-
-    class Crash(Exception):
-        pass
-
-    hits: list[str] = []
-
-    def fault(point: str) -> None:
-        if point == crash_at:
-            hits.append(point)
-            if len(hits) == 2:
-                raise Crash(point)
-
-    first = Running(s_a, group="fz-move-crash", fault=fault, max_batch=16)
-    assert isinstance(first.wait_dead(40), Crash)
-    assert any(has_outbox(f) for f in (tmp_path / "host-a").glob("featurizer/*/p*.sqlite"))
-
-    reader = Reader(settings)
-    second = Running(s_b, group="fz-move-crash", max_batch=16)
-    try:
-        got = reader.until(lambda g: len(g["deadletter"]) >= len(reasons)
-                           and set(accepted) <= set(ledgers_from(g["deltas"])[1]))
-        assert second.stop() == 0
-        if crash_at == "after_changelog":
-            assert second.service.stats["replayed"] > 0  # A's batch was finished from the changelog
-        # A returns with its stale cache (its unsent batch was re-judged by B): rebuild, send nothing old
-        extra = [delete("late", "h1", "s0", "x8")]
-        del retained[("h1", "x8")]
-        produce(settings, extra)
-        third = Running(s_a, group="fz-move-crash", max_batch=16)
-        got = reader.until(lambda g: "late" in set(ledgers_from(g["deltas"])[1]))
-        time.sleep(0.5)
-        got = reader.until(lambda g: True)
-        assert third.stop() == 0
-    finally:
-        reader.close()
-        second.stop_event.set()
-    assert third.service.stats["replayed"] == 0
-    ledgers, events = ledgers_from(got["deltas"], dedup=False)  # no copies at all
-    assert sorted(events) == sorted([*accepted, "forget-s5", "forget-s5", "forget-s6", "late"])
-    for head in ("h1", "h2"):
-        assert ledgers[head].digest() == reference(retained, head, ledgers[head].n_outputs)
-    assert sorted(decode_deadletter(m.value()).reason for m in got["deadletter"]) == reasons
-
-
 def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
     """The phase-1 messages the crash left to deliver, rebuilt from the caches' outbox txns as the
     service rebuilds them (``delivery.outbox_messages``; empty when nothing is pending)."""
-    from unlearn.streams.featurizer.cache import PHASE_OUTPUT, FeatureCache
+    from unlearn.streams.featurizer.changelog_records import PHASE_OUTPUT
     from unlearn.streams.featurizer.delivery import outbox_messages
+    from unlearn.streams.featurizer.feature_cache import FeatureCache
 
     out = []
     for path in caches:
@@ -619,9 +416,45 @@ def pending_phase_one(settings: Settings, caches: list[Path]) -> list:
     return out
 
 
-def has_outbox(path: Path) -> bool:
-    """Does the cache file hold unsent outbox rows?"""
-    from unlearn.streams.featurizer.cache import FeatureCache
+def heads(settings: Settings, *argv: str) -> int:
+    return main(["heads", argv[0], "--bootstrap", settings.bootstrap, "--prefix", settings.topic_prefix,
+                 "--profile", settings.profile, *argv[1:]])
 
-    with FeatureCache(path) as cache:
-        return bool(cache.pending_outbox())
+
+def test_declared_label_space_is_enforced_and_extend_grows_it(settings: Settings, tmp_path) -> None:
+    """The featurizer service enforces the head registry, on the real broker: the label 100000 add
+    is dead-lettered with its reason, and `unlearn heads extend` then admits a new class."""
+    s = settings.with_(data_dir=str(tmp_path))
+    assert heads(s, "create", "--head", "faces", "--dim", "4", "--classes", "3") == 0
+    run = Running(s)
+    reader = Reader(s)
+    try:
+        produce(s, [add("e1", "faces", "u", "x1", [1, 0, 0, 0], 100000),
+                    add("e2", "faces", "u", "x2", [1, 0, 0, 0], 2),
+                    add("e3", "faces", "u", "x3", [1, 0, 0, 0], 3),
+                    add("e4", "auto", "u", "y1", [0, 1], 7)])
+        got = reader.until(lambda g: len(g["deadletter"]) >= 2 and len(g["deltas"]) >= 2)
+        dls = {d.event_id: d for d in (decode_deadletter(m.value()) for m in got["deadletter"])}
+        assert {e: d.reason for e, d in dls.items()} == {"e1": "label_out_of_range", "e3": "label_out_of_range"}
+        assert "0..2 (contract v1)" in dls["e1"].detail
+        # each delta names the contract it was judged under: the head's columns, whatever labels came
+        first = {d.head_id: d for d in (plain_delta(m.value(), m.topic()) for m in got["deltas"])}
+        assert (first["faces"].n_classes, first["faces"].contract_version) == (3, 1)
+        assert (first["auto"].n_classes, first["auto"].contract_version) == (HeadSettings.of(s).default_classes, 1)
+        # the undeclared head was auto-created, its contract published with its first delta
+        deadline = time.monotonic() + 20
+        while "auto" not in (contracts := read_contracts(s)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (contracts["auto"].origin, contracts["auto"].n_classes) == ("auto", HeadSettings.of(s).default_classes)
+        assert heads(s, "extend", "--head", "faces", "--classes", "4") == 0
+        while run.service.registry is None or run.service.registry.get("faces").version < 2:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline + 20
+            time.sleep(0.05)
+        produce(s, [add("e5", "faces", "u", "x3", [1, 0, 0, 0], 3)])
+        got = reader.until(lambda g: len(g["deltas"]) >= 3)
+        last = plain_delta(got["deltas"][-1].value(), got["deltas"][-1].topic())
+        assert (last.head_id, int(last.entries[0].labels[0])) == ("faces", 3)
+        assert (last.n_classes, last.contract_version) == (4, 2)
+    finally:
+        reader.close()
+        assert run.stop() == 0

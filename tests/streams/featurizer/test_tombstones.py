@@ -16,8 +16,8 @@ from unlearn.schemas.delta_codec import RowsEntry
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.batch_io import InMessage
-from unlearn.streams.featurizer.cache import FeatureCache
 from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import (
@@ -191,7 +191,7 @@ def test_any_interleaving_retains_exactly_the_adds_without_a_later_tombstone(
 
 
 def test_a_tombstone_survives_a_restart_and_refuses_the_late_add(tmp_path: Path) -> None:
-    """Durability through the local file (the changelog path is in test_changelog.py and the
+    """Durability through the local file (the changelog path is in test_changelog_restore.py and the
     real-broker tests): the delete's tombstone outlives the process that judged it."""
     path = tmp_path / "p0.sqlite"
     delete = Request("d", "delete", "h", "eraser", "s", "x", ts=BASE + 5)

@@ -11,13 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.streams.featurizer.test_changelog_records import HEADS, mk
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
-from unlearn.streams.featurizer.cache import CACHE_SCHEMA_VERSION, CacheError, FeatureCache, cache_path
+from unlearn.streams.featurizer.cache_file import CacheError, cache_path
 from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
+from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.tombstones import Tombstone
 
@@ -95,18 +98,6 @@ def test_origin_offsets_commit_with_the_batch_and_survive_reopen(tmp_path: Path)
         assert cache.origin_offsets() == {0: 12, 2: 4}
         assert (cache.origin_topic_id, cache.route_partitions) == ("rid", 4)
 
-
-def test_a_file_of_another_schema_version_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite"
-    with FeatureCache(path) as cache:
-        cache.commit_batch(CacheMutations(put_heads=(HEAD,), put_samples=(sample("a", "s", [1, 2, 3]),)), [], 7)
-        version = cache._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert version == (str(CACHE_SCHEMA_VERSION),)
-        cache._db.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
-    with pytest.raises(CacheError, match="schema_version"):
-        FeatureCache(path)
-
-
 def test_tombstones_only_move_later_expire_and_survive_reopen(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     early, late = Tombstone("h", "sample", "x", "s", "", 5, "d1"), Tombstone("h", "sample", "x", "s", "", 9, "d2")
@@ -123,17 +114,6 @@ def test_tombstones_only_move_later_expire_and_survive_reopen(tmp_path: Path) ->
         cache.commit_batch(CacheMutations(drop_tombstones=(subj.key,)), [], 3)
         assert cache.all_tombstones() == [late] and cache.expired_tombstones(9, 10) == []
 
-
-def test_identity_is_checked_on_open(tmp_path: Path) -> None:
-    FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()
-    FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "a"}).close()
-    with pytest.raises(CacheError):
-        FeatureCache.open_partition(tmp_path, "req", 0, {"client_id": "b"})
-    # odd stream names become one safe directory
-    p = cache_path(tmp_path, "req[site/7 ü]", 1)
-    assert p.parent.parent == tmp_path / "featurizer" and p.name == "p1.sqlite"
-
-
 def _reqs() -> list[bytes]:
     return [
         encode_request(Request("e1", "add", "h", "c1", "s1", "x1", 1, FeaturesInput((1.0, 2.0, 2.0)))),
@@ -149,11 +129,9 @@ def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Pat
     child = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from unlearn.streams.featurizer.cache import FeatureCache
-        from unlearn.streams.featurizer.batch_io import InMessage
-        from unlearn.streams.featurizer.core_config import CoreConfig
-        from unlearn.streams.featurizer.featurize import featurize_batch
-        import tests.streams.featurizer.test_cache as t
+        from unlearn.streams.featurizer.feature_cache import FeatureCache
+        from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+        import tests.streams.featurizer.test_feature_cache as t
         cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
         cache = FeatureCache.open_partition({str(tmp_path)!r}, "t.requests", 0)
         msgs = [InMessage(0, 100 + i, v, b"k") for i, v in enumerate(t._reqs())]
@@ -206,3 +184,20 @@ def test_batched_lookups_and_outbox_sequence_numbers(tmp_path: Path) -> None:
         assert cache.commit_batch(CacheMutations(), [OutMessage("t", None, b"z")], 3) == [nxt[1] + 1]
     with pytest.raises(ValueError):
         FeatureCache(tmp_path / "d.sqlite", synchronous="OFF")
+
+def test_cache_rebuild_replaces_everything_with_a_new_lineage(tmp_path: Path) -> None:
+    with FeatureCache(tmp_path / "c.sqlite") as cache:
+        old = cache.lineage
+        cache.commit_batch(CacheMutations(put_samples=(mk("h", "a", "s", 1),), put_heads=(HEADS["h"],)),
+                           [OutMessage("t.d", None, b"x")], 7, 1, {0: 70, 5: 9})
+        cache.bind_routing("old-requests-id", 8)
+        rebuilt = Position(2, 3, "t.requests.by-head", "tid", "L", 9, 0, "", {0: 40, 1: 12}, "rid", 4)
+        tomb = Tombstone("h", "subject", "s", "s", "c", 5, "d")
+        cache.replace_all([mk("h", "b", "s", 2)], [HEADS["h"]], rebuilt, [tomb])
+        assert cache.all_tombstones() == [tomb]
+        assert cache.lineage != old and cache.generation == 9 and cache.applied_offset == 3
+        assert cache.topic_id == "tid" and cache.pending_outbox() == []
+        assert [s.sample_id for s in cache.all_samples()] == ["b"]
+        # the routing state moves with the cache, nothing of the old one survives
+        assert cache.origin_offsets() == {0: 40, 1: 12}
+        assert (cache.origin_topic_id, cache.route_partitions) == ("rid", 4)
