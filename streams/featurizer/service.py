@@ -60,7 +60,7 @@ from unlearn.streams.featurizer.cache import (
     snapshot_mutations,
 )
 from unlearn.streams.featurizer.delivery import Delivery, outbox_messages
-from unlearn.streams.featurizer.erasure import Erasure, Trimmer, group_committed
+from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.model import (
     CoreConfig,
     DeliveryError,
@@ -74,7 +74,9 @@ from unlearn.streams.featurizer.model import (
     Router,
     Topics,
 )
+from unlearn.streams.featurizer.raw_input_trim import Trimmer
 from unlearn.streams.featurizer.settings import FeaturizerSettings
+from unlearn.streams.featurizer.transit_keys import group_committed
 
 __all__ = [
     "Partitions",

@@ -14,7 +14,9 @@ import pytest
 from unlearn.infra.settings import Settings
 from unlearn.schemas.sealed import new_transit_key
 from unlearn.streams.featurizer import erasure
-from unlearn.streams.featurizer.erasure import FLOORS, PROBE, Epoch, Erasure, Probes, TransitKeys, _Pending
+from unlearn.streams.featurizer.erasure import FLOORS, Erasure, _Pending
+from unlearn.streams.featurizer.probes import Probes
+from unlearn.streams.featurizer.transit_keys import PROBE, Epoch, TransitKeys
 
 WAIT = 30.0
 

@@ -15,8 +15,8 @@ from unlearn.streams.featurizer.cache import (
     fold_changelog,
     state_records,
 )
-from unlearn.streams.featurizer.erasure import open_sample_record, sample_sealer, seal_outcome
 from unlearn.streams.featurizer.model import BatchOutcome, CachedSample, CacheMutations
+from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer, seal_outcome
 
 
 class FakeKeys:

@@ -23,7 +23,8 @@ from unlearn.schemas.envelope import Request, TextInput
 from unlearn.schemas.sealed import decode_public_record, seal_request
 from unlearn.services.client.sdk import TransitKeyCache
 from unlearn.streams.featurizer.core import UnopenedRequest, open_sealed
-from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, router_committed
+from unlearn.streams.featurizer.key_store import KeyStore
+from unlearn.streams.featurizer.transit_keys import TransitKeys, router_committed
 
 pytestmark = pytest.mark.broker
 

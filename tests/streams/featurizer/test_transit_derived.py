@@ -17,7 +17,7 @@ from unlearn.schemas.envelope import Request, SealedInput, TextInput
 from unlearn.schemas.sealed import TransitError, TransitPublicKey, TransitSealer, new_transit_key
 from unlearn.services.client.sdk import TransitKeyCache, seal_for_transit
 from unlearn.streams.featurizer.core import DerivedKeys, UnopenedRequest, open_sealed
-from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
+from unlearn.streams.featurizer.transit_keys import Epoch, TransitKeys
 
 
 def _add(i: int) -> Request:

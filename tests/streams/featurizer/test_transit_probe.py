@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from unlearn.infra.settings import Settings
 from unlearn.schemas.sealed import new_transit_key
-from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
+from unlearn.streams.featurizer.transit_keys import Epoch, TransitKeys
 
 REQ, BY_HEAD = "t.requests", "t.requests.by-head"
 
