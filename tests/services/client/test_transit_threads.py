@@ -2,7 +2,7 @@
 schemas/sealed.TransitSealer): no derived key ever seals more than its bound, every sealed add
 opens, and the cache holds one sealer per by-head partition. The bound is set low so that the
 threads roll many ephemeral keys. No broker: topic metadata and the published key are stand-ins
-(as in tests/streams/featurizer/test_transit_derived.py)."""
+(as in tests/streams/featurizer/test_transit_keys.py)."""
 
 from __future__ import annotations
 

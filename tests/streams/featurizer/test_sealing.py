@@ -1,4 +1,4 @@
-"""Sealing a featurizer batch (streams/featurizer/erasure.py) and the sealed changelog, without a broker."""
+"""Sealing a featurizer batch (streams/featurizer/sealing.py) and the sealed changelog, without a broker."""
 
 from __future__ import annotations
 
