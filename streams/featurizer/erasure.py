@@ -6,11 +6,12 @@ A delete's key is destroyed once the ledger's durable checkpoint floor for the `
 partition q holding the delete is past its offset o; (q, o) come from the delivery reports of
 the sealed deltas messages (:meth:`Erasure.delivered`). Which keys await destruction follows
 from durable state alone (live keys whose sample is not cached, or not its newest key): after an
-assignment they get the current end of every ``deltas`` partition as a conservative target, so a
-crash only delays a destruction. :meth:`Erasure.tick`, from the poll loop, asks for the floors at
-most once per ``UNLEARN_SHRED_EVERY_SECONDS`` (read on the probes' thread, ``probes.Probes``),
-destroys the due keys per partition (one key-family rotation for all of them) and checkpoints
-the cache's WAL so deleted rows are overwritten on disk.
+assignment they get the current end of every ``deltas`` partition as a conservative target (the
+re-sent outbox of a crashed batch is delivered before it is measured), so a crash only delays a
+destruction. :meth:`Erasure.tick`, from the poll loop, asks for the floors at most once per
+``UNLEARN_SHRED_EVERY_SECONDS`` (read on the probes' thread, ``probes.Probes``), destroys the
+due keys per partition (one key-family rotation for all of them) and checkpoints the cache's WAL
+so deleted rows are overwritten on disk.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Trimming raw inputs (:class:`Trimmer`): DeleteRecords on ``requests`` and ``requests.by-head``
-below what every consumer group of the deployment has committed, where the broker supports it
+below what every consumer group of the deployment (groups under the topic prefix, e.g. a
+federated featurizer's ``featurizer.<client>``) has committed, where the broker supports it
 (``BrokerQuirks.delete_records``); docs/erasure.md, section 5.
 
 Once the featurizer group has committed an offset on a partition, every record below it is
-durably elsewhere, so nothing needs it again. A partition this featurizer's own group never
-committed on is left alone (:func:`trim_bounds`, pure). Off the poll loop: the poll loop offers
+durably elsewhere (a ``requests`` offset is committed only after its forward to by-head is
+acknowledged; a by-head offset only after the batch's changelog records and outputs are), so
+nothing needs it again. A partition this featurizer's own group never committed on is left alone
+(:func:`trim_bounds`, pure). Off the poll loop: the poll loop offers
 its assignment when a trim is due (:meth:`Trimmer.offer`) and one background thread lists the
 groups' offsets and deletes, at most once per ``UNLEARN_TRIM_EVERY_SECONDS``; a failed trim is
 logged and retried on the next period (it delays erasure, never correctness).
