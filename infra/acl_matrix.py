@@ -77,7 +77,7 @@ MATRIX: tuple[Grant, ...] = (
     Grant("operator", "cluster", "", ("DESCRIBE",), why="cluster metadata"),
     # featurizer
     _t("featurizer", "requests", "READ", "DELETE",
-       why="its input; DeleteRecords of what it has durably taken over (`streams/featurizer/erasure.py`)"),
+       why="its input; DeleteRecords of what it has durably taken over (`streams/featurizer/raw_input_trim.py`)"),
     _t("featurizer", "requests.by-head", "READ", "WRITE", "CREATE", "DELETE",
        why="its repartition topic (created at start if missing: `ensure_topic`); DeleteRecords as for `requests`"),
     _t("featurizer", "featurizer-cache", "READ", "WRITE", why="the feature cache's changelog"),

@@ -30,7 +30,7 @@ partition P, generation G), one partition each. Records:
   tombstone once the key is destroyed (for a compacting broker; the embedded one needs the
   rotation);
 - ``COMPLETE_KEY`` -> ``b"1"``: the writer finished copying the live keys into this generation;
-- transit keys (``streams/featurizer/erasure.py``), in ``transit-private``, under the head
+- transit keys (``streams/featurizer/transit_keys.py``), in ``transit-private``, under the head
   :data:`TRANSIT_HEAD`, outside the id grammar:
   ``8:~transit/<created ms>.<use_until ms>/<key id>`` -> the X25519 private key.
 

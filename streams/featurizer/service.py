@@ -36,12 +36,14 @@ from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Delivery
-from unlearn.streams.featurizer.erasure import Erasure, Trimmer, group_committed
+from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.featurizer_errors import DeliveryError, FeaturizerError, LostCacheError
 from unlearn.streams.featurizer.owned_partitions import Partitions
+from unlearn.streams.featurizer.raw_input_trim import Trimmer
 from unlearn.streams.featurizer.routing import Router
 from unlearn.streams.featurizer.service_types import FaultHook, ReadyHook, Topics
 from unlearn.streams.featurizer.settings import FeaturizerSettings
+from unlearn.streams.featurizer.transit_keys import group_committed
 
 __all__ = [
     "check_topics",

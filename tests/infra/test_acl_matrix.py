@@ -127,7 +127,7 @@ ROLE_PRINCIPALS = {
     "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # infra/registry.py (+ unlearn audit)
     "clients": {"featurizer", "operator"},        # infra/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
-    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/erasure.py
+    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/key_store.py
     "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/receipt_listener.py

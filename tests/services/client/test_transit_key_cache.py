@@ -4,7 +4,7 @@ Threads producing through one SDK client share its transit sealers
 (services/client/transit_key_cache.py, schemas/transit.TransitSealer): no derived key ever seals
 more than its bound, every sealed add opens, and the cache holds one sealer per by-head
 partition. The bound is set low so that the threads roll many ephemeral keys. No broker: topic
-metadata and the published key are stand-ins (as in tests/streams/featurizer/test_transit_derived.py).
+metadata and the published key are stand-ins (as in tests/streams/featurizer/test_transit_open.py).
 
 ``UNLEARN_TRANSIT_SEAL=auto`` never sends an add in plaintext for want of a transit key
 (docs/client.md "Transit sealing"): it waits, bounded by ``UNLEARN_TRANSIT_WAIT_SECONDS``, for the

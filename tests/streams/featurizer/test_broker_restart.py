@@ -38,8 +38,10 @@ from unlearn.infra.settings import Settings, producer_config
 from unlearn.infra.topics import create_topics
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.streams.featurizer.changelog_reader import ChangelogReader
-from unlearn.streams.featurizer.erasure import KeyStore, TransitKeys, Trimmer
+from unlearn.streams.featurizer.key_store import KeyStore
+from unlearn.streams.featurizer.raw_input_trim import Trimmer
 from unlearn.streams.featurizer.routing import Router
+from unlearn.streams.featurizer.transit_keys import TransitKeys
 
 pytestmark = pytest.mark.broker
 

@@ -1,4 +1,4 @@
-"""Sealing a featurizer batch (streams/featurizer/erasure.py) and the sealed changelog, without a broker."""
+"""Sealing a featurizer batch (streams/featurizer/sealing.py) and the sealed changelog, without a broker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations
 from unlearn.streams.featurizer.changelog_batches import batch_records, state_records
 from unlearn.streams.featurizer.changelog_records import Position, encode_sample
 from unlearn.streams.featurizer.changelog_restore import fold_changelog
-from unlearn.streams.featurizer.erasure import open_sample_record, sample_sealer, seal_outcome
+from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer, seal_outcome
 
 
 class FakeKeys:

@@ -17,7 +17,8 @@ from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import SealedInput, TextInput
 from unlearn.schemas.transit import TransitError, TransitPublicKey, TransitSealer, new_transit_key
 from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit
-from unlearn.streams.featurizer.erasure import Epoch, TransitKeys
+from unlearn.streams.featurizer.erasure import TransitKeys
+from unlearn.streams.featurizer.transit_keys import Epoch
 from unlearn.streams.featurizer.transit_open import DerivedKeys, UnopenedRequest, open_sealed
 
 

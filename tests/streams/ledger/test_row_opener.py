@@ -10,7 +10,7 @@ from unlearn.infra.between_stages import head_partition
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.sealed import seal_delta
-from unlearn.streams.featurizer.erasure import KeyStore
+from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.ledger.row_opener import RowOpener
 
 

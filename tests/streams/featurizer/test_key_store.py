@@ -12,7 +12,7 @@ from unlearn.infra.between_stages import key_record_key, keys_family, read_parti
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings, admin_config, quirks
 from unlearn.infra.topic_reader import read_topic
-from unlearn.streams.featurizer.erasure import KeyStore
+from unlearn.streams.featurizer.key_store import KeyStore
 
 DEADLINE_S = 90.0  # segment.ms (2 s here) + the roll + the broker's cleaner backoff (15 s) + cleaning, with margin
 

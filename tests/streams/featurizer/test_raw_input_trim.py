@@ -24,7 +24,7 @@ from tests.streams.featurizer.test_service import (
 )
 from unlearn.infra.settings import Settings, admin_config, consumer_config, quirks
 from unlearn.infra.topic_reader import read_topic
-from unlearn.streams.featurizer.erasure import Trimmer, trim_bounds
+from unlearn.streams.featurizer.raw_input_trim import Trimmer, trim_bounds
 
 SECRET = [0.7318237412, -0.2918374619, 0.4129387123, -0.1837461928, 0.3128374619]
 NEEDLE = repr(SECRET[0])[:10].encode()
