@@ -43,7 +43,7 @@ $(S3STAMP): infra/s3/package.json infra/s3/package-lock.json
 	npm ci --prefix infra/s3 --no-audit --no-fund --loglevel=error
 	@touch $(S3STAMP)
 
-# The Apache Kafka broker the tests run on (`unlearn broker --engine kafka`, infra/kafka_broker.py):
+# The Apache Kafka broker the tests run on (`unlearn broker --engine kafka`, infra/local/kafka.py):
 # the jars pinned by infra/kafka/pom.xml, resolved from Maven Central into .cache/kafka/<version>/lib
 # and checked against infra/kafka/jars.sha256 (~6 s and 43 MB from an empty ~/.m2; needs java 17+
 # and mvn). `test` depends on it.
@@ -58,7 +58,7 @@ $(KAFKA_STAMP): infra/kafka/pom.xml infra/kafka/jars.sha256 infra/kafka/install-
 # Kafka Connect (standalone) and the Debezium PostgreSQL connector that `unlearn cdc` runs
 # (docs/cdc.md): the jars pinned by infra/connect/pom.xml, resolved from Maven Central into
 # .cache/connect/<kafka>-<debezium>/lib and checked against infra/connect/jars.sha256 (needs java
-# 17+ and mvn). `test` depends on it (tests/test_cdc.py).
+# 17+ and mvn). `test` depends on it (tests/services/cdc/test_cli.py).
 CONNECT_VERSION := $(KAFKA_VERSION)-$(shell sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' infra/connect/pom.xml)
 CONNECT_STAMP   := .cache/connect/$(CONNECT_VERSION)/.verified
 
@@ -82,7 +82,7 @@ typecheck: dev
 
 # The Java client (clients/java, Maven; docs/client.md): its JUnit tests read the shared vectors
 # in clients/vectors (~4 s warm; ~15 s and 32 MB from an empty ~/.m2). Its end-to-end test with the
-# Python pipeline is a pytest (tests/clients/test_java_client.py).
+# Python pipeline is a pytest (tests/clients/test_java.py).
 java-test:
 	mvn -q -B -f clients/java/pom.xml test
 

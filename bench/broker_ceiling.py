@@ -32,16 +32,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
-from unlearn.infra.settings import Settings, consumer_config, producer_config
-from unlearn.infra.topics import create_topics
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topics import create_topics
 
 
 def produce_rate(settings: Settings, topic: str, n: int, size: int, linger_ms: int) -> float:
     """Messages/s to produce ``n`` messages of ``size`` bytes and have every one acknowledged."""
-    producer = Producer(producer_config(settings, **{"linger.ms": linger_ms}))
+    producer = clients.producer(settings, **{"linger.ms": linger_ms})
     value = os.urandom(size)
     failed: list[str] = []
 
@@ -67,7 +68,7 @@ def produce_rate(settings: Settings, topic: str, n: int, size: int, linger_ms: i
 
 def consume_rate(settings: Settings, topic: str, partitions: int, n: int) -> float:
     """Messages/s to read ``n`` messages back, from the assignment (no group join) to the last."""
-    consumer = Consumer(consumer_config(settings, f"ceiling-{uuid.uuid4().hex[:8]}"))
+    consumer = clients.consumer(settings, f"ceiling-{uuid.uuid4().hex[:8]}")
     got = 0
     deadline = time.monotonic() + 300
     try:

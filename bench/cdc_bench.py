@@ -11,17 +11,17 @@ import sys
 import tempfile
 import time
 
-from confluent_kafka import Consumer
+from unlearn.streams.runtime import clients
 
 
 def main(argv: list[str]) -> int:
     import psycopg
 
-    from unlearn.infra.kafka_broker import LocalKafka
-    from unlearn.infra.local_postgres import LocalPostgres
+    from unlearn.infra.local.kafka import LocalKafka
+    from unlearn.infra.local.postgres import LocalPostgres
     from unlearn.infra.processes import ServiceProcess
-    from unlearn.infra.settings import Settings, consumer_config
-    from unlearn.infra.topics import create_topics
+    from unlearn.infra.settings import Settings
+    from unlearn.streams.runtime.topics import create_topics
 
     n = int(argv[0]) if argv else 20000
     dim = int(argv[1]) if len(argv) > 1 else 64
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         cdc = ServiceProcess("cdc", ["cdc", "--dsn", pg.dsn, "--table", "public.t", "--head", "h", "--sample-id", "id",
                                      "--subject-id", "owner", "--label", "label", "--features", "feat"], s, tmp).start()
         cdc.wait_for_log("unlearn cdc ready", timeout=120)
-        c = Consumer(consumer_config(s, "bench", **{"auto.offset.reset": "earliest"}))
+        c = clients.consumer(s, "bench", **{"auto.offset.reset": "earliest"})
         c.subscribe([s.topic("requests")])
         for what, sql in (("insert", f"INSERT INTO t SELECT 's' || i, 'u' || (i % 100), i % 10, "
                                      f"array_fill(0.5::real, ARRAY[{dim}]) FROM generate_series(1, {n}) i"),

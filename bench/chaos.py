@@ -72,14 +72,11 @@ import orjson
 
 from bench.publish_clock import PublishClock, distribution
 from unlearn.features.contract import quantize_feature_row
-from unlearn.infra.between_stages import heads_family
-from unlearn.infra.broker import LocalBroker, LocalS3Unavailable
-from unlearn.infra.kafka_broker import LocalKafka
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.secured_kafka import SecuredLocalKafka
+from unlearn.infra.local.tansu import LocalBroker, LocalS3Unavailable
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.secure_kafka import SecuredLocalKafka
-from unlearn.infra.settings import HeadSettings, Settings, admin_config, producer_config
-from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
-from unlearn.infra.topics import create_topics
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta
@@ -90,6 +87,10 @@ from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.delta_rules import admit, apply_entries, creates_head, record_applied
 from unlearn.streams.ledger.row_opener import RowOpener
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, read_topic
+from unlearn.streams.runtime.topics import create_topics
+from unlearn.streams.shared.families import heads_family
 
 _ADMIN_PASSWORD = "admin-chaos-local-only"  # --secure: the super user every client of the run is
 
@@ -339,9 +340,8 @@ class Pipeline:
 
     def wait_full_isr(self, timeout: float = 300.0) -> None:
         """Until every partition of every topic has all the cluster's nodes in its ISR."""
-        from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(admin_config(self.settings))
+        admin = clients.admin(self.settings)
         deadline = time.monotonic() + timeout
         while True:
             short = []
@@ -545,7 +545,6 @@ def audit(pipe: Pipeline, work: Workload, report: Report) -> None:
 
 
 def run(cfg: Config, root: Path) -> Report:
-    from confluent_kafka import Producer
 
     report = Report(asdict(cfg), f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                                  f"python {platform.python_version()}")
@@ -581,7 +580,7 @@ def run(cfg: Config, root: Path) -> Report:
             if not failed:
                 return
             again, failed[:] = list(failed), []
-            retry = Producer(producer_config(pipe.settings, **{"on_delivery": on_delivery}))
+            retry = clients.producer(pipe.settings, **{"on_delivery": on_delivery})
             for key, value in again:
                 retry.produce(pipe.settings.topic("requests"), key=key, value=value)
             report.produce_resent += len(again)
@@ -595,7 +594,7 @@ def run(cfg: Config, root: Path) -> Report:
         restart_at = n_chunks // 2 if cfg.broker_restart and cfg.engine == "tansu" else -1
         for i in range(n_chunks):
             n = chunk if i < n_chunks - 1 else cfg.events - work.n  # the probes (_probe) included
-            producer = Producer(producer_config(pipe.settings, **{"linger.ms": 5, "on_delivery": on_delivery}))
+            producer = clients.producer(pipe.settings, **{"linger.ms": 5, "on_delivery": on_delivery})
 
             def produce(n: int = n, producer: Any = producer) -> None:
                 _produce(pipe.settings, work, n, producer)

@@ -2,7 +2,7 @@
 
     python -m bench.embedded_broker [--rounds 2] [--starts 3] [--demo-args "--n-train 600 ..."] [--json PATH]
 
-For each engine of ``infra.local_engine`` (alternating, so a busy moment of a shared box hits
+For each engine of ``infra.local.engine`` (alternating, so a busy moment of a shared box hits
 both): the broker's start time (``start()`` until it answers a metadata request) and its resident
 memory right after (``VmRSS`` of the broker process), ``--starts`` times; then ``--rounds`` runs of
 ``unlearn demo --engine E`` as a child process (what ``make demo`` runs, with ``--demo-args``):
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 
 #: What marks a broker process in /proc/<pid>/cmdline (tansu's binary; a Kafka node's main class).
 _BROKER_MARKS = (b"tansu", b"kafka.Kafka\x00")

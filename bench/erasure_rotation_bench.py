@@ -20,15 +20,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka import Producer
 
-from unlearn.infra.between_stages import heads_family, state_family
-from unlearn.infra.broker import LocalBroker
+from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import Settings, producer_config
-from unlearn.infra.topics import create_topics, prefixed_topics
+from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topics import create_topics, prefixed_topics
+from unlearn.streams.shared.families import heads_family, state_family
 
 _DONE = re.compile(r"erasure rotation done: (\d+) heads in ([0-9.]+)s \((\d+) state bytes, (\d+) head bytes")
 
@@ -40,7 +40,7 @@ def run_one(broker: LocalBroker, root: Path, n_heads: int, d: int, classes: int,
     create_topics(s)
     rng = np.random.default_rng(n_heads)
     worker = ServiceProcess(f"ledger{n_heads}", ["ledger", "--loglevel", "info"], s, root).start()
-    p = Producer(producer_config(s))
+    p = clients.producer(s)
     try:
         worker.wait_for_log("unlearn ledger ready", timeout=120)
         first: tuple[np.ndarray, np.ndarray] | None = None

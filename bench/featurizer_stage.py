@@ -31,20 +31,20 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-from confluent_kafka import Producer
 
 from bench.pipeline_bench import request, settings_of
-from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
-from unlearn.infra.settings import Settings, producer_config
-from unlearn.infra.topics import create_topics
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.settings import Settings
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.featurizer.batch import BatchProcessor
 from unlearn.streams.featurizer.service import FeaturizerService
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topics import create_topics
 
 
 def produce_all(s: Settings, msgs: list[tuple[bytes, bytes]]) -> None:
     """Produce and flush every (key, value) to the requests topic."""
-    p = Producer(producer_config(s, **{"linger.ms": 5}))
+    p = clients.producer(s, **{"linger.ms": 5})
     for key, val in msgs:
         while True:
             try:

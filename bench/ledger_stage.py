@@ -31,11 +31,11 @@ import numpy as np
 
 from bench.featurizer_stage import produce_all, run_stage
 from bench.pipeline_bench import request
-from unlearn.infra.broker import LocalBroker
+from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.ledger.worker import LedgerWorker
+from unlearn.streams.runtime.topics import create_topics
 
 
 def run_ledger(s: Settings, n_deltas: int, profile: cProfile.Profile | None, timeout: float = 900.0) -> dict[str, Any]:

@@ -44,19 +44,20 @@ from typing import Any
 
 import numpy as np
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from bench import topic_bytes
-from unlearn.infra.between_stages import heads_family
-from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import Settings, consumer_config, producer_config
-from unlearn.infra.topic_reader import LogRecord, TopicFollower
-from unlearn.infra.topics import create_topics
+from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
+from unlearn.streams.runtime.topics import create_topics
+from unlearn.streams.shared.families import heads_family
 
 
 class Watcher(threading.Thread):
@@ -86,7 +87,7 @@ class Watcher(threading.Thread):
                 self.exact_ts.append(r.timestamp_ms / 1000.0)
 
     def run(self) -> None:
-        c = Consumer(consumer_config(self.s, f"{self.s.topic_prefix}bench-watch"))
+        c = clients.consumer(self.s, f"{self.s.topic_prefix}bench-watch")
         tps = []
         md = c.list_topics(timeout=30)  # the whole cluster's: naming a topic would auto-create it
         for t in ("receipts", "deltas"):
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w = Watcher(s, head)
         w.start()
         w.ready.wait(30)
-        p = Producer(producer_config(s, **{"linger.ms": 5}))
+        p = clients.producer(s, **{"linger.ms": 5})
         try:
             X = rng.normal(size=(args.n, args.dim))
             y = rng.integers(0, args.classes, args.n)

@@ -1,7 +1,7 @@
 """Soak benchmark: does what the system writes stay bounded, and recovery time flat, under hours of load?
 
 Runs a local broker (``--engine tansu``: the embedded one, memory engine; ``--engine kafka``: a
-one-node Apache Kafka, ``infra/kafka_broker.py``), one featurizer and one ledger worker, and
+one-node Apache Kafka, ``infra/local/kafka.py``), one featurizer and one ledger worker, and
 produces a steady stream of adds and deletes (synthetic feature vectors, one head) for
 ``--minutes``. Every ``--sample-s`` seconds it records the broker's RSS and, per topic and topic
 family, the records and bytes a reader gets (and on Kafka the bytes on disk); every
@@ -37,15 +37,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from unlearn.infra.between_stages import heads_family, keys_family, state_family, transit_private_family
-from unlearn.infra.broker import LocalBroker
-from unlearn.infra.kafka_broker import LocalKafka
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import Settings, producer_config
-from unlearn.infra.topic_reader import read_topic
-from unlearn.infra.topics import create_topics, prefixed_topics
+from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import read_topic
+from unlearn.streams.runtime.topics import create_topics, prefixed_topics
+from unlearn.streams.shared.families import heads_family, keys_family, state_family, transit_private_family
 
 
 @dataclass
@@ -124,7 +125,6 @@ def measure(settings: Settings, broker: Any, t: float, events: int) -> Sample:
 
 
 def run(args: argparse.Namespace, root: Path) -> Report:
-    from confluent_kafka import Producer
 
     report = Report(vars(args).copy(), f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                                        f"python {platform.python_version()}")
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, root: Path) -> Report:
     ledger = ServiceProcess("ledger", ["ledger"], settings, root).start()
     rng = np.random.default_rng(0)
     live: list[tuple[str, str]] = []
-    producer = Producer(producer_config(settings, **{"linger.ms": 5}))
+    producer = clients.producer(settings, **{"linger.ms": 5})
     n = 0
     try:
         for p in (feat, ledger):

@@ -14,16 +14,17 @@ import os
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from unlearn.infra.settings import Settings, consumer_config
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime import clients
 
 Snapshot = dict[tuple[str, int], int]
 
 
 def snapshot(s: Settings, timeout: float = 10.0) -> Snapshot:
     """End offset (high watermark) of every partition of every topic named ``<prefix>...``."""
-    c = Consumer(consumer_config(s, f"bench-offsets-{os.getpid()}"))
+    c = clients.consumer(s, f"bench-offsets-{os.getpid()}")
     try:
         md = c.list_topics(timeout=timeout)
         out: Snapshot = {}
@@ -45,7 +46,7 @@ def written(s: Settings, before: Snapshot, after: Snapshot, timeout: float = 30.
         row = out.setdefault(t[len(s.topic_prefix):], {"records": 0, "read": 0, "read_bytes": 0})
         row["records"] += hi - lo
     if todo:
-        c = Consumer({**consumer_config(s, f"bench-bytes-{os.getpid()}"), "auto.offset.reset": "earliest"})
+        c = clients.consumer(s, f"bench-bytes-{os.getpid()}", **{"auto.offset.reset": "earliest"})
         try:
             c.assign([TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
             idle_until = time.monotonic() + 3.0

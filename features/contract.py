@@ -115,7 +115,7 @@ _SAFE_SQUARED_NORM = 1e300
 def quantize_feature_rows(F: np.ndarray, frac_bits: int, bound: float = 1.0,
                           normalize: bool = True) -> list[np.ndarray | FeatureRejected]:
     """:func:`quantize_feature_row` of every row of ``F`` (n, d): q, or the refusal it raises,
-    bit for bit (property-tested in tests/features/test_contract_batch.py). Why: the featurizer
+    bit for bit (property-tested in tests/features/test_contract.py). Why: the featurizer
     quantizes a batch's rows in a few numpy calls instead of a dozen per row; the per-row function
     stays the specification (clients reproduce q with it). Rows that are not finite, near
     overflow, or out of bound take the per-row function itself, so refusals are its own."""

@@ -1,6 +1,6 @@
 """TLS certificates of the secured Kafka: a throwaway CA made at start, or the operator's own, checked.
 
-The secured broker (``infra/secure_kafka.py``, the compose ``certs`` service) needs, per node, a
+The secured broker (``infra/local/secured_kafka.py``, the compose ``certs`` service) needs, per node, a
 private key with a certificate whose subject alternative names cover the host clients dial (the
 clients verify it: ``ssl.endpoint.identification.algorithm=https``), and one CA file every
 client trusts. Without operator files a throwaway CA is generated at start; its private key is

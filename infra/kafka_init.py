@@ -1,7 +1,7 @@
 """``unlearn kafka-init``: a SCRAM user per service principal and the ACL matrix, on a secured Kafka.
 
 The body of ``infra/kafka/init.sh``, which the compose ``kafka-init`` service runs and the tests
-run against the project's own secured Kafka (``infra/secure_kafka.py``): one path, through the
+run against the project's own secured Kafka (``infra/local/secured_kafka.py``): one path, through the
 Kafka admin API as the super user. It upserts a SCRAM credential for every principal of
 :data:`~unlearn.infra.acl_matrix.PRINCIPALS` (run it again with new passwords to rotate them) and
 creates one ALLOW binding per (grant, operation) of :data:`~unlearn.infra.acl_matrix.MATRIX` for the

@@ -111,11 +111,11 @@ def _broker_main(argv: list[str]) -> int:
     if args.nodes < 1:
         ap.error("--nodes must be >= 1")
     setup_logging(args.loglevel)
-    from unlearn.infra.broker import BrokerError, run_broker_forever
+    from unlearn.infra.local.tansu import BrokerError, run_broker_forever
 
     try:
         if args.engine == "kafka":
-            from unlearn.infra.local_engine import run_kafka_forever
+            from unlearn.infra.local.engine import run_kafka_forever
 
             return run_kafka_forever(args.port, args.data, args.nodes, admin_password=admin_password,
                                      tls_dir=args.tls_dir)
@@ -135,7 +135,7 @@ def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "broker": _broker_main,
-    "topics": _lazy("unlearn.infra.topics", "topics_main"),
+    "topics": _lazy("unlearn.streams.runtime.topics", "topics_main"),
     "featurizer": _lazy("unlearn.streams.featurizer.cli", "featurizer_main"),
     "ledger": _ledger_main,
     "serve": _lazy("unlearn.services.serving.cli", "serve_main"),

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from unlearn.infra.kafka_broker import LocalKafka
+from unlearn.infra.local.kafka import LocalKafka
 
 
 def restart_cluster(data_dir: Path) -> Iterator[LocalKafka]:

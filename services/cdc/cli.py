@@ -22,9 +22,11 @@ from typing import Any
 import orjson
 
 from unlearn.infra.cli_args import add_worker_args, log_ready, settings_from_args, setup_logging
-from unlearn.infra.settings import ErasureSettings, Settings, consumer_config, producer_config, quirks
-from unlearn.infra.topics import TopicError
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.clients import quirks
+from unlearn.streams.runtime.topics import TopicError
 
 from .connect import ConnectProcess, PgTarget, connector_config, find_connect_jars, worker_config
 from .events import Refusal, TableMap, change_requests, event_us, is_snapshot
@@ -47,14 +49,13 @@ class CdcBridge:
     """Change topic -> requests and deadletter, committing the change offsets after delivery."""
 
     def __init__(self, settings: Settings, m: TableMap, topic: str, group: str, floor_path: Path) -> None:
-        from confluent_kafka import Consumer, Producer
 
         self.floor_path = floor_path
         self.floor = self._floor_saved = read_floor(floor_path)
         self.s, self.m, self.topic = settings, m, topic
-        self.consumer = Consumer(consumer_config(settings, group, **{"enable.auto.commit": False,
-                                                                     "auto.offset.reset": "earliest"}))
-        self.producer = Producer(producer_config(settings))
+        self.consumer = clients.consumer(settings, group, **{"enable.auto.commit": False,
+                                                                     "auto.offset.reset": "earliest"})
+        self.producer = clients.producer(settings)
         self.consumer.subscribe([topic])
         self.forwarded = 0
         self.refused = 0
@@ -118,7 +119,7 @@ class CdcBridge:
             return
         if time.monotonic() - self._last_trim < every:
             return
-        from unlearn.infra.topics import TopicError, delete_records
+        from unlearn.streams.runtime.topics import TopicError, delete_records
 
         try:
             below = dict(self.committed)
@@ -135,7 +136,7 @@ class CdcBridge:
 
 def run_cdc(settings: Settings, m: TableMap, pg: PgTarget, slot: str, state_dir: Path) -> int:
     """Run Connect and the bridge until SIGTERM/SIGINT; restart Connect when it dies or its task fails."""
-    from unlearn.infra.topics import ensure_topic, raw_input_config, wait_for_topics
+    from unlearn.streams.runtime.topics import ensure_topic, raw_input_config, wait_for_topics
 
     cdc = CdcSettings.of(settings)
     check_table(pg.dsn, m.table, [m.sample_id, m.subject_id, m.label, m.features])

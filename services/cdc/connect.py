@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from unlearn.infra.java_security import connect_security, write_private_properties
-from unlearn.infra.kafka_broker import find_java
+from unlearn.infra.local.kafka_jvm import find_java
 from unlearn.infra.processes import terminate, with_pdeathsig
 from unlearn.infra.settings import Settings, security_config
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from unlearn.infra import tracing
-from unlearn.infra.settings import Settings, producer_config
+from unlearn.infra.settings import Settings
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.request_inputs import FeatureDtype, FeaturesInput, ImageInput, Input, TextInput
@@ -52,6 +52,8 @@ from unlearn.services.client.transit_key_cache import (
     seal_for_transit,
     transit_producer_overrides,
 )
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.delivery import produce
 
 __all__ = [
     "FEATURES_ENCODINGS",
@@ -191,8 +193,8 @@ class UnlearnClient:
         self.client_id = client_id or ClientSettings.of(settings).client_id
         self.requests_topic = settings.topic("requests")
         self.receipts_topic = settings.topic("receipts")
-        self._producer = Producer(producer_config(settings, **{"linger.ms": 5, **transit_producer_overrides(settings),
-                                                               **(producer_overrides or {})}))
+        self._producer = clients.producer(settings, **{"linger.ms": 5, **transit_producer_overrides(settings),
+                                                               **(producer_overrides or {})})
         self.transit = TransitKeyCache(settings) if ClientSettings.of(settings).transit_seal != "off" else None
         self._listener: ReceiptListener | None = None
         self._listener_lock = threading.Lock()
@@ -258,17 +260,13 @@ class UnlearnClient:
                 handle.partition, handle.offset = msg.partition(), msg.offset()
             handle._delivered.set()
 
-        while True:
-            try:
-                self._producer.produce(self.requests_topic, key=req.subject_id.encode("utf-8"), value=value,
-                                       headers=headers, on_delivery=on_delivery)
-                break
-            except BufferError:  # local queue full: serve delivery reports, retry
-                self._producer.poll(0.2)
-            except KafkaException as exc:
-                if self._listener is not None:
-                    self._listener.forget(req.event_id)
-                raise ClientError(f"cannot produce event {req.event_id!r}: {exc}") from exc
+        try:
+            produce(self._producer, backoff=0.2, topic=self.requests_topic, key=req.subject_id.encode("utf-8"),
+                    value=value, headers=headers, on_delivery=on_delivery)
+        except KafkaException as exc:
+            if self._listener is not None:
+                self._listener.forget(req.event_id)
+            raise ClientError(f"cannot produce event {req.event_id!r}: {exc}") from exc
         self._producer.poll(0)
         return handle
 

@@ -3,7 +3,7 @@
 (docs/client.md, "Transit sealing"; docs/erasure.md section 5). Used by the SDK, the CLI and the demo.
 
 :class:`TransitKeyCache` finds a head's partition exactly as the router does
-(``infra.between_stages.head_partition``), reads the tail of that partition of ``transit-keys``
+(``streams.shared.by_head.head_partition``), reads the tail of that partition of ``transit-keys``
 and keeps the newest key whose ``use_until`` is still ahead. It reuses one
 ``schemas/transit.TransitSealer`` per partition and key (one X25519 exchange per producer session
 and epoch, not per request). Safe for threads producing through one client: the cache's lock
@@ -23,9 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from unlearn.infra.between_stages import head_partition, routed_topic_name
-from unlearn.infra.settings import ErasureSettings, Settings, consumer_config
-from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import SealedInput
 from unlearn.schemas.transit import (
@@ -37,6 +35,9 @@ from unlearn.schemas.transit import (
     decode_public_record,
 )
 from unlearn.services.client.settings import ClientSettings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
+from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 __all__ = [
     "TransitKeyCache",
@@ -164,11 +165,10 @@ class TransitKeyCache:
 
     def _consumer_(self) -> Any:
         if self._consumer is None:
-            from confluent_kafka import Consumer
 
-            self._consumer = Consumer(consumer_config(
+            self._consumer = clients.consumer(
                 self.settings, f"{self.settings.topic_prefix}client-transit-{uuid.uuid4().hex}",
-                **{"enable.partition.eof": True, "enable.auto.commit": False}))
+                **{"enable.partition.eof": True, "enable.auto.commit": False})
         return self._consumer
 
     def close(self) -> None:

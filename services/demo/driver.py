@@ -23,17 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Producer
 from tqdm import tqdm
 
-from unlearn.infra.broker import LocalBroker, free_port
-from unlearn.infra.kafka_broker import LocalKafka
-from unlearn.infra.local_engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.tansu import LocalBroker, free_port
 from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceDied, ServiceProcess, watch_services
-from unlearn.infra.settings import HeadSettings, Settings, producer_config
-from unlearn.infra.topic_reader import LogRecord, TopicFollower
-from unlearn.infra.topics import create_topics
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.envelope import Request, encode_request
@@ -47,6 +44,9 @@ from unlearn.services.client.settings import ClientSettings
 from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 from unlearn.services.serving.settings import ServeSettings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
+from unlearn.streams.runtime.topics import create_topics
 
 #: What ``demo-out/`` keeps of a run; a run removes the last run's before it starts: its broker is
 #: new (in memory, or Kafka in a temporary directory), and workers' state from another broker is
@@ -294,7 +294,7 @@ class Demo:
         before the services and the broker stop, so no client is left reconnecting to a gone broker."""
         self.receipts = ReceiptWatcher(self.settings)
         self.heads = HeadFollower(self.settings, [self.head, WARMUP_HEAD])
-        self.producer = Producer(producer_config(self.settings, **transit_producer_overrides(self.settings)))
+        self.producer = clients.producer(self.settings, **transit_producer_overrides(self.settings))
         sealing = ClientSettings.of(self.settings).transit_seal != "off"
         self.transit = TransitKeyCache(self.settings) if sealing else None
         try:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from unlearn.infra.topic_reader import LogRecord
 from unlearn.ledger import ExactLedger, MultisetHash
 from unlearn.schemas.delta_codec import CodecError, Delta, PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.source_id import dedup_key
@@ -36,6 +35,7 @@ from unlearn.streams.ledger.delta_rules import (
     fold_multiset,
     record_applied,
 )
+from unlearn.streams.runtime.topic_reader import LogRecord
 
 from .event_ids import EventIds
 from .reading import record_value

@@ -38,7 +38,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from unlearn.infra.registry import RegistryView
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
@@ -54,6 +53,7 @@ from unlearn.streams.featurizer.featurizer_errors import FeaturizerError
 from unlearn.streams.featurizer.head_contracts import with_registry
 from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
 from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
+from unlearn.streams.shared.registry import RegistryView
 
 if TYPE_CHECKING:  # owned_partitions.py holds the partitions a batch commits to
     from unlearn.streams.featurizer.owned_partitions import Partitions

@@ -8,11 +8,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from unlearn.infra.log_position import watermarks
-from unlearn.infra.settings import Settings, consumer_config
-from unlearn.infra.topic_reader import TopicReadError, read_range
+from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.changelog_records import OpenSample, Position, delivered_key, position_key
 from unlearn.streams.featurizer.changelog_restore import FoldedChangelog, fold_changelog
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.log_position import watermarks
+from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
 
 __all__ = ["ChangelogReadError", "ChangelogReader"]
 
@@ -31,10 +32,9 @@ class ChangelogReader:
         self.topic = topic
 
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
 
         group = f"{self.settings.topic_prefix}featurizer-restore-{uuid.uuid4().hex}"
-        return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
+        return clients.consumer(self.settings, group, **{"enable.partition.eof": True})
 
     def latest_position(self, partition: int) -> tuple[Position | None, int]:
         """The last ``position/<p>`` record and the highest generation a ``delivered`` record after

@@ -3,11 +3,12 @@
 The transactional outbox (``cache_outbox.py``) deletes a row only after its message is durable, and the
 changelog's txn and position records (phase 0) must be durable before the downstream messages
 (phase 1) exist: both rest on these functions, which raise unless every message was
-acknowledged (:class:`Acks` produces now and waits later, where a wait can overlap work).
+acknowledged (``streams.runtime.delivery.Acks`` produces now and waits later, where a wait can
+overlap work).
 ``on_acked`` sees each acknowledged message (the shredder learns where a delete landed in
 ``deltas``).
 
-Broker faults (``infra.retry``): while a broker restarts, produced messages wait in the client's
+Broker faults (``streams.runtime.retry``): while a broker restarts, produced messages wait in the client's
 queue and the client sends them again itself, so a wait without its own timeout waits up to the
 policy's deadline (``UNLEARN_BROKER_RETRY_SECONDS``), then stops the featurizer with
 BrokerUnavailable (its outbox re-sends the batch on restart). A failed delivery *report* still
@@ -20,69 +21,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache_outbox import OutboxRow
 from unlearn.streams.featurizer.changelog_batches import delivered_record, outputs_of_txn
-from unlearn.streams.featurizer.featurizer_errors import DeliveryError
-
-#: Called with (topic, partition, offset, value) for every acknowledged message.
-OnAcked = Callable[[str, int, int, "bytes | None"], None]
-
-
-class Acks:
-    """Messages produced now and awaited later: :meth:`wait` flushes and raises ``error`` unless
-    every message :meth:`send` produced was acknowledged. Why: a broker round trip can overlap
-    other work (the router's forwards overlap the featurizer's batch, a batch's new keys its
-    changelog records) while each guarantee still waits where it is needed."""
-
-    def __init__(self, producer: Any, on_acked: OnAcked | None = None, error: type[Exception] = DeliveryError,
-                 policy: RetryPolicy | None = None) -> None:
-        self.producer, self.on_acked, self.error, self.policy = producer, on_acked, error, policy
-        self.sent = self.acked = 0
-        self.failures: list[str] = []
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.failures.append(f"{msg.topic()}: {err.str()}")
-            return
-        self.acked += 1
-        if self.on_acked is not None:
-            self.on_acked(msg.topic(), msg.partition(), msg.offset(), msg.value())
-
-    def send(self, sends: Sequence[dict[str, Any]]) -> Acks:
-        """Produce each ``Producer.produce`` keyword set in order, without waiting."""
-        for send in sends:
-            while True:
-                try:
-                    self.producer.produce(**send, on_delivery=self._on_delivery)
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-            self.sent += 1
-        return self
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Flush (within ``timeout`` seconds; without one, the policy's deadline, BrokerUnavailable
-        past it, or without bound where there is no policy); raise unless every message sent so
-        far was acknowledged. Returns how many were."""
-        if timeout is None and self.policy is not None:
-            flush_within(self.producer, self.policy, "delivering the featurizer's outputs")
-            remaining = 0
-        else:
-            remaining = self.producer.flush() if timeout is None else self.producer.flush(timeout)
-        if remaining or self.failures or self.acked != self.sent:
-            raise self.error(f"{self.sent - self.acked} message(s) unacknowledged ({remaining} in the queue), "
-                             f"{len(self.failures)} failed: {self.failures[:3]}")
-        return self.acked
-
-
-def produce_acked(producer: Any, sends: Sequence[dict[str, Any]], on_acked: OnAcked | None = None,
-                  timeout: float | None = None, error: type[Exception] = DeliveryError,
-                  policy: RetryPolicy | None = None) -> None:
-    """Produce each ``Producer.produce`` keyword set in order and flush (within ``timeout``
-    seconds, or as :meth:`Acks.wait`); raise ``error`` unless every message was acknowledged."""
-    Acks(producer, on_acked, error, policy).send(sends).wait(timeout)
+from unlearn.streams.runtime.delivery import Acks, OnAcked, produce_acked
+from unlearn.streams.runtime.retry import RetryPolicy
 
 
 def produce_kwargs(m: OutMessage | OutboxRow) -> dict[str, Any]:

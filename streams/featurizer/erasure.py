@@ -22,17 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unlearn.infra.between_stages import (
-    READ_IDLE_S,
-    SampleRef,
-    latest_checkpoint,
-    state_family,
-    transit_private_family,
-)
-from unlearn.infra.log_position import log_ends, watermarks
-from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_reader import TopicReadError, read_range
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import (
@@ -46,6 +36,13 @@ from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_keys import TransitKeys
 from unlearn.streams.featurizer.transit_open import TransitGate
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.log_position import log_ends, watermarks
+from unlearn.streams.runtime.retry import RetryPolicy
+from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
+from unlearn.streams.shared.checkpoint_record import latest_checkpoint
+from unlearn.streams.shared.families import state_family, transit_private_family
+from unlearn.streams.shared.key_ring import READ_IDLE_S, SampleRef
 
 __all__ = ["FLOORS", "Erasure", "ledger_floors"]
 
@@ -196,12 +193,10 @@ class Erasure:
 
     def _new_consumer(self) -> Any:
         """An assign-only reader; every read closes its own (:func:`run_with_consumers`)."""
-        from confluent_kafka import Consumer
 
-        from unlearn.infra.settings import consumer_config
 
-        return Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
-                                        **{"enable.partition.eof": True, "enable.auto.commit": False}))
+        return clients.consumer(self.settings, f"{self.settings.topic_prefix}featurizer-shredder",
+                                        **{"enable.partition.eof": True, "enable.auto.commit": False})
 
     def _deltas_ends(self) -> dict[int, int]:
         """One past the true last offset of every deltas partition (read to EOF, not ListOffsets)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 __all__ = [
     "FeaturizerError",
-    "DeliveryError",
     "KeyStoreError",
     "LostCacheError",
 ]
@@ -16,8 +15,6 @@ class FeaturizerError(RuntimeError):
     """The featurizer cannot go on (the process should exit non-zero and be restarted)."""
 
 
-class DeliveryError(FeaturizerError):
-    """The broker did not acknowledge every outbox message (they stay in the outbox)."""
 
 
 class KeyStoreError(RuntimeError):

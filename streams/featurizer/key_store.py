@@ -7,7 +7,7 @@ Destroying keys writes tombstones; where the broker compacts (``BrokerQuirks.com
 completion record appended ``UNLEARN_SEGMENT_MS`` later rolls their segment for the cleaner,
 elsewhere the partition rotates to a new generation without them and the old one is deleted
 after ``UNLEARN_KEYS_RETIRE_SECONDS``. Why: docs/erasure.md, section 2. Reading:
-``infra.between_stages``.
+``streams/shared``.
 """
 
 from __future__ import annotations
@@ -17,21 +17,17 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from unlearn.infra.between_stages import (
-    COMPLETE_KEY,
-    KeyGeneration,
-    SampleRef,
-    TopicFamily,
-    key_record_key,
-    keys_family,
-    read_partition_keys,
-)
-from unlearn.infra.retry import BrokerUnavailable, RetryPolicy
-from unlearn.infra.settings import ErasureSettings, Settings, admin_config, producer_config, quirks
-from unlearn.infra.topics import TopicError, delete_topics, ensure_topic, key_family_config
+from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
 from unlearn.streams.featurizer.delivery import Acks, produce_acked
 from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.clients import quirks
+from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
+from unlearn.streams.runtime.topic_family import TopicFamily
+from unlearn.streams.runtime.topics import TopicError, delete_topics, ensure_topic, key_family_config
+from unlearn.streams.shared.families import keys_family
+from unlearn.streams.shared.key_ring import COMPLETE_KEY, KeyGeneration, SampleRef, key_record_key, read_partition_keys
 
 __all__ = ["KeyStore"]
 
@@ -44,8 +40,6 @@ class KeyStore:
     uses (one set of librdkafka threads for both families)."""
 
     def __init__(self, settings: Settings, family: TopicFamily | None = None, share: KeyStore | None = None) -> None:
-        from confluent_kafka import Producer
-        from confluent_kafka.admin import AdminClient
 
         self.settings = settings
         self.family = family or keys_family(settings.topic_prefix)
@@ -60,8 +54,8 @@ class KeyStore:
         self.compacts = quirks(settings).compaction_runs
         self.rolls: dict[str, float] = {}
         self._tombstoned: dict[str, float] = {}
-        self.producer: Any = share.producer if share else Producer(producer_config(self.settings, **{"linger.ms": 0}))
-        self.admin: Any = share.admin if share else AdminClient(admin_config(self.settings))
+        self.producer: Any = share.producer if share else clients.producer(self.settings, **{"linger.ms": 0})
+        self.admin: Any = share.admin if share else clients.admin(self.settings)
 
     # ------------------------------------------------------------------ ownership
     def load(self, partition: int) -> None:
@@ -138,7 +132,7 @@ class KeyStore:
     def flush(self) -> int:
         """Produce the staged keys and wait until every key produced since the last flush is
         acknowledged (KeyStoreError if not): call before the batch that uses them is committed.
-        Returns how many. Waits up to UNLEARN_BROKER_RETRY_SECONDS (infra.retry): while the
+        Returns how many. Waits up to UNLEARN_BROKER_RETRY_SECONDS (streams.runtime.retry): while the
         broker restarts the keys wait in the client's queue, which retries them itself."""
         self.send()
         sending, self._sending = self._sending, None
@@ -214,7 +208,7 @@ class KeyStore:
         if not due:
             return []
         self.retiring = [(at, names) for at, names in self.retiring if not (force or at <= now)]
-        try:  # infra.retry: deleting a topic again is harmless (a missing one is not an error)
+        try:  # streams.runtime.retry: deleting a topic again is harmless (a missing one is not an error)
             RetryPolicy.of(self.settings).call("deleting superseded key generations",
                                                lambda: delete_topics(self.settings, due, admin=self.admin))
         except (TopicError, BrokerUnavailable) as exc:
@@ -224,7 +218,7 @@ class KeyStore:
 
     # ------------------------------------------------------------------ I/O
     def _ensure(self, topic: str) -> None:
-        try:  # infra.retry: creating a topic that exists is no error
+        try:  # streams.runtime.retry: creating a topic that exists is no error
             RetryPolicy.of(self.settings).call(f"creating {topic}", lambda: ensure_topic(
                 self.settings, topic, compacted=True, admin=self.admin, config=key_family_config(self.settings)))
         except TopicError as exc:

@@ -22,9 +22,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, is_retriable, kafka_error
-from unlearn.infra.settings import ErasureSettings, Settings, admin_config, consumer_config
-from unlearn.infra.topics import delete_records
+from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable, kafka_error
+from unlearn.streams.runtime.topics import delete_records
 
 __all__ = ["TP", "Trimmer", "trim_bounds"]
 
@@ -50,13 +51,12 @@ class Trimmer:
     for the partitions its member is assigned (module docstring)."""
 
     def __init__(self, settings: Settings, group: str, topics: Iterable[str]) -> None:
-        from confluent_kafka.admin import AdminClient
 
         self.settings = settings
         self.group = group
         self.topics = frozenset(topics)
         self.every = ErasureSettings.of(settings).trim_every_seconds
-        self.admin: Any = AdminClient(admin_config(settings))
+        self.admin: Any = clients.admin(settings)
         self.trimmed: dict[TP, int] = {}  # the log start this trimmer last set, per partition
         self._readers: dict[str, Any] = {}  # group -> consumer reading its committed offsets
         self.stats = {"trims": 0, "records": 0, "failures": 0}
@@ -88,7 +88,7 @@ class Trimmer:
                 tps, self._offered = self._offered, None
                 if self._closed or tps is None:
                     return
-            try:  # infra.retry: DeleteRecords is idempotent, a new admin client and readers per try
+            try:  # streams.runtime.retry: DeleteRecords is idempotent, a new admin client and readers per try
                 RetryPolicy.of(self.settings).call("raw-input trim", functools.partial(self.trim, tps),
                                                    on_retry=self._renew)
             except Exception as exc:  # transient past the deadline: retried next period (delays erasure only)
@@ -106,10 +106,9 @@ class Trimmer:
 
     def _renew(self) -> None:
         """Before a new try: a new admin client and new offset readers (ones that met a restart
-        may keep stale metadata, infra.retry)."""
-        from confluent_kafka.admin import AdminClient
+        may keep stale metadata, streams.runtime.retry)."""
 
-        self.admin = AdminClient(admin_config(self.settings))
+        self.admin = clients.admin(self.settings)
         readers, self._readers = self._readers, {}
         for c in readers.values():
             c.close()
@@ -138,10 +137,9 @@ class Trimmer:
 
     def _reader(self, group: str) -> Any:
         """A consumer of ``group`` that only reads its committed offsets (kept per group)."""
-        from confluent_kafka import Consumer
 
         if group not in self._readers:
-            self._readers[group] = Consumer(consumer_config(self.settings, group, **{"enable.auto.commit": False}))
+            self._readers[group] = clients.consumer(self.settings, group, **{"enable.auto.commit": False})
         return self._readers[group]
 
     def trim(self, partitions: Iterable[TP]) -> int:

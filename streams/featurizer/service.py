@@ -13,7 +13,7 @@ owns three parts: a :class:`~streams.featurizer.model.Router` (forwards requests
 assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor` (one batch's steps and the
 commit sequence), which share one :class:`~streams.featurizer.delivery.Delivery` (the producer).
 At start-up :func:`check_topics` checks the topics exist (docs/featurizer.md: exit 2 on missing
-topics), under ``infra.retry`` like every broker read of the featurizer.
+topics), under ``streams.runtime.retry`` like every broker read of the featurizer.
 """
 
 from __future__ import annotations
@@ -24,11 +24,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from unlearn.infra.log_position import topic_id
-from unlearn.infra.registry import RegistryView
-from unlearn.infra.retry import RetryPolicy
-from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings, consumer_config, producer_config, quirks
-from unlearn.infra.topics import ensure_topic, raw_input_config
+from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.add_encoding import Encoder, RegistryEncoder
@@ -37,13 +33,20 @@ from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.erasure import Erasure
-from unlearn.streams.featurizer.featurizer_errors import DeliveryError, FeaturizerError, LostCacheError
+from unlearn.streams.featurizer.featurizer_errors import FeaturizerError, LostCacheError
 from unlearn.streams.featurizer.owned_partitions import Partitions
 from unlearn.streams.featurizer.raw_input_trim import Trimmer
 from unlearn.streams.featurizer.routing import Router
 from unlearn.streams.featurizer.service_types import FaultHook, ReadyHook, Topics
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_keys import group_committed
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.clients import quirks
+from unlearn.streams.runtime.delivery import DeliveryError
+from unlearn.streams.runtime.log_position import topic_id
+from unlearn.streams.runtime.retry import RetryPolicy
+from unlearn.streams.runtime.topics import ensure_topic, raw_input_config
+from unlearn.streams.shared.registry import RegistryView
 
 __all__ = [
     "check_topics",
@@ -63,7 +66,7 @@ def check_topics(settings: Settings, consumer: Any, requests_topic: str, routed_
     topic would be auto-created by tansu with 4 partitions. The requests topic must exist; its
     by-head topic is created if missing (with the requests topic's partition count); the head
     registry must exist; the changelog must exist (never auto-created) with a partition per
-    by-head partition. FeaturizerError otherwise. The listings run under ``infra.retry``: a broker
+    by-head partition. FeaturizerError otherwise. The listings run under ``streams.runtime.retry``: a broker
     restarting is waited for, never taken for a missing topic."""
     retry = RetryPolicy.of(settings)
 
@@ -189,13 +192,12 @@ class FeaturizerService:
 
     def _start(self) -> None:
         """Connect, check the topics, build the parts and join the group."""
-        from confluent_kafka import Consumer, Producer
 
         s = self.settings
         # linger.ms=0: a batch's phase 1 (the deltas) leaves when produced; the flush(0) after it does
         # not beat librdkafka's linger (delivery.deliver_overlapped).
-        self._producer = Producer(producer_config(s, **{"linger.ms": 0}))
-        self._consumer = Consumer({**consumer_config(s, self.group), **self.metrics.consumer_settings()})
+        self._producer = clients.producer(s, **{"linger.ms": 0})
+        self._consumer = clients.consumer(s, self.group, **self.metrics.consumer_settings())
         t = self.topics
         if FeaturizerSettings.of(s).seal_rows and t.changelog is not None:  # with transit keys (docs/erasure.md s.5)
             self.erasure = Erasure(s, self.config.deltas_topic, t.requests, t.by_head,

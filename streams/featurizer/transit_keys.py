@@ -15,7 +15,7 @@ Per by-head partition P, owned by the featurizer that owns P, an *epoch* key pai
   epoch starts again at stage (a) with targets sampled later: a crash only delays a destruction.
 - **Probe cost**: once per tick, the committed offsets are read once and the log ends sampled
   once for every epoch that needs them (the ``requests`` ends for those entering stage (b), the
-  by-head ends for those entering (c)), all with one consumer (``infra.log_position.log_ends``).
+  by-head ends for those entering (c)), all with one consumer (``streams.runtime.log_position.log_ends``).
   With ``probes`` (``probes.Probes``) those reads run on its background thread: the tick asks for
   them once (a)/(b) hold and applies the answer on a later tick, so a reading is always sampled
   after the condition it serves; rotations and destruction stay on the tick.
@@ -29,12 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from unlearn.infra.between_stages import TRANSIT_HEAD, SampleRef
-from unlearn.infra.log_position import log_ends
-from unlearn.infra.retry import RetryPolicy
 from unlearn.infra.settings import ErasureSettings, Settings
-from unlearn.infra.topic_reader import TopicReadError
-from unlearn.infra.topics import TopicError, ensure_topic
 from unlearn.schemas.sealed import SampleKey
 from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_public_record, new_transit_key
 from unlearn.streams.featurizer.delivery import produce_acked
@@ -43,6 +38,12 @@ from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.featurizer.probes import Probes
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_open import DerivedKeys, TransitGate
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.log_position import log_ends
+from unlearn.streams.runtime.retry import RetryPolicy
+from unlearn.streams.runtime.topic_reader import TopicReadError
+from unlearn.streams.runtime.topics import TopicError, ensure_topic
+from unlearn.streams.shared.key_ring import TRANSIT_HEAD, SampleRef
 
 __all__ = [
     "PROBE",
@@ -350,11 +351,9 @@ def group_committed(settings: Settings, group: str, topic: str, partitions: int)
     """:func:`router_committed` of ``group`` read with a consumer of its own, closed after: the
     shred tick's reads run on the probes' thread, never with the poll loop's consumer (it only
     fetches offsets; it never subscribes, so it never joins the group)."""
-    from confluent_kafka import Consumer
 
-    from unlearn.infra.settings import consumer_config
 
-    consumer = Consumer(consumer_config(settings, group, **{"enable.auto.commit": False}))
+    consumer = clients.consumer(settings, group, **{"enable.auto.commit": False})
     try:
         return router_committed(consumer, topic, partitions, settings.admin_timeout)
     finally:

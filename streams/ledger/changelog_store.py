@@ -24,19 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from unlearn.infra.between_stages import (
-    Checkpoint,
-    HeadPointer,
-    checkpoint_key,
-    heads_family,
-    latest_checkpoint,
-    state_family,
-)
-from unlearn.infra.log_position import StaleStateError, watermarks
-from unlearn.infra.retry import flush_within
-from unlearn.infra.settings import Settings, consumer_config, producer_config, quirks
-from unlearn.infra.topic_reader import TopicReadError, read_range
-from unlearn.infra.topics import TopicError
+from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.checkpoint_rules import first_needed, piece_key, plan_generations
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.snapshots import (
@@ -49,6 +37,15 @@ from unlearn.streams.ledger.snapshots import (
     state_sha,
 )
 from unlearn.streams.ledger.state_topics import StateTopics
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.clients import quirks
+from unlearn.streams.runtime.delivery import produce
+from unlearn.streams.runtime.log_position import StaleStateError, watermarks
+from unlearn.streams.runtime.retry import flush_within
+from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
+from unlearn.streams.runtime.topics import TopicError
+from unlearn.streams.shared.checkpoint_record import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
+from unlearn.streams.shared.families import heads_family, state_family
 
 __all__ = [
     "ChangelogStore",
@@ -62,7 +59,7 @@ _SCAN_WINDOW = 256
 
 class StateStoreError(RuntimeError):
     """The changelog could not be written or read (broker down past the timeout, ...).
-    ``kafka_error``: the client's error behind it, if any (``infra.retry`` classifies it)."""
+    ``kafka_error``: the client's error behind it, if any (``streams.runtime.retry`` classifies it)."""
 
     kafka_error: Any = None
 
@@ -84,7 +81,6 @@ class ChangelogStore:
     """Writes snapshots and checkpoints of ``deltas`` partitions; reads them back."""
 
     def __init__(self, settings: Settings) -> None:
-        from confluent_kafka import Producer
 
         self.settings = settings
         self.trims = quirks(settings).delete_records  # rewrite in place and trim, or rotate (module docstring)
@@ -99,7 +95,7 @@ class ChangelogStore:
         self._piece_bytes_read = 0
         # One record per batch: the embedded broker's ListOffsets(latest) is only right then, and
         # the backward scan starts from it (infra.settings.BrokerQuirks.list_offsets_latest_exact).
-        self.producer = Producer(producer_config(settings, **{"batch.num.messages": 1, "linger.ms": 0}))
+        self.producer = clients.producer(settings, **{"batch.num.messages": 1, "linger.ms": 0})
 
     def close(self) -> None:
         self.producer.flush(self.settings.admin_timeout)
@@ -148,7 +144,7 @@ class ChangelogStore:
         """The new checkpoint (naming ``pointers``) is durable: drop what it superseded. Trimmed at
         once; a superseded generation is deleted after the heads' retire grace, because other
         processes read it too (the featurizer's shredder reads checkpoint floors; a read of a topic
-        being deleted crashes librdkafka, infra.topic_reader.source_partitions), and recovery ignores
+        being deleted crashes librdkafka, streams.runtime.topic_reader.source_partitions), and recovery ignores
         it meanwhile (it takes the newest generation holding a checkpoint). False: the trim failed
         (logged; the caller keeps the erasure pending)."""
         if old is None:
@@ -184,7 +180,7 @@ class ChangelogStore:
     def end_heads_rewrite(self, rewrite: HeadsRewrite) -> bool:
         """Every head is republished: trim below the first republished update at once, and delete
         superseded topics once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them
-        (infra.topic_reader.source_partitions says why a reader must not be on a topic when it is
+        (streams.runtime.topic_reader.source_partitions says why a reader must not be on a topic when it is
         deleted). False: the trim failed (logged)."""
         self.topics.retire(rewrite.superseded)
         return rewrite.below is None or self.topics.trim(rewrite.topic, rewrite.below)
@@ -220,12 +216,7 @@ class ChangelogStore:
         return [int(o) for o in offsets if o is not None]
 
     def _produce(self, topic: str, key: bytes, value: bytes, cb: Callable[[Any, Any], None]) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, key=key, value=value, partition=0, on_delivery=cb)
-                return
-            except BufferError:  # local queue full: let deliveries drain
-                self.producer.poll(0.1)
+        produce(self.producer, topic=topic, key=key, value=value, partition=0, on_delivery=cb)
 
     def write_snapshot(self, partition: int, head: HeadState, previous: HeadPointer | None) -> HeadPointer:
         """Write a head's snapshot into the slot the previous checkpoint does not name."""
@@ -242,10 +233,9 @@ class ChangelogStore:
 
     # ---------------------------------------------------------------- reading
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
 
         group = f"{self.settings.topic_prefix}ledger-recovery-{uuid.uuid4().hex}"  # never joined
-        return Consumer(consumer_config(self.settings, group, **{"enable.partition.eof": True}))
+        return clients.consumer(self.settings, group, **{"enable.partition.eof": True})
 
     def recover(self, partition: int) -> tuple[Checkpoint | None, dict[str, HeadState]]:
         """The latest checkpoint of ``partition`` and the heads it names (verified snapshots).

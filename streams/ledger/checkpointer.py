@@ -12,13 +12,13 @@ import logging
 import time
 from typing import Any
 
-from unlearn.infra.between_stages import Checkpoint
 from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpoint_rules import safe_floor
 from unlearn.streams.ledger.outputs import Outputs
 from unlearn.streams.ledger.owned_partitions import OwnedPartitions, PartitionState
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.shared.checkpoint_record import Checkpoint
 
 __all__ = [
     "Checkpointer",

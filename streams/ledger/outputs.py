@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unlearn.infra import tracing
-from unlearn.infra.retry import RetryPolicy, flush_within
 from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.ledger.tracked_head import HeadMode
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
@@ -30,10 +29,11 @@ from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.delta_rules import Rejection, group_by_event
 from unlearn.streams.ledger.head_runtime import ApplyOutcome, HeadRuntime
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.runtime.delivery import DeliveryError, produce
+from unlearn.streams.runtime.retry import RetryPolicy, flush_within
 
 __all__ = [
     "STAGE",
-    "DeliveryError",
     "Outputs",
     "PollOutputs",
     "head_update",
@@ -46,8 +46,6 @@ log = logging.getLogger("unlearn.ledger")
 STAGE = "ledger"
 
 
-class DeliveryError(RuntimeError):
-    """An output was not delivered: the worker stops before any checkpoint could cover it."""
 
 
 @dataclass
@@ -133,13 +131,10 @@ class Outputs:
             if err is not None:
                 self.delivery_errors.append(f"{topic}: {err}")
 
-        while True:
-            try:
-                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery,
-                                      **({"headers": list(headers)} if headers else {}))
-                return
-            except BufferError:
-                self.producer.poll(0.1)
+        send: dict[str, Any] = {"topic": topic, "key": key, "value": value, "on_delivery": on_delivery}
+        if headers:
+            send["headers"] = list(headers)
+        produce(self.producer, **send)
 
     def serve(self) -> None:
         """Serve delivery reports; DeliveryError if one failed."""

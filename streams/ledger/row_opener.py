@@ -2,7 +2,7 @@
 
 A thin transform in front of ``HeadRuntime.apply``: a SEALED entry becomes the ROWS entry it
 sealed (``schemas.sealed.open_delta``) with the keys of the ``subject-keys`` family
-(``infra.between_stages.KeyRing``). A key not known yet makes the ring read its head's partition of
+(``streams.shared.key_ring.KeyRing``). A key not known yet makes the ring read its head's partition of
 the family to its current end once (the featurizer that owns by-head partition P writes the keys
 of P's heads into key partition P, having acknowledged each before producing a row under it),
 and, if the key is not there either, the whole family; a key still unknown then is destroyed:
@@ -20,10 +20,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from unlearn.infra.between_stages import KeyRing, Locate, head_partition, routed_topic_name
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta
+from unlearn.streams.shared.by_head import head_partition, routed_topic_name
+from unlearn.streams.shared.key_ring import KeyRing, Locate
 
 __all__ = [
     "RowOpener",

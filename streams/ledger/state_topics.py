@@ -2,7 +2,7 @@
 deltas partition, created on first use, trimmed, and deleted after a grace, through one admin client.
 
 Created compacted, and where the broker has DeleteRecords also ``cleanup.policy=compact,delete``
-with ``retention.ms=-1`` (``infra.topics.trimmed_changelog_config``): Kafka refuses DeleteRecords
+with ``retention.ms=-1`` (``streams.runtime.topics.trimmed_changelog_config``): Kafka refuses DeleteRecords
 on a compact-only topic. Why the store trims or rotates: ``changelog_store``'s docstring.
 """
 
@@ -13,10 +13,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from unlearn.infra.retry import BrokerUnavailable, RetryPolicy
-from unlearn.infra.settings import Settings, admin_config
-from unlearn.infra.topics import TopicError, delete_records, delete_topics, ensure_topic, trimmed_changelog_config
+from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
+from unlearn.streams.runtime.topics import (
+    TopicError,
+    delete_records,
+    delete_topics,
+    ensure_topic,
+    trimmed_changelog_config,
+)
 
 __all__ = [
     "StateTopics",
@@ -40,13 +47,12 @@ class StateTopics:
     def admin(self) -> Any:
         """One admin client for the store's life (creating one per call reconnects every time)."""
         if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
 
-            self._admin_client = AdminClient(admin_config(self.settings))
+            self._admin_client = clients.admin(self.settings)
         return self._admin_client
 
     def fresh_admin(self) -> None:
-        """Drop the admin client before a retry (infra.retry: its metadata may be stale)."""
+        """Drop the admin client before a retry (streams.runtime.retry: its metadata may be stale)."""
         self._admin_client = None
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
@@ -76,7 +82,7 @@ class StateTopics:
 
     def retire(self, names: list[str]) -> None:
         """Delete ``names`` once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off
-        them (infra.topic_reader.source_partitions says why a reader must not be on a topic when it
+        them (streams.runtime.topic_reader.source_partitions says why a reader must not be on a topic when it
         is deleted)."""
         if names:
             self.retiring.append((time.monotonic() + LedgerSettings.of(self.settings).heads_retire_seconds, names))

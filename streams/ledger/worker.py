@@ -37,8 +37,7 @@ from typing import Any
 
 from unlearn.infra import tracing
 from unlearn.infra.cli_args import log_ready
-from unlearn.infra.log_position import StaleStateError, topic_id
-from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.infra.worker_metrics import WorkerMetrics
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpointer import Checkpointer
@@ -50,6 +49,8 @@ from unlearn.streams.ledger.owned_partitions import OwnedPartitions
 from unlearn.streams.ledger.recovery import Recovery
 from unlearn.streams.ledger.row_opener import RowOpener
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.log_position import StaleStateError, topic_id
 
 __all__ = [
     "LEDGER_OUTCOMES",
@@ -68,7 +69,6 @@ class LedgerWorker:
     """One ledger worker process (one consumer-group member): the poll loop (module docstring)."""
 
     def __init__(self, settings: Settings, worker_id: str = "ledger-0", metrics: WorkerMetrics | None = None) -> None:
-        from confluent_kafka import Consumer, Producer
 
         self.settings = settings
         self.worker_id = worker_id
@@ -83,15 +83,15 @@ class LedgerWorker:
         self.delete_lag = self.metrics.histogram(
             "delete_to_head_published_seconds", "From a delete's deltas message (its Kafka timestamp) to the "
             "production of the head update that applied it.")
-        self.consumer = Consumer(consumer_config(settings, self.group, **self.metrics.consumer_settings(), **{
+        self.consumer = clients.consumer(settings, self.group, **self.metrics.consumer_settings(), **{
             "client.id": worker_id,
             # Eager rebalances: every partition is checkpointed and given up, then reassigned and
             # rebuilt from its checkpoint. Simple to reason about; rebuilding costs the state size.
             "partition.assignment.strategy": "roundrobin",
-        }))
+        })
         # linger.ms=0: a poll's head update and receipts go out at once (librdkafka's default
         # 5 ms linger was on every delete->head path; each poll produces a few messages anyway)
-        self.producer = Producer(producer_config(settings, **{"client.id": worker_id, "linger.ms": 0}))
+        self.producer = clients.producer(settings, **{"client.id": worker_id, "linger.ms": 0})
         self.store = ChangelogStore(settings)
         self.contracts = ContractGammas(settings)
         self.owned = OwnedPartitions()
@@ -161,7 +161,7 @@ class LedgerWorker:
 
         err = m.error()
         if err is not None:
-            if err.fatal():  # the client cannot go on (infra.retry): stop loudly, the restart recovers
+            if err.fatal():  # the client cannot go on (streams.runtime.retry): stop loudly, the restart recovers
                 raise KafkaException(err)
             if err.code() != KafkaError._PARTITION_EOF:  # transient: the client retries the fetch itself
                 log.warning("deltas consumer: %s", err)
@@ -259,7 +259,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
     match the log (the message names the mismatch)."""
     from threadpoolctl import threadpool_limits
 
-    from unlearn.infra.topics import create_topics
+    from unlearn.streams.runtime.topics import create_topics
 
     # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
     # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_commands
-from unlearn.infra.between_stages import heads_family, state_family, transit_private_family
-from unlearn.infra.registry import CLIENT_REGISTRY_TOPIC, REGISTRY_TOPIC
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import TOPICS
+from unlearn.streams.runtime.topics import TOPICS
+from unlearn.streams.shared.families import heads_family, state_family, transit_private_family
+from unlearn.streams.shared.registry import CLIENT_REGISTRY_TOPIC, REGISTRY_TOPIC
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "acme-prod."  # any prefix: the matrix is relative to it
@@ -105,7 +105,7 @@ def _group_of(monkeypatch: pytest.MonkeyPatch, make: Any) -> str:
 
 
 def _reader_group(monkeypatch: pytest.MonkeyPatch, settings: Settings, role: str) -> str:
-    from unlearn.infra import topic_reader
+    from unlearn.streams.runtime import topic_reader
 
     return _group_of(monkeypatch, lambda: topic_reader._consumer(settings, role))
 
@@ -124,15 +124,15 @@ def _roles_in_code() -> dict[str, set[str]]:
 # it is listed here and granted in the matrix).
 ROLE_PRINCIPALS = {
     "serving": {"serving"},                       # services/serving/heads_follower.py
-    "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # infra/registry.py (+ unlearn audit)
-    "clients": {"featurizer", "operator"},        # infra/registry.py
+    "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # shared/registry.py, unlearn audit
+    "clients": {"featurizer", "operator"},        # streams/shared/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
-    "featurizer": {"featurizer"},                 # infra/between_stages.py readers of streams/featurizer/key_store.py
+    "featurizer": {"featurizer"},                 # streams/shared/ readers of streams/featurizer/key_store.py
     "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/receipt_listener.py
     "demo-receipts": set(),                       # the demo runs on the embedded broker only
-    "reader": set(), "follower": set(),           # defaults of infra/topic_reader.py
+    "reader": set(), "follower": set(),           # defaults of streams/runtime/topic_reader.py
 }
 
 
@@ -156,7 +156,7 @@ WORKER_GROUP_FILES = {
     "streams/featurizer/changelog_reader.py": {"featurizer"},
     "streams/ledger/worker.py": {"ledger"},
     "streams/ledger/changelog_store.py": {"ledger"},
-    "infra/log_position.py": {"featurizer", "ledger"},
+    "streams/runtime/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/erasure.py": {"featurizer"},
     "services/client/transit_key_cache.py": {"client"},  # its reader of transit-keys (assign only)
     "services/cdc/cli.py": {"cdc"},  # the bridge's group P cdc.<slot>
@@ -169,7 +169,7 @@ def test_worker_groups_are_granted() -> None:
         for path in (ROOT / sub).rglob("*.py"):
             rel = str(path.relative_to(ROOT))
             for name in re.findall(r'topic_prefix\}([a-z.-]+)(\{)?"?', path.read_text()):
-                if rel not in ("infra/settings.py", "infra/topic_reader.py"):
+                if rel not in ("infra/settings.py", "streams/runtime/topic_reader.py"):
                     found.setdefault(rel, set()).add(name[0] + ("x1" if name[1] else ""))
     assert set(found) == set(WORKER_GROUP_FILES), found
     for rel, names in found.items():

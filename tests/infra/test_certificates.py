@@ -123,8 +123,8 @@ def test_a_ca_bundle_trusts_old_and_new_during_a_rotation(tmp_path: Path) -> Non
 
 def test_the_secured_broker_does_not_start_on_operator_files_that_cannot_work(tmp_path: Path) -> None:
     """`unlearn broker --engine kafka --secure --tls-dir DIR`: checked before any node starts."""
-    from unlearn.infra.broker import BrokerError
-    from unlearn.infra.secure_kafka import SecuredLocalKafka
+    from unlearn.infra.local.secured_kafka import SecuredLocalKafka
+    from unlearn.infra.local.tansu import BrokerError
 
     tls = generate_tls_dir(tmp_path / "mine", [1], ["kafka"])  # not the 127.0.0.1 the node listens on
     with pytest.raises(BrokerError, match=r"TLS: node 1 keystore .*node-1.p12: the certificate does not name "

@@ -20,14 +20,8 @@ import yaml
 from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
 from unlearn.infra.certificates import generate_tls_dir
 from unlearn.infra.kafka_properties import client_security, read_properties
-from unlearn.infra.settings import (
-    SecuritySettings,
-    Settings,
-    admin_config,
-    consumer_config,
-    producer_config,
-    security_config,
-)
+from unlearn.infra.settings import SecuritySettings, Settings, security_config
+from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -120,7 +114,7 @@ def test_init_service_creates_every_principal_with_the_workers_passwords(tmp_pat
 def test_broker_requires_tls_scram_and_acls() -> None:
     kafka = SERVICES["kafka"]
     from unlearn.infra.certificates import BROKER_NAME
-    from unlearn.infra.kafka_broker import kafka_version
+    from unlearn.infra.local.kafka_jvm import kafka_version
 
     assert kafka["image"] == f"apache/kafka:{kafka_version()}"  # the broker the tests run
     assert kafka["entrypoint"] == ["/bin/bash", "/unlearn-kafka/broker.sh"]

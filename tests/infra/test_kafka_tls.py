@@ -1,4 +1,4 @@
-"""The secured Kafka refuses what TLS must refuse, on a real broker (infra/secure_kafka.py):
+"""The secured Kafka refuses what TLS must refuse, on a real broker (infra/local/secured_kafka.py):
 
 - no port the broker process listens on answers a plaintext Kafka request (the client listener
   is SASL_SSL, the controller listener SSL), and a plaintext client's error says why;
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from unlearn.infra.certificates import generate_tls_dir, issue, make_ca
-from unlearn.infra.secure_kafka import SecuredLocalKafka
-from unlearn.infra.settings import Settings, admin_config
+from unlearn.infra.local.secured_kafka import SecuredLocalKafka
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime.clients import admin_config
 
 pytestmark = pytest.mark.broker
 
@@ -172,7 +173,7 @@ def test_the_java_client_reads_the_same_file_over_tls(cluster: SecuredLocalKafka
     check, trusting another."""
     import subprocess
 
-    from tests.clients.test_java_client import java_classpath
+    from tests.clients.test_java import java_classpath
 
     cp = java_classpath(tmp_path)
     other = generate_tls_dir(tmp_path / "other", [1], ["127.0.0.1"])

@@ -42,8 +42,9 @@ from confluent_kafka.admin import (
 )
 
 from unlearn.infra.acl_matrix import PRINCIPALS
-from unlearn.infra.between_stages import TopicFamily, heads_family, state_family
 from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.streams.runtime.topic_family import TopicFamily
+from unlearn.streams.shared.families import heads_family, state_family
 
 pytestmark = pytest.mark.broker
 
@@ -124,7 +125,7 @@ def start_secured_broker(admin_password: str, log: Path,
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    from unlearn.infra.topics import create_topics
+    from unlearn.streams.runtime.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
     admin_password = f"admin-{tag}"
@@ -155,7 +156,7 @@ def _auth_error(exc: BaseException | KafkaError | None) -> str:
 # --------------------------------------------------------------------------- the init script
 def test_broker_security_is_the_compose_brokers() -> None:
     """SecuredLocalKafka's security settings are broker.sh's (host and ports aside)."""
-    from unlearn.infra.secure_kafka import SECURITY_PROPERTIES
+    from unlearn.infra.local.secured_kafka import SECURITY_PROPERTIES
 
     props = dict(line.split("=", 1) for line in (ROOT / "infra/kafka/broker.sh").read_text().splitlines()
                  if re.match(r"^[a-z][a-z0-9._-]*=", line) and not line.startswith(("jaas=", "umask", "keystore_")))
@@ -246,7 +247,7 @@ def _assert_never_refused(procs: list[Any]) -> None:
 
 def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) -> None:
     from unlearn.features.contract import quantize_feature_row
-    from unlearn.infra.broker import free_port
+    from unlearn.infra.local.tansu import free_port
     from unlearn.infra.processes import ServiceProcess
     from unlearn.ledger import ExactLedger
     from unlearn.services.client.head_reader import wait_for_head
@@ -305,7 +306,7 @@ def _produce_errors(settings: Settings, topics: list[str], timeout: float = 20.0
     """Per topic, the first error a forger's plain producer (no idempotence: an idempotent one of a
     principal with no WRITE anywhere fails earlier, on InitProducerId) gets writing it as
     ``settings``' principal: its delivery report's, or a client-level one (authentication) for all."""
-    from unlearn.infra.settings import producer_config
+    from unlearn.streams.runtime.clients import producer_config
 
     got: dict[str, str] = {}
     client_errors: list[str] = []
@@ -337,7 +338,7 @@ def test_the_broker_refuses_every_write_the_matrix_does_not_grant(secured: Secur
     matrix does not let ``principal`` write is refused by the broker: only the featurizer writes
     ``deltas``, only the ledger heads and state, only the operator the client registry..."""
     from unlearn.infra.acl_matrix import allows
-    from unlearn.infra.topics import TOPICS
+    from unlearn.streams.runtime.topics import TOPICS
 
     P = secured.prefix
     families = [family_topics(secured, f)[0] for f in (heads_family(P), state_family(P))]
@@ -365,7 +366,7 @@ def family_topics(secured: Secured, family: TopicFamily) -> list[str]:
 
 
 def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
-    from unlearn.infra.settings import consumer_config
+    from unlearn.streams.runtime.clients import consumer_config
 
     topics = family_topics(secured, state_family(secured.prefix))
     c = Consumer(consumer_config(secured.settings("client"), f"{secured.prefix}head-reader-{uuid.uuid4().hex[:6]}",
@@ -388,7 +389,7 @@ def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
 
 
 def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
-    from unlearn.infra.settings import admin_config
+    from unlearn.streams.runtime.clients import admin_config
 
     admin = AdminClient(admin_config(secured.settings("client")))
     grant_self = AclBinding(ResourceType.TOPIC, secured.prefix + "deltas", ResourcePatternType.LITERAL, "User:client",
@@ -479,7 +480,7 @@ def test_cdc_runs_as_its_own_principal(secured: Secured, postgres: Any) -> None:
 
 
 def test_cdc_may_not_write_deltas_or_read_what_it_does_not_own(secured: Secured) -> None:
-    from unlearn.infra.settings import consumer_config
+    from unlearn.streams.runtime.clients import consumer_config
 
     s = secured.settings("cdc")
     P = secured.prefix

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unlearn.infra.between_stages import KeyGeneration, KeyRing
 from unlearn.infra.settings import Settings
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, SealedRowsEntry, decode_delta, encode_delta
@@ -37,6 +36,7 @@ from unlearn.schemas.sealed import (
     seal_delta,
     unseal,
 )
+from unlearn.streams.shared.key_ring import KeyGeneration, KeyRing
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12)
 
@@ -145,7 +145,7 @@ def test_wrong_commitment_and_bad_sizes_refused() -> None:
 
 def test_raw_input_topics_get_the_configured_retention() -> None:
     from unlearn.infra.settings import Settings
-    from unlearn.infra.topics import raw_input_config
+    from unlearn.streams.runtime.topics import raw_input_config
 
     assert raw_input_config(Settings()) == {}
     assert raw_input_config(Settings().with_(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}

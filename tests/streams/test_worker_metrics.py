@@ -1,11 +1,15 @@
 """Prometheus /metrics of the stream workers (infra/worker_metrics.py): the parts on their own
 (librdkafka statistics -> lag per partition, the worker's counters as ``_total`` counters,
 checkpoint ages, batch latency), then a running ``unlearn featurizer`` and ``unlearn ledger``
-scraped over HTTP after adds and a delete sent with the SDK."""
+scraped over HTTP after adds and a delete sent with the SDK. Last, docs/operations.md, its alert
+rules and the sample Grafana dashboard name only metrics that the processes export (the
+featurizer's, the ledger's and serving's), so a renamed metric cannot leave a dashboard or an alert
+silently empty."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.request
@@ -13,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.services.serving.support import metric_samples, sample
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.infra.worker_metrics import WorkerMetrics
+from unlearn.services.serving.metrics import Metrics
+from unlearn.services.serving.predict import HeadStore
 
 D = 4
 
@@ -120,3 +126,35 @@ def test_running_featurizer_and_ledger_serve_metrics(settings: Settings, tmp_pat
         led.stop()
     assert feat.proc.returncode == 0, feat.log_tail()
     assert led.proc.returncode == 0, led.log_tail()
+
+
+# ------------------------------------------------------------------ the operations doc
+ROOT = Path(__file__).resolve().parents[2]
+SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+
+
+def _exported(registry: CollectorRegistry) -> set[str]:
+    return {fam.name + suffix for fam in registry.collect() for suffix in SUFFIXES}
+
+
+def test_every_metric_the_operations_doc_and_dashboard_name_is_exported() -> None:
+    from unlearn.streams.featurizer.service import FeaturizerService
+    from unlearn.streams.ledger.worker import LedgerWorker
+
+    s = Settings.from_env(bootstrap="127.0.0.1:1", topic_prefix="t.ops.")  # nothing connects
+    serving = Metrics()
+    serving.watch(HeadStore(), None)
+    ledger = LedgerWorker(s, "w0")
+    try:
+        exported = (_exported(FeaturizerService(s).metrics.registry) | _exported(ledger.metrics.registry)
+                    | _exported(serving.registry))
+    finally:
+        ledger.consumer.close()
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "unlearn-stream.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    named = {m for m in re.findall(r"unlearn_[a-z0-9_]+", doc + " " + exprs) if not m.endswith("_")}
+    assert named and named <= exported, sorted(named - exported)
+    for family in ("consumer_lag", "events_total", "batch_duration_seconds_bucket", "checkpoint_age_seconds"):
+        assert {f"unlearn_featurizer_{family}", f"unlearn_ledger_{family}"} <= exported
+    assert "unlearn_ledger_delete_to_head_published_seconds_bucket" in named  # the dashboard shows it

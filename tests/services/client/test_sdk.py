@@ -27,7 +27,7 @@ def pipeline(broker_target, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A featurizer and a ledger worker on their own topic prefix, shared by this module's tests
     (each test uses its own head ids). Worker logs are in the module's tmp dir."""
     from unlearn.infra.processes import ServiceProcess
-    from unlearn.infra.topics import create_topics, delete_topics, topic_names
+    from unlearn.streams.runtime.topics import create_topics, delete_topics, topic_names
 
     tmp = tmp_path_factory.mktemp("pipeline")
     s = Settings.from_env(bootstrap=broker_target.bootstrap, profile=broker_target.profile,
@@ -160,11 +160,11 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     ledger's digest of JSON numbers bit for bit; '<f4' those of the float32-rounded vectors."""
     from tests.sealed_support import plain_delta
     from unlearn.features.contract import quantize_feature_row
-    from unlearn.infra.topic_reader import keys_in, read_topic
     from unlearn.ledger import ExactLedger
     from unlearn.schemas.delta_codec import RowsEntry
     from unlearn.services.client.head_reader import wait_for_head
     from unlearn.services.client.sdk import UnlearnClient
+    from unlearn.streams.runtime.topic_reader import keys_in, read_topic
 
     s = pipeline
     F = np.random.default_rng(9).normal(size=(5, 768))
@@ -217,8 +217,8 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
 def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -> None:
     """The listener fixes its offsets before the request is produced: a pipeline answering
     instantly (here: the test itself, right after the request is acknowledged) is still seen."""
-    from unlearn.infra.settings import producer_config
     from unlearn.services.client.sdk import UnlearnClient
+    from unlearn.streams.runtime.clients import producer_config
 
     p = Producer(producer_config(settings, **{"linger.ms": 0}))
     # old receipts of other events already on the topic are skipped
@@ -344,9 +344,9 @@ def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> Non
 
 def test_a_dead_listener_fails_its_waiters(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reading thread dying is reported to every waiter (not a silent timeout)."""
-    from unlearn.infra.settings import producer_config
     from unlearn.services.client import receipt_listener
     from unlearn.services.client.errors import ClientError
+    from unlearn.streams.runtime.clients import producer_config
 
     def broken(_value: bytes) -> Receipt:
         raise RuntimeError("decoder exploded")
@@ -380,7 +380,7 @@ def test_the_sdk_is_importable_from_the_package() -> None:
 # --------------------------------------------------------------------------- trace context (issue 32)
 def _records_with_headers(s: Settings, topic: str) -> list[tuple[bytes | None, dict[str, bytes]]]:
     """(key, headers) of every record now on ``topic`` (all partitions, from the beginning)."""
-    from unlearn.infra.settings import consumer_config
+    from unlearn.streams.runtime.clients import consumer_config
 
     c = Consumer(consumer_config(s, f"t-{uuid.uuid4().hex}", **{"enable.partition.eof": True,
                                                                 "enable.auto.commit": False}))
@@ -436,7 +436,7 @@ def test_a_delete_traceparent_reaches_its_deltas_receipt_and_head_update(pipelin
     exact_head_from(s, "trace", r.head_version or 0)
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.settings import admin_config
+    from unlearn.streams.runtime.clients import admin_config
 
     topics = AdminClient(admin_config(s)).list_topics(timeout=10).topics
     heads = [x for t in topics if t.startswith(s.topic_prefix) and "heads" in t

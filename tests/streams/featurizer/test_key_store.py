@@ -8,11 +8,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from unlearn.infra.between_stages import key_record_key, keys_family, read_partition_keys
 from unlearn.infra.polling import poll_until
-from unlearn.infra.settings import Settings, admin_config, quirks
-from unlearn.infra.topic_reader import read_topic
+from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.key_store import KeyStore
+from unlearn.streams.runtime.clients import admin_config, quirks
+from unlearn.streams.runtime.topic_reader import read_topic
+from unlearn.streams.shared.families import keys_family
+from unlearn.streams.shared.key_ring import key_record_key, read_partition_keys
 
 DEADLINE_S = 90.0  # segment.ms (2 s here) + the roll + the broker's cleaner backoff (15 s) + cleaning, with margin
 

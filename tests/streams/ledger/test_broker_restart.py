@@ -29,10 +29,10 @@ import pytest
 
 from tests.broker_restart_support import Restarter, restart_cluster
 from tests.streams.ledger.test_worker import Stream, assert_final_heads_exact, produce, worker_settings
-from unlearn.infra.kafka_broker import LocalKafka
+from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.settings import Settings
-from unlearn.infra.topics import create_topics
 from unlearn.streams.ledger.worker import LedgerWorker
+from unlearn.streams.runtime.topics import create_topics
 
 pytestmark = pytest.mark.broker
 

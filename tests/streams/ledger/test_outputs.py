@@ -20,8 +20,7 @@ import pytest
 from confluent_kafka import Producer
 
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import Settings, producer_config
-from unlearn.infra.topic_reader import read_topic
+from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
@@ -30,6 +29,8 @@ from unlearn.schemas.redaction import is_redacted
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.outputs import head_update
+from unlearn.streams.runtime.clients import producer_config
+from unlearn.streams.runtime.topic_reader import read_topic
 
 D = 8
 

@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
-from unlearn.infra.between_stages import heads_family, state_family
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import HeadSettings, Settings, consumer_config, producer_config, quirks
-from unlearn.infra.topic_reader import read_topic
-from unlearn.infra.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
+from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
@@ -23,6 +20,10 @@ from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.runtime.clients import consumer_config, producer_config, quirks
+from unlearn.streams.runtime.topic_reader import read_topic
+from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
+from unlearn.streams.shared.families import heads_family, state_family
 
 pytestmark = pytest.mark.broker
 

@@ -8,7 +8,7 @@ import java.util.Map;
 import java.util.Random;
 
 /**
- * The Java side of tests/clients/test_java_client.py: against a running featurizer and ledger it
+ * The Java side of tests/clients/test_java.py: against a running featurizer and ledger it
  * adds samples (signed, sealed for transit, in the three feature encodings), deletes one sample
  * and one subject, waits for their receipts and for an exact head that excludes them, and predicts
  * with its HeadFollower. Prints one JSON object per line; the Python test checks every line

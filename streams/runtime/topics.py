@@ -4,7 +4,7 @@ Topics are always created explicitly: tansu auto-creates an unknown topic with 4
 first use, which would silently give a deployment the wrong partition count (and keying by
 subject/head only orders events within a partition). ``featurizer-cache`` is compacted: it is a
 table. Head updates and the ledger's state are not here: they are topic families
-(``infra.between_stages``) that the ledger creates, and trims (``delete_records``) or rotates, per
+(``streams/shared``) that the ledger creates, and trims (``delete_records``) or rotates, per
 ``deltas`` partition.
 """
 
@@ -18,7 +18,9 @@ from typing import Any
 
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args, settings_help
 from unlearn.infra.polling import poll_until
-from unlearn.infra.settings import ErasureSettings, Settings, admin_config, quirks, topic_config
+from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.clients import quirks, topic_config
 
 __all__ = [
     "COMPACTED",
@@ -82,7 +84,7 @@ def key_family_config(settings: Settings) -> dict[str, str]:
     compaction runs: a destroyed key's tombstone (a key id, no key material) stays
     ``delete.retention.ms`` = 5 x ``UNLEARN_SEGMENT_MS`` after its segment is cleaned, instead of
     Kafka's default day, so the family holds the live keys plus the last few minutes' tombstones. A
-    reader folds the family to its end within ``UNLEARN_ADMIN_TIMEOUT`` (infra.between_stages
+    reader folds the family to its end within ``UNLEARN_ADMIN_TIMEOUT`` (streams/shared
     ``_read``), far less, so no read sees a destroyed key's record without its tombstone."""
     if not quirks(settings).compaction_runs:
         return {}
@@ -108,13 +110,13 @@ def create_topics(
     count as the broker reports it once every topic is visible.
     """
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
     n = partitions if partitions is not None else settings.partitions
     if n < 1:
         raise ValueError(f"partitions must be >= 1, got {n}")
     names = topic_names(settings, extra)
-    admin = AdminClient(admin_config(settings))
+    admin = clients.admin(settings)
     new = [
         NewTopic(
             full,
@@ -156,9 +158,9 @@ def ensure_topic(settings: Settings, name: str, *, partitions: int = 1, compacte
     """Create one topic by its full name if it is missing, and wait until it is visible: what
     workers use for the topics they own (the ledger's state and heads generations)."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    client = admin if admin is not None else AdminClient(admin_config(settings))
+    client = admin if admin is not None else clients.admin(settings)
     rf = 1 if settings.profile == "tansu" else -1
     conf = {**topic_config(settings, compacted=compacted), **(config or {})}
     fut = client.create_topics([NewTopic(name, partitions, rf, config=conf)],
@@ -177,7 +179,7 @@ def wait_for_topics(
     names: Iterable[str],
     timeout: float | None = None,
     *,
-    admin: object | None = None,
+    admin: Any = None,
 ) -> dict[str, int]:
     """Block until every full topic name in ``names`` is in the cluster metadata with all its
     partitions led, and every leader answers ListOffsets for it; return name -> partition count.
@@ -187,9 +189,8 @@ def wait_for_topics(
     shows a new partition's leader in metadata a moment before that leader serves it, and a reader
     asking for the log end in that moment gets NOT_LEADER_FOR_PARTITION.
     """
-    from confluent_kafka.admin import AdminClient
 
-    client = admin if admin is not None else AdminClient(admin_config(settings))
+    client = admin if admin is not None else clients.admin(settings)
     wanted = list(names)
     limit = timeout if timeout is not None else settings.admin_timeout
     missing: list[str] = wanted
@@ -197,7 +198,7 @@ def wait_for_topics(
     def visible(remaining: float) -> dict[str, int] | None:
         nonlocal missing
         try:
-            md = client.list_topics(timeout=max(0.5, min(remaining, 5.0)))  # type: ignore[attr-defined]
+            md = client.list_topics(timeout=max(0.5, min(remaining, 5.0)))
             counts: dict[str, int] = {}
             missing = []
             for name in wanted:
@@ -241,12 +242,11 @@ def _not_served(admin: Any, md: Any, names: list[str], timeout: float) -> list[s
 def delete_topics(settings: Settings, names: Iterable[str], *, admin: Any = None) -> None:
     """Delete full topic names (missing ones are fine): superseded generations, test cleanup."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
 
     wanted = list(names)
     if not wanted:
         return
-    client = admin if admin is not None else AdminClient(admin_config(settings))
+    client = admin if admin is not None else clients.admin(settings)
     for full, fut in client.delete_topics(wanted, request_timeout=settings.admin_timeout).items():
         try:
             fut.result(timeout=settings.admin_timeout)
@@ -264,11 +264,10 @@ def delete_records(settings: Settings, below: Mapping[tuple[str, int], int], *,
     broker has it (``BrokerQuirks.delete_records``). Returns the new log starts; ``TopicError``
     if the broker refused or did not answer."""
     from confluent_kafka import KafkaException, TopicPartition
-    from confluent_kafka.admin import AdminClient
 
     if not below:
         return {}
-    client = admin if admin is not None else AdminClient(admin_config(settings))
+    client = admin if admin is not None else clients.admin(settings)
     timeout = settings.admin_timeout
     todo = [TopicPartition(t, p, off) for (t, p), off in sorted(below.items())]
     out: dict[tuple[str, int], int] = {}
@@ -312,9 +311,8 @@ def topics_main(argv: Sequence[str] | None = None) -> int:
 
 def _existing(settings: Settings) -> dict[str, int]:
     """Full name -> partition count of the project's topics that exist (no auto-creation)."""
-    from confluent_kafka.admin import AdminClient
 
-    md = AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout)
+    md = clients.admin(settings).list_topics(timeout=settings.admin_timeout)
     names = set(topic_names(settings).values())
     return {n: len(t.partitions) for n, t in md.topics.items() if n in names and t.error is None}
 
@@ -322,7 +320,6 @@ def _existing(settings: Settings) -> dict[str, int]:
 def prefixed_topics(settings: Settings) -> list[str]:
     """Every topic under the settings' prefix: the project's topics and those workers create
     (ledger-state generations). Asks for the whole metadata (naming topics auto-creates them)."""
-    from confluent_kafka.admin import AdminClient
 
-    md = AdminClient(admin_config(settings)).list_topics(timeout=settings.admin_timeout)
+    md = clients.admin(settings).list_topics(timeout=settings.admin_timeout)
     return sorted(t for t in md.topics if t.startswith(settings.topic_prefix))

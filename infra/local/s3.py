@@ -1,7 +1,7 @@
 """The local S3 behind a persistent embedded broker: the npm package s3rver, and a lock that keeps
 two brokers off one data directory.
 
-tansu's only persistent storage engine is ``s3://``; ``LocalBroker(data_dir=DIR)`` (infra/broker.py)
+tansu's only persistent storage engine is ``s3://``; ``LocalBroker(data_dir=DIR)`` (infra/local/tansu.py)
 runs s3rver with its objects under ``DIR/s3`` and points tansu at it. This module finds s3rver,
 owns the data-dir lock and runs the s3rver process (``LocalS3``); the broker module owns tansu.
 """
@@ -25,7 +25,7 @@ __all__ = ["S3_BUCKET", "S3_LISTENING", "S3_PACKAGE_DIR", "S3RVER_KEY", "DataDir
            "LocalS3", "S3rverFailed", "S3rverMissing", "find_s3rver"]
 
 S3_BUCKET = "tansu"
-S3_PACKAGE_DIR = Path(__file__).resolve().parent / "s3"  # package.json + lock; `make s3` installs
+S3_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "s3"  # package.json + lock; `make s3` installs
 # s3rver's built-in credentials (it checks signatures); nothing secret, it only listens on loopback.
 S3RVER_KEY = "S3RVER"
 

@@ -17,8 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from unlearn.infra.retry import BrokerUnavailable, RetryPolicy, is_retriable
 from unlearn.infra.settings import Settings
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable
 
 log = logging.getLogger("unlearn.log_position")
 
@@ -59,12 +60,10 @@ def check_resume(what: str, next_offset: int | None, saved_topic_id: str, topic_
 def topic_id(settings: Settings, topic: str) -> str:
     """The topic's id ("" where the broker gives none): it names one incarnation of the topic."""
     from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AdminClient
 
-    from unlearn.infra.settings import admin_config
 
     def ask() -> str:  # a new client per try: one that met a leader change may keep stale metadata
-        admin = AdminClient(admin_config(settings))  # kept alive until the result is in
+        admin = clients.admin(settings)  # kept alive until the result is in
         fut = admin.describe_topics(TopicCollection([topic]))[topic]
         return str(fut.result(timeout=settings.admin_timeout).topic_id or "")
     try:  # a transient error must not pass for "no topic ids" (the incarnation check would be skipped)
@@ -91,7 +90,7 @@ def watermarks(consumer: Any, topic: str, partition: int, timeout: float) -> tup
             low, high = got
             return int(low), int(high)
         except KafkaException as exc:
-            if not is_retriable(exc) or remaining <= 0:  # infra.retry: leader, epoch or connection moving
+            if not is_retriable(exc) or remaining <= 0:  # streams.runtime.retry: leader, epoch or connection moving
                 raise
             log.info("watermarks of %s/%d: %s; asking again", topic, partition, exc)
             time.sleep(0.25)
@@ -101,16 +100,14 @@ def log_bounds(settings: Settings, consumer: Any, topic: str, partition: int, at
     """(first offset, one past the last offset) of a partition. ListOffsets can report an end that
     is too early on the embedded broker (after multi-record batches); when ``at_least`` lies beyond
     it, the true end is read from a fetch (partition EOF), so a correct state is never refused."""
-    from confluent_kafka import Consumer
 
-    from unlearn.infra.settings import consumer_config
 
     timeout = settings.admin_timeout
     low, high = watermarks(consumer, topic, partition, timeout)
     low, high = max(0, int(low)), max(0, int(high))
     if at_least <= high:
         return low, high
-    probe = Consumer(consumer_config(settings, f"{settings.topic_prefix}log-probe", **{"enable.partition.eof": True}))
+    probe = clients.consumer(settings, f"{settings.topic_prefix}log-probe", **{"enable.partition.eof": True})
     try:
         return low, _read_ends(probe, {(topic, partition): high}, timeout)[(topic, partition)]
     finally:

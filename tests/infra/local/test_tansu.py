@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from tests.process_support import alive, wait_dead
-from unlearn.infra.broker import (
+from unlearn.infra.local.tansu import (
     BrokerBinaryNotFound,
     BrokerError,
     LocalBroker,
@@ -23,8 +23,9 @@ from unlearn.infra.broker import (
     find_tansu_binary,
     run_broker_forever,
 )
-from unlearn.infra.settings import Settings, admin_config, consumer_config, producer_config, quirks
-from unlearn.infra.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config, quirks
+from unlearn.streams.runtime.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,7 @@ def test_broker_dies_with_a_killed_parent() -> None:
     """Even SIGKILL of the owning process (no atexit, no finalizer) must not leak tansu."""
     code = (
         "import sys, time\n"
-        "from unlearn.infra.broker import LocalBroker\n"
+        "from unlearn.infra.local.tansu import LocalBroker\n"
         "b = LocalBroker().start()\n"
         "print(b.pid, flush=True)\n"
         "time.sleep(60)\n"
@@ -114,7 +115,7 @@ def test_broker_dies_with_a_killed_parent() -> None:
 
 @pytest.mark.broker
 def test_run_broker_forever_prints_bootstrap_and_stops_on_sigterm() -> None:
-    code = "from unlearn.infra.broker import run_broker_forever; raise SystemExit(run_broker_forever())"
+    code = "from unlearn.infra.local.tansu import run_broker_forever; raise SystemExit(run_broker_forever())"
     child = subprocess.Popen(
         [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -360,7 +361,7 @@ def test_profile_settings_are_per_broker_kind() -> None:
 
 
 def test_topics_main_creates_and_lists(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
-    from unlearn.infra.topics import delete_topics, topics_main
+    from unlearn.streams.runtime.topics import delete_topics, topics_main
 
     prefix = settings.topic_prefix + "cli."
     other = settings.with_(topic_prefix=prefix)

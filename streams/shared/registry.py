@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
 from unlearn.infra.settings import Settings
-from unlearn.infra.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.schemas.client_record import ClientError, ClientRecord, decode_client, encode_client
 from unlearn.schemas.head_contract import ContractError, HeadContract, decode_contract, encode_contract
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, read_topic
 
 __all__ = [
     "Versioned",
@@ -130,12 +131,10 @@ class VersionedTopic(Generic[R]):
     def publish(self, settings: Settings, record: R) -> None:
         """Write one record version and wait for the broker's acknowledgement, so a caller
         that returns has its change on the log."""
-        from confluent_kafka import Producer
 
-        from unlearn.infra.settings import producer_config
 
         errors: list[str] = []
-        producer = Producer(producer_config(settings))
+        producer = clients.producer(settings)
         producer.produce(settings.topic(self.topic), key=self.key_of(record).encode(), value=self.encode(record),
                          on_delivery=lambda err, _msg: errors.append(err.str()) if err is not None else None)
         if producer.flush(settings.admin_timeout) > 0:

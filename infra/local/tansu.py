@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.cli_args import log_ready
-from unlearn.infra.local_s3 import (
+from unlearn.infra.local.s3 import (
     S3_BUCKET,
     S3RVER_KEY,
     DataDirInUse,

@@ -1,7 +1,7 @@
 """A local broker of either engine, for the demo and the benchmarks: one switch, one code path.
 
-``local_broker("tansu")`` is the embedded tansu (``infra.broker.LocalBroker``, in memory);
-``local_broker("kafka")`` the project's Apache Kafka (``infra.kafka_broker.LocalKafka``, the jars
+``local_broker("tansu")`` is the embedded tansu (``infra.local.tansu.LocalBroker``, in memory);
+``local_broker("kafka")`` the project's Apache Kafka (``infra.local.kafka.LocalKafka``, the jars
 of ``make kafka``, a temporary directory unless ``data_dir``). Both start with ``start()`` or
 ``with``, expose ``bootstrap`` and stop with ``stop()``; the engine's name is also the client
 profile (``Settings.profile``) that goes with it. docs/design.md, "The embedded broker", says
@@ -14,9 +14,10 @@ import os
 import sys
 from typing import Literal
 
-from unlearn.infra.broker import LocalBroker
 from unlearn.infra.cli_args import log_ready
-from unlearn.infra.kafka_broker import LocalKafka, kafka_version
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.kafka_jvm import kafka_version
+from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.processes import stop_on_signal, watch_until_stopped
 from unlearn.infra.settings import Settings
 
@@ -66,12 +67,12 @@ def run_kafka_forever(
     Prints one line per node, ``node=<id> pid=<pid> bootstrap=<host:port>`` (so an operator or a
     test can kill one), then ``bootstrap=<all nodes>``, then logs the readiness line. Returns 0
     after a signal, 1 if a node died by itself. With ``admin_password`` (``--secure``) the cluster is
-    secured as the compose deployment's broker (infra/secure_kafka.py; the users and ACLs then come
+    secured as the compose deployment's broker (infra/local/secured_kafka.py; the users and ACLs then come
     from ``infra/kafka/init.sh``) with the operator's certificates in ``tls_dir`` or a throwaway CA,
     and ``ca=<file>`` (what clients trust) is printed before ``bootstrap=``.
     """
     if admin_password is not None:
-        from unlearn.infra.secure_kafka import SecuredLocalKafka
+        from unlearn.infra.local.secured_kafka import SecuredLocalKafka
 
         secured = SecuredLocalKafka(nodes, admin_password=admin_password, tls_dir=tls_dir, port=port,
                                     data_dir=data_dir, settings=settings)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unlearn.infra.between_stages import TopicFamily, heads_family, state_family
+from unlearn.streams.runtime.topic_family import TopicFamily
+from unlearn.streams.shared.families import heads_family, state_family
 
 prefixes = st.text(alphabet="abcXYZ019._-", max_size=12)
 numbers = st.integers(min_value=0, max_value=10**9)

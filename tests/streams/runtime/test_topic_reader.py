@@ -10,10 +10,11 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from unlearn.infra.between_stages import heads_family
-from unlearn.infra.settings import Settings, producer_config
-from unlearn.infra.topic_reader import FAMILY_RELIST_S, LogRecord, TopicFollower, read_topic
-from unlearn.infra.topics import delete_topics, ensure_topic
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime.clients import producer_config
+from unlearn.streams.runtime.topic_reader import FAMILY_RELIST_S, LogRecord, TopicFollower, read_topic
+from unlearn.streams.runtime.topics import delete_topics, ensure_topic
+from unlearn.streams.shared.families import heads_family
 
 pytestmark = pytest.mark.broker
 

@@ -8,7 +8,7 @@ is allowed without an ACL), and whose super users are ``admin`` (SCRAM, created 
 with ``kafka-storage format --add-scram``: SCRAM users live in the cluster metadata, so the first
 one can only come from there) and the nodes' certificate subject. No listener is plaintext; TLS
 1.3 only. The certificates come from ``infra/certificates.py`` (a throwaway CA made at start,
-or the operator's). :class:`SecuredLocalKafka` is a :class:`~unlearn.infra.kafka_broker.LocalKafka`
+or the operator's). :class:`SecuredLocalKafka` is a :class:`~unlearn.infra.local.kafka.LocalKafka`
 with the same settings, so the tests run the deployment's init script (``infra/kafka/init.sh``: a
 SCRAM user per service and the ACL matrix) against the broker the project runs, and the pipeline
 with each service as its own principal (``tests/infra/test_secured_kafka.py``; a test keeps these
@@ -22,9 +22,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from unlearn.infra.broker import BrokerError
 from unlearn.infra.certificates import CertificateError, TlsDir, check_tls_dir, ensure_tls_dir
-from unlearn.infra.kafka_broker import KafkaNode, LocalKafka
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.kafka_jvm import KafkaNode
+from unlearn.infra.local.tansu import BrokerError
 
 __all__ = ["SCRAM_MECHANISM", "SECURITY_PROPERTIES", "SecuredLocalKafka"]
 

@@ -1,4 +1,4 @@
-"""The project's Apache Kafka (infra/kafka_broker.py) on the real broker: one node, three nodes
+"""The project's Apache Kafka (infra/local/kafka.py) on the real broker: one node, three nodes
 losing one to kill -9 under acks=all, a restart of the whole cluster from its data dirs, the CLI,
 and clear errors when the jars or java are missing."""
 
@@ -17,9 +17,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.process_support import alive, wait_dead
-from unlearn.infra import kafka_broker
-from unlearn.infra.kafka_broker import JavaNotFound, KafkaJarsMissing, LocalKafka
-from unlearn.infra.settings import Settings, consumer_config, producer_config
+from unlearn.infra.local import kafka as kafka_broker
+from unlearn.infra.local import kafka_jvm
+from unlearn.infra.local.kafka import LocalKafka
+from unlearn.infra.local.kafka_jvm import JavaNotFound, KafkaJarsMissing
+from unlearn.infra.settings import Settings
+from unlearn.streams.runtime.clients import consumer_config, producer_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -165,7 +168,7 @@ def test_a_data_dir_of_another_size_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_jars_say_run_make_kafka(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka_broker, "_CHECKOUT", tmp_path)
+    monkeypatch.setattr(kafka_jvm, "_CHECKOUT", tmp_path)
     with pytest.raises(KafkaJarsMissing, match="make kafka"):
         LocalKafka(1, settings=Settings()).start()
     with pytest.raises(KafkaJarsMissing, match=r"no kafka_2\.13"):

@@ -19,12 +19,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from unlearn.infra.settings import Settings
-
-if TYPE_CHECKING:  # between_stages reads topics with this module (key families)
-    from unlearn.infra.between_stages import TopicFamily
+from unlearn.streams.runtime import clients
+from unlearn.streams.runtime.topic_family import TopicFamily
 
 log = logging.getLogger("unlearn.topic_reader")
 
@@ -34,7 +33,7 @@ StartAt = Literal["beginning", "end"]
 
 class TopicReadError(RuntimeError):
     """The topic could not be read: broker unreachable, topic missing, end not reached in time.
-    ``kafka_error``: the client's error behind it, if any (``infra.retry`` classifies it)."""
+    ``kafka_error``: the client's error behind it, if any (``streams.runtime.retry`` classifies it)."""
 
     kafka_error: Any = None
 
@@ -51,7 +50,7 @@ class LogRecord:
     topic: str = ""
 
 
-#: What a reader reads: one topic, or a topic family (infra.between_stages) as its generations rotate.
+#: What a reader reads: one topic, or a topic family (streams/shared) as its generations rotate.
 Source: TypeAlias = "str | TopicFamily"
 
 #: Seconds between metadata listings while reading a family (to see new generations).
@@ -68,13 +67,11 @@ TP = tuple[str, int]  # (topic, partition)
 
 
 def _consumer(settings: Settings, role: str, **overrides: Any) -> Any:
-    from confluent_kafka import Consumer
 
-    from unlearn.infra.settings import consumer_config
 
     # A unique group id that is never joined: assign() + no commits.
-    return Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}-{uuid.uuid4().hex}",
-                                    **{"enable.partition.eof": True, "enable.auto.commit": False, **overrides}))
+    return clients.consumer(settings, f"{settings.topic_prefix}{role}-{uuid.uuid4().hex}",
+                                    **{"enable.partition.eof": True, "enable.auto.commit": False, **overrides})
 
 
 def _metadata(consumer: Any, settings: Settings, timeout: float) -> Any:
@@ -211,7 +208,7 @@ def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None],
                         done.add(tp)
                         continue
                     failed = TopicReadError(f"reading {topic}: {err}")
-                    failed.kafka_error = err  # infra.retry classifies it
+                    failed.kafka_error = err  # streams.runtime.retry classifies it
                     raise failed
                 f.delivered(m)
                 if tp in done or tp not in pending:
@@ -417,10 +414,10 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, stop: int 
                 if err.code() == KafkaError._PARTITION_EOF:
                     return out
                 failed = TopicReadError(f"reading {topic}/{partition}: {err}")
-                failed.kafka_error = err  # infra.retry classifies it
+                failed.kafka_error = err  # streams.runtime.retry classifies it
                 raise failed
             if stop is not None and m.offset() >= stop:
                 return out
             out.append((m.offset(), m.key(), m.value()))
     raise TopicReadError(f"reading {topic}/{partition} from offset {start} stalled for {idle_timeout:g}s") from \
-        TimeoutError(f"no record for {idle_timeout:g}s")  # transient for infra.retry (a broker restarting)
+        TimeoutError(f"no record for {idle_timeout:g}s")  # transient for streams.runtime.retry (a broker restarting)
