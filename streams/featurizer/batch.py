@@ -45,14 +45,15 @@ from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.changelog_batches import batch_records
 from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position
 from unlearn.streams.featurizer.core_config import CoreConfig
-from unlearn.streams.featurizer.delivery import Acks, Delivery
+from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
-from unlearn.streams.featurizer.featurizer_errors import FeaturizerError
 from unlearn.streams.featurizer.head_contracts import with_registry
 from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
 from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
+from unlearn.streams.runtime.delivery import Acks
+from unlearn.streams.runtime.poll_loop import records
 from unlearn.streams.shared.registry import RegistryView
 
 if TYPE_CHECKING:  # owned_partitions.py holds the partitions a batch commits to
@@ -85,8 +86,6 @@ class BatchWindow:
     def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
         """The next batch ([] when idle, so the caller can look at ``stop``). ``check`` runs after
         every poll: it raises what a rebalance callback failed with."""
-        from confluent_kafka import KafkaError
-
         self._pending = []
         deadline: float | None = None
         urgent = False
@@ -100,17 +99,9 @@ class BatchWindow:
                 timeout = 0.0 if urgent else max(0.0, deadline - time.monotonic())
                 got = consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
             check()
-            for m in got:
-                err = m.error()
-                if err is None:
-                    self._pending.append(m)
-                    urgent = urgent or might_delete(m.value())
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                elif err.fatal():
-                    raise FeaturizerError(f"consumer: {err.str()}")
-                else:
-                    log.warning("consumer: %s", err.str())
+            for m in records(got, "featurizer"):
+                self._pending.append(m)
+                urgent = urgent or might_delete(m.value())
             if deadline is None:
                 if not self._pending:
                     return []

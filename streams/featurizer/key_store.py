@@ -19,10 +19,10 @@ from typing import Any
 
 from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
-from unlearn.streams.featurizer.delivery import Acks, produce_acked
 from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.clients import quirks
+from unlearn.streams.runtime.delivery import Acks, produce_acked
 from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
 from unlearn.streams.runtime.topic_family import TopicFamily
 from unlearn.streams.runtime.topics import TopicError, delete_topics, ensure_topic, key_family_config

@@ -25,7 +25,8 @@ from unlearn.streams.featurizer.batch_io import InMessage, Origin
 from unlearn.streams.shared.by_head import head_partition
 
 if TYPE_CHECKING:
-    from unlearn.streams.featurizer.delivery import Acks, Delivery
+    from unlearn.streams.featurizer.delivery import Delivery
+    from unlearn.streams.runtime.delivery import Acks
 
 __all__ = [
     "ORIGIN_HEADER",

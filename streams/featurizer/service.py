@@ -1,17 +1,18 @@
 """``unlearn featurizer``: requests -> exact deltas (the thin confluent-kafka shell).
 
-All decisions are in :mod:`streams.featurizer.core` and :mod:`streams.featurizer.model` (pure)
-and all durable state in :mod:`streams.featurizer.feature_cache`; the service moves bytes. One
+All decisions are pure functions (:mod:`streams.featurizer.featurize` and the modules it calls)
+and all durable state is in :mod:`streams.featurizer.feature_cache`; the service moves bytes. One
 consumer (one group, one join) reads two topics (docs/featurizer.md): ``requests`` records are
 **routed** to ``<requests>.by-head`` at their head's partition, and the by-head records are
 **featurized** per micro-batch through the cache's outbox.
 
-:class:`FeaturizerService` is the process (settings, lifecycle, the poll loop over a
-:class:`~streams.featurizer.batch.BatchWindow`, and the group's rebalance callbacks) and
-owns three parts: a :class:`~streams.featurizer.model.Router` (forwards requests records),
-:class:`~streams.featurizer.owned_partitions.Partitions` (the owned partitions' caches and keys:
-assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor` (one batch's steps and the
-commit sequence), which share one :class:`~streams.featurizer.delivery.Delivery` (the producer).
+:class:`FeaturizerService` is the processor the runtime's poll loop runs
+(streams/runtime/poll_loop.py: batches from a :class:`~streams.featurizer.batch.BatchWindow`,
+the group's rebalances) and owns three parts: a :class:`~streams.featurizer.routing.Router`
+(forwards requests records), :class:`~streams.featurizer.owned_partitions.Partitions` (the owned
+partitions' caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor`
+(one batch's steps and the commit sequence), which share one
+:class:`~streams.featurizer.delivery.Delivery` (the producer).
 At start-up :func:`check_topics` checks the topics exist (docs/featurizer.md: exit 2 on missing
 topics), under ``streams.runtime.retry`` like every broker read of the featurizer.
 """
@@ -44,6 +45,7 @@ from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.clients import quirks
 from unlearn.streams.runtime.delivery import DeliveryError
 from unlearn.streams.runtime.log_position import topic_id
+from unlearn.streams.runtime.poll_loop import PollLoop
 from unlearn.streams.runtime.retry import RetryPolicy
 from unlearn.streams.runtime.topics import ensure_topic, raw_input_config
 from unlearn.streams.shared.registry import RegistryView
@@ -164,7 +166,7 @@ class FeaturizerService:
         self.metrics = metrics or WorkerMetrics("featurizer")
         self.metrics.count(self.stats, FEATURIZER_OUTCOMES, {"events": "events_judged"})
         self.metrics.checkpoint_ages(lambda: self.batches.checkpoint_ages() if self.batches is not None else {})
-        self._fatal: BaseException | None = None  # raised in a rebalance callback, re-raised by the poll loop
+        self.loop: PollLoop | None = None
         self._consumer: Any = None
         self._producer: Any = None
         self.registry: RegistryView | None = None  # the declared head contracts, followed while running
@@ -176,19 +178,19 @@ class FeaturizerService:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, stop: threading.Event | None = None) -> int:
-        """Consume until ``stop`` is set; returns 0 after a clean stop (raises on fatal errors)."""
-        stop = stop or threading.Event()
-        clean = False
+        """Consume until ``stop`` is set; returns 0 after a clean stop (raises on fatal errors). The
+        runtime's poll loop (streams/runtime/poll_loop.py) calls the hooks below."""
         try:
             self._start()
-            while not stop.is_set():
-                self._turn(stop)
-            assert self.batches is not None
-            self.batches.settle()
-            clean = True
-            return 0
-        finally:
-            self._stop(clean)
+        except BaseException:  # nothing ran yet: release what the start made
+            if self._consumer is not None:
+                with contextlib.suppress(Exception):
+                    self._consumer.close()
+            self.close(False)
+            raise
+        assert self.loop is not None
+        self.loop.run(stop or threading.Event())
+        return 0
 
     def _start(self) -> None:
         """Connect, check the topics, build the parts and join the group."""
@@ -222,22 +224,25 @@ class FeaturizerService:
                                       router=self.router, partitions=self.partitions, registry=self.registry,
                                       encoder=self.encoder, auth=self.auth, erasure=self.erasure, fault=self.fault,
                                       stats=self.stats)
-        self._consumer.subscribe([t.requests, t.by_head], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+        self.loop = PollLoop(self._consumer, self, self.window, on_ready=self._became_ready)
+        self.loop.subscribe([t.requests, t.by_head])
         log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "
                  "batch<=%d/%dms", self.group, t.requests, t.by_head, t.by_head_partitions, self.config.stream,
                  self.config.federated, s.auth_mode, self.window.max_batch, self.window.max_ms)
 
-    def _turn(self, stop: threading.Event) -> None:
-        """One turn of the poll loop: a batch processed (or, idle, the one in flight settled), then
-        the erasure and trim timers."""
-        assert self.batches is not None and self.partitions is not None
-        batch = self.window.poll(self._consumer, stop, self._check_fatal)
-        if batch:
-            with self.metrics.timed():
-                self.batches.process(batch)
-        else:
-            self.batches.settle()
+    def process(self, batch: list[Any]) -> None:
+        assert self.batches is not None
+        with self.metrics.timed():
+            self.batches.process(batch)
+
+    def idle(self) -> None:
+        """Nothing came: the batch in flight is settled (its outputs acknowledged, offsets committed)."""
+        assert self.batches is not None
+        self.batches.settle()
+
+    def tick(self) -> None:
+        """The erasure and trim timers, after every turn."""
+        assert self.partitions is not None
         if self.erasure is not None:
             self.erasure.tick(self.partitions.caches)
         if self.trimmer is not None:
@@ -245,16 +250,17 @@ class FeaturizerService:
         if self.trimmer is not None and self.trimmer.due():
             self.trimmer.offer(self._consumer.assignment())
 
-    def _stop(self, clean: bool) -> None:
-        """Leave the group and release everything; after a crash the batch in flight is not
-        settled (its outbox stays, as kill -9 would leave it)."""
-        if not clean and self.batches is not None:
+    def finish(self) -> None:
+        assert self.batches is not None
+        self.batches.settle()
+
+    def abandon(self) -> None:
+        """After a crash the batch in flight is not settled (its outbox stays, as kill -9 would leave it)."""
+        if self.batches is not None:
             self.batches.abandon()
-        if self._consumer is not None:
-            try:
-                self._consumer.close()  # leaves the group; on_revoke closes the caches
-            except Exception as exc:  # closing after a crash: report, do not mask the crash
-                log.warning("consumer close: %s", exc)
+
+    def close(self, clean: bool) -> None:
+        """Release everything, once the consumer left the group (its revocation closed the caches)."""
         if clean:
             self._producer.flush(self.settings.admin_timeout)
         if self.partitions is not None:
@@ -270,39 +276,32 @@ class FeaturizerService:
         self._consumer = self._producer = None  # release the librdkafka handles now
         log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 
-    def _check_fatal(self) -> None:
-        if self._fatal is not None:
-            err, self._fatal = self._fatal, None
-            raise err
+    def _became_ready(self) -> None:
+        self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
 
     # ------------------------------------------------------------------ the group's rebalances
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Requests partitions start a router session at the group's committed offset; by-head
         partitions bring their cache up and seek past its last offset."""
         assert self.batches is not None and self.router is not None and self.partitions is not None
-        try:
-            self.batches.settle()
-            for tp in partitions:
-                if tp.topic == self.topics.requests:
-                    self.router.reset(tp.partition)
-            self.partitions.assign(consumer, [tp for tp in partitions if tp.topic != self.topics.requests])
-            consumer.assign(partitions)
-        except BaseException as exc:  # surfaced by the poll loop (exceptions in callbacks are fragile)
-            self._fatal = exc
-            with contextlib.suppress(Exception):
-                consumer.unassign()  # consume nothing; the poll loop raises right after
-            return
-        if not self.ready.is_set():
-            self.ready.set()
-            if self.on_ready is not None:
-                self.on_ready()
+        self.batches.settle()
+        for tp in partitions:
+            if tp.topic == self.topics.requests:
+                self.router.reset(tp.partition)
+        self.partitions.assign(consumer, [tp for tp in partitions if tp.topic != self.topics.requests])
+        consumer.assign(partitions)
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Settle the batch in flight (on failure the next owner re-sends the outbox), then drop the
+        partitions; a settle failure is raised once they are dropped."""
         assert self.batches is not None and self.partitions is not None
-        try:  # before the caches close; on failure the next owner re-sends the outbox
+        failure: BaseException | None = None
+        try:  # before the caches close
             self.batches.settle()
-        except BaseException as exc:  # surfaced by the poll loop
-            self._fatal = exc
+        except BaseException as exc:
+            failure = exc
         gone = {(tp.topic, tp.partition) for tp in partitions}
         self.window.drop(gone)  # not yet processed: the next owner reads them again
         self.batches.forget(gone)
@@ -311,3 +310,7 @@ class FeaturizerService:
                 self.partitions.revoke(p)
         with contextlib.suppress(Exception):  # already unassigned (on_lost, close)
             consumer.unassign()
+        if failure is not None:
+            raise failure
+
+    lost = revoke

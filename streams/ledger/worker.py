@@ -1,7 +1,7 @@
 """The ledger worker: ``deltas`` in, exact per-head ledgers, head updates and receipts out.
 
-``LedgerWorker`` owns the consumer and its poll loop, read top-down in ``run``; each step is
-delegated to the module named for it:
+``LedgerWorker`` is the processor the runtime's poll loop (streams/runtime/poll_loop.py) runs;
+each step is delegated to the module named for it:
 
 1. on assignment, ``Recovery`` (recovery.py) rebuilds each partition from its checkpoint and
    resumes it at its floor, after making sure the state belongs to the log (docs/design.md
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ from unlearn.streams.ledger.row_opener import RowOpener
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.log_position import StaleStateError, topic_id
+from unlearn.streams.runtime.poll_loop import PollLoop, coalesce, records
 
 __all__ = [
     "LEDGER_OUTCOMES",
@@ -103,69 +105,62 @@ class LedgerWorker:
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
         self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs)
         self.topic_id = ""
-        self.fatal: BaseException | None = None
-        self.ready = False
-        self.stopping = False
-        self.on_ready: Callable[[], None] | None = None
+        self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
+        self._stop = threading.Event()
+        self.loop = PollLoop(self.consumer, self, _DeltasPoller())
+
+    @property
+    def ready(self) -> bool:
+        return self.loop.ready.is_set()
+
+    @property
+    def fatal(self) -> BaseException | None:
+        return self.loop.fatal
 
     # ---------------------------------------------------------------- the poll loop
     def run(self) -> None:
-        """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``)."""
+        """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``): the runtime's
+        poll loop (streams/runtime/poll_loop.py) calls the steps below."""
         self.topic_id = topic_id(self.settings, self.deltas_topic)
         self.contracts.start()
-        self.consumer.subscribe([self.deltas_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        try:
-            while not self.stopping:
-                msgs = self._poll()
-                self._raise_if_fatal()
-                started = time.perf_counter()
-                poll = PollOutputs()
-                for m in msgs:
-                    self._on_message(m, poll)
-                self._publish_poll(poll)  # before any checkpoint can cover these messages
-                if msgs:
-                    self.metrics.batch_duration.observe(time.perf_counter() - started)
-                self.outputs.serve()
-                self._timed_resets()
-                for part, erasure in self.checkpointer.due(self.owned):
-                    self.checkpoint(part, erasure)
-                self.store.retire_due()
-            for ps in sorted(self.owned, key=lambda ps: ps.partition):
-                if ps.pending:
-                    self.checkpoint(ps.partition)
-        except BaseException as exc:
-            # Closing the consumer revokes the partitions: no checkpoint may be taken from state
-            # that a failure left half changed (a rotation that stopped between its steps would
-            # write a checkpoint naming pieces of two generations). The restart recovers instead.
-            if self.fatal is None:
-                self.fatal = exc
-            raise
-        finally:
-            self._close()
+        self.loop.subscribe([self.deltas_topic])
+        self.loop.run(self._stop)
 
     def stop(self) -> None:
-        self.stopping = True
+        self._stop.set()
 
-    def _poll(self) -> list[Any]:
-        """Up to 500 deltas messages: whatever is already fetched, waiting at most 50 ms for the
-        first. A single ``consume(500, 0.05)`` would hold a lone message for the whole 50 ms
-        (librdkafka waits for a full batch or the timeout); coalescing takes what is pending only."""
-        first = self.consumer.consume(num_messages=1, timeout=0.05)
-        if not first:
-            return first
-        return first + self.consumer.consume(num_messages=499, timeout=0)
+    def process(self, batch: list[Any]) -> None:
+        """Steps 3 and 4: fold each message, then publish what the poll owes."""
+        started = time.perf_counter()
+        poll = PollOutputs()
+        for m in batch:
+            self._on_message(m, poll)
+        self._publish_poll(poll)  # before any checkpoint can cover these messages
+        self.metrics.batch_duration.observe(time.perf_counter() - started)
+
+    def idle(self) -> None:
+        pass
+
+    def tick(self) -> None:
+        """Steps 5 to 7, after every poll."""
+        self.outputs.serve()
+        self._timed_resets()
+        for part, erasure in self.checkpointer.due(self.owned):
+            self.checkpoint(part, erasure)
+        self.store.retire_due()
+
+    def finish(self) -> None:
+        for ps in sorted(self.owned, key=lambda ps: ps.partition):
+            if ps.pending:
+                self.checkpoint(ps.partition)
+
+    def abandon(self) -> None:
+        # No checkpoint may be taken from state that a failure left half changed (a rotation that
+        # stopped between its steps would write a checkpoint naming pieces of two generations), and
+        # closing the consumer revokes the partitions: the restart recovers instead.
+        self.failed = True
 
     def _on_message(self, m: Any, poll: PollOutputs) -> None:
-        from confluent_kafka import KafkaError, KafkaException
-
-        err = m.error()
-        if err is not None:
-            if err.fatal():  # the client cannot go on (streams.runtime.retry): stop loudly, the restart recovers
-                raise KafkaException(err)
-            if err.code() != KafkaError._PARTITION_EOF:  # transient: the client retries the fetch itself
-                log.warning("deltas consumer: %s", err)
-            return
         ps = self.owned.get(m.partition())
         if ps is None or m.offset() < ps.next_offset:
             self.stats["skipped"] += 1
@@ -199,58 +194,55 @@ class LedgerWorker:
         state and head updates away from before the deletes it applied)."""
         self.checkpointer.checkpoint(self.owned[part], self.topic_id, erasure)
 
-    def _close(self) -> None:
-        try:
-            self.consumer.close()  # leaves the group: the others rebalance at once
-        except Exception as exc:  # closing after a fatal error: nothing more to save
-            log.debug("consumer close: %s", exc)
+    def close(self, clean: bool) -> None:
         self.producer.flush(self.settings.admin_timeout)
         self.store.close()
         self.contracts.stop()
 
-    def _raise_if_fatal(self) -> None:
-        if self.fatal is not None:
-            raise self.fatal
-
     # ---------------------------------------------------------------- rebalances
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Step 1: rebuild each partition from its checkpoint, resume at its floor."""
         started = time.monotonic()
-        try:
-            for tp in partitions:
-                ps = self.recovery.recover(tp.partition, self.topic_id)
-                self.owned.add(ps)
-                tp.offset = ps.next_offset
-            consumer.assign(partitions)
-        except Exception as exc:  # surfaced from run(): never process a partition we could not rebuild
-            self.fatal = exc
-            consumer.assign([])
-            return
+        for tp in partitions:
+            ps = self.recovery.recover(tp.partition, self.topic_id)
+            self.owned.add(ps)
+            tp.offset = ps.next_offset
+        consumer.assign(partitions)
         owned = sorted(self.owned.states)
         took = time.monotonic() - started
-        if not self.ready:
-            self.ready = True
+        if not self.loop.ready.is_set():
             log_ready("ledger", worker=self.worker_id, group=self.group, deltas_topic=self.deltas_topic,
                       partitions=owned, recovery_s=round(took, 3))
-            if self.on_ready is not None:
-                self.on_ready()
         else:
             log.info("assigned deltas partitions %s (rebuilt in %.3fs)", owned, took)
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Checkpoint what is not durable yet (not after a failure), then drop the state."""
+        failure: BaseException | None = None
         for tp in partitions:
             ps = self.owned.get(tp.partition)
-            if ps is not None and ps.pending and self.fatal is None:  # nothing new: already durable
+            if ps is not None and ps.pending and not self.failed and failure is None:  # nothing new: durable
                 try:
                     self.checkpoint(tp.partition)
-                except Exception as exc:
-                    self.fatal = exc
+                except Exception as exc:  # raised by the loop once every partition is dropped
+                    failure = exc
             self.owned.drop(tp.partition)
+        if failure is not None:
+            raise failure
 
-    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+    def lost(self, consumer: Any, partitions: list[Any]) -> None:
         # Another worker owns them now: writing state for them could race its writes.
         for tp in partitions:
             log.warning("deltas partition %d lost (session timeout); dropping its state", tp.partition)
             self.owned.drop(tp.partition)
+
+
+class _DeltasPoller:
+    """Step 2: up to 500 deltas messages, whatever is already fetched, waiting at most 50 ms for
+    the first (``poll_loop.coalesce``)."""
+
+    def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
+        return records(coalesce(consumer, 500, 0.05), "deltas")
 
 
 def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info",

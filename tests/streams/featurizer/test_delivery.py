@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.featurizer.delivery import Acks
 from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.delivery import DeliveryError
+from unlearn.streams.runtime.delivery import Acks, DeliveryError
 
 pytestmark = pytest.mark.broker
 

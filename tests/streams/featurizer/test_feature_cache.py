@@ -130,7 +130,9 @@ def test_core_plus_cache_survive_a_kill_between_commit_and_produce(tmp_path: Pat
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from unlearn.streams.featurizer.feature_cache import FeatureCache
-        from unlearn.streams.featurizer.core import CoreConfig, InMessage, featurize_batch
+        from unlearn.streams.featurizer.batch_io import InMessage
+        from unlearn.streams.featurizer.core_config import CoreConfig
+        from unlearn.streams.featurizer.featurize import featurize_batch
         import tests.streams.featurizer.test_feature_cache as t
         cfg = CoreConfig("t.requests", "t.deltas", "t.deadletter", "t.receipts")
         cache = FeatureCache.open_partition({str(tmp_path)!r}, "t.requests", 0)
