@@ -1,6 +1,8 @@
 """The stream runtime: what both stages and the services run on, knowing Kafka but nothing of
 unlearning (docs/design.md, "Layout").
 
+- ``poll_loop``: the loop both stages run, a stage being a processor of its hooks;
+- ``delivery``: the one produce call (a full queue waits) and acknowledgements awaited later;
 - ``clients``: the one place that makes a Producer, Consumer or AdminClient from the settings,
   and the client configuration per broker kind (``BrokerQuirks``);
 - ``retry``: the one retry policy of broker calls;
