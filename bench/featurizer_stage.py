@@ -103,7 +103,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                           "schemas/json_keys.py:")),
     ("quantizing (BatchQuantizer, l2_normalize, rint)", ("features/contract.py:",)),
     ("sealing (AES-GCM, HMAC, keys)", ("featurizer/erasure.py:", "featurizer/sealing.py:", "featurizer/key_store.py:",
-                                       "featurizer/probes.py:", "featurizer/raw_input_trim.py:", "cryptography",
+                                       "runtime/probes.py:", "featurizer/raw_input_trim.py:", "cryptography",
                                        "hmac", "schemas/sealed", "transit")),
     ("changelog records (txn pieces, SHA-256)", ("changelog",)),
     ("router (head id, partition, headers)", ("router", "featurizer/routing.py:")),

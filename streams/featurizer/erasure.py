@@ -31,13 +31,13 @@ from unlearn.schemas.sealed import (
 from unlearn.streams.featurizer.batch_io import BatchOutcome
 from unlearn.streams.featurizer.changelog_records import OpenSample
 from unlearn.streams.featurizer.key_store import KeyStore
-from unlearn.streams.featurizer.probes import Probes, run_with_consumers
 from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer, seal_outcome
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_keys import TransitKeys
 from unlearn.streams.featurizer.transit_open import TransitGate
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.log_position import log_ends, watermarks
+from unlearn.streams.runtime.probes import Probes, run_with_consumers
 from unlearn.streams.runtime.retry import RetryPolicy
 from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
 from unlearn.streams.shared.checkpoint_record import latest_checkpoint
@@ -101,7 +101,7 @@ class Erasure:
         # transit keys of raw inputs (streams/featurizer/transit_keys.py); committed: the router's offsets
         # (their private halves in a family of their own, sharing this store's producer)
         private = transit_private_family(settings.topic_prefix)
-        self.probes = Probes(self._new_consumer)  # the tick's reads, off the poll loop
+        self.probes = Probes(self._new_consumer, "featurizer-probes")  # the tick's reads, off the poll loop
         self.transit = TransitKeys(settings, KeyStore(settings, private, self.keys), requests_topic,
                                    by_head_topic, probes=self.probes) if committed else None
         self._committed = committed or dict

@@ -35,11 +35,11 @@ from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_pub
 from unlearn.streams.featurizer.delivery import produce_acked
 from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.featurizer.key_store import KeyStore
-from unlearn.streams.featurizer.probes import Probes
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_open import DerivedKeys, TransitGate
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.log_position import log_ends
+from unlearn.streams.runtime.probes import Probes
 from unlearn.streams.runtime.retry import RetryPolicy
 from unlearn.streams.runtime.topic_reader import TopicReadError
 from unlearn.streams.runtime.topics import TopicError, ensure_topic
@@ -131,7 +131,7 @@ class TransitKeys:
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     derived: DerivedKeys = field(default_factory=DerivedKeys)  # AES keys per (key id, producer epk)
-    probes: Probes | None = None  # the reads run off the poll loop (streams/featurizer/probes.py)
+    probes: Probes | None = None  # the reads run off the poll loop (streams/runtime/probes.py)
     _advanced_at: float = 0.0
 
     @property

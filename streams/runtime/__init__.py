@@ -9,5 +9,6 @@ unlearning (docs/design.md, "Layout").
 - ``topics``: creating, waiting for and deleting topics and records (``unlearn topics``);
 - ``log_position``: watermarks, topic identity and the refusal of stale local state;
 - ``topic_reader``: reading a topic to its end and following topics as they come and go;
-- ``topic_family``: one logical stream kept as generation topics ``<name>.p<P>.g<G>``.
+- ``topic_family``: one logical stream kept as generation topics ``<name>.p<P>.g<G>``;
+- ``probes``: broker reads off the poll loop, on a background thread.
 """

@@ -14,7 +14,7 @@ import pytest
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer import erasure
 from unlearn.streams.featurizer.erasure import FLOORS, Erasure, _Pending
-from unlearn.streams.featurizer.probes import Probes
+from unlearn.streams.runtime.probes import Probes
 
 WAIT = 30.0
 

@@ -34,10 +34,10 @@ from unlearn.schemas.transit import (
 )
 from unlearn.services.client.sdk import TransitKeyCache
 from unlearn.streams.featurizer.key_store import KeyStore
-from unlearn.streams.featurizer.probes import Probes
 from unlearn.streams.featurizer.transit_keys import PROBE, Epoch, TransitKeys, router_committed
 from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
 from unlearn.streams.runtime.clients import consumer_config, producer_config
+from unlearn.streams.runtime.probes import Probes
 from unlearn.streams.runtime.topic_reader import read_topic
 from unlearn.streams.shared.by_head import head_partition
 from unlearn.streams.shared.families import keys_family, transit_private_family

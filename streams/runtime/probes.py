@@ -1,17 +1,16 @@
-"""The shred tick's broker reads, off the featurizer's poll loop: :class:`Probes`, one
-background thread running named reads, and :func:`run_with_consumers`.
+"""Broker reads off a poll loop: :class:`Probes`, one background thread running named reads, and
+:func:`run_with_consumers`.
 
-Reading the ledger's checkpoint floors, log ends and committed offsets takes broker round trips;
-on the poll loop they would stall every request judged meanwhile (bench/results/
-pipeline_bench.md section 14). The tick instead *asks* for a read (:meth:`Probes.ask`) and takes
-its answer on a later tick (:meth:`Probes.take`); each read gets consumers of its own (never the
-poll loop's), closed when it returns.
+Reads that take broker round trips (the ledger's checkpoint floors, log ends, committed offsets
+for the featurizer's shredding) would stall every record processed meanwhile on the poll loop
+(bench/results/pipeline_bench.md section 14). The caller instead *asks* for a read
+(:meth:`Probes.ask`) and takes its answer on a later turn (:meth:`Probes.take`); each read gets
+consumers of its own (never the poll loop's), closed when it returns.
 
-**Sampled after the condition**: the tick asks only once the condition a read serves holds (an
-epoch's grace is over, a pending shred exists) and a read starts only after it was asked, so no
-snapshot taken before the condition is ever used. :class:`Answer` keeps ``asked`` and
-``started`` (``started >= asked``) to make that checkable. What an answer leads to (destroying
-keys, rotating key families) stays on the poll loop. docs/erasure.md, section 4.
+**Sampled after the condition**: a read starts only after it was asked, so a caller that asks
+only once the condition a read serves holds never uses a snapshot taken before it.
+:class:`Answer` keeps ``asked`` and ``started`` (``started >= asked``) to make that checkable
+(docs/erasure.md, section 4, for the featurizer's use).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 
 __all__ = ["Answer", "Job", "Probes", "run_with_consumers"]
 
-log = logging.getLogger("unlearn.featurizer.erasure")
+log = logging.getLogger("unlearn.runtime")
 
 
 Job = Callable[[Callable[[], Any]], Any]  # gets a consumer factory; returns the answer's value
@@ -51,7 +50,7 @@ class Answer:
 
 def run_with_consumers(make: Callable[[], Any], job: Job) -> Any:
     """Run ``job`` with a factory of fresh consumers, all closed when it returns: a reader must not
-    hold a ``ledger-state`` generation its writer deletes."""
+    hold a topic its writer deletes (``topic_reader.source_partitions``)."""
     made: list[Any] = []
 
     def new() -> Any:
@@ -71,8 +70,8 @@ def run_with_consumers(make: Callable[[], Any], job: Job) -> Any:
 class Probes:
     """One background thread running named reads, at most one in flight per name."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make = make
+    def __init__(self, make: Callable[[], Any], name: str = "probes") -> None:
+        self._make, self._name = make, name
         self._cv = threading.Condition()
         self._queue: list[tuple[str, Job, float]] = []
         self._busy: set[str] = set()
@@ -89,7 +88,7 @@ class Probes:
             self._busy.add(name)
             self._queue.append((name, job, time.monotonic()))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="featurizer-probes", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._cv.notify()
             return True

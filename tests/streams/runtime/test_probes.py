@@ -1,4 +1,4 @@
-"""The shred tick's reads off the poll loop (streams/featurizer/probes.py): a read starts after it
+"""The shred tick's reads off the poll loop (streams/runtime/probes.py): a read starts after it
 was asked, runs with consumers of its own, all closed when it returns, and its exception is
 re-raised on the taker's thread. No broker: reads are fakes gated by events."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from unlearn.streams.featurizer.probes import Probes
+from unlearn.streams.runtime.probes import Probes
 
 WAIT = 30.0
 
