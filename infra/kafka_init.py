@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Grant
+from unlearn.infra.kafka_client import new_admin
 from unlearn.infra.polling import poll_until
 
 __all__ = ["InitError", "acl_bindings", "apply_acls", "kafka_init_main", "matrix_bindings_present", "set_users"]
@@ -97,8 +98,6 @@ def admin_client(bootstrap: str, password: str, *, user: str = "admin", mechanis
     """An AdminClient of the super user, once the broker answers (the compose healthcheck can pass
     before a restarted broker has loaded its SCRAM users: retried up to ``timeout``). Over
     SASL_SSL it trusts ``ca_location`` (else the system's CAs) and verifies the host name."""
-    from confluent_kafka.admin import AdminClient
-
     conf: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, "security.protocol": security_protocol,
                                   "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
                                   "log_level": 3}
@@ -106,7 +105,7 @@ def admin_client(bootstrap: str, password: str, *, user: str = "admin", mechanis
         conf["ssl.endpoint.identification.algorithm"] = "https"
         if ca_location:
             conf["ssl.ca.location"] = ca_location
-    admin = AdminClient(conf)
+    admin = new_admin(conf)
     last: list[Exception] = []
 
     def answers(remaining: float) -> Any:

@@ -8,9 +8,9 @@
   they import neither stage (the runtime and ``streams/shared`` they may);
 - the layers below the streams (``schemas``, ``infra``, ``ledger``, ``features``) import neither
   ``streams`` nor ``services``;
-- only ``streams/runtime/clients.py`` constructs a Kafka Producer, Consumer or AdminClient (the
-  local brokers' launchers in ``infra`` excepted: they wait for a broker they started, with no
-  product settings yet).
+- only ``infra/kafka_client.py`` constructs a Kafka Producer, Consumer or AdminClient: every
+  product client through ``streams/runtime/clients.py`` (from the settings), the local brokers'
+  launchers and ``kafka_init`` (before any product settings exist) with a raw config.
 
 Every import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative, and
 ``importlib.import_module("...")`` with a literal name.
@@ -131,9 +131,10 @@ def test_the_check_lets_allowed_imports_pass() -> None:
 
 
 CLIENT_CLASSES = frozenset({"Producer", "Consumer", "AdminClient", "SerializingProducer", "DeserializingConsumer"})
-CLIENT_MAKERS = ("streams/runtime/clients.py", "infra/local/tansu.py", "infra/kafka_init.py")
-"""Where a Kafka client may be constructed: the runtime's one place, and the local brokers'
-launchers (dev tooling that waits for a broker it started, before any product settings exist)."""
+CLIENT_MAKERS = ("infra/kafka_client.py",)
+"""Where a Kafka client may be constructed: the one place, which ``streams/runtime/clients.py``
+calls with the settings' config and the local brokers' launchers and ``kafka_init`` (before any
+product settings exist) with a raw one."""
 
 
 def constructions(source: str) -> list[int]:
@@ -146,7 +147,7 @@ def constructions(source: str) -> list[int]:
 def test_only_the_runtime_constructs_kafka_clients() -> None:
     found = [f"{p.relative_to(ROOT)}:{line}" for p in product_files()
              if str(p.relative_to(ROOT)) not in CLIENT_MAKERS for line in constructions(p.read_text(encoding="utf-8"))]
-    assert not found, "Kafka clients made outside streams/runtime/clients.py:\n" + "\n".join(found)
+    assert not found, "Kafka clients made outside infra/kafka_client.py:\n" + "\n".join(found)
 
 
 def test_the_client_check_sees_a_construction() -> None:

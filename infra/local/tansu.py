@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 from unlearn.infra.cli_args import log_ready
+from unlearn.infra.kafka_client import new_admin
 from unlearn.infra.local.s3 import (
     S3_BUCKET,
     S3RVER_KEY,
@@ -153,7 +154,6 @@ def wait_for_broker(
     lets a caller that owns the process abort early when it died. ``config``: client settings a
     secured listener needs (SASL credentials), added to the probe's.
     """
-    from confluent_kafka.admin import AdminClient
 
     started = time.monotonic()
     host, _, port = bootstrap.rpartition(":")
@@ -169,7 +169,7 @@ def wait_for_broker(
     # Probe TCP first so librdkafka does not spam "connection refused" while the broker boots.
     poll_until(accepts, timeout, interval=0.02, timed_out=lambda: BrokerError(
         f"broker at {bootstrap} did not accept TCP within {timeout:.1f}s"))
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(config or {})})
+    admin = new_admin({"bootstrap.servers": bootstrap, "log_level": 3, **(config or {})})
     last: list[Exception] = []
 
     def answers(remaining: float) -> bool | None:

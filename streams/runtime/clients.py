@@ -1,5 +1,6 @@
-"""Kafka clients made from the settings: the one place that constructs a Producer, Consumer or
-AdminClient (tests/test_architecture.py checks it), and the client configuration per broker kind.
+"""Kafka clients made from the settings: every Producer, Consumer or AdminClient of the product
+comes from here (built by ``infra/kafka_client.py``, the one place that instantiates them;
+tests/test_architecture.py checks it), and the client configuration per broker kind.
 
 **Broker profiles**: client settings per broker kind, chosen by ``Settings.profile``. Production
 runs on Apache Kafka ("kafka"); developers and CI run on the tansu binary ("tansu", see
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from unlearn.infra.kafka_client import new_admin, new_consumer, new_producer
 from unlearn.infra.settings import ErasureSettings, Settings, security_config
 
 # Headroom over the largest payload for record/batch framing, so a payload of exactly
@@ -204,20 +206,14 @@ def topic_config(settings: Settings, compacted: bool = False) -> dict[str, str]:
 
 def producer(settings: Settings, **overrides: Any) -> Any:
     """A confluent-kafka Producer (:func:`producer_config`; overrides by librdkafka name)."""
-    from confluent_kafka import Producer
-
-    return Producer(producer_config(settings, **overrides))
+    return new_producer(producer_config(settings, **overrides))
 
 
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Any:
     """A confluent-kafka Consumer of ``group_id`` (:func:`consumer_config`)."""
-    from confluent_kafka import Consumer
-
-    return Consumer(consumer_config(settings, group_id, **overrides))
+    return new_consumer(consumer_config(settings, group_id, **overrides))
 
 
 def admin(settings: Settings, **overrides: Any) -> Any:
     """A confluent-kafka AdminClient (:func:`admin_config`)."""
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient(admin_config(settings, **overrides))
+    return new_admin(admin_config(settings, **overrides))
