@@ -1,7 +1,7 @@
 """The ledger stage alone, on the local broker: events/s and where its time goes.
 
     python -m bench.ledger_stage [--n 5000] [--dim 768] [--encoding f32] [--batch 256]
-                                 [--profile 25] [--json PATH]
+                                 [--engine tansu|kafka] [--profile 25] [--json PATH]
 
 First the featurizer (in this process, ``bench.featurizer_stage``) turns ``--n`` pre-produced adds
 of one head into deltas (``--batch``: ``UNLEARN_BATCH_MAX_EVENTS``, so about n/batch deltas
@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from bench.featurizer_stage import produce_all, run_stage
-from bench.pipeline_bench import request
-from unlearn.infra.local.tansu import LocalBroker
+from bench.pipeline_bench import request, settings_of
+from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
+from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.worker import LedgerWorker
 from unlearn.streams.runtime.topics import create_topics
 
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--encoding", default="f32", choices=sorted(FEATURES_ENCODINGS))
     ap.add_argument("--batch", type=int, default=256, help="UNLEARN_BATCH_MAX_EVENTS of the featurizer")
+    ap.add_argument("--engine", choices=ENGINES, default="tansu",
+                    help="the local broker: tansu (embedded, memory) or kafka (Apache Kafka, one node)")
     ap.add_argument("--profile", type=int, default=0, help="print the top K functions of a cProfile run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -92,20 +96,22 @@ def main(argv: list[str] | None = None) -> None:
     msgs = [request(i, "add", "ledger-stage", X[i], int(y[i]), FEATURES_ENCODINGS[args.encoding])
             for i in range(args.n)]
     print(f"machine: {os.cpu_count()} CPUs (shared), {platform.platform()}, python {platform.python_version()}; "
-          f"broker: local tansu (memory); d={args.dim}, c={args.classes}, one head, 1 ledger worker", flush=True)
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
+          f"broker: local {describe_engine(args.engine)}; d={args.dim}, c={args.classes}, one head, 1 ledger worker",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
         s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="lstage.", data_dir=tmp,
-                              batch_max_events=args.batch)
+                              batch_max_events=args.batch, profile=args.engine)
         create_topics(s)
         produce_all(s, msgs)
         fz = run_stage(s, args.n, None)
         n_deltas = int(fz["stats"]["deltas"])
         prof = cProfile.Profile() if args.profile else None
-        res = run_ledger(s, n_deltas, prof)
+        # as `unlearn ledger` runs it (streams/ledger/worker.py, run_ledger_worker): one BLAS thread
+        with threadpool_limits(limits=LedgerSettings.of(s).ledger_blas_threads, user_api="blas"):
+            res = run_ledger(s, n_deltas, prof)
     res.update(events=args.n, events_per_s=args.n / res["wall_s"], rows_per_delta=args.n / n_deltas,
-               settings={k: getattr(s, k) for k in ("batch_max_events", "checkpoint_every_messages",
-                                                    "checkpoint_every_seconds", "reset_every_events",
-                                                    "reset_every_seconds", "publish_posterior")})
+               settings=settings_of(s, ("batch_max_events", "checkpoint_every_messages", "checkpoint_every_seconds",
+                                        "reset_every_events", "reset_every_seconds", "publish_posterior")))
     print(f"ledger stage: {args.n} adds in {n_deltas} deltas ({res['rows_per_delta']:.0f} rows each) applied and "
           f"published in {res['wall_s']:.2f} s: {res['events_per_s']:,.0f} events/s; process CPU "
           f"{res['process_cpu_s']:.2f} s", flush=True)

@@ -2,7 +2,7 @@
 
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
                                    [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
-                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--json PATH]
+                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -19,6 +19,9 @@ worker as real processes (as `make demo` does), then:
    slowest tenth, each one's hops (featurizer, ledger, delivery) and whether an exact head (a
    ledger reset) was published while it waited;
 3. the same for a burst (all deletes produced at once), where queueing dominates.
+With ``--load-rate R`` the steady deletes run while adds of new samples flow to the same head at R
+per second from another producer (issue 29: deletes while adds flow); each delete's time to its
+applied receipt is reported too, and how many of the load's adds were produced meanwhile.
 With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
 ``--ceiling-sizes`` produced, acknowledged and read back) is measured first on the same broker;
 each throughput run then also prints the records and bytes it wrote per add per topic
@@ -70,6 +73,7 @@ class Watcher(threading.Thread):
         self.version_at: dict[int, float] = {}
         self.n_retained: dict[str, int] = {}
         self.receipt: dict[str, int] = {}
+        self.receipt_at: dict[str, float] = {}  # event id -> arrival of its applied receipt
         self.delta_ts: dict[str, float] = {}  # event id -> produce timestamp of the delta covering it
         self.head_ts: dict[int, float] = {}  # version -> produce timestamp of its first update
         self.exact_ts: list[float] = []  # produce timestamps of exact head updates (ledger resets)
@@ -110,6 +114,7 @@ class Watcher(threading.Thread):
                 r = decode_receipt(m.value())
                 if r.status == "applied" and r.head_version is not None:
                     self.receipt[r.event_id] = r.head_version
+                    self.receipt_at.setdefault(r.event_id, time.time())
         heads.stop()
         c.close()
 
@@ -143,6 +148,62 @@ def request(i: int, op: str, head: str, f: np.ndarray | None = None, y: int = 0,
             data = base64.b64encode(f.astype(dtype).tobytes()).decode("ascii")
             body["input"] = {"kind": "features_bin", "dtype": dtype, "data": data}
     return subject.encode(), orjson.dumps(body)
+
+
+class AddLoad(threading.Thread):
+    """Adds of new samples to ``head`` at ``rate`` per second from a producer of its own, paced in
+    10 ms steps, until :meth:`stop` (which returns how many were produced, and at what rate)."""
+
+    def __init__(self, s: Settings, head: str, dim: int, classes: int, rate: float, dtype: str | None,
+                 first_id: int, pids: dict[str, int | None]) -> None:
+        super().__init__(daemon=True)
+        self.pids = {k: v for k, v in pids.items() if v}
+        self.cpu0: dict[str, float] = {}
+        self.s, self.head, self.dim, self.classes, self.rate = s, head, dim, classes, rate
+        self.dtype, self.first_id = dtype, first_id
+        self.halt = threading.Event()
+        self.produced = 0
+        self.t_mark = 0.0
+        self.elapsed = 0.0
+
+    def run(self) -> None:
+        rng = np.random.default_rng(1)
+        pool = rng.normal(size=(512, self.dim))
+        p = clients.producer(self.s, **{"linger.ms": 5})
+        t0 = time.monotonic()
+        while not self.halt.is_set():
+            due = int((time.monotonic() - t0) * self.rate) - self.produced
+            for _ in range(max(0, due)):
+                i = self.first_id + self.produced
+                key, val = request(i, "add", self.head, pool[i % len(pool)], int(i % self.classes), self.dtype)
+                p.produce(self.s.topic("requests"), key=key, value=val)
+                self.produced += 1
+            p.poll(0)
+            time.sleep(0.01)
+        self.elapsed = time.monotonic() - t0
+        p.flush(30)
+
+    def _cpu(self) -> dict[str, float]:
+        out = {k: topic_bytes.cpu_seconds(pid) for k, pid in self.pids.items()}
+        out["bench"] = topic_bytes.cpu_seconds(os.getpid())
+        out["box"] = topic_bytes.box_busy_seconds()
+        return out
+
+    def mark(self) -> None:
+        """Start of the measured window (the load is steady): CPU counters now."""
+        self.cpu0, self.t_mark = self._cpu(), time.monotonic()
+
+    def stop(self) -> dict[str, Any]:
+        """Stop producing; the adds produced, their rate, and each process's share of the box's
+        CPU (in cores) since :meth:`mark`: the featurizer, the ledger, this benchmark, and the
+        rest of the box (the broker, mostly)."""
+        cpu1, dt = self._cpu(), time.monotonic() - self.t_mark
+        self.halt.set()
+        self.join(60)
+        cores = {k: (cpu1[k] - self.cpu0[k]) / dt for k in cpu1}
+        cores["rest"] = cores["box"] - sum(v for k, v in cores.items() if k != "box")
+        return {"adds": self.produced, "rate": self.produced / self.elapsed if self.elapsed else 0.0,
+                "cores": cores}
 
 
 def settings_of(s: Settings, names: tuple[str, ...]) -> dict[str, Any]:
@@ -205,7 +266,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "ceiling" in out:
                 summary(out)
 
-            def deletes(ids: list[int], gap: float) -> dict[str, Any]:
+            def deletes(ids: list[int], gap: float, load_rate: float = 0.0) -> dict[str, Any]:
+                load = AddLoad(s, head, args.dim, args.classes, load_rate, FEATURES_ENCODINGS[encodings[0]],
+                               first_id=10 * args.n + 1_000_000,
+                               pids={"featurizer": fz, "ledger": procs[1].proc.pid if procs[1].proc else None}
+                               ) if load_rate else None
+                if load is not None:
+                    load.start()
+                    time.sleep(2.0)  # the load in a steady state before the first delete
+                    load.mark()
                 sent: dict[str, float] = {}
                 for i in ids:
                     key, val = request(int(i), "delete", head)
@@ -218,6 +287,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 w.wait(lambda: all(e in w.receipt and w.excluding(w.receipt[e]) is not None for e in sent), 300)
                 first = {e: w.excluding(w.receipt[e]) or 0 for e in sent}  # never 0: waited for above
                 out = percentiles([w.version_at[first[e]] - t for e, t in sent.items()])
+                out["receipt"] = percentiles([w.receipt_at[e] - t for e, t in sent.items()])
+                if load is not None:
+                    out["load"] = load.stop()
                 # where the time goes (broker timestamps = producers' clocks, same host)
                 hops = [(w.delta_ts[e] - t, w.head_ts[first[e]] - w.delta_ts[e],
                          w.version_at[first[e]] - w.head_ts[first[e]])
@@ -240,11 +312,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 return out
 
             ids = list(rng.permutation(args.n))
-            steady = deletes(ids[:args.deletes], 1.0 / args.rate)
+            steady = deletes(ids[:args.deletes], 1.0 / args.rate, args.load_rate)
             out["delete_to_head_steady"] = steady
-            print(f"delete->head latency, steady {args.rate}/s: "
+            during = (f" while adds flow at {args.load_rate:g}/s ({steady['load']['adds']} produced at "
+                      f"{steady['load']['rate']:.0f}/s)" if args.load_rate else "")
+            print(f"delete->head latency, steady {args.rate}/s{during}: "
                   f"p50 {steady['p50_ms']:.1f} ms  p99 {steady['p99_ms']:.1f} ms"
-                  f"  max {steady['max_ms']:.1f} ms  (n={steady['n']})")
+                  f"  max {steady['max_ms']:.1f} ms  (n={steady['n']}); to the applied receipt: "
+                  f"p50 {steady['receipt']['p50_ms']:.1f} ms  p99 {steady['receipt']['p99_ms']:.1f} ms")
+            if args.load_rate:
+                cores = steady["load"]["cores"]
+                print("  cores busy meanwhile: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
             if "hop_featurizer_ms" in steady:
                 print(f"  median hops: request->delta (featurizer) {steady['hop_featurizer_ms']:.1f} ms, "
                       f"delta->head (ledger) {steady['hop_ledger_ms']:.1f} ms, "
@@ -387,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--deletes", type=int, default=100)
     ap.add_argument("--rate", type=float, default=10.0, help="steady delete rate per second")
+    ap.add_argument("--load-rate", type=float, default=0.0,
+                    help="adds per second flowing to the same head while the steady deletes run")
     ap.add_argument("--posterior", action="store_true", help="publish T with exact heads (4.7 MB at d=768)")
     ap.add_argument("--no-backbones", action="store_true", help="skip the text/image backbone throughput")
     ap.add_argument("--encodings", default="json",

@@ -74,6 +74,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def box_busy_seconds() -> float:
+    """CPU time the whole machine spent busy (all CPUs, everything but idle and iowait), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def per_add(counts: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
     """Records and bytes per add, per topic and in all (bytes None: none could be read back)."""
     rows: dict[str, Any] = {t: {"records": v["records"] / n, "bytes": None if v["bytes"] is None else v["bytes"] / n,
