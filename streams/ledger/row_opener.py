@@ -25,12 +25,18 @@ from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta
 from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 from unlearn.streams.shared.key_ring import KeyRing, Locate
+from unlearn.streams.shared.key_tail import KeyTail
 
 __all__ = [
     "RowOpener",
 ]
 
 log = logging.getLogger("unlearn.ledger")
+
+#: How long a live ledger waits for its key follower to show a key it has not read, before reading
+#: the family itself: the key was acknowledged before its ciphertext was produced, so the follower
+#: is normally a fetch behind at most (a few ms on Kafka, the 10 ms long-poll on tansu).
+TAIL_WAIT_S = 0.1
 
 
 class RowOpener:
@@ -50,11 +56,13 @@ class RowOpener:
     the message was read (KeysUnavailable otherwise)."""
 
     def __init__(self, settings: Settings, ring: KeyRing | None = None, batch: bool = False,
-                 role: str = "ledger") -> None:
+                 role: str = "ledger", tail: KeyTail | None = None) -> None:
         self.settings = settings
         self.role = role
         self.ring = ring
         self.batch = batch
+        self.tail = tail  # a live ledger's follower of the family (streams/shared/key_tail.py): looked in first
+        self._tail_waited = float("-inf")  # the read time of the message the tail was last waited for
         self.erased = 0
         self.by_head = routed_topic_name(settings.topic("requests"))
         self._read_at = time.monotonic()  # when the message being opened was read (at the latest)
@@ -67,6 +75,12 @@ class RowOpener:
             self.ring = KeyRing(self.settings, role=self.role)
         ref = (head_id, sample_id, key_id)
         key = self.ring.get(ref)
+        if key is None and self.tail is not None:
+            # wait for the follower at most once per message: a key it never shows (destroyed,
+            # or its generation incomplete) costs one wait, then the exact read below
+            wait = TAIL_WAIT_S if self._tail_waited < self._read_at else 0.0
+            self._tail_waited = self._read_at
+            key = self.tail.get(ref, wait)
         if key is not None or self._refreshed_at >= self._read_at:
             return key
         if not self.batch and self._head_read_at.get(head_id, float("-inf")) < self._read_at:

@@ -53,6 +53,7 @@ from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.log_position import StaleStateError, topic_id
 from unlearn.streams.runtime.poll_loop import PollLoop, coalesce, records
+from unlearn.streams.shared.key_tail import KeyTail
 
 __all__ = [
     "LEDGER_OUTCOMES",
@@ -101,7 +102,9 @@ class LedgerWorker:
         self.tuning = LedgerSettings.of(settings)
         config = HeadConfig(HeadSettings.of(settings).gamma, self.tuning.reset_every_events,
                             self.tuning.drift_threshold)
-        self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings), config)
+        self.keys = KeyTail(settings)  # new keys in memory before their rows arrive (shared/key_tail.py)
+        self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings, tail=self.keys),
+                              config)
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
         self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs)
         self.topic_id = ""
@@ -123,6 +126,7 @@ class LedgerWorker:
         poll loop (streams/runtime/poll_loop.py) calls the steps below."""
         self.topic_id = topic_id(self.settings, self.deltas_topic)
         self.contracts.start()
+        self.keys.start()
         self.loop.subscribe([self.deltas_topic])
         self.loop.run(self._stop)
 
@@ -198,6 +202,7 @@ class LedgerWorker:
         self.producer.flush(self.settings.admin_timeout)
         self.store.close()
         self.contracts.stop()
+        self.keys.stop()
 
     # ---------------------------------------------------------------- rebalances
     def assign(self, consumer: Any, partitions: list[Any]) -> None:
