@@ -68,35 +68,39 @@ __all__ = [
 log = logging.getLogger("unlearn.featurizer")
 
 class BatchWindow:
-    """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one; a batch that
-    holds a delete closes as soon as what was already fetched is in (``routing.might_delete``):
-    the window buys adds throughput, a delete only waits in it."""
+    """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one. A batch that
+    holds a delete closes as soon as what was already fetched is in (``routing.might_delete``),
+    and ends at its last delete: the records fetched after it wait for the next batch (issue 29:
+    under a flow of adds every fetch fills a batch, and a delete waited for the adds behind it
+    too). The window buys adds throughput, a delete only waits in it."""
 
     def __init__(self, max_batch: int, max_ms: int) -> None:
         if max_batch < 1 or max_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_ms >= 0")
         self.max_batch, self.max_ms = max_batch, max_ms
         self._pending: list[Any] = []  # the batch being polled
+        self._carry: list[Any] = []  # fetched after a batch's last delete: the next batch's start
 
     def drop(self, gone: Collection[tuple[str, int]]) -> None:
         """Forget polled records of revoked (topic, partition)s: the cache offset (or the router's
         committed offset) says they are not done, so the next owner reads them again."""
         self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
+        self._carry = [m for m in self._carry if (m.topic(), m.partition()) not in gone]
 
     def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
         """The next batch ([] when idle, so the caller can look at ``stop``). ``check`` runs after
         every poll: it raises what a rebalance callback failed with."""
-        self._pending = []
-        deadline: float | None = None
-        urgent = False
-        while len(self._pending) < self.max_batch:
+        self._pending, self._carry = self._carry, []
+        urgent = any(might_delete(m.value()) for m in self._pending)
+        deadline: float | None = time.monotonic() + self.max_ms / 1000.0 if self._pending else None
+        while len(self._pending) < self.max_batch and not (urgent and deadline is not None):
             if deadline is None:
                 # consume() blocks for its whole timeout unless the batch fills; poll() returns on
                 # the first message, which starts the batch window (latency of a lone delete).
                 first = consumer.poll(0.2)
                 got = [] if first is None else [first]
             else:
-                timeout = 0.0 if urgent else max(0.0, deadline - time.monotonic())
+                timeout = max(0.0, deadline - time.monotonic())
                 got = consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
             check()
             for m in records(got, "featurizer"):
@@ -106,11 +110,16 @@ class BatchWindow:
                 if not self._pending:
                     return []
                 deadline = time.monotonic() + self.max_ms / 1000.0
-            elif urgent:
-                break  # what was already fetched is taken (a non-blocking consume): close now
+                if urgent:  # a lone delete: take what was already fetched behind it, then close
+                    got = consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=0.0)
+                    check()
+                    self._pending.extend(records(got, "featurizer"))
             if time.monotonic() >= deadline or stop.is_set():
                 break
         batch, self._pending = self._pending, []
+        if urgent:
+            cut = max(i for i, m in enumerate(batch) if might_delete(m.value())) + 1
+            batch, self._carry = batch[:cut], batch[cut:]
         return batch
 
 

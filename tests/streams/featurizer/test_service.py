@@ -294,6 +294,30 @@ def test_a_delete_closes_the_batch_window(settings: Settings, tmp_path: Path) ->
         run.stop_event.set()
 
 
+def test_a_batch_ends_at_its_last_delete(settings: Settings, tmp_path: Path) -> None:
+    """Adds fetched behind a delete wait for the next batch (issue 29): the deltas message that
+    carries the delete holds no add produced after it, and every add still arrives. With a large
+    window and batch, the former window took all 81 records into one batch."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    before = [add(f"a{i}", "h1", "alice", f"s{i}", [1.0, float(i + 1)], i % 3) for i in range(40)]
+    after = [add(f"a{i}", "h1", "alice", f"s{i}", [2.0, float(i + 1)], i % 3) for i in range(40, 80)]
+    produce(s, [*before, delete("d10", "h1", "alice", "s10"), *after])  # one subject: one partition, in order
+    reader = Reader(s)
+    run = Running(s, group="fz-split", max_batch=1000, max_ms=2000)
+    try:
+        got = reader.until(lambda g: sum(len(plain_delta(m.value(), s.topic("deltas")).event_ids)
+                                         for m in g["deltas"]) >= 81)
+        assert run.stop() == 0
+    finally:
+        reader.close()
+        run.stop_event.set()
+    deltas = [plain_delta(m.value(), s.topic("deltas")) for m in got["deltas"]]
+    (with_delete,) = [d for d in deltas if "d10" in d.event_ids]
+    later = {f"a{i}" for i in range(40, 80)}
+    assert not later & set(with_delete.event_ids)
+    assert later <= {e for d in deltas for e in d.event_ids}
+
+
 @pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog", "after_produce"])
 def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, crash_at: str) -> None:
     """Crash between the sqlite commit and the produce (nothing sent), between phase 0 and phase 1
