@@ -57,8 +57,9 @@ class KeyStore:
         self.rolls: dict[str, float] = {}
         self._tombstoned: dict[str, float] = {}
         self.producer: Any = share.producer if share else clients.producer(self.settings, **{"linger.ms": 0})
-        self.topics = FamilyTopics(settings, grace_s=ErasureSettings.of(settings).keys_retire_seconds,
-                                   config=key_family_config(settings), share=share.topics if share else None)
+        self.topics: FamilyTopics = FamilyTopics(
+            settings, grace_s=ErasureSettings.of(settings).keys_retire_seconds, config=key_family_config(settings),
+            share=share.topics if share else None)
 
     # ------------------------------------------------------------------ ownership
     def load(self, partition: int) -> None:

@@ -10,28 +10,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from tests.topic_support import broker_topics, topic_configs
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config, quirks
+from unlearn.streams.runtime.clients import consumer_config, producer_config, quirks
 from unlearn.streams.runtime.family_topics import FamilyTopics
 from unlearn.streams.runtime.topic_family import TopicFamily
 from unlearn.streams.runtime.topics import trimmed_changelog_config
 
 HOUR = 3600.0
-
-
-def _topics(s: Settings) -> list[str]:
-    from confluent_kafka.admin import AdminClient
-
-    return list(AdminClient(admin_config(s)).list_topics(timeout=30).topics)
-
-
-def _config(s: Settings, topic: str) -> dict[str, str]:
-    from confluent_kafka.admin import AdminClient, ConfigResource
-
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    admin = AdminClient(admin_config(s))  # kept until the answer is in: a dropped client aborts it
-    got = admin.describe_configs([res])[res].result(timeout=30)
-    return {k: v.value for k, v in got.items()}
 
 
 def _produce(s: Settings, topic: str, n: int) -> None:
@@ -64,23 +50,23 @@ def test_generations_are_created_with_their_config_listed_retired_and_found_agai
         holder.ensure(fam.topic(p, g))
     holder.ensure(other.topic(0, 3))
     holder.ensure(fam.topic(0, 1))  # again: no error, nothing new
-    assert fam.generations(_topics(s), 0) == [0, 1] and fam.generations(_topics(s), 1) == [0]
+    assert fam.generations(broker_topics(s), 0) == [0, 1] and fam.generations(broker_topics(s), 1) == [0]
     assert holder.generations(fam, 0) == [0, 1] and holder.generations(other, 0) == [3]
     if quirks(s).compaction_runs:  # a broker that reports topic configs as Kafka does
-        conf = _config(s, fam.topic(0, 0))
+        conf = topic_configs(s, fam.topic(0, 0))
         assert conf["cleanup.policy"] == "compact" and conf["delete.retention.ms"] == "12345"
 
     # retired: kept through the grace, deleted once forced due; a second retire_due has nothing
     holder.retire([fam.topic(0, 0)])
     holder.retire([])  # nothing to retire: no entry
-    assert holder.retire_due() == [] and fam.generations(_topics(s), 0) == [0, 1]
+    assert holder.retire_due() == [] and fam.generations(broker_topics(s), 0) == [0, 1]
     assert holder.retire_due(force=True) == [fam.topic(0, 0)]
-    assert fam.generations(_topics(s), 0) == [1] and holder.retire_due(force=True) == []
+    assert fam.generations(broker_topics(s), 0) == [1] and holder.retire_due(force=True) == []
 
     # a grace of zero is due at once, without force
     quick = FamilyTopics(s, grace_s=0.0)
     quick.retire([fam.topic(1, 0)])
-    assert quick.retire_due() == [fam.topic(1, 0)] and fam.generations(_topics(s), 1) == []
+    assert quick.retire_due() == [fam.topic(1, 0)] and fam.generations(broker_topics(s), 1) == []
 
     # a restarted holder (a new process) finds what the broker holds, and creating it again is no error
     again = FamilyTopics(s, grace_s=HOUR, config=extra)
@@ -94,7 +80,7 @@ def test_generations_are_created_with_their_config_listed_retired_and_found_agai
     assert other.topic(0, 3) in holder.created
     holder.listed()
     holder.ensure(other.topic(0, 3))
-    assert other.generations(_topics(s), 0) == [3]
+    assert other.generations(broker_topics(s), 0) == [3]
 
 
 def test_a_generation_is_trimmed_in_place_where_the_broker_has_delete_records(settings: Settings) -> None:
@@ -107,7 +93,7 @@ def test_a_generation_is_trimmed_in_place_where_the_broker_has_delete_records(se
     assert holder.end_offset(topic) == 5
     if not quirks(s).delete_records:  # tansu: no DeleteRecords; its writers rotate and delete instead
         holder.retire([topic])
-        assert holder.retire_due(force=True) == [topic] and topic not in _topics(s)
+        assert holder.retire_due(force=True) == [topic] and topic not in broker_topics(s)
         return
     compact_only = FamilyTopics(s, grace_s=HOUR)  # Kafka refuses DeleteRecords there: False, logged
     compact_only.ensure(fam.topic(1, 0))
