@@ -4,7 +4,7 @@ trimmed, and deleted a grace period after they were superseded, through one admi
 Why one holder: every writer of a topic family (``topic_family``) needs the same mechanism, and
 its rules are easy to get subtly wrong twice: every admin call rides through a broker restart
 with a *new* admin client on each retry (an AdminClient that met FENCED_LEADER_EPOCH may keep
-answering it for minutes: docs/ledger-processor.md, "Broker restarts"); a superseded generation is
+answering it for minutes: docs/ledger-processor.md, "Broker faults"); a superseded generation is
 deleted only after the grace, because a reader still fetching from a deleted topic crashes
 librdkafka (``topic_reader.source_partitions``); a failed deletion only costs space (the next
 owner retires what it finds), so it is logged, not raised. What the records mean, and when to
