@@ -6,8 +6,9 @@ New keys are acknowledged (:meth:`KeyStore.flush`) before the batch that uses th
 Destroying keys writes tombstones; where the broker compacts (``BrokerQuirks.compaction_runs``) a
 completion record appended ``UNLEARN_SEGMENT_MS`` later rolls their segment for the cleaner,
 elsewhere the partition rotates to a new generation without them and the old one is deleted
-after ``UNLEARN_KEYS_RETIRE_SECONDS``. Why: docs/erasure.md, section 2. Reading:
-``streams/shared``.
+after ``UNLEARN_KEYS_RETIRE_SECONDS``. Why: docs/erasure.md, section 2. The generation topics
+themselves (creation, listing, deletion after the grace, the admin client) are held by
+``streams.runtime.family_topics``; reading: ``streams/shared``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.clients import quirks
 from unlearn.streams.runtime.delivery import Acks, produce_acked
-from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
+from unlearn.streams.runtime.family_topics import FamilyTopics
+from unlearn.streams.runtime.retry import RetryPolicy
 from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topics import TopicError, delete_topics, ensure_topic, key_family_config
+from unlearn.streams.runtime.topics import TopicError, key_family_config
 from unlearn.streams.shared.families import keys_family
 from unlearn.streams.shared.key_ring import COMPLETE_KEY, KeyGeneration, SampleRef, key_record_key, read_partition_keys
 
@@ -37,7 +39,8 @@ log = logging.getLogger("unlearn.featurizer.erasure")
 class KeyStore:
     """Keys of the by-head partitions this featurizer owns, in one key family (default: the
     sample keys' ``subject-keys``). ``share``: a key store whose producer and admin client this one
-    uses (one set of librdkafka threads for both families)."""
+    uses (one set of librdkafka threads for both families). ``topics``: the family's generation
+    topics (``FamilyTopics``: grace ``UNLEARN_KEYS_RETIRE_SECONDS``, ``key_family_config``)."""
 
     def __init__(self, settings: Settings, family: TopicFamily | None = None, share: KeyStore | None = None) -> None:
 
@@ -48,23 +51,24 @@ class KeyStore:
         self.current: dict[tuple[str, str], SampleKey] = {}  # (head, sample) -> its newest key
         self._staged: list[tuple[str, bytes, bytes | None]] = []  # (topic, record key, value)
         self._sending: Acks | None = None  # keys produced by send(), awaited by flush()
-        self.retiring: list[tuple[float, list[str]]] = []
         # compaction instead of rotation (module docstring): topic -> when to append the record that
         # rolls its tombstones' segment, and when its newest tombstone was written
         self.compacts = quirks(settings).compaction_runs
         self.rolls: dict[str, float] = {}
         self._tombstoned: dict[str, float] = {}
         self.producer: Any = share.producer if share else clients.producer(self.settings, **{"linger.ms": 0})
-        self.admin: Any = share.admin if share else clients.admin(self.settings)
+        self.topics: FamilyTopics = FamilyTopics(
+            settings, grace_s=ErasureSettings.of(settings).keys_retire_seconds, config=key_family_config(settings),
+            share=share.topics if share else None)
 
     # ------------------------------------------------------------------ ownership
     def load(self, partition: int) -> None:
         """Take partition ``partition`` over: read its newest complete generation (creating
         generation 0 if there is none); newer incomplete ones are deleted after the grace period."""
         def read() -> tuple[list[str], KeyGeneration | None]:  # listing and reading again together, a new reader
-            names = list(self.admin.list_topics(timeout=self.settings.admin_timeout).topics)
+            names = self.topics.topic_names()
             return names, read_partition_keys(self.settings, self.family, names, partition, role="featurizer")
-        topics, gen = RetryPolicy.of(self.settings).call(f"reading the keys of partition {partition}", read)
+        topics, gen = self.topics.call(f"reading the keys of partition {partition}", read)
         if gen is None:
             topic = self.family.topic(partition, 0)
             self._ensure(topic)
@@ -73,9 +77,7 @@ class KeyStore:
         existing = self.family.generations(topics, partition)
         # never reuse a number: an incomplete newer generation (a crashed rotation) is being retired
         self.next_gen[partition] = max([gen.generation, *existing]) + 1
-        stale = [self.family.topic(partition, g) for g in existing if g != gen.generation]
-        if stale:
-            self.retiring.append((time.monotonic() + ErasureSettings.of(self.settings).keys_retire_seconds, stale))
+        self.topics.retire([self.family.topic(partition, g) for g in existing if g != gen.generation])
         self.gens[partition] = gen
         if self.compacts:  # a crashed owner may have left tombstones in the active segment
             self._schedule_roll(gen.topic)
@@ -170,7 +172,7 @@ class KeyStore:
         self._produce_acked([(new.topic, key_record_key(*ref), encode_key_record(k)) for ref, k in new.keys.items()]
                             + [(new.topic, COMPLETE_KEY, b"1")])
         self.gens[partition] = new
-        self.retiring.append((time.monotonic() + ErasureSettings.of(self.settings).keys_retire_seconds, [gen.topic]))
+        self.topics.retire([gen.topic])
         log.info("%s partition %d: %d key(s) destroyed, rotated to generation %d (%d live keys)",
                  self.family.name, partition, len(gone), new.generation, len(new.keys))
         return len(gone)
@@ -203,24 +205,12 @@ class KeyStore:
         :meth:`roll_due`); returns the topics deleted."""
         if self.rolls:
             self.roll_due(force)
-        now = time.monotonic()
-        due = [t for at, names in self.retiring if force or at <= now for t in names]
-        if not due:
-            return []
-        self.retiring = [(at, names) for at, names in self.retiring if not (force or at <= now)]
-        try:  # streams.runtime.retry: deleting a topic again is harmless (a missing one is not an error)
-            RetryPolicy.of(self.settings).call("deleting superseded key generations",
-                                               lambda: delete_topics(self.settings, due, admin=self.admin))
-        except (TopicError, BrokerUnavailable) as exc:
-            log.warning("could not delete superseded key generations %s: %s", due, exc)
-            return []
-        return due
+        return self.topics.retire_due(force)
 
     # ------------------------------------------------------------------ I/O
     def _ensure(self, topic: str) -> None:
         try:  # streams.runtime.retry: creating a topic that exists is no error
-            RetryPolicy.of(self.settings).call(f"creating {topic}", lambda: ensure_topic(
-                self.settings, topic, compacted=True, admin=self.admin, config=key_family_config(self.settings)))
+            self.topics.ensure(topic)
         except TopicError as exc:
             raise KeyStoreError(str(exc)) from None
 

@@ -199,13 +199,13 @@ class TransitKeys:
 
     def _publish(self, epoch: Epoch) -> None:
         # every topic listed, none named: naming one may auto-create it on some brokers
-        md = RetryPolicy.of(self.settings).call("listing topics", lambda: self.keys.admin.list_topics(
+        md = self.keys.topics.call("listing topics", lambda: self.keys.topics.admin().list_topics(
             timeout=self.settings.admin_timeout)).topics.get(self.topic)
         n = len(md.partitions) if md is not None and md.error is None and md.partitions else 0
         if n == 0:  # missing (not made by `unlearn topics create`): created like the by-head topic
             try:
                 n = self.settings.partitions
-                ensure_topic(self.settings, self.topic, partitions=n, compacted=True, admin=self.keys.admin)
+                ensure_topic(self.settings, self.topic, partitions=n, compacted=True, admin=self.keys.topics.admin())
             except TopicError as exc:
                 raise KeyStoreError(str(exc)) from None
         produce_acked(self.keys.producer, [{"topic": self.topic, "key": f"p{epoch.partition}".encode(),

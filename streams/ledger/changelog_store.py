@@ -121,7 +121,7 @@ class ChangelogStore:
 
     def generations(self, partition: int) -> list[int]:
         """Generations of ``partition``'s ledger-state that exist on the broker."""
-        return self.state.generations(self.topics.listed(), partition)
+        return self.topics.generations(self.state, partition)
 
     def needs_rotation(self, partition: int) -> bool:
         return self.written.get(partition, 0) >= LedgerSettings.of(self.settings).state_rotate_bytes
@@ -163,7 +163,7 @@ class ChangelogStore:
         ``end_heads_rewrite`` once every head is republished and durable. ``fresh`` (recovery):
         supersede every generation but the one written to (the newest, where the store trims)."""
         current = self.heads_generation.get(partition, 0)
-        existing = self.heads.generations(self.topics.listed(), partition) if fresh else [current]
+        existing = self.topics.generations(self.heads, partition) if fresh else [current]
         self.heads_written[partition] = 0
         if self.trims:
             keep = max([current, *existing]) if fresh else current
@@ -264,7 +264,7 @@ class ChangelogStore:
             heads: dict[str, HeadState] = {}
             if cp is not None and use is not None:
                 topic = self.state.topic(partition, use)
-                self.topics.created.add(topic)
+                self.topics.adopt(topic)
                 for head_id, ptr in cp.heads.items():
                     heads[head_id] = self._read_head(c, topic, head_id, ptr)
                 if self.trims:  # a rewrite that crashed before its trim: done now

@@ -10,5 +10,6 @@ unlearning (docs/design.md, "Layout").
 - ``log_position``: watermarks, topic identity and the refusal of stale local state;
 - ``topic_reader``: reading a topic to its end and following topics as they come and go;
 - ``topic_family``: one logical stream kept as generation topics ``<name>.p<P>.g<G>``;
+- ``family_topics``: a writer's generation topics, created, listed, trimmed and retired after a grace;
 - ``probes``: broker reads off the poll loop, on a background thread.
 """

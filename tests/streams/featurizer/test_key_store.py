@@ -8,30 +8,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tests.topic_support import broker_topics, topic_configs
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer.key_store import KeyStore
-from unlearn.streams.runtime.clients import admin_config, quirks
+from unlearn.streams.runtime.clients import quirks
 from unlearn.streams.runtime.topic_reader import read_topic
 from unlearn.streams.shared.families import keys_family
 from unlearn.streams.shared.key_ring import key_record_key, read_partition_keys
 
 DEADLINE_S = 90.0  # segment.ms (2 s here) + the roll + the broker's cleaner backoff (15 s) + cleaning, with margin
-
-
-def _topics(s: Settings) -> list[str]:
-    from confluent_kafka.admin import AdminClient
-
-    return list(AdminClient(admin_config(s)).list_topics(timeout=30).topics)
-
-
-def _config(s: Settings, topic: str) -> dict[str, str]:
-    from confluent_kafka.admin import AdminClient, ConfigResource
-
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    admin = AdminClient(admin_config(s))  # kept until the answer is in: a dropped client aborts it
-    got = admin.describe_configs([res])[res].result(timeout=30)
-    return {k: v.value for k, v in got.items()}
 
 
 def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Settings) -> None:
@@ -46,14 +32,14 @@ def test_a_destroyed_key_leaves_the_log_by_compaction_or_rotation(settings: Sett
         doomed = ("h", "x1", keys[1].key_id)
         t0 = time.monotonic()
         assert ks.destroy(0, [doomed]) == 1
-        gen = read_partition_keys(s, fam, _topics(s), 0)
+        gen = read_partition_keys(s, fam, broker_topics(s), 0)
         assert gen is not None and doomed not in gen.keys and len(gen.keys) == 2  # gone for every reader at once
         if not quirks(s).compaction_runs:  # tansu: rotated into a generation without it
-            assert fam.generations(_topics(s), 0) == [0, 1] and ks.gens[0].generation == 1
+            assert fam.generations(broker_topics(s), 0) == [0, 1] and ks.gens[0].generation == 1
             assert ks.retire_due(force=True) == [first]
             return
-        assert fam.generations(_topics(s), 0) == [0] and ks.gens[0].topic == first  # no rotation
-        assert _config(s, first)["delete.retention.ms"] == "10000"  # 5 x segment.ms: tombstones go too
+        assert fam.generations(broker_topics(s), 0) == [0] and ks.gens[0].topic == first  # no rotation
+        assert topic_configs(s, first)["delete.retention.ms"] == "10000"  # 5 x segment.ms: tombstones go too
         doomed_key = key_record_key(*doomed)
 
         def compacted(_remaining: float) -> list[Any] | None:
