@@ -2,7 +2,7 @@
 
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
                                    [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
-                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--json PATH]
+                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--direct] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -22,6 +22,8 @@ worker as real processes (as `make demo` does), then:
 With ``--load-rate R`` the steady deletes run while adds of new samples flow to the same head at R
 per second from another producer (issue 29: deletes while adds flow); each delete's time to its
 applied receipt is reported too, and how many of the load's adds were produced meanwhile.
+With ``--direct`` every request goes to its head's partition of ``requests.by-head`` (a producer
+that routes by head, ``UNLEARN_ROUTE_BY_HEAD``) instead of to ``requests``.
 With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
 ``--ceiling-sizes`` produced, acknowledged and read back) is measured first on the same broker;
 each throughput run then also prints the records and bytes it wrote per add per topic
@@ -60,6 +62,7 @@ from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
 from unlearn.streams.runtime.topics import create_topics
+from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 from unlearn.streams.shared.families import heads_family
 
 
@@ -155,8 +158,9 @@ class AddLoad(threading.Thread):
     10 ms steps, until :meth:`stop` (which returns how many were produced, and at what rate)."""
 
     def __init__(self, s: Settings, head: str, dim: int, classes: int, rate: float, dtype: str | None,
-                 first_id: int, pids: dict[str, int | None]) -> None:
+                 first_id: int, pids: dict[str, int | None], direct: bool = False) -> None:
         super().__init__(daemon=True)
+        self.to = target(s, head, direct)
         self.pids = {k: v for k, v in pids.items() if v}
         self.cpu0: dict[str, float] = {}
         self.s, self.head, self.dim, self.classes, self.rate = s, head, dim, classes, rate
@@ -176,7 +180,7 @@ class AddLoad(threading.Thread):
             for _ in range(max(0, due)):
                 i = self.first_id + self.produced
                 key, val = request(i, "add", self.head, pool[i % len(pool)], int(i % self.classes), self.dtype)
-                p.produce(self.s.topic("requests"), key=key, value=val)
+                p.produce(key=key, value=val, **self.to)
                 self.produced += 1
             p.poll(0)
             time.sleep(0.01)
@@ -204,6 +208,14 @@ class AddLoad(threading.Thread):
         cores["rest"] = cores["box"] - sum(v for k, v in cores.items() if k != "box")
         return {"adds": self.produced, "rate": self.produced / self.elapsed if self.elapsed else 0.0,
                 "cores": cores}
+
+
+def target(s: Settings, head: str, direct: bool) -> dict[str, Any]:
+    """Where a producer sends ``head``'s requests: ``requests`` (the featurizer routes them), or
+    with ``direct`` its by-head partition (a producer that routes by head itself, docs/client.md)."""
+    if not direct:
+        return {"topic": s.topic("requests")}
+    return {"topic": routed_topic_name(s.topic("requests")), "partition": head_partition(head, s.partitions)}
 
 
 def settings_of(s: Settings, names: tuple[str, ...]) -> dict[str, Any]:
@@ -269,8 +281,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             def deletes(ids: list[int], gap: float, load_rate: float = 0.0) -> dict[str, Any]:
                 load = AddLoad(s, head, args.dim, args.classes, load_rate, FEATURES_ENCODINGS[encodings[0]],
                                first_id=10 * args.n + 1_000_000,
-                               pids={"featurizer": fz, "ledger": procs[1].proc.pid if procs[1].proc else None}
-                               ) if load_rate else None
+                               pids={"featurizer": fz, "ledger": procs[1].proc.pid if procs[1].proc else None},
+                               direct=args.direct) if load_rate else None
                 if load is not None:
                     load.start()
                     time.sleep(2.0)  # the load in a steady state before the first delete
@@ -279,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in ids:
                     key, val = request(int(i), "delete", head)
                     sent[f"{head}.delete{i}"] = time.time()
-                    p.produce(s.topic("requests"), key=key, value=val)
+                    p.produce(key=key, value=val, **target(s, head, args.direct))
                     p.flush() if gap else p.poll(0)
                     if gap:
                         time.sleep(gap)
@@ -355,8 +367,9 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     from the first produce to the head covering them all (end to end), and to the last delta
     covering them (the featurizer's part). Messages are built before timing."""
     n = len(X)
+    to = target(s, head, args.direct)
     k, v = request(-1, "add", head, X[0], 0, dtype)
-    p.produce(s.topic("requests"), key=k, value=v)
+    p.produce(key=k, value=v, **to)
     p.flush()
     w.wait(lambda: head in w.n_retained, 120)
     msgs = [request(i, "add", head, X[i], int(y[i]), dtype) for i in range(n)]
@@ -366,7 +379,7 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     for key, val in msgs:
         while True:
             try:
-                p.produce(s.topic("requests"), key=key, value=val)
+                p.produce(key=key, value=val, **to)
                 break
             except BufferError:  # local queue full: serve delivery reports, retry
                 p.poll(0.05)
@@ -465,6 +478,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--deletes", type=int, default=100)
     ap.add_argument("--rate", type=float, default=10.0, help="steady delete rate per second")
+    ap.add_argument("--direct", action="store_true",
+                    help="produce to the by-head topic at the head's partition (a producer that routes by head) "
+                         "instead of to requests")
     ap.add_argument("--load-rate", type=float, default=0.0,
                     help="adds per second flowing to the same head while the steady deletes run")
     ap.add_argument("--posterior", action="store_true", help="publish T with exact heads (4.7 MB at d=768)")

@@ -12,7 +12,10 @@ adds' inputs for transit.
 
 Every call builds a v1 envelope (``schemas.envelope``; validated before it is produced) and
 produces it to ``<prefix>requests`` keyed by the subject id (a subject's add always precedes its
-delete in one partition). Each returns a :class:`RequestHandle` naming the event id.
+delete in one partition). Each returns a :class:`RequestHandle` naming the event id. With
+``UNLEARN_ROUTE_BY_HEAD=1`` (a producer the deployment trusts like the featurizer) it produces to
+the head's partition of ``<prefix>requests.by-head`` instead, skipping the featurizer's routing
+hop: one record and one broker hop less per request (docs/client.md, "Routing by head").
 
 Feature vectors travel as JSON numbers by default, or as binary floats (``features_encoding=
 "f64"`` exact, ``"f32"`` half the bytes, quantized from the float32 values) on the client or per
@@ -54,6 +57,7 @@ from unlearn.services.client.transit_key_cache import (
 )
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.delivery import produce
+from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 __all__ = [
     "FEATURES_ENCODINGS",
@@ -192,6 +196,8 @@ class UnlearnClient:
         self.features_encoding: FeaturesEncoding = features_encoding
         self.client_id = client_id or ClientSettings.of(settings).client_id
         self.requests_topic = settings.topic("requests")
+        self.route_by_head = client.route_by_head
+        self._by_head_partitions: int | None = None  # learnt at the first routed request
         self.receipts_topic = settings.topic("receipts")
         self._producer = clients.producer(settings, **{"linger.ms": 5, **transit_producer_overrides(settings),
                                                                **(producer_overrides or {})})
@@ -261,7 +267,7 @@ class UnlearnClient:
             handle._delivered.set()
 
         try:
-            produce(self._producer, backoff=0.2, topic=self.requests_topic, key=req.subject_id.encode("utf-8"),
+            produce(self._producer, backoff=0.2, **self._target(req.head_id), key=req.subject_id.encode("utf-8"),
                     value=value, headers=headers, on_delivery=on_delivery)
         except KafkaException as exc:
             if self._listener is not None:
@@ -271,6 +277,22 @@ class UnlearnClient:
         return handle
 
     # ------------------------------------------------------------------ plumbing
+    def _target(self, head_id: str) -> dict[str, Any]:
+        """Where a request of ``head_id`` goes: ``requests``, or with ``route_by_head`` the head's
+        partition of the by-head topic (``streams.shared.by_head.head_partition``, as the router
+        would forward it)."""
+        if not self.route_by_head:
+            return {"topic": self.requests_topic}
+        topic = routed_topic_name(self.requests_topic)
+        if self._by_head_partitions is None:
+            md = self._producer.list_topics(timeout=self.settings.admin_timeout).topics  # all: never creates one
+            t = md.get(topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise ClientError(f"UNLEARN_ROUTE_BY_HEAD: topic {topic!r} is missing (`unlearn topics create`, "
+                                  "or start a featurizer, creates it)")
+            self._by_head_partitions = len(t.partitions)
+        return {"topic": topic, "partition": head_partition(head_id, self._by_head_partitions)}
+
     def _ensure_listener(self) -> ReceiptListener:
         with self._listener_lock:
             if self._listener is None:

@@ -21,6 +21,7 @@ class ClientSettings(Section):
     receipt_timeout: float = setting(60.0, "default seconds wait_receipt() / --wait waits")
     transit_seal: str = setting("auto", "auto | always | off: seal adds for transit")
     transit_wait_seconds: float = setting(30.0, "how long `auto` waits for a head's transit key, then raises")
+    route_by_head: bool = setting(False, "produce to requests.by-head at the head's partition (trusted producers)")
 
     def check(self) -> None:
         if self.client_key_file and not os.path.isfile(self.client_key_file):

@@ -154,6 +154,34 @@ def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
     assert head.version == last.head_version and head.retained_hash == last.retained_hash is not None
 
 
+def test_routing_by_head_skips_the_router_and_still_gets_receipts(pipeline: Settings) -> None:
+    """UNLEARN_ROUTE_BY_HEAD (issue 29): requests land in the head's by-head partition, never in
+    ``requests``, and the featurizer judges them as routed ones: the delete is applied."""
+    from unlearn.services.client.sdk import UnlearnClient
+    from unlearn.streams.shared.by_head import head_partition, routed_topic_name
+
+    s = pipeline.with_(route_by_head=True)
+    F = features(3, 3)
+    with UnlearnClient(s, client_id="sdk-direct") as client:
+        adds = [client.add("direct", "u0", f"x{i}", i % 3, features=F[i]) for i in range(3)]
+        for h in adds:
+            h.wait_delivered(30)
+        assert client._target("direct") == {"topic": routed_topic_name(s.topic("requests")),
+                                            "partition": head_partition("direct", s.partitions)}
+        assert {h.partition for h in adds} == {head_partition("direct", s.partitions)}
+        r = client.delete("direct", "x1", "u0").wait_receipt(120)
+    assert r.status == "applied" and r.sample_ids == ("x1",) and r.head_id == "direct"
+
+
+def test_routing_by_head_without_the_by_head_topic_is_a_client_error(settings: Settings) -> None:
+    from unlearn.services.client.errors import ClientError
+    from unlearn.services.client.sdk import UnlearnClient
+
+    s = settings.with_(route_by_head=True, transit_seal="off", topic_prefix=settings.topic_prefix + "nothing.")
+    with UnlearnClient(s, client_id="sdk-direct") as client, pytest.raises(ClientError, match="by-head"):
+        client.add("direct", "u0", "x0", 0, features=[0.5] * D)
+
+
 def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Settings) -> None:
     """The same vectors through the real pipeline as JSON numbers, as features_bin '<f8' (the
     client's default here) and '<f4' (per call): '<f8' gives the featurizer's rows and the
