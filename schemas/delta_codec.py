@@ -1,6 +1,7 @@
 """Binary ``deltas`` messages: exact integer rows, a packed ledger or sealed rows, featurizer to
 ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED,
-SEALED), the per-row client and event time and the contract block: docs/formats.md, "Deltas".
+SEALED with q as i64, SEALED32 with q as i32), the per-row client and event time and the contract
+block: docs/formats.md, "Deltas".
 
 Binary because a batch of int64 rows as JSON number lists would be several times larger and far
 slower to parse; columns are 8-aligned, so decoding is a zero-copy numpy view. Key the message by
@@ -35,10 +36,12 @@ DELTA_MAGIC = b"ULDT"
 DELTA_VERSION = 1  # the one version this codec writes and reads
 _KIND_ROWS = 1
 _KIND_PACKED = 2
-_KIND_SEALED = 3
+_KIND_SEALED = 3  # sealed rows of q as i64 (written before issue 29; still read)
+_KIND_SEALED32 = 4  # sealed rows of q as i32 (|q| <= 2^30 always): what the featurizer writes
 _KEY_ID_BYTES = 16  # schemas.sealed.KEY_ID_BYTES
 _COMMITMENT_BYTES = 32  # schemas.sealed.COMMITMENT_BYTES
 _SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
+_Q_ITEMSIZES = {_KIND_SEALED: 8, _KIND_SEALED32: 4}  # bytes per q value in a sealed row, by kind
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
@@ -156,8 +159,10 @@ class PackedEntry:
 class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
     (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
-    sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes) and its event time
-    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`)."""
+    sealed row (``nonce || ciphertext || tag`` of the row's wire bytes) and its event time
+    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`). ``q_itemsize``: the
+    bytes per q value inside the sealed rows, 4 (i32, what the featurizer writes) or 8 (i64, rows
+    sealed before issue 29); it is the entry kind on the wire, so a decoded entry re-encodes as sent."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -171,6 +176,7 @@ class SealedRowsEntry:
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
     client_ids: tuple[str, ...] = ()
+    q_itemsize: int = 4
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -184,6 +190,10 @@ class SealedRowsEntry:
     @property
     def label_width(self) -> int:
         return 1 if self.label_kind == _LABEL_CLASS else self.c
+
+    def plain_size(self, d: int) -> int:
+        """Bytes of one row's plaintext: q (``q_itemsize`` each) then the label (i64 each)."""
+        return self.q_itemsize * d + 8 * self.label_width
 
 
 Entry = RowsEntry | PackedEntry | SealedRowsEntry
@@ -304,7 +314,10 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     _check_sealed_labels(e.label_kind, e.c, CodecError, where)
     if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
         raise CodecError(f"{where}: a sealed entry needs one key id, commitment and ciphertext per row")
-    size = _SEAL_OVERHEAD + 8 * (d + e.label_width)
+    kind = next((k for k, size in _Q_ITEMSIZES.items() if size == e.q_itemsize), None)
+    if kind is None:
+        raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {e.q_itemsize!r}")
+    size = _SEAL_OVERHEAD + e.plain_size(d)
     try:
         kids = b"".join(bytes.fromhex(k) for k in e.key_ids)
     except (ValueError, TypeError):
@@ -314,8 +327,9 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     if any(len(c) != _COMMITMENT_BYTES for c in e.commitments):
         raise CodecError(f"{where}: commitments must be {_COMMITMENT_BYTES} bytes")
     if any(len(c) != size for c in e.ciphertexts):
-        raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width})")
-    w.pack(_ENTRY, _KIND_SEALED, e.sign, flags, n)
+        raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width}, "
+                         f"q as i{8 * e.q_itemsize})")
+    w.pack(_ENTRY, kind, e.sign, flags, n)
     _put_columns(w, e, where)
     w.pack(_ROWS, e.label_kind, 0, 0, e.c)
     w.put(kids)
@@ -427,8 +441,8 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
         mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags & _ENTRY_MULTISET else None
         return PackedEntry(*cols, blob, mset, *tail)
-    if kind == _KIND_SEALED:
-        return _read_sealed(r, cols, d, tail, where)
+    if kind in _Q_ITEMSIZES:
+        return _read_sealed(r, cols, d, tail, _Q_ITEMSIZES[kind], where)
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 
@@ -452,15 +466,15 @@ def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.nd
     return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
 
 
-def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, where: str) -> SealedRowsEntry:
-    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row (``tail``:
-    the entry's event times, by_subject and client ids, read before)."""
+def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, q_itemsize: int, where: str) -> SealedRowsEntry:
+    """A SEALED or SEALED32 entry's body: key ids, commitments and sealed rows, one each per row
+    (``tail``: the entry's event times, by_subject and client ids, read before)."""
     n = len(cols[1])
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
     if res1 or res2:
         raise r.fail(f"{where}: reserved sealed field is not 0")
     _check_sealed_labels(label_kind, c, r.fail, where)
-    size = _SEAL_OVERHEAD + 8 * (d + (1 if label_kind == _LABEL_CLASS else c))
+    size = _SEAL_OVERHEAD + q_itemsize * d + 8 * (1 if label_kind == _LABEL_CLASS else c)
     kids = bytes(r.raw(n * _KEY_ID_BYTES, f"{where}: key ids"))
     coms = bytes(r.raw(n * _COMMITMENT_BYTES, f"{where}: commitments"))
     cts = bytes(r.raw(n * size, f"{where}: sealed rows"))
@@ -468,4 +482,4 @@ def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, where: str) -> 
         *cols, label_kind, c,
         tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
         tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
-        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *tail)
+        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *tail, q_itemsize)
