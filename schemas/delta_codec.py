@@ -1,7 +1,8 @@
 """Binary ``deltas`` messages: exact integer rows, a packed ledger or sealed rows, featurizer to
-ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED,
-SEALED with q as i64, SEALED32 with q as i32), the per-row client and event time and the contract
-block: docs/formats.md, "Deltas".
+ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS and SEALED
+with q as i64, read for old topics; ROWS32 and SEALED32 with q as i32, |q| <= 2^30, what the
+featurizer writes; PACKED), the per-row client and event time and the contract block:
+docs/formats.md, "Deltas".
 
 Binary because a batch of int64 rows as JSON number lists would be several times larger and far
 slower to parse; columns are 8-aligned, so decoding is a zero-copy numpy view. Key the message by
@@ -41,7 +42,9 @@ _KIND_SEALED32 = 4  # sealed rows of q as i32 (|q| <= 2^30 always): what the fea
 _KEY_ID_BYTES = 16  # schemas.sealed.KEY_ID_BYTES
 _COMMITMENT_BYTES = 32  # schemas.sealed.COMMITMENT_BYTES
 _SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
+_KIND_ROWS32 = 5  # plaintext rows of q as i32: what a featurizer without row sealing writes
 _Q_ITEMSIZES = {_KIND_SEALED: 8, _KIND_SEALED32: 4}  # bytes per q value in a sealed row, by kind
+_QMAX = 1 << 30  # ledger.quantization.QMAX: |q| of every row, so q fits i32
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
@@ -84,9 +87,11 @@ class RowsEntry:
     ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete);
     ``by_subject``: a delete entry whose rows delete_subject requests removed; ``client_ids``:
     an add row's client, a delete row's tombstone scope ("": every client; left out: "" per row,
-    an add of no named client, which the verifier judges against every tombstone).
+    an add of no named client, which the verifier judges against every tombstone). ``q_itemsize``:
+    how q goes on the wire, 8 (ROWS, i64) or 4 (ROWS32, i32: |q| <= 2^30, what the featurizer
+    writes); q is int64 in memory either way, and equality ignores it.
 
-    Decoded arrays are read-only views into the message bytes (copy them to modify).
+    Decoded arrays are read-only (views into the message bytes, or for ROWS32 a widened copy).
     """
 
     sign: int
@@ -98,6 +103,7 @@ class RowsEntry:
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
     client_ids: tuple[str, ...] = ()
+    q_itemsize: int = 8
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -256,11 +262,18 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
                          f"length >= 1, got {'/'.join(map(str, lengths))}")
     if isinstance(e, RowsEntry):
         labels, label_kind, c = _rows_labels(e, d, where)
-        w.pack(_ENTRY, _KIND_ROWS, e.sign, flags, n)
+        q = _int64(e.q, f"{where}: q")
+        if e.q_itemsize == 4:
+            if q.size and (q.max() > _QMAX or q.min() < -_QMAX):
+                raise CodecError(f"{where}: |q| exceeds 2^30, not a value the quantizer produces (ROWS32)")
+            q = q.astype("<i4")
+        elif e.q_itemsize != 8:
+            raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {e.q_itemsize!r}")
+        w.pack(_ENTRY, _KIND_ROWS32 if e.q_itemsize == 4 else _KIND_ROWS, e.sign, flags, n)
         _put_columns(w, e, where)
         w.pack(_ROWS, label_kind, 0, 0, c)
         w.array(labels)
-        w.array(_int64(e.q, f"{where}: q"))
+        w.array(q)
     elif isinstance(e, PackedEntry):
         mset = e.multiset_hash
         if mset is not None and len(mset) != MULTISET_HASH_BYTES:
@@ -433,9 +446,10 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         raise r.fail(f"{where}: negative event time")
     cols: _Columns = (sign, ids[0], ids[1], ids[2])
     tail: _Tail = (tuple(times.tolist()), by_subject, clients)
-    if kind == _KIND_ROWS:
-        labels, q = _read_rows(r, n, d, where)
-        return RowsEntry(*cols, labels, q, *tail)
+    if kind in (_KIND_ROWS, _KIND_ROWS32):
+        q_itemsize = 8 if kind == _KIND_ROWS else 4
+        labels, q = _read_rows(r, n, d, q_itemsize, where)
+        return RowsEntry(*cols, labels, q, *tail, q_itemsize)
     if kind == _KIND_PACKED:
         (size,) = r.unpack(_BLOB, f"{where} blob length")
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
@@ -446,8 +460,8 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 
-def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, q) of a ROWS entry of ``n`` rows."""
+def _read_rows(r: Reader, n: int, d: int, q_itemsize: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, q as int64) of a ROWS (``q_itemsize`` 8) or ROWS32 (4) entry of ``n`` rows."""
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} rows header")
     if res1 or res2:
         raise r.fail(f"{where}: reserved rows field is not 0")
@@ -463,7 +477,14 @@ def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.nd
         labels = r.array("<i8", n * c, f"{where}: labels").reshape(n, c)
     else:
         raise r.fail(f"{where}: unknown label kind {label_kind}")
-    return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
+    if q_itemsize == 8:
+        return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
+    q32 = r.array("<i4", n * d, f"{where}: q")
+    if q32.max() > _QMAX or q32.min() < -_QMAX:
+        raise r.fail(f"{where}: |q| exceeds 2^30 in a ROWS32 entry")
+    q = q32.astype(np.int64).reshape(n, d)
+    q.setflags(write=False)
+    return labels, q
 
 
 def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, q_itemsize: int, where: str) -> SealedRowsEntry:

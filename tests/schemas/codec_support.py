@@ -37,9 +37,10 @@ def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
         labels = draw(hnp.arrays(np.int64, n, elements=st.integers(0, 2**63 - 1)))
     else:
         labels = draw(hnp.arrays(np.int64, (n, draw(st.integers(1, 4))), elements=_I64))
-    q = draw(hnp.arrays(np.int64, (n, d), elements=_I64))
+    q_itemsize = draw(st.sampled_from([4, 8]))  # ROWS32 (|q| <= 2^30) or ROWS (any int64)
+    q = draw(hnp.arrays(np.int64, (n, d), elements=_I64 if q_itemsize == 8 else st.integers(-(2**30), 2**30)))
     sign = draw(st.sampled_from([1, -1]))
-    return RowsEntry(sign, *ids, labels, q, draw(_event_times(n)), sign < 0 and draw(st.booleans()))
+    return RowsEntry(sign, *ids, labels, q, draw(_event_times(n)), sign < 0 and draw(st.booleans()), (), q_itemsize)
 
 
 @st.composite
