@@ -43,7 +43,7 @@ def _sample(row: Sequence[object]) -> CachedSample:
     label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type,call-overload]
     q_values = np.frombuffer(q, dtype="<i4" if q_itemsize == 4 else "<i8").astype(np.int64)  # type: ignore[call-overload]
     return CachedSample(str(head_id), str(sample_id), str(subject_id), str(client_id), str(event_id),
-                        label, q_values, int(event_us))  # type: ignore[arg-type,call-overload]
+                        label, q_values, int(event_us))  # type: ignore[call-overload]
 
 
 class SampleTable:
