@@ -1,8 +1,6 @@
 """Binary ``deltas`` messages: exact integer rows, a packed ledger or sealed rows, featurizer to
-ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS and SEALED
-with q as i64, read for old topics; ROWS32 and SEALED32 with q as i32, |q| <= 2^30, what the
-featurizer writes; PACKED), the per-row client and event time and the contract block:
-docs/formats.md, "Deltas".
+ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED, SEALED;
+ROWS32 and SEALED32, q as i32), the per-row client and event time, the contract block: docs/formats.md.
 
 Binary because a batch of int64 rows as JSON number lists would be several times larger and far
 slower to parse; columns are 8-aligned, so decoding is a zero-copy numpy view. Key the message by
@@ -39,11 +37,10 @@ _KIND_ROWS = 1
 _KIND_PACKED = 2
 _KIND_SEALED = 3  # sealed rows of q as i64 (written before issue 29; still read)
 _KIND_SEALED32 = 4  # sealed rows of q as i32 (|q| <= 2^30 always): what the featurizer writes
+_KIND_ROWS32 = 5  # plaintext rows of q as i32: what a featurizer without row sealing writes
 _KEY_ID_BYTES = 16  # schemas.sealed.KEY_ID_BYTES
 _COMMITMENT_BYTES = 32  # schemas.sealed.COMMITMENT_BYTES
 _SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
-_KIND_ROWS32 = 5  # plaintext rows of q as i32: what a featurizer without row sealing writes
-_Q_ITEMSIZES = {_KIND_SEALED: 8, _KIND_SEALED32: 4}  # bytes per q value in a sealed row, by kind
 _QMAX = 1 << 30  # ledger.quantization.QMAX: |q| of every row, so q fits i32
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
@@ -88,8 +85,7 @@ class RowsEntry:
     ``by_subject``: a delete entry whose rows delete_subject requests removed; ``client_ids``:
     an add row's client, a delete row's tombstone scope ("": every client; left out: "" per row,
     an add of no named client, which the verifier judges against every tombstone). ``q_itemsize``:
-    how q goes on the wire, 8 (ROWS, i64) or 4 (ROWS32, i32: |q| <= 2^30, what the featurizer
-    writes); q is int64 in memory either way, and equality ignores it.
+    q on the wire, 8 (ROWS, i64) or 4 (ROWS32, i32); int64 in memory either way, ignored by ==.
 
     Decoded arrays are read-only (views into the message bytes, or for ROWS32 a widened copy).
     """
@@ -166,9 +162,8 @@ class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
     (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
     sealed row (``nonce || ciphertext || tag`` of the row's wire bytes) and its event time
-    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`). ``q_itemsize``: the
-    bytes per q value inside the sealed rows, 4 (i32, what the featurizer writes) or 8 (i64, rows
-    sealed before issue 29); it is the entry kind on the wire, so a decoded entry re-encodes as sent."""
+    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`). ``q_itemsize``: bytes
+    per q value in the rows, 4 (SEALED32, written) or 8 (SEALED, read): the entry kind on the wire."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -196,10 +191,6 @@ class SealedRowsEntry:
     @property
     def label_width(self) -> int:
         return 1 if self.label_kind == _LABEL_CLASS else self.c
-
-    def plain_size(self, d: int) -> int:
-        """Bytes of one row's plaintext: q (``q_itemsize`` each) then the label (i64 each)."""
-        return self.q_itemsize * d + 8 * self.label_width
 
 
 Entry = RowsEntry | PackedEntry | SealedRowsEntry
@@ -267,9 +258,7 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
             if q.size and (q.max() > _QMAX or q.min() < -_QMAX):
                 raise CodecError(f"{where}: |q| exceeds 2^30, not a value the quantizer produces (ROWS32)")
             q = q.astype("<i4")
-        elif e.q_itemsize != 8:
-            raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {e.q_itemsize!r}")
-        w.pack(_ENTRY, _KIND_ROWS32 if e.q_itemsize == 4 else _KIND_ROWS, e.sign, flags, n)
+        w.pack(_ENTRY, _kind(_KIND_ROWS, e.q_itemsize, where), e.sign, flags, n)
         _put_columns(w, e, where)
         w.pack(_ROWS, label_kind, 0, 0, c)
         w.array(labels)
@@ -327,10 +316,7 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     _check_sealed_labels(e.label_kind, e.c, CodecError, where)
     if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
         raise CodecError(f"{where}: a sealed entry needs one key id, commitment and ciphertext per row")
-    kind = next((k for k, size in _Q_ITEMSIZES.items() if size == e.q_itemsize), None)
-    if kind is None:
-        raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {e.q_itemsize!r}")
-    size = _SEAL_OVERHEAD + e.plain_size(d)
+    kind, size = _kind(_KIND_SEALED, e.q_itemsize, where), _SEAL_OVERHEAD + e.q_itemsize * d + 8 * e.label_width
     try:
         kids = b"".join(bytes.fromhex(k) for k in e.key_ids)
     except (ValueError, TypeError):
@@ -348,6 +334,13 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     w.put(kids)
     w.put(b"".join(e.commitments))
     w.put(b"".join(e.ciphertexts))
+
+
+def _kind(i64_kind: int, q_itemsize: int, where: str) -> int:
+    """The kind of a ROWS or SEALED entry (``i64_kind``) that carries q with ``q_itemsize`` bytes."""
+    if q_itemsize not in (4, 8):
+        raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {q_itemsize!r}")
+    return i64_kind if q_itemsize == 8 else {_KIND_ROWS: _KIND_ROWS32, _KIND_SEALED: _KIND_SEALED32}[i64_kind]
 
 
 def _put_columns(w: Writer, e: Entry, where: str) -> None:
@@ -446,8 +439,8 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         raise r.fail(f"{where}: negative event time")
     cols: _Columns = (sign, ids[0], ids[1], ids[2])
     tail: _Tail = (tuple(times.tolist()), by_subject, clients)
+    q_itemsize = 8 if kind in (_KIND_ROWS, _KIND_SEALED) else 4
     if kind in (_KIND_ROWS, _KIND_ROWS32):
-        q_itemsize = 8 if kind == _KIND_ROWS else 4
         labels, q = _read_rows(r, n, d, q_itemsize, where)
         return RowsEntry(*cols, labels, q, *tail, q_itemsize)
     if kind == _KIND_PACKED:
@@ -455,8 +448,8 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
         mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags & _ENTRY_MULTISET else None
         return PackedEntry(*cols, blob, mset, *tail)
-    if kind in _Q_ITEMSIZES:
-        return _read_sealed(r, cols, d, tail, _Q_ITEMSIZES[kind], where)
+    if kind in (_KIND_SEALED, _KIND_SEALED32):
+        return _read_sealed(r, cols, d, tail, q_itemsize, where)
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 

@@ -294,7 +294,8 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             continue
         out.sealed_rows += e.n
         width, qsize = e.label_width, e.q_itemsize
-        size, qbytes = e.plain_size(delta.d), qsize * delta.d
+        qbytes = qsize * delta.d
+        size = qbytes + 8 * width  # the plaintext: q (qsize bytes each), then the label (i64)
         keep: list[int] = []
         rows: list[bytes] = []
         for i in range(e.n):
