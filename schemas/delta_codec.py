@@ -1,6 +1,6 @@
 """Binary ``deltas`` messages: exact integer rows, a packed ledger or sealed rows, featurizer to
-ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED,
-SEALED), the per-row client and event time and the contract block: docs/formats.md, "Deltas".
+ledger, in the frame of ``schemas/binary_frame.py``. Byte layout, entry kinds (ROWS, PACKED, SEALED;
+ROWS32 and SEALED32, q as i32), the per-row client and event time, the contract block: docs/formats.md.
 
 Binary because a batch of int64 rows as JSON number lists would be several times larger and far
 slower to parse; columns are 8-aligned, so decoding is a zero-copy numpy view. Key the message by
@@ -35,10 +35,13 @@ DELTA_MAGIC = b"ULDT"
 DELTA_VERSION = 1  # the one version this codec writes and reads
 _KIND_ROWS = 1
 _KIND_PACKED = 2
-_KIND_SEALED = 3
+_KIND_SEALED = 3  # sealed rows of q as i64 (written before issue 29; still read)
+_KIND_SEALED32 = 4  # sealed rows of q as i32 (|q| <= 2^30 always): what the featurizer writes
+_KIND_ROWS32 = 5  # plaintext rows of q as i32: what a featurizer without row sealing writes
 _KEY_ID_BYTES = 16  # schemas.sealed.KEY_ID_BYTES
 _COMMITMENT_BYTES = 32  # schemas.sealed.COMMITMENT_BYTES
 _SEAL_OVERHEAD = 28  # schemas.sealed.OVERHEAD: nonce (12) + tag (16)
+_QMAX = 1 << 30  # ledger.quantization.QMAX: |q| of every row, so q fits i32
 _LABEL_CLASS = 0
 _LABEL_VECTOR = 1
 _MAX_FRAC_BITS = 62  # q = rint(f * 2^k) must fit int64 for |f| <= 1
@@ -81,9 +84,10 @@ class RowsEntry:
     ``event_us``: each row's event time in microseconds (left out: 0, dated before any delete);
     ``by_subject``: a delete entry whose rows delete_subject requests removed; ``client_ids``:
     an add row's client, a delete row's tombstone scope ("": every client; left out: "" per row,
-    an add of no named client, which the verifier judges against every tombstone).
+    an add of no named client, which the verifier judges against every tombstone). ``q_itemsize``:
+    q on the wire, 8 (ROWS, i64) or 4 (ROWS32, i32); int64 in memory either way, ignored by ==.
 
-    Decoded arrays are read-only views into the message bytes (copy them to modify).
+    Decoded arrays are read-only (views into the message bytes, or for ROWS32 a widened copy).
     """
 
     sign: int
@@ -95,6 +99,7 @@ class RowsEntry:
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
     client_ids: tuple[str, ...] = ()
+    q_itemsize: int = 8
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -156,8 +161,9 @@ class PackedEntry:
 class SealedRowsEntry:
     """n signed rows sealed per sample (``schemas.sealed``): ``label_kind`` 0 (class index) or 1
     (vector of width ``c``); per row a key id (32 hex characters), a 32-byte commitment, the
-    sealed row (``nonce || ciphertext || tag`` of the row's canonical bytes) and its event time
-    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`)."""
+    sealed row (``nonce || ciphertext || tag`` of the row's wire bytes) and its event time
+    (``event_us``, ``by_subject``, ``client_ids``: as in :class:`RowsEntry`). ``q_itemsize``: bytes
+    per q value in the rows, 4 (SEALED32, written) or 8 (SEALED, read): the entry kind on the wire."""
 
     sign: int
     event_ids: tuple[str, ...]
@@ -171,6 +177,7 @@ class SealedRowsEntry:
     event_us: tuple[int, ...] = ()
     by_subject: bool = False
     client_ids: tuple[str, ...] = ()
+    q_itemsize: int = 4
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -246,11 +253,16 @@ def _put_entry(w: Writer, e: Entry, d: int, where: str) -> None:
                          f"length >= 1, got {'/'.join(map(str, lengths))}")
     if isinstance(e, RowsEntry):
         labels, label_kind, c = _rows_labels(e, d, where)
-        w.pack(_ENTRY, _KIND_ROWS, e.sign, flags, n)
+        q = _int64(e.q, f"{where}: q")
+        if e.q_itemsize == 4:
+            if q.size and (q.max() > _QMAX or q.min() < -_QMAX):
+                raise CodecError(f"{where}: |q| exceeds 2^30, not a value the quantizer produces (ROWS32)")
+            q = q.astype("<i4")
+        w.pack(_ENTRY, _kind(_KIND_ROWS, e.q_itemsize, where), e.sign, flags, n)
         _put_columns(w, e, where)
         w.pack(_ROWS, label_kind, 0, 0, c)
         w.array(labels)
-        w.array(_int64(e.q, f"{where}: q"))
+        w.array(q)
     elif isinstance(e, PackedEntry):
         mset = e.multiset_hash
         if mset is not None and len(mset) != MULTISET_HASH_BYTES:
@@ -304,7 +316,7 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     _check_sealed_labels(e.label_kind, e.c, CodecError, where)
     if not (len(e.key_ids) == len(e.commitments) == len(e.ciphertexts) == n):
         raise CodecError(f"{where}: a sealed entry needs one key id, commitment and ciphertext per row")
-    size = _SEAL_OVERHEAD + 8 * (d + e.label_width)
+    kind, size = _kind(_KIND_SEALED, e.q_itemsize, where), _SEAL_OVERHEAD + e.q_itemsize * d + 8 * e.label_width
     try:
         kids = b"".join(bytes.fromhex(k) for k in e.key_ids)
     except (ValueError, TypeError):
@@ -314,13 +326,21 @@ def _put_sealed(w: Writer, e: SealedRowsEntry, d: int, flags: int, where: str) -
     if any(len(c) != _COMMITMENT_BYTES for c in e.commitments):
         raise CodecError(f"{where}: commitments must be {_COMMITMENT_BYTES} bytes")
     if any(len(c) != size for c in e.ciphertexts):
-        raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width})")
-    w.pack(_ENTRY, _KIND_SEALED, e.sign, flags, n)
+        raise CodecError(f"{where}: each sealed row must be {size} bytes (d={d}, label width {e.label_width}, "
+                         f"q as i{8 * e.q_itemsize})")
+    w.pack(_ENTRY, kind, e.sign, flags, n)
     _put_columns(w, e, where)
     w.pack(_ROWS, e.label_kind, 0, 0, e.c)
     w.put(kids)
     w.put(b"".join(e.commitments))
     w.put(b"".join(e.ciphertexts))
+
+
+def _kind(i64_kind: int, q_itemsize: int, where: str) -> int:
+    """The kind of a ROWS or SEALED entry (``i64_kind``) that carries q with ``q_itemsize`` bytes."""
+    if q_itemsize not in (4, 8):
+        raise CodecError(f"{where}: q_itemsize must be 4 (i32) or 8 (i64), got {q_itemsize!r}")
+    return i64_kind if q_itemsize == 8 else {_KIND_ROWS: _KIND_ROWS32, _KIND_SEALED: _KIND_SEALED32}[i64_kind]
 
 
 def _put_columns(w: Writer, e: Entry, where: str) -> None:
@@ -419,21 +439,22 @@ def _read_entry(r: Reader, d: int, where: str) -> Entry:
         raise r.fail(f"{where}: negative event time")
     cols: _Columns = (sign, ids[0], ids[1], ids[2])
     tail: _Tail = (tuple(times.tolist()), by_subject, clients)
-    if kind == _KIND_ROWS:
-        labels, q = _read_rows(r, n, d, where)
-        return RowsEntry(*cols, labels, q, *tail)
+    q_itemsize = 8 if kind in (_KIND_ROWS, _KIND_SEALED) else 4
+    if kind in (_KIND_ROWS, _KIND_ROWS32):
+        labels, q = _read_rows(r, n, d, q_itemsize, where)
+        return RowsEntry(*cols, labels, q, *tail, q_itemsize)
     if kind == _KIND_PACKED:
         (size,) = r.unpack(_BLOB, f"{where} blob length")
         blob = bytes(r.raw(size, f"{where}: ledger_blob"))
         mset = bytes(r.raw(MULTISET_HASH_BYTES, f"{where}: multiset_hash")) if entry_flags & _ENTRY_MULTISET else None
         return PackedEntry(*cols, blob, mset, *tail)
-    if kind == _KIND_SEALED:
-        return _read_sealed(r, cols, d, tail, where)
+    if kind in (_KIND_SEALED, _KIND_SEALED32):
+        return _read_sealed(r, cols, d, tail, q_itemsize, where)
     raise r.fail(f"{where}: unknown entry kind {kind}")
 
 
-def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, q) of a ROWS entry of ``n`` rows."""
+def _read_rows(r: Reader, n: int, d: int, q_itemsize: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, q as int64) of a ROWS (``q_itemsize`` 8) or ROWS32 (4) entry of ``n`` rows."""
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} rows header")
     if res1 or res2:
         raise r.fail(f"{where}: reserved rows field is not 0")
@@ -449,18 +470,25 @@ def _read_rows(r: Reader, n: int, d: int, where: str) -> tuple[np.ndarray, np.nd
         labels = r.array("<i8", n * c, f"{where}: labels").reshape(n, c)
     else:
         raise r.fail(f"{where}: unknown label kind {label_kind}")
-    return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
+    if q_itemsize == 8:
+        return labels, r.array("<i8", n * d, f"{where}: q").reshape(n, d)
+    q32 = r.array("<i4", n * d, f"{where}: q")
+    if q32.max() > _QMAX or q32.min() < -_QMAX:
+        raise r.fail(f"{where}: |q| exceeds 2^30 in a ROWS32 entry")
+    q = q32.astype(np.int64).reshape(n, d)
+    q.setflags(write=False)
+    return labels, q
 
 
-def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, where: str) -> SealedRowsEntry:
-    """A SEALED entry's body: key ids, commitments and sealed rows, one each per row (``tail``:
-    the entry's event times, by_subject and client ids, read before)."""
+def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, q_itemsize: int, where: str) -> SealedRowsEntry:
+    """A SEALED or SEALED32 entry's body: key ids, commitments and sealed rows, one each per row
+    (``tail``: the entry's event times, by_subject and client ids, read before)."""
     n = len(cols[1])
     label_kind, res1, res2, c = r.unpack(_ROWS, f"{where} sealed header")
     if res1 or res2:
         raise r.fail(f"{where}: reserved sealed field is not 0")
     _check_sealed_labels(label_kind, c, r.fail, where)
-    size = _SEAL_OVERHEAD + 8 * (d + (1 if label_kind == _LABEL_CLASS else c))
+    size = _SEAL_OVERHEAD + q_itemsize * d + 8 * (1 if label_kind == _LABEL_CLASS else c)
     kids = bytes(r.raw(n * _KEY_ID_BYTES, f"{where}: key ids"))
     coms = bytes(r.raw(n * _COMMITMENT_BYTES, f"{where}: commitments"))
     cts = bytes(r.raw(n * size, f"{where}: sealed rows"))
@@ -468,4 +496,4 @@ def _read_sealed(r: Reader, cols: _Columns, d: int, tail: _Tail, where: str) -> 
         *cols, label_kind, c,
         tuple(kids[i * _KEY_ID_BYTES:(i + 1) * _KEY_ID_BYTES].hex() for i in range(n)),
         tuple(coms[i * _COMMITMENT_BYTES:(i + 1) * _COMMITMENT_BYTES] for i in range(n)),
-        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *tail)
+        tuple(cts[i * size:(i + 1) * size] for i in range(n)), *tail, q_itemsize)

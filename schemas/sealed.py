@@ -16,12 +16,15 @@ records.
   associated data :func:`aad` binding the purpose, head id, sample id and key id, so a ciphertext
   cannot be moved to another sample, head or use without failing authentication.
 - :func:`commitment`: HMAC-SHA256, under a key derived from the sample key, over the canonical
-  row bytes (:func:`row_bytes`). An add and its delete carry the same row, hence the same
-  commitment: after the key is gone they can still be shown to be the same row without reading
-  it (the verifier's erased-pair check).
+  row bytes (:func:`row_bytes`, q as int64 whatever the sealed layout). An add and its delete
+  carry the same row, hence the same commitment, even when one was sealed before the i32 layout
+  and the other after: after the key is gone they can still be shown to be the same row without
+  reading it (the verifier's erased-pair check).
 
-**Sealed delta rows.** The featurizer seals each ROWS entry of a ``deltas`` message into a SEALED
-entry (:func:`seal_delta`), one key per sample. The ledger worker and the verifier open it back
+**Sealed delta rows.** The featurizer seals each ROWS entry of a ``deltas`` message into a SEALED32
+entry (:func:`seal_delta`), one key per sample; the sealed plaintext carries q as i32
+(:func:`wire_row`: |q| <= 2^30 always, half the bytes of i64 on every log that holds it), and
+SEALED entries of i64 rows, written before, are still opened. The ledger worker and the verifier open it back
 (:func:`open_delta`) into the ordinary ROWS entry the ledger applies, so
 ``streams/ledger/head_runtime.py`` never sees a sealed row. A row whose key is destroyed cannot be
 opened: it is reported as an :class:`ErasedRow` and left out of the opened delta; an erased add
@@ -62,6 +65,7 @@ __all__ = [
     "new_key",
     "parse_row",
     "row_bytes",
+    "wire_row",
     "seal",
     "unseal",
     "ErasedRow",
@@ -80,6 +84,7 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 OVERHEAD = NONCE_BYTES + TAG_BYTES
 COMMITMENT_BYTES = 32
+QMAX = 1 << 30  # ledger.quantization.QMAX (schemas does not import the ledger): |q| of every row
 
 PURPOSE_ROW = "delta-row"  # a row (+ label) of a deltas message
 PURPOSE_CHANGELOG = "cache-sample"  # a featurizer-cache sample record
@@ -146,18 +151,40 @@ def unseal(key: SampleKey, purpose: str, head_id: str, sample_id: str, sealed: b
 
 
 def row_bytes(q: np.ndarray, label: int | np.ndarray) -> bytes:
-    """The canonical bytes of one row: ``q`` as int64 LE, then the label as int64 LE (one value
-    for a class index, c values for a quantized target vector)."""
+    """The canonical bytes of one row, what its commitment covers: ``q`` as int64 LE, then the
+    label as int64 LE (one value for a class index, c values for a quantized target vector)."""
     lab = np.asarray(label, dtype="<i8").reshape(-1)
     return np.ascontiguousarray(q, dtype="<i8").tobytes() + lab.tobytes()
 
 
-def parse_row(raw: bytes, d: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`row_bytes`: (q (d,), label (width,)) as int64 (width 1 for a class index)."""
-    if len(raw) != 8 * (d + width):
-        raise SealError(f"a row of d={d} and label width {width} has {8 * (d + width)} bytes, got {len(raw)}")
-    a = np.frombuffer(raw, dtype="<i8").astype(np.int64)
-    return a[:d], a[d:]
+def _q32(q: np.ndarray, what: str) -> np.ndarray:
+    """``q`` as int32 LE; SealError unless every |q| <= 2^30 (never a silent wrap)."""
+    a = np.asarray(q)
+    if a.dtype.kind not in "iu":
+        raise SealError(f"{what}: q must be integers, got dtype {a.dtype}")
+    if a.size and (a.max() > QMAX or a.min() < -QMAX):
+        raise SealError(f"{what}: |q| exceeds 2^30, not a value the quantizer produces")
+    return np.ascontiguousarray(a, dtype="<i4")
+
+
+def wire_row(q: np.ndarray, label: int | np.ndarray) -> bytes:
+    """The sealed plaintext of one row (SEALED32): ``q`` as int32 LE (SealError unless |q| <= 2^30),
+    then the label as int64 LE (a quantized target may exceed int32)."""
+    return _q32(q, "row").tobytes() + np.asarray(label, dtype="<i8").reshape(-1).tobytes()
+
+
+def parse_row(raw: bytes, d: int, width: int, q_itemsize: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`wire_row` (``q_itemsize`` 4) or of :func:`row_bytes` (8, rows sealed
+    before SEALED32): (q (d,), label (width,)) as int64 (width 1 for a class index). SealError on
+    a wrong size or |q| > 2^30 in either layout."""
+    size = q_itemsize * d + 8 * width
+    if q_itemsize not in (4, 8) or len(raw) != size:
+        raise SealError(f"a row of d={d}, label width {width} and q as i{8 * q_itemsize} has {size} bytes, "
+                        f"got {len(raw)}")
+    q = np.frombuffer(raw, dtype=f"<i{q_itemsize}", count=d).astype(np.int64)
+    if d and (q.max() > QMAX or q.min() < -QMAX):
+        raise SealError("a sealed row holds |q| > 2^30, not a value the quantizer produces")
+    return q, np.frombuffer(raw, dtype="<i8", offset=q_itemsize * d).astype(np.int64)
 
 
 def commitment(key: SampleKey, head_id: str, sample_id: str, row: bytes) -> bytes:
@@ -223,17 +250,22 @@ def is_sealed(delta: Delta) -> bool:
 
 
 def seal_entry(head_id: str, e: RowsEntry, keys: list[SampleKey]) -> SealedRowsEntry:
-    """``e`` sealed, row i under ``keys[i]`` (the key of sample ``e.sample_ids[i]``)."""
+    """``e`` sealed as SEALED32, row i under ``keys[i]`` (the key of sample ``e.sample_ids[i]``):
+    the plaintext is :func:`wire_row`, the commitment covers :func:`row_bytes`. SealError if a
+    |q| exceeds 2^30."""
     labels = np.asarray(e.labels)
     vector = labels.ndim == 2
+    q32 = _q32(e.q, f"head {head_id!r}")
+    lab = np.ascontiguousarray(labels, dtype="<i8").reshape(len(e.sample_ids), -1)
+    q64 = q32.astype("<i8")
     coms, cts = [], []
     for i, (sample, key) in enumerate(zip(e.sample_ids, keys, strict=True)):
-        row = row_bytes(e.q[i], labels[i])
-        coms.append(commitment(key, head_id, sample, row))
-        cts.append(seal(key, PURPOSE_ROW, head_id, sample, row))
+        label = lab[i].tobytes()
+        coms.append(commitment(key, head_id, sample, q64[i].tobytes() + label))
+        cts.append(seal(key, PURPOSE_ROW, head_id, sample, q32[i].tobytes() + label))
     return SealedRowsEntry(e.sign, e.event_ids, e.sample_ids, e.subject_ids, 1 if vector else 0,
                            int(labels.shape[1]) if vector else 0, tuple(k.key_id for k in keys), tuple(coms),
-                           tuple(cts), e.event_us, e.by_subject, e.client_ids)
+                           tuple(cts), e.event_us, e.by_subject, e.client_ids, q_itemsize=4)
 
 
 def seal_delta(delta: Delta, key_for: Callable[[str, str], SampleKey]) -> Delta:
@@ -249,8 +281,9 @@ def seal_delta(delta: Delta, key_for: Callable[[str, str], SampleKey]) -> Delta:
 
 
 def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
-    """Open every sealed entry. SealError if a row's key exists but the row does not open under
-    it or does not match its commitment (a corrupt or forged message: the ledger refuses it)."""
+    """Open every sealed entry (q as i32 or, sealed before SEALED32, as i64; int64 either way once
+    opened). SealError if a row's key exists but the row does not open under it, does not match
+    its commitment or holds |q| > 2^30 (a corrupt or forged message: the ledger refuses it)."""
     if not is_sealed(delta):
         return Opened(delta)
     out = Opened(delta)
@@ -260,8 +293,9 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
             entries.append(e)
             continue
         out.sealed_rows += e.n
-        width = e.label_width
-        size = 8 * (delta.d + width)
+        width, qsize = e.label_width, e.q_itemsize
+        qbytes = qsize * delta.d
+        size = qbytes + 8 * width  # the plaintext: q (qsize bytes each), then the label (i64)
         keep: list[int] = []
         rows: list[bytes] = []
         for i in range(e.n):
@@ -272,18 +306,25 @@ def open_delta(delta: Delta, lookup: KeyLookup) -> Opened:
                                             e.event_us[i], e.by_subject, e.client_ids[i]))
                 continue
             row = unseal(key, PURPOSE_ROW, delta.head_id, sample, e.ciphertexts[i])
-            if commitment(key, delta.head_id, sample, row) != e.commitments[i]:
-                raise SealError(f"row of sample {sample!r} (head {delta.head_id!r}) does not match its commitment")
             if len(row) != size:
-                parse_row(row, delta.d, width)  # raises SealError with the sizes
+                parse_row(row, delta.d, width, qsize)  # raises SealError with the sizes
+            canonical = row if qsize == 8 else \
+                np.frombuffer(row, dtype="<i4", count=delta.d).astype("<i8").tobytes() + row[qbytes:]
+            if commitment(key, delta.head_id, sample, canonical) != e.commitments[i]:
+                raise SealError(f"row of sample {sample!r} (head {delta.head_id!r}) does not match its commitment")
             keep.append(i)
             rows.append(row)
         if not keep:
             continue
         # parse_row of every kept row at once: one buffer, two copies (q, labels), both C-contiguous int64
-        flat = np.frombuffer(b"".join(rows), dtype="<i8").reshape(len(rows), delta.d + width)
-        q = flat[:, :delta.d].astype(np.int64)
-        labels = flat[:, delta.d].astype(np.int64) if e.label_kind == 0 else flat[:, delta.d:].astype(np.int64)
+        flat = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), size)
+        q = flat[:, :qbytes].copy().view(f"<i{qsize}").astype(np.int64)
+        lab = flat[:, qbytes:].copy().view("<i8")
+        labels = lab[:, 0].astype(np.int64) if e.label_kind == 0 else lab.astype(np.int64)
+        if q.size and (q.max() > QMAX or q.min() < -QMAX):
+            bad = e.sample_ids[keep[int(np.argmax((np.abs(q) > QMAX).any(axis=1)))]]
+            raise SealError(f"row of sample {bad!r} (head {delta.head_id!r}) holds |q| > 2^30, "
+                            "not a value the quantizer produces")
         entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
                                  tuple(e.subject_ids[i] for i in keep), labels, q,
                                  tuple(e.event_us[i] for i in keep), e.by_subject,

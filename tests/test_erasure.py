@@ -45,10 +45,11 @@ SECRET = np.array([0.7318237412, -0.2918374619, 0.4129387123, -0.1837461928, 0.3
 
 def needles(f: np.ndarray, frac_bits: int) -> dict[str, bytes]:
     """The byte patterns of a feature vector: float text, float32/float64 bytes (raw and
-    normalized, each value and the whole vector) and the quantized int64 row."""
+    normalized, each value and the whole vector) and the quantized row as int64 (old layouts) and
+    as int32 (how the featurizer stores and seals q)."""
     unit = f / np.linalg.norm(f)
     q = quantize_feature_row(f, frac_bits, 1.0, True)
-    out: dict[str, bytes] = {"q_row": np.asarray(q, "<i8").tobytes()}
+    out: dict[str, bytes] = {"q_row": np.asarray(q, "<i8").tobytes(), "q32_row": np.asarray(q, "<i4").tobytes()}
     for name, v in (("raw", f), ("unit", unit)):
         out[f"{name}_f64_row"] = np.asarray(v, "<f8").tobytes()
         out[f"{name}_f32_row"] = np.asarray(v, "<f4").tobytes()
@@ -237,7 +238,7 @@ def test_deleted_subject_is_unrecoverable_and_the_head_still_verifies(settings: 
         dup = next(d for d in dls if d.reason == "duplicate_add")
         assert dup.original.startswith(b"ULFZ")  # the duplicate add's original, sealed under a sample key
         # the needles are right: a retained sample's quantized row is in the (plaintext) local cache
-        assert scan(files, {"q_row": needles(others[0], frac_bits)["q_row"]})
+        assert scan(files, {"q32_row": needles(others[0], frac_bits)["q32_row"]})
         # the plain producer's raw input is still where it put it, unless the broker can delete
         # records (DeleteRecords once the featurizer took it over): what the docs say
         assert (needles(PLAIN, frac_bits)["raw_text_0"] in raw[s.topic("requests")]) == plain_kept

@@ -8,8 +8,9 @@ could re-quantize a GPU feature to other bits than the ones the ledger already a
 the cache, which then covers a power cut (docs/featurizer.md, "The feature cache", "Durability").
 Tables:
 
-- ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (int64 LE blob);
-  index ``samples_by_subject`` (subject_id, head_id) is the subject index;
+- ``samples``: (head_id, sample_id) -> subject, client, add event id, label, q (a blob of
+  ``q_itemsize`` bytes per value: 4, int32 LE, as written since schema 2; 8, int64 LE, rows of a
+  schema 1 file); index ``samples_by_subject`` (subject_id, head_id) is the subject index;
 - ``heads``: what each head fixed at its first add (backbone, input kind, d, label kind/width,
   frac bits);
 - ``tombstones``: the deletes' marks (head, kind, sample or subject id, subject, client) ->
@@ -49,9 +50,11 @@ __all__ = [
     "read_meta",
 ]
 
-CACHE_SCHEMA_VERSION = 1
+CACHE_SCHEMA_VERSION = 2
 """Written into a new cache file and checked on every open: a file of another version is refused
-(CacheError; start over with an empty data dir), never read with another meaning."""
+(CacheError; start over with an empty data dir), never read with another meaning. A version 1
+file (q always int64) is upgraded in place on open (:func:`_upgrade_v1`); a featurizer that knows
+only version 1 refuses a version 2 file rather than misread its int32 q."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -78,6 +81,7 @@ CREATE TABLE IF NOT EXISTS samples (
     label_vec BLOB,
     q BLOB NOT NULL,
     event_us INTEGER NOT NULL DEFAULT 0,
+    q_itemsize INTEGER NOT NULL DEFAULT 8,  -- bytes per q value in the blob: 4 (int32) or 8 (int64)
     PRIMARY KEY (head_id, sample_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS samples_by_subject ON samples (subject_id, head_id, sample_id);
@@ -160,6 +164,7 @@ def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> 
         db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)
         db.executescript(_SCHEMA + EVENTS_SCHEMA)
         _add_outbox_headers(db)
+        _upgrade_v1(db)
         check_meta(db, path, {"schema_version": str(CACHE_SCHEMA_VERSION), **dict(identity)})
     except Exception:
         db.close()
@@ -172,6 +177,17 @@ def _add_outbox_headers(db: sqlite3.Connection) -> None:
     its rows had); schema version 1 either way: an older featurizer ignores the column."""
     if "headers" not in {str(r[1]) for r in db.execute("PRAGMA table_info(outbox)").fetchall()}:
         db.execute("ALTER TABLE outbox ADD COLUMN headers BLOB")
+
+
+def _upgrade_v1(db: sqlite3.Connection) -> None:
+    """A schema 1 file becomes schema 2 in one transaction: ``samples`` gains ``q_itemsize``, 8 for
+    the int64 blobs it holds (new rows are written as int32)."""
+    with Transaction(db):
+        if read_meta(db, "schema_version") != "1":
+            return
+        if "q_itemsize" not in {str(r[1]) for r in db.execute("PRAGMA table_info(samples)").fetchall()}:
+            db.execute("ALTER TABLE samples ADD COLUMN q_itemsize INTEGER NOT NULL DEFAULT 8")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(CACHE_SCHEMA_VERSION),))
 
 
 def check_meta(db: sqlite3.Connection, path: Path, wanted: Mapping[str, str]) -> None:

@@ -9,12 +9,15 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from unlearn.ledger.quantization import QMAX
+from unlearn.streams.featurizer.cache_file import CacheError
 from unlearn.streams.featurizer.cache_view import CachedSample, HeadInfo
 from unlearn.streams.featurizer.tombstones import TombName, Tombstone, TombstoneKey
 
 __all__ = ["SampleTable", "TombstoneTable"]
 
-_SAMPLE_COLUMNS = "head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us"
+_SAMPLE_COLUMNS = ("head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us, "
+                   "q_itemsize")
 _HEAD_COLUMNS = "head_id, backbone, input_kind, dim, label_kind, label_width, frac_bits, label_frac_bits"
 _CHUNK = 500  # ids per IN (...) query
 
@@ -23,15 +26,24 @@ def _i64(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, dtype="<i8").tobytes()
 
 
+def _q32(s: CachedSample) -> bytes:
+    """q as int32 LE: |q| <= 2^30 always (the quantizer's bound), half the bytes of int64."""
+    q = np.asarray(s.q)
+    if q.size and (q.max() > QMAX or q.min() < -QMAX):
+        raise CacheError(f"sample ({s.head_id!r}, {s.sample_id!r}): |q| exceeds 2^30, not a quantizer's value")
+    return np.ascontiguousarray(q, dtype="<i4").tobytes()
+
+
 def _from_i64(b: bytes) -> np.ndarray:
     return np.frombuffer(b, dtype="<i8").astype(np.int64)
 
 
 def _sample(row: Sequence[object]) -> CachedSample:
-    head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us = row
+    head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us, q_itemsize = row
     label = int(label_class) if label_class is not None else _from_i64(label_vec)  # type: ignore[arg-type,call-overload]
+    q_values = np.frombuffer(q, dtype="<i4" if q_itemsize == 4 else "<i8").astype(np.int64)  # type: ignore[call-overload]
     return CachedSample(str(head_id), str(sample_id), str(subject_id), str(client_id), str(event_id),
-                        label, _from_i64(q), int(event_us))  # type: ignore[arg-type,call-overload]
+                        label, q_values, int(event_us))  # type: ignore[call-overload]
 
 
 class SampleTable:
@@ -90,10 +102,10 @@ class SampleTable:
     def put(self, samples: Iterable[CachedSample], replace: bool) -> None:
         self._db.executemany(
             f"INSERT {'OR REPLACE ' if replace else ''}INTO samples ({_SAMPLE_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 4)",
             [(s.head_id, s.sample_id, s.subject_id, s.client_id, s.event_id,
               s.label if isinstance(s.label, int) else None,
-              None if isinstance(s.label, int) else _i64(s.label), _i64(s.q), int(s.event_us))
+              None if isinstance(s.label, int) else _i64(s.label), _q32(s), int(s.event_us))
              for s in samples])
 
     def drop(self, keys: Iterable[tuple[str, str]]) -> None:

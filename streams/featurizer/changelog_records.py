@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from unlearn.ledger.quantization import QMAX
 from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache_view import CachedSample, HeadInfo
 from unlearn.streams.featurizer.tombstones import Tombstone, TombstoneKey
@@ -55,7 +56,8 @@ PHASE_OUTPUT = 1
 """Outbox phase of the downstream messages and the sample/head records."""
 
 _POSITION_FORMAT = "unlearn.featurizer-position/v2"
-_SAMPLE_MAGIC = b"ULFS\x01"
+_SAMPLE_MAGIC = b"ULFS\x02"  # q as i32 (|q| <= 2^30 always): what this writes
+_SAMPLE_MAGIC_V1 = b"ULFS\x01"  # q as i64: records written before issue 29, still read
 _TXN_MAGIC = b"ULFT\x01"
 _TXN_MAGIC_HEADERS = b"ULFT\x02"  # as v1, each message followed by its headers (only when one has some)
 _NONE = 0xFFFFFFFF
@@ -138,9 +140,13 @@ def parse_sample_key(key: bytes) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- values
 def encode_sample(s: CachedSample) -> bytes:
-    """``ULFS\\x01`` + u32 header length + JSON header + q (int64 LE) [+ label vector (int64 LE)]."""
+    """``ULFS\\x02`` + u32 header length + JSON header + q (int32 LE) [+ label vector (int64 LE)];
+    ChangelogError if a |q| exceeds 2^30 (never a silent wrap)."""
     vec = not isinstance(s.label, int)
-    q = np.ascontiguousarray(s.q, dtype="<i8")
+    q64 = np.asarray(s.q)
+    if q64.size and (q64.max() > QMAX or q64.min() < -QMAX):
+        raise ChangelogError(f"sample ({s.head_id!r}, {s.sample_id!r}): |q| exceeds 2^30, not a quantizer's value")
+    q = np.ascontiguousarray(q64, dtype="<i4")
     fields = {"subject": s.subject_id, "client": s.client_id, "event": s.event_id,
               "label": None if vec else int(s.label), "d": int(q.shape[0]),
               "label_width": int(np.asarray(s.label).shape[0]) if vec else 0}
@@ -154,20 +160,27 @@ def encode_sample(s: CachedSample) -> bytes:
 
 
 def decode_sample(head_id: str, sample_id: str, raw: bytes) -> CachedSample:
-    """Inverse of :func:`encode_sample`."""
+    """Inverse of :func:`encode_sample`, and of the ``ULFS\\x01`` records of older changelogs (q as
+    int64 LE); q is int64 either way. ChangelogError on a malformed record or |q| > 2^30."""
     try:
-        if not raw.startswith(_SAMPLE_MAGIC):
+        if raw.startswith(_SAMPLE_MAGIC):
+            qsize = 4
+        elif raw.startswith(_SAMPLE_MAGIC_V1):
+            qsize = 8
+        else:
             raise ValueError("not a cached-sample record")
         (n,) = struct.unpack_from("<I", raw, len(_SAMPLE_MAGIC))
         at = len(_SAMPLE_MAGIC) + 4
         h = orjson.loads(raw[at: at + n])
         at += n
         d, c = int(h["d"]), int(h["label_width"])
-        if len(raw) != at + 8 * (d + c):
+        if d < 1 or c < 0 or len(raw) != at + qsize * d + 8 * c:
             raise ValueError("truncated cached-sample record")
-        q = np.frombuffer(raw, dtype="<i8", count=d, offset=at).astype(np.int64)
+        q = np.frombuffer(raw, dtype=f"<i{qsize}", count=d, offset=at).astype(np.int64)
+        if q.max() > QMAX or q.min() < -QMAX:
+            raise ValueError("|q| exceeds 2^30, not a value the quantizer produces")
         label: int | np.ndarray = (int(h["label"]) if h["label"] is not None else
-                                   np.frombuffer(raw, dtype="<i8", count=c, offset=at + 8 * d).astype(np.int64))
+                                   np.frombuffer(raw, dtype="<i8", count=c, offset=at + qsize * d).astype(np.int64))
         return CachedSample(head_id, sample_id, str(h["subject"]), str(h["client"]), str(h["event"]), label, q,
                             int(h.get("t", 0)))
     except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError) as exc:

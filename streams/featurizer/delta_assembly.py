@@ -87,7 +87,9 @@ def _entry(sign: int, items: list[tuple[str, CachedSample]], head: HeadInfo, pac
     else:
         labels = np.stack([cs.label for _, cs in items]).astype(np.int64, copy=False)
     if not packed:
-        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject, clients)
+        # q as i32 on the wire (ROWS32, or SEALED32 once sealed): |q| <= 2^30 always
+        return RowsEntry(sign, event_ids, sample_ids, subject_ids, labels, Q, event_us, by_subject, clients,
+                         q_itemsize=4)
     blob = ExactLedger.from_rows(Q, labels, frac_bits=head.frac_bits, label_frac_bits=head.label_frac_bits).to_bytes()
     # The rows' multiset hash, so the ledger's retained-rows hash stays known (docs/design.md s.6).
     mset = MultisetHash.of_rows(Q, labels, head.frac_bits, head.label_frac_bits).to_bytes()

@@ -23,6 +23,7 @@ from unlearn.schemas import (
     encode_head,
 )
 from unlearn.schemas.binary_frame import PREFIX, crc32c
+from unlearn.schemas.delta_codec import SealedRowsEntry
 
 _ids = st.from_regex(r"[A-Za-z0-9._:@+-]{1,12}", fullmatch=True)  # the id grammar (schemas.envelope.ID_CHARS)
 _I64 = st.integers(-(2**63), 2**63 - 1)
@@ -36,9 +37,27 @@ def _rows(draw: st.DrawFn, d: int) -> RowsEntry:
         labels = draw(hnp.arrays(np.int64, n, elements=st.integers(0, 2**63 - 1)))
     else:
         labels = draw(hnp.arrays(np.int64, (n, draw(st.integers(1, 4))), elements=_I64))
-    q = draw(hnp.arrays(np.int64, (n, d), elements=_I64))
+    q_itemsize = draw(st.sampled_from([4, 8]))  # ROWS32 (|q| <= 2^30) or ROWS (any int64)
+    q = draw(hnp.arrays(np.int64, (n, d), elements=_I64 if q_itemsize == 8 else st.integers(-(2**30), 2**30)))
     sign = draw(st.sampled_from([1, -1]))
-    return RowsEntry(sign, *ids, labels, q, draw(_event_times(n)), sign < 0 and draw(st.booleans()))
+    return RowsEntry(sign, *ids, labels, q, draw(_event_times(n)), sign < 0 and draw(st.booleans()), (), q_itemsize)
+
+
+@st.composite
+def _sealed(draw: st.DrawFn, d: int) -> SealedRowsEntry:
+    """A sealed entry of either kind (q as i32, or the i64 rows of old topics): the codec does not
+    open rows, so any bytes of the right size stand for them."""
+    n = draw(st.integers(1, 4))
+    ids = [draw(st.lists(_ids, min_size=n, max_size=n)) for _ in range(3)]
+    c = draw(st.integers(0, 3))
+    q_itemsize = draw(st.sampled_from([4, 8]))
+    size = 28 + q_itemsize * d + 8 * max(c, 1)
+    sign = draw(st.sampled_from([1, -1]))
+    rows = [draw(st.binary(min_size=size, max_size=size)) for _ in range(n)]
+    return SealedRowsEntry(sign, *ids, int(c > 0), c, [draw(st.binary(min_size=16, max_size=16)).hex()
+                                                       for _ in range(n)],
+                           [draw(st.binary(min_size=32, max_size=32)) for _ in range(n)], rows,
+                           draw(_event_times(n)), sign < 0 and draw(st.booleans()), (), q_itemsize)
 
 
 def _event_times(n: int) -> st.SearchStrategy[list[int]]:
@@ -60,7 +79,7 @@ def _packed(draw: st.DrawFn) -> PackedEntry:
 @st.composite
 def deltas(draw: st.DrawFn) -> Delta:
     d = draw(st.integers(1, 9))
-    entries = draw(st.lists(st.one_of(_rows(d), _packed()), max_size=3))
+    entries = draw(st.lists(st.one_of(_rows(d), _packed(), _sealed(d)), max_size=3))
     contract = draw(st.none() | st.tuples(st.integers(1, 2**32 - 1), st.integers(1, 2**63 - 1)))
     return Delta(draw(_ids), draw(_ids), d, draw(st.integers(0, 62)), draw(st.integers(0, 62)), entries,
                  *(contract or (None, None)))

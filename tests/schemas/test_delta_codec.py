@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -93,6 +94,25 @@ def test_delta_layout_is_documented_exactly() -> None:
     expect += struct.pack("<qq", 1, -2)
     expect += struct.pack("<I", crc32c(expect))
     assert raw == expect and len(raw) == 100
+    # ROWS32 (kind 5, what the featurizer writes): the same bytes but the kind and Q as i32
+    raw32 = encode_delta(Delta("h", "f", 2, 30, 0, [replace(delta.entries[0], q_itemsize=4)]))
+    expect32 = expect[:34] + b"\x05" + expect[35:80] + struct.pack("<ii", 1, -2)
+    expect32 = expect32[:8] + struct.pack("<Q", 92) + expect32[16:]
+    assert raw32 == expect32 + struct.pack("<I", crc32c(expect32)) and len(raw32) == 92
+    back = decode_delta(raw32).entries[0]
+    assert isinstance(back, RowsEntry) and back.q_itemsize == 4 and back == delta.entries[0]
+    assert back.q.dtype == np.int64 and not back.q.flags.writeable
+
+
+@pytest.mark.parametrize("value", [2**30 + 1, -(2**30) - 1, 2**31 - 1, -(2**31)])
+def test_rows32_q_beyond_2_30_is_refused_never_wrapped(value: int) -> None:
+    entry = RowsEntry(1, ["e"], ["s"], ["u"], np.array([5]), np.array([[1, value]]), q_itemsize=4)
+    with pytest.raises(CodecError, match=r"2\^30"):
+        encode_delta(Delta("h", "f", 2, 30, 0, [entry]))
+    ok = encode_delta(Delta("h", "f", 2, 30, 0, [replace(entry, q=np.array([[1, 2]]))]))
+    body = ok[16:-4].replace(struct.pack("<ii", 1, 2), struct.pack("<ii", 1, value))  # a hostile encoder
+    with pytest.raises(CodecError, match=r"2\^30"):
+        decode_delta(reframe(ok, body))
 
 
 def test_delta_client_column_is_checked() -> None:

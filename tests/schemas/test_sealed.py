@@ -13,15 +13,18 @@ import struct
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unlearn.infra.settings import Settings
+from unlearn.ledger.quantization import QMAX as LEDGER_QMAX
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry, SealedRowsEntry, decode_delta, encode_delta
 from unlearn.schemas.sealed import (
     PURPOSE_CHANGELOG,
     PURPOSE_ROW,
+    QMAX,
     ErasedRow,
     SampleKey,
     SealError,
@@ -31,10 +34,13 @@ from unlearn.schemas.sealed import (
     encode_key_record,
     new_key,
     open_delta,
+    parse_row,
     row_bytes,
     seal,
     seal_delta,
+    seal_entry,
     unseal,
+    wire_row,
 )
 from unlearn.streams.shared.key_ring import KeyGeneration, KeyRing
 
@@ -94,8 +100,8 @@ def _delta(sign: int, samples: list[str], Q: np.ndarray, labels: np.ndarray) -> 
 @given(n=st.integers(1, 5), d=st.integers(1, 6), vector=st.booleans(), seed=st.integers(0, 2**31))
 def test_sealed_delta_round_trip(n: int, d: int, vector: bool, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    Q = rng.integers(-(2**40), 2**40, size=(n, d))
-    labels = rng.integers(-(2**20), 2**20, size=(n, 3)) if vector else rng.integers(0, 9, size=n)
+    Q = rng.integers(-(2**30), 2**30, size=(n, d), endpoint=True)
+    labels = rng.integers(-(2**40), 2**40, size=(n, 3)) if vector else rng.integers(0, 9, size=n)
     samples = [f"s{i}" for i in range(n)]
     keys = {s: new_key() for s in samples}
     plain = _delta(1, samples, Q, labels)
@@ -103,9 +109,9 @@ def test_sealed_delta_round_trip(n: int, d: int, vector: bool, seed: int) -> Non
     sealed = seal_delta(Delta("h", "src", d, 30, 0, (*plain.entries, packed)), lambda h, s: keys[s])
     raw = encode_delta(sealed)
     for row in Q:
-        assert row.astype("<i8").tobytes() not in raw
+        assert row.astype("<i8").tobytes() not in raw and row.astype("<i4").tobytes() not in raw
     back = decode_delta(raw)
-    assert back == sealed and isinstance(back.entries[0], SealedRowsEntry)
+    assert back == sealed and isinstance(back.entries[0], SealedRowsEntry) and back.entries[0].q_itemsize == 4
     opened = open_delta(back, lambda h, s, kid: keys[s] if keys[s].key_id == kid else None)
     assert opened.erased == [] and opened.delta.entries[0] == plain.entries[0]
     assert opened.delta.entries[1] == packed
@@ -174,8 +180,29 @@ def ref_commitment(key: SampleKey, head_id: str, sample_id: str, row: bytes) -> 
     return hmac.new(kc, b"unlearn-commit/v1\x00" + _f(head_id) + _f(sample_id) + row, hashlib.sha256).digest()
 
 
+def ref_seal(head_id: str, e: RowsEntry, keys: list[SampleKey], q_itemsize: int) -> SealedRowsEntry:
+    """Row by row, as docs/formats.md "Sealed rows" says, no range check: the plaintext is
+    ``i32[d] q`` (SEALED32, ``q_itemsize`` 4) or ``i64[d] q`` (SEALED, 4 bytes more per value:
+    the layout written before issue 29), then ``i64[w] label``; the commitment is over the
+    canonical ``i64[d] q || i64[w] label`` in both."""
+    labels = np.asarray(e.labels)
+    coms, cts = [], []
+    for i, (sample, key) in enumerate(zip(e.sample_ids, keys, strict=True)):
+        label = b"".join(struct.pack("<q", int(v)) for v in labels[i].reshape(-1))
+        canonical = b"".join(struct.pack("<q", int(v)) for v in e.q[i]) + label
+        plain = b"".join(struct.pack("<i" if q_itemsize == 4 else "<q", int(v)) for v in e.q[i]) + label
+        nonce = bytes(range(12))
+        coms.append(ref_commitment(key, head_id, sample, canonical))
+        cts.append(nonce + AESGCM(key.key).encrypt(nonce, plain, ref_aad("delta-row", head_id, sample, key.key_id)))
+    vector = labels.ndim == 2
+    return SealedRowsEntry(e.sign, e.event_ids, e.sample_ids, e.subject_ids, int(vector),
+                           labels.shape[1] if vector else 0, tuple(k.key_id for k in keys), tuple(coms), tuple(cts),
+                           q_itemsize=q_itemsize)
+
+
 def ref_open(delta: Delta, lookup: dict[tuple[str, str, str], SampleKey]) -> tuple[list[RowsEntry], list[ErasedRow]]:
-    """Row by row: unseal, check the commitment, parse ``row`` as int64 LE (d + width values)."""
+    """Row by row: unseal, parse ``row`` (q as i32 or i64 LE by the entry's kind, then the label
+    as i64 LE), check the commitment over the canonical (all i64) bytes."""
     entries, erased = [], []
     for e in delta.entries:
         assert isinstance(e, SealedRowsEntry)
@@ -187,11 +214,15 @@ def ref_open(delta: Delta, lookup: dict[tuple[str, str, str], SampleKey]) -> tup
                                         e.commitments[i]))
                 continue
             row = unseal(key, PURPOSE_ROW, delta.head_id, e.sample_ids[i], e.ciphertexts[i])
-            assert ref_commitment(key, delta.head_id, e.sample_ids[i], row) == e.commitments[i]
-            a = np.frombuffer(row, dtype="<i8").astype(np.int64)
+            fmt = "i" if e.q_itemsize == 4 else "q"
+            q = struct.unpack_from(f"<{delta.d}{fmt}", row)
+            lab = struct.unpack_from(f"<{e.label_width}q", row, e.q_itemsize * delta.d)
+            assert len(row) == e.q_itemsize * delta.d + 8 * e.label_width
+            canonical = struct.pack(f"<{delta.d + e.label_width}q", *q, *lab)
+            assert ref_commitment(key, delta.head_id, e.sample_ids[i], canonical) == e.commitments[i]
             keep.append(i)
-            qs.append(a[: delta.d])
-            labs.append(a[delta.d:])
+            qs.append(np.array(q, dtype=np.int64))
+            labs.append(np.array(lab, dtype=np.int64))
         if keep:
             lab = np.stack(labs)
             entries.append(RowsEntry(e.sign, tuple(e.event_ids[i] for i in keep), tuple(e.sample_ids[i] for i in keep),
@@ -222,23 +253,29 @@ def test_key_id_check_matches_the_reference(kid: str) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=3), d=st.integers(1, 9), vector=st.booleans(),
-       c=st.integers(1, 3), seed=st.integers(0, 2**32 - 1), erase=st.floats(0, 1))
+       c=st.integers(1, 3), seed=st.integers(0, 2**32 - 1), erase=st.floats(0, 1),
+       layouts=st.lists(st.sampled_from(["seal_delta", "ref32", "ref64"]), min_size=3, max_size=3))
 
 
 def test_open_delta_matches_row_by_row_reference(sizes: list[int], d: int, vector: bool, c: int, seed: int,
-                                                 erase: float) -> None:
+                                                 erase: float, layouts: list[str]) -> None:
+    """Entries sealed by the product (SEALED32) or by the reference in either layout (SEALED32, or
+    the i64 SEALED of old ``deltas`` topics) open as the row-by-row reference opens them."""
     rng = np.random.default_rng(seed)
-    entries, at = [], 0
-    for n in sizes:
-        q = rng.integers(-(2**62), 2**62, size=(n, d), dtype=np.int64)
-        lab = rng.integers(-(2**40), 2**40, size=(n, c), dtype=np.int64) if vector else rng.integers(0, 10, size=n)
-        names = [f"s{at + i}" for i in range(n)]
-        entries.append(RowsEntry(int(rng.choice([1, -1])), tuple(f"e{x}" for x in names), tuple(names),
-                                 tuple(f"u{x}" for x in names), lab, q))
-        at += n
     keys: dict[tuple[str, str], SampleKey] = {}
-    sealed = decode_delta(encode_delta(seal_delta(Delta("h", "src", d, 20, 20, tuple(entries)),
-                                                  lambda h, s: keys.setdefault((h, s), new_key()))))
+    entries, at = [], 0
+    for n, layout in zip(sizes, layouts):
+        q = rng.integers(-(2**30), 2**30, size=(n, d), dtype=np.int64, endpoint=True)
+        lab = rng.integers(-(2**62), 2**62, size=(n, c), dtype=np.int64) if vector else rng.integers(0, 10, size=n)
+        names = [f"s{at + i}" for i in range(n)]
+        e = RowsEntry(int(rng.choice([1, -1])), tuple(f"e{x}" for x in names), tuple(names),
+                      tuple(f"u{x}" for x in names), lab, q)
+        ks = [keys.setdefault(("h", x), new_key()) for x in names]
+        entries.append(seal_entry("h", e, ks) if layout == "seal_delta" else
+                       ref_seal("h", e, ks, 4 if layout == "ref32" else 8))
+        at += n
+    sealed = decode_delta(encode_delta(Delta("h", "src", d, 20, 20, tuple(entries))))
+    assert [e.q_itemsize for e in sealed.entries] == [8 if x == "ref64" else 4 for x in layouts[:len(sizes)]]
     live = {("h", s, k.key_id): k for (_, s), k in keys.items() if rng.random() >= erase}
     want, want_erased = ref_open(sealed, live)
     got = open_delta(sealed, lambda h, s, kid: live.get((h, s, kid)))
@@ -266,3 +303,62 @@ def test_key_ring_get_matches_the_merged_keys(parts: list[list[tuple[str, str, s
     merged = ring.keys
     for ref in [*merged, probe]:
         assert ring.get(ref) is merged.get(ref)
+
+
+def _row_entry(sign: int, q: list[int], label: int = 3) -> RowsEntry:
+    return RowsEntry(sign, [f"e{sign}"], ["s"], ["u"], np.array([label]), np.array([q], dtype=np.int64))
+
+
+def test_the_row_bound_is_the_quantizers() -> None:
+    assert QMAX == LEDGER_QMAX == 2**30 and QMAX < 2**31  # |q| <= 2^30 fits i32 (docs/design.md section 2)
+
+
+def test_rows_are_sealed_as_i32_and_old_i64_rows_still_open() -> None:
+    """The writer seals q as i32 (kind 4, 4 bytes less per value); a SEALED (kind 3) row of an old
+    ``deltas`` topic opens to the same values; an old add and a new delete of the same row share the
+    commitment (the verifier's erased-pair check holds across the change)."""
+    k, q = new_key(), [QMAX, -QMAX, 0, -1, 7]
+    new = seal_entry("h", _row_entry(-1, q), [k])
+    old = ref_seal("h", _row_entry(1, q), [k], 8)
+    assert (new.q_itemsize, old.q_itemsize) == (4, 8)
+    assert len(new.ciphertexts[0]) == 12 + 4 * 5 + 8 + 16 and len(old.ciphertexts[0]) == 12 + 8 * 6 + 16
+    assert new.commitments == old.commitments
+    for e, kind in ((new, 4), (old, 3)):
+        raw = encode_delta(Delta("h", "f", 5, 30, 0, [e]))
+        assert raw[34] == kind  # the entry kind (docs/formats.md: offset 34 with ids "h", "f")
+        opened = open_delta(decode_delta(raw), lambda h, s, kid: k)
+        got = opened.delta.entries[0]
+        assert isinstance(got, RowsEntry) and got.q.dtype == np.int64 and got.q.tolist() == [q]
+        assert got.labels.tolist() == [3]
+        assert encode_delta(decode_delta(raw)) == raw  # one encoding per value, either kind
+
+
+@pytest.mark.parametrize(("q_itemsize", "value"), [(4, QMAX + 1), (4, -QMAX - 1), (4, 2**31 - 1), (4, -(2**31)),
+                                                   (8, QMAX + 1), (8, -(2**40)), (8, 2**63 - 1)])
+def test_q_beyond_2_30_is_refused_never_wrapped(q_itemsize: int, value: int) -> None:
+    k = new_key()
+    with pytest.raises(SealError, match=r"2\^30"):
+        seal_entry("h", _row_entry(1, [1, value]), [k])
+    if q_itemsize == 4 and not -(2**31) <= value < 2**31:
+        return
+    bad = ref_seal("h", _row_entry(1, [1, value]), [k], q_itemsize)  # a buggy or hostile writer
+    with pytest.raises(SealError, match=r"2\^30"):
+        open_delta(decode_delta(encode_delta(Delta("h", "f", 2, 30, 0, [bad]))), lambda h, s, kid: k)
+    plain = unseal(k, PURPOSE_ROW, "h", "s", bad.ciphertexts[0])
+    with pytest.raises(SealError, match=r"2\^30"):
+        parse_row(plain, 2, 1, q_itemsize)
+    with pytest.raises(SealError, match="bytes"):
+        parse_row(plain, 2, 1, 12 - q_itemsize)  # the other layout's size
+
+
+@settings(max_examples=100, deadline=None)
+@given(q=st.lists(st.integers(-QMAX, QMAX), min_size=1, max_size=9),
+       label=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3))
+def test_wire_row_round_trips_and_matches_the_documented_bytes(q: list[int], label: list[int]) -> None:
+    raw = wire_row(np.array(q), np.array(label))
+    assert raw == struct.pack(f"<{len(q)}i{len(label)}q", *q, *label)
+    back_q, back_label = parse_row(raw, len(q), len(label))
+    assert back_q.dtype == back_label.dtype == np.int64
+    assert back_q.tolist() == q and back_label.tolist() == label
+    old_q, old_label = parse_row(row_bytes(np.array(q), np.array(label)), len(q), len(label), 8)
+    assert old_q.tolist() == q and old_label.tolist() == label

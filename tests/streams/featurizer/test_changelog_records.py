@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import struct
 
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unlearn.ledger.quantization import QMAX
 from unlearn.streams.featurizer.cache_view import CachedSample, HeadInfo
 from unlearn.streams.featurizer.changelog_records import (
     ChangelogError,
@@ -51,3 +57,47 @@ def test_position_records_carry_the_routing_state() -> None:
                   b'"generation":3,"pieces":1,"sha256":"00"}'):
         with pytest.raises(ChangelogError, match="unknown position format"):
             Position.decode(other)
+
+
+def ref_sample_record(s: CachedSample, version: int) -> bytes:
+    """A sample record as docs/featurizer.md tables it, built by hand: ``ULFS`` + version byte + u32
+    header length + JSON header + q (v2: int32 LE, v1: int64 LE, the records of older changelogs)
+    [+ label vector (int64 LE)]; no range check."""
+    vec = not isinstance(s.label, int)
+    header = orjson.dumps({"subject": s.subject_id, "client": s.client_id, "event": s.event_id,
+                           "label": None if vec else s.label, "d": len(s.q),
+                           "label_width": len(s.label) if vec else 0, "t": s.event_us})  # type: ignore[arg-type]
+    body = struct.pack(f"<{len(s.q)}{'i' if version == 2 else 'q'}", *(int(v) for v in s.q))
+    if vec:
+        body += struct.pack(f"<{len(s.label)}q", *(int(v) for v in s.label))  # type: ignore[arg-type]
+    return b"ULFS" + bytes([version]) + struct.pack("<I", len(header)) + header + body
+
+
+@settings(max_examples=100, deadline=None)
+@given(q=st.lists(st.integers(-QMAX, QMAX), min_size=1, max_size=9),
+       label=st.one_of(st.integers(0, 2**20), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3)),
+       t=st.integers(1, 2**62))
+def test_sample_records_are_written_with_q_as_i32_and_old_i64_records_still_read(q: list[int], label: object,
+                                                                                   t: int) -> None:
+    lab: int | np.ndarray = label if isinstance(label, int) else np.array(label, dtype=np.int64)
+    s = CachedSample("h", "s/1", "u", "c", "e", lab, np.array(q, dtype=np.int64), event_us=t)
+    raw = encode_sample(s)
+    assert raw == ref_sample_record(s, 2)  # the documented layout, 4 bytes per q value
+    for record in (raw, ref_sample_record(s, 1)):
+        back = decode_sample("h", "s/1", record)
+        assert back == s and back.q.dtype == np.int64
+        if not isinstance(label, int):
+            assert isinstance(back.label, np.ndarray) and back.label.dtype == np.int64
+
+
+@pytest.mark.parametrize(("version", "value"), [(2, QMAX + 1), (2, -QMAX - 1), (2, 2**31 - 1), (1, QMAX + 1),
+                                                (1, -(2**40)), (1, 2**63 - 1)])
+def test_q_beyond_2_30_is_refused_never_wrapped(version: int, value: int) -> None:
+    s = CachedSample("h", "s", "u", "c", "e", 1, np.array([3, value], dtype=np.int64), event_us=1)
+    with pytest.raises(ChangelogError, match=r"2\^30"):
+        encode_sample(s)
+    with pytest.raises(ChangelogError, match=r"2\^30"):
+        decode_sample("h", "s", ref_sample_record(s, version))
+    for bad in (ref_sample_record(s, version)[:-4], b"ULFS\x03" + ref_sample_record(s, version)[5:]):
+        with pytest.raises(ChangelogError):
+            decode_sample("h", "s", bad)
