@@ -117,6 +117,7 @@ def test_an_opener_with_a_tail_opens_new_keys_without_reading_the_family(setting
 
         gone = store.create(p, head, "gone")
         store.flush()
+        assert tail.get((head, "gone", gone.key_id), wait=30.0) == gone  # followed, so "gone" below means destroyed
         assert store.destroy(p, [(head, "gone", gone.key_id)]) == 1
         assert _until(lambda: tail.get((head, "gone", gone.key_id)) is None)
         opened = opener.open(seal_delta(_delta(head, ["gone"]), lambda h, s: gone))
