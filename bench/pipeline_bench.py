@@ -266,9 +266,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             y = rng.integers(0, args.classes, args.n)
             out["throughput"] = {}
             fz = procs[0].proc.pid if procs[0].proc is not None else None
+            lz = procs[1].proc.pid if procs[1].proc is not None else None
             for enc in encodings:
                 out["throughput"][enc] = throughput(p, s, w, f"bench-{enc}", FEATURES_ENCODINGS[enc], X, y, args,
-                                                    featurizer_pid=fz)
+                                                    featurizer_pid=fz, ledger_pid=lz)
             out["cpu_per_add"] = {}
             for d in [int(x) for x in args.cpu_dims.split(",") if x]:
                 Xd = rng.normal(size=(args.cpu_n, d))
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | None, X: np.ndarray,
                y: np.ndarray, args: argparse.Namespace, featurizer_pid: int | None = None,
-               count_topics: bool = True) -> dict[str, Any]:
+               count_topics: bool = True, ledger_pid: int | None = None) -> dict[str, Any]:
     """Adds of every row of ``X`` to a new ``head`` (after one warm-up add that creates it):
     from the first produce to the head covering them all (end to end), and to the last delta
     covering them (the featurizer's part). Messages are built before timing."""
@@ -375,6 +376,8 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     msgs = [request(i, "add", head, X[i], int(y[i]), dtype) for i in range(n)]
     before = topic_bytes.snapshot(s) if count_topics else {}
     cpu0 = topic_bytes.cpu_seconds(featurizer_pid) if featurizer_pid else 0.0
+    box0, ledger0, me0 = topic_bytes.box_busy_seconds(), topic_bytes.cpu_seconds(ledger_pid or os.getpid()), \
+        topic_bytes.cpu_seconds(os.getpid())
     t0 = time.time()
     for key, val in msgs:
         while True:
@@ -392,15 +395,24 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     t_featurized = max(w.delta_ts[f"{head}.add{i}"] for i in range(n))  # broker timestamps: same host clock
     # the featurizer's CPU for these adds (it idles at ~2% of a core meanwhile: counted too)
     cpu = topic_bytes.cpu_seconds(featurizer_pid) - cpu0 if featurizer_pid else float("nan")
+    # the whole box's CPU per add over the same span, split: featurizer, ledger, this benchmark, the rest
+    box = topic_bytes.box_busy_seconds() - box0
+    ledger = topic_bytes.cpu_seconds(ledger_pid) - ledger0 if ledger_pid else float("nan")
+    me = topic_bytes.cpu_seconds(os.getpid()) - me0
+    split = {"box": box, "featurizer": cpu, "ledger": ledger, "bench": me, "rest": box - cpu - ledger - me}
     name = "JSON numbers" if dtype is None else f"features_bin {dtype}"
     size = float(np.mean([len(v) for _, v in msgs]))
     print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={X.shape[1]}, c={args.classes}: "
           f"{n / (t_done - t0):,.0f} events/s end to end ({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s, "
           f"featurized in {t_featurized - t0:.1f} s: {n / (t_featurized - t0):,.0f} events/s); "
           f"featurizer CPU {1e6 * cpu / n:,.0f} µs/add", flush=True)
+    if ledger_pid:
+        print("  CPU of the box per add, µs (to the head covering them): " +
+              ", ".join(f"{k} {1e6 * v / n:,.0f}" for k, v in split.items()), flush=True)
     res = {"events": n, "dim": X.shape[1], "dtype": dtype, "bytes_per_request": size, "produce_s": t_produced - t0,
            "featurized_s": t_featurized - t0, "featurizer_events_per_s": n / (t_featurized - t0),
-           "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0), "featurizer_cpu_us_per_add": 1e6 * cpu / n}
+           "end_to_end_s": t_done - t0, "events_per_s": n / (t_done - t0), "featurizer_cpu_us_per_add": 1e6 * cpu / n,
+           "box_cpu_us_per_add": {k: 1e6 * v / n for k, v in split.items()}}
     if count_topics:
         counts = topic_bytes.written(s, before, topic_bytes.snapshot(s))
         req = counts.get("requests")
