@@ -5,9 +5,10 @@ key disappears, and a RowOpener with a tail opens new keys without a ring read."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -76,53 +77,53 @@ def _until(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
     return False
 
 
-def test_keys_written_after_the_start_are_followed_and_destroyed_ones_leave(settings: Settings) -> None:
-    count = settings.partitions
-    head = "h0"
-    p = head_partition(head, count)
+HEAD = "h0"
+
+
+@contextlib.contextmanager
+def _store_and_tail(settings: Settings) -> Iterator[tuple[KeyStore, KeyTail, int]]:
+    """A key store owning every partition, a started follower, and the head's key partition."""
     store = KeyStore(settings)
     tail = KeyTail(settings, role="ledger")
     try:
-        for part in range(count):
+        for part in range(settings.partitions):
             store.load(part)
         tail.start(wait_assigned=60)
-        key = store.create(p, head, "s1")
-        store.flush()
-        assert tail.get((head, "s1", key.key_id), wait=30.0) == key
-        assert tail.family == keys_family(settings.topic_prefix)
-
-        assert store.destroy(p, [(head, "s1", key.key_id)]) == 1
-        assert _until(lambda: tail.get((head, "s1", key.key_id)) is None)
+        yield store, tail, head_partition(HEAD, settings.partitions)
     finally:
         tail.stop()
         store.close()
+
+
+def _destroyed(store: KeyStore, tail: KeyTail, p: int, sample: str, key: SampleKey) -> None:
+    """Destroy a key the follower holds, and wait until it holds it no more."""
+    ref = (HEAD, sample, key.key_id)
+    assert tail.get(ref, wait=30.0) == key  # followed, so "gone" below means destroyed
+    assert store.destroy(p, [ref]) == 1
+    assert _until(lambda: tail.get(ref) is None)
+
+
+def test_keys_written_after_the_start_are_followed_and_destroyed_ones_leave(settings: Settings) -> None:
+    with _store_and_tail(settings) as (store, tail, p):
+        key = store.create(p, HEAD, "s1")
+        store.flush()
+        assert tail.get((HEAD, "s1", key.key_id), wait=30.0) == key
+        assert tail.family == keys_family(settings.topic_prefix)
+        _destroyed(store, tail, p, "s1", key)
 
 
 def test_an_opener_with_a_tail_opens_new_keys_without_reading_the_family(settings: Settings) -> None:
-    count = settings.partitions
-    head = "h0"
-    p = head_partition(head, count)
-    store = KeyStore(settings)
-    tail = KeyTail(settings, role="ledger")
-    try:
-        for part in range(count):
-            store.load(part)
-        tail.start(wait_assigned=60)
+    with _store_and_tail(settings) as (store, tail, p):
         opener = RowOpener(settings, tail=tail)
-        keys = {s: store.create(p, head, s) for s in ("s1", "s2")}
+        keys = {s: store.create(p, HEAD, s) for s in ("s1", "s2")}
         store.flush()
-        opened = opener.open(seal_delta(_delta(head, ["s1", "s2"]), lambda h, s: keys[s]))
+        opened = opener.open(seal_delta(_delta(HEAD, ["s1", "s2"]), lambda h, s: keys[s]))
         assert not opened.erased and opened.delta.entries[0].sample_ids == ("s1", "s2")
         assert opener.ring is None or not opener.ring.reads  # the follower had them: no read of the family
 
-        gone = store.create(p, head, "gone")
+        gone = store.create(p, HEAD, "gone")
         store.flush()
-        assert tail.get((head, "gone", gone.key_id), wait=30.0) == gone  # followed, so "gone" below means destroyed
-        assert store.destroy(p, [(head, "gone", gone.key_id)]) == 1
-        assert _until(lambda: tail.get((head, "gone", gone.key_id)) is None)
-        opened = opener.open(seal_delta(_delta(head, ["gone"]), lambda h, s: gone))
+        _destroyed(store, tail, p, "gone", gone)
+        opened = opener.open(seal_delta(_delta(HEAD, ["gone"]), lambda h, s: gone))
         assert [e.sample_id for e in opened.erased] == ["gone"]  # declared destroyed by the exact read
-        assert opener.ring is not None and set(opener.ring.reads) == set(range(count))
-    finally:
-        tail.stop()
-        store.close()
+        assert opener.ring is not None and set(opener.ring.reads) == set(range(settings.partitions))
