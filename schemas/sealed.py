@@ -1,35 +1,10 @@
-"""Sealing for crypto-shredding: per-sample keys and sealed delta rows (raw inputs sealed for
-transit: ``schemas/transit.py``).
-
-docs/erasure.md says why and when keys are destroyed; docs/formats.md has the byte layouts. Pure:
-no I/O, no Kafka; random bytes come from ``os.urandom`` (AESGCM's documented practice) and the
-``cryptography`` package.
-
-**Per-sample keys.** Every sample a featurizer accepts gets its own 32-byte data key with a
-random 16-byte key id (``SampleKey``). Whatever the system writes into an append-only log about
-the sample (its quantized row and label in ``deltas``, its cached record in the
-``featurizer-cache`` changelog) is sealed under that key with AES-256-GCM; destroying the key
-(``streams/featurizer/erasure.py``) leaves the ciphertext as noise in logs that cannot delete
-records.
-
-- :func:`seal` / :func:`unseal`: ``nonce (12 random bytes) || ciphertext || tag (16)``, with the
-  associated data :func:`aad` binding the purpose, head id, sample id and key id, so a ciphertext
-  cannot be moved to another sample, head or use without failing authentication.
-- :func:`commitment`: HMAC-SHA256, under a key derived from the sample key, over the canonical
-  row bytes (:func:`row_bytes`, q as int64 whatever the sealed layout). An add and its delete
-  carry the same row, hence the same commitment, even when one was sealed before the i32 layout
-  and the other after: after the key is gone they can still be shown to be the same row without
-  reading it (the verifier's erased-pair check).
-
-**Sealed delta rows.** The featurizer seals each ROWS entry of a ``deltas`` message into a SEALED32
-entry (:func:`seal_delta`), one key per sample; the sealed plaintext carries q as i32
-(:func:`wire_row`: |q| <= 2^30 always, half the bytes of i64 on every log that holds it), and
-SEALED entries of i64 rows, written before, are still opened. The ledger worker and the verifier open it back
-(:func:`open_delta`) into the ordinary ROWS entry the ledger applies, so
-``streams/ledger/head_runtime.py`` never sees a sealed row. A row whose key is destroyed cannot be
-opened: it is reported as an :class:`ErasedRow` and left out of the opened delta; an erased add
-and the erased delete of the same (head, sample, key id, commitment) contribute ``+x - x = 0``,
-which is how a full replay stays exact after erasure.
+"""Sealing for crypto-shredding, pure: per-sample keys (:class:`SampleKey`), AES-256-GCM with
+associated data binding purpose, head, sample and key id (:func:`seal`, :func:`aad`), the row
+commitment an add and its delete share (:func:`commitment`, over the canonical int64 row whatever
+the sealed layout), and sealed ``deltas`` rows (:func:`seal_delta`: SEALED32, q as i32;
+:func:`open_delta` opens SEALED32 and the older SEALED, reporting rows under destroyed keys as
+:class:`ErasedRow`). Why and when keys are destroyed: docs/erasure.md sections 2-4; byte layouts:
+docs/formats.md. Raw inputs sealed for transit: ``schemas/transit.py``.
 """
 
 from __future__ import annotations

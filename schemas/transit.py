@@ -1,24 +1,11 @@
-"""Transit sealing of raw inputs (docs/erasure.md section 5; docs/formats.md, "Sealed inputs").
-
-A producer seals an add's ``input`` object for the by-head partition its head routes to, under
-that partition's current *transit key* (an X25519 key pair whose public half the owning
-featurizer publishes on ``<prefix>transit-keys``). The featurizer opens it right after parsing;
-once the epoch's private half is destroyed, every copy of the sealed input left in ``requests``,
-``requests.by-head`` or ``deadletter`` is noise.
-
-- :func:`seal_input` / :func:`open_input`: ephemeral X25519 -> HKDF-SHA256 -> AES-256-GCM, the
-  associated data :func:`transit_aad` binding a purpose string, the event, head, subject and
-  sample ids and the transit key id, so a ciphertext cannot be moved to another request.
-- :class:`TransitSealer`: one ephemeral key (so one X25519 exchange and one HKDF) for many
-  requests under one transit key; each request still gets a fresh random 96-bit nonce and its
-  own associated data, and the bytes are the same format. At most :data:`SEALER_MAX_MESSAGES`
-  (2^20) messages per derived key keep the chance that two random nonces collide below 2^-57
-  (NIST SP 800-38D allows 2^32 random-nonce messages per key, for 2^-32). Safe to share between
-  threads: each seal takes its slot under a lock (an exact count, never past the bound; past it
-  :class:`SealerExhausted`).
-- :func:`opening_key` / :func:`open_input`'s ``aead``: the featurizer derives a (transit key,
-  epk) pair's AES key once and caches it (``streams/featurizer/transit_open.DerivedKeys``).
-- :class:`TransitPublicKey`: the public record (``unlearn.transit-key/v1``, JSON).
+"""Transit sealing of raw inputs, pure (why and when: docs/erasure.md section 5; bytes, and the
+2^20-message bound per derived key: docs/formats.md, "Sealed inputs"). A producer seals an add's
+``input`` under its head's by-head partition's current transit key (X25519 -> HKDF-SHA256 ->
+AES-256-GCM, :func:`seal_input`; associated data :func:`transit_aad` binds the request's ids and
+the key id); :class:`TransitSealer` reuses one ephemeral key for many requests (thread-safe, an
+exact count, :class:`SealerExhausted` past :data:`SEALER_MAX_MESSAGES`); the featurizer opens with
+:func:`open_input`, deriving each (transit key, epk) AES key once (:func:`opening_key`);
+:class:`TransitPublicKey` is the public record (``unlearn.transit-key/v1``).
 """
 
 from __future__ import annotations
