@@ -32,7 +32,8 @@ from unittest import mock
 
 import numpy as np
 
-from bench.pipeline_bench import request, settings_of
+from bench.app_requests import request
+from bench.pipeline_bench import settings_of
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
 from unlearn.services.client.sdk import FEATURES_ENCODINGS

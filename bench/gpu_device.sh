@@ -2,7 +2,9 @@
 # The GPU check as one run on a lent CUDA machine that reaches no package registry
 # (bench/results/gpu.md): install the pinned wheels found in WHEELS (the versions of
 # requirements.lock, downloaded for that machine's Python) and this repository, then run
-# bench.gpu_check and the demo end to end with the featurizer on CUDA. Results go to OUT.
+# bench.gpu_check, the demo end to end with the featurizer on CUDA, and bench.gpu_pipeline (issue
+# 29: adds/s end to end against the backbone's images/s, with 1, 2 and 4 featurizer processes, through
+# the router and produced by head). Results go to OUT.
 #
 #   sh bench/gpu_device.sh WHEELS OUT [FASHION_DIR]
 #
@@ -31,3 +33,8 @@ echo "demo exit: $?" | tee -a "$OUT/demo.log"
 tail -n 25 "$OUT/demo.log"
 cp /tmp/unlearn-demo/report.json "$OUT/demo_report.json" 2>/dev/null
 grep -h "loaded on\|ERROR\|Traceback" /tmp/unlearn-demo/logs/*.log | head -20 | tee "$OUT/service_logs.txt"
+echo "== bench.gpu_pipeline (1, 2, 4 featurizers on cuda; routed, then produced by head)"
+timeout 600 python3 -m bench.gpu_pipeline --device cuda --n 6000 --featurizers 1,2,4 --heads 8 --partitions 8 \
+    --json "$OUT/gpu_pipeline.json" 2>&1 | grep -v "^%" | tee "$OUT/gpu_pipeline.log"
+timeout 600 python3 -m bench.gpu_pipeline --device cuda --n 6000 --featurizers 1,2,4 --heads 8 --partitions 8 \
+    --direct --json "$OUT/gpu_pipeline_direct.json" 2>&1 | grep -v "^%" | tee "$OUT/gpu_pipeline_direct.log"

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from bench.app_requests import request
 from bench.featurizer_stage import produce_all, run_stage
-from bench.pipeline_bench import request, settings_of
+from bench.pipeline_bench import settings_of
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
 from unlearn.services.client.sdk import FEATURES_ENCODINGS

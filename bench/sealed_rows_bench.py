@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import orjson
 
-from bench.pipeline_bench import request
+from bench.app_requests import request
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key, open_delta, seal_delta

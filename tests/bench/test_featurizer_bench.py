@@ -1,4 +1,4 @@
-"""Smoke tests of the feature-encoding parts of bench/featurizer_bench.py and bench/pipeline_bench.py:
+"""Smoke tests of the feature-encoding parts of bench/featurizer_bench.py and bench/app_requests.py:
 well-formed numbers at a tiny size, and requests that parse to the vectors they were built from.
 No timing assertions (timings are only printed by the benches)."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from bench import featurizer_bench, pipeline_bench
+from bench import app_requests, featurizer_bench
 from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
@@ -30,11 +30,11 @@ def test_wire_costs_cover_every_encoding() -> None:
 def test_pipeline_bench_requests_carry_their_vectors(encoding: str) -> None:
     f = np.random.default_rng(3).normal(size=32)
     dtype = FEATURES_ENCODINGS[encoding]
-    key, value = pipeline_bench.request(7, "add", "bench-x", f, 4, dtype)
+    key, value = app_requests.request(7, "add", "bench-x", f, 4, dtype)
     req = parse_request(value)
     assert key == b"user7" and (req.event_id, req.head_id, req.sample_id, req.label) == ("bench-x.add7", "bench-x",
                                                                                            "s7", 4)
     assert isinstance(req.input, FeaturesInput) and req.input.dtype == dtype
     np.testing.assert_array_equal(req.input.values, f.astype(np.float32) if dtype == "<f4" else f)
-    delete = parse_request(pipeline_bench.request(7, "delete", "bench-x")[1])
+    delete = parse_request(app_requests.request(7, "delete", "bench-x")[1])
     assert (delete.op, delete.event_id, delete.input) == ("delete", "bench-x.delete7", None)
