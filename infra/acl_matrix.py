@@ -112,7 +112,8 @@ MATRIX: tuple[Grant, ...] = (
          + ("; its partition count names a head's key partition (`streams/ledger/row_opener.py`)"
             if name == "requests.by-head" else ""))
       for name in ("requests", "requests.by-head", "featurizer-cache", "client-registry", "transit-keys")),
-    _g("ledger", "ledger", "READ", why="its group `P ledger` and `P ledger-recovery-*`"),
+    _g("ledger", "ledger", "READ", why="its group `P ledger`, `P ledger-recovery-*` and its key follower's "
+       "`P ledger-keytail-*`"),
     _g("ledger", "registry-", "READ", why="head-registry follower"),
     _g("ledger", "log-probe", "READ", prefixed=False, why="log-end probe (`streams/runtime/log_position.py`)"),
     # serving

@@ -36,12 +36,13 @@ class KeyTail:
     """The keys of the key family's newest complete generations, followed by a daemon thread
     (``streams.runtime.topic_reader.TopicFollower``) from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, settings: Settings, role: str = "ledger", poll_interval: float = 0.005) -> None:
+    def __init__(self, settings: Settings, poll_interval: float = 0.005) -> None:
         self.family = keys_family(settings.topic_prefix)
         self._live: dict[int, KeyGeneration] = {}  # partition -> newest complete generation
         self._next: dict[int, KeyGeneration] = {}  # partition -> a newer one being filled
         self._cond = threading.Condition()
-        self.follower = TopicFollower(settings, self.family, self._on_record, role=f"{role}-keytail",
+        # group id "<prefix>ledger-keytail-<uuid>" (never joined): under the ledger's ACL grant
+        self.follower = TopicFollower(settings, self.family, self._on_record, role="ledger-keytail",
                                       poll_interval=poll_interval)
 
     def start(self, wait_assigned: float | None = None) -> KeyTail:

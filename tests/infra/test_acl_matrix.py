@@ -128,6 +128,7 @@ ROLE_PRINCIPALS = {
     "clients": {"featurizer", "operator"},        # streams/shared/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
     "featurizer": {"featurizer"},                 # streams/shared/ readers of streams/featurizer/key_store.py
+    "ledger-keytail": {"ledger"},                 # streams/shared/key_tail.py (the ledger's key follower)
     "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/receipt_listener.py

@@ -271,6 +271,10 @@ def test_pipeline_runs_with_each_service_as_its_own_principal(secured: Secured) 
             adds = [sdk.add(HEAD, f"u{i % 2}", f"s{i}", labels[i], features=F[i]) for i in range(5)]
             for h in adds:
                 h.wait_delivered(60)
+            # every add applied before the delete: the subjects' requests are in different
+            # partitions, so without this an add could be applied after the delete (a batch ends
+            # at its last delete) and the receipt's retained hash would be that of fewer rows
+            wait_for_head(client, HEAD, lambda u: u.n_retained == 5, timeout=120)
             receipt = sdk.delete(HEAD, "s1", "u1").wait_receipt(180)
         assert receipt.status == "applied" and receipt.sample_ids == ("s1",) and receipt.head_version is not None
         kept = [0, 2, 3, 4]

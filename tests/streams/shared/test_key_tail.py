@@ -84,7 +84,7 @@ HEAD = "h0"
 def _store_and_tail(settings: Settings) -> Iterator[tuple[KeyStore, KeyTail, int]]:
     """A key store owning every partition, a started follower, and the head's key partition."""
     store = KeyStore(settings)
-    tail = KeyTail(settings, role="ledger")
+    tail = KeyTail(settings)
     try:
         for part in range(settings.partitions):
             store.load(part)
