@@ -11,20 +11,11 @@ from typing import Any
 
 import pytest
 
+from tests.probe_support import WAIT, Closable
 from unlearn.infra.settings import Settings
 from unlearn.streams.featurizer import erasure
 from unlearn.streams.featurizer.erasure import FLOORS, Erasure, _Pending
 from unlearn.streams.runtime.probes import Probes
-
-WAIT = 30.0
-
-
-class Closable:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class FakeKeys:

@@ -10,17 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.probe_support import WAIT, Closable
 from unlearn.streams.runtime.probes import Probes
-
-WAIT = 30.0
-
-
-class Closable:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def test_an_answer_is_sampled_after_it_was_asked_and_its_consumers_are_closed() -> None:
