@@ -110,7 +110,8 @@ def test_running_featurizer_and_ledger_serve_metrics(settings: Settings, tmp_pat
         # the featurizer: 7 requests accepted, none dead-lettered, in timed batches, its offsets committed
         assert sample(f, "unlearn_featurizer_events_total", outcome="accepted") == 7
         assert sample(f, "unlearn_featurizer_events_total", outcome="dead_lettered") == 0
-        assert (sample(f, "unlearn_featurizer_batch_duration_seconds_count") or 0) >= 1
+        timed_batches = sample(f, "unlearn_featurizer_batch_duration_seconds_count")  # a count, not a time
+        assert timed_batches not in (None, 0)
         flag = _names(f, "unlearn_featurizer_consumer_lag")
         assert s.topic("requests") in {dict(k)["topic"] for k in flag} and all(v >= 0 for v in flag.values())
         assert _names(f, "unlearn_featurizer_checkpoint_age_seconds")
