@@ -57,6 +57,7 @@ from unlearn.services.client.transit_key_cache import (
 )
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.delivery import produce
+from unlearn.streams.runtime.topic_reader import TopicReadError, topic_partitions
 from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 __all__ = [
@@ -285,12 +286,14 @@ class UnlearnClient:
             return {"topic": self.requests_topic}
         topic = routed_topic_name(self.requests_topic)
         if self._by_head_partitions is None:
-            md = self._producer.list_topics(timeout=self.settings.admin_timeout).topics  # all: never creates one
-            t = md.get(topic)
-            if t is None or t.error is not None or not t.partitions:
+            try:
+                parts = topic_partitions(self._producer, self.settings, topic, self.settings.admin_timeout)
+            except TopicReadError as exc:
+                raise ClientError(str(exc)) from None
+            if parts is None:
                 raise ClientError(f"UNLEARN_ROUTE_BY_HEAD: topic {topic!r} is missing (`unlearn topics create`, "
                                   "or start a featurizer, creates it)")
-            self._by_head_partitions = len(t.partitions)
+            self._by_head_partitions = len(parts)
         return {"topic": topic, "partition": head_partition(head_id, self._by_head_partitions)}
 
     def _ensure_listener(self) -> ReceiptListener:
