@@ -6,7 +6,8 @@ Kafka admin API as the super user. It upserts a SCRAM credential for every princ
 :data:`~unlearn.infra.acl_matrix.PRINCIPALS` (run it again with new passwords to rotate them) and
 creates one ALLOW binding per (grant, operation) of :data:`~unlearn.infra.acl_matrix.MATRIX` for the
 deployment's topic prefix (creating an existing binding is a no-op; nothing is ever removed), then
-reads the bindings back and fails unless every one is there.
+reads the bindings back until every one is there (a KRaft broker serves them a moment after the
+controller commits them) and fails if one is still missing after ``--timeout``.
 
 Passwords come from the environment only (never argv, which ``ps`` shows): the super user's from
 ``KAFKA_ADMIN_PASSWORD``, each principal's from ``UNLEARN_<PRINCIPAL>_PASSWORD``.
@@ -24,7 +25,8 @@ from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Grant
 from unlearn.infra.kafka_client import new_admin
 from unlearn.infra.polling import poll_until
 
-__all__ = ["InitError", "acl_bindings", "apply_acls", "kafka_init_main", "matrix_bindings_present", "set_users"]
+__all__ = ["InitError", "acl_bindings", "apply_acls", "kafka_init_main", "matrix_bindings_present", "set_users",
+           "wait_for_bindings"]
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -93,6 +95,20 @@ def matrix_bindings_present(admin: Any, prefix: str, timeout: float = 30.0) -> l
     return [b for b in acl_bindings(prefix) if b not in have]
 
 
+def wait_for_bindings(admin: Any, prefix: str, timeout: float) -> None:
+    """Read the bindings back until all are there. ``create_acls`` returns once the controller has
+    committed them; a KRaft broker serves them only after replaying its metadata log, which lags on
+    a loaded machine (CI saw every binding missing on the first read). Raises after ``timeout``."""
+    absent: list[Any] = []
+
+    def applied(remaining: float) -> bool | None:
+        absent[:] = matrix_bindings_present(admin, prefix, timeout=max(1.0, min(30.0, remaining)))
+        return True if not absent else None
+
+    poll_until(applied, timeout, interval=0.5, timed_out=lambda: InitError(
+        f"{len(absent)} ACLs missing {timeout:.0f}s after creating them, e.g. {absent[0]}"))
+
+
 def admin_client(bootstrap: str, password: str, *, user: str = "admin", mechanism: str = "SCRAM-SHA-512",
                  security_protocol: str = "SASL_SSL", ca_location: str | None = None, timeout: float = 60.0) -> Any:
     """An AdminClient of the super user, once the broker answers (the compose healthcheck can pass
@@ -150,9 +166,7 @@ def kafka_init_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | 
                   args.mechanism, args.iterations)
         print(f"scram: {args.mechanism} users {' '.join(PRINCIPALS)}", flush=True)
         n = apply_acls(admin, args.prefix)
-        absent = matrix_bindings_present(admin, args.prefix)
-        if absent:
-            raise InitError(f"{len(absent)} ACLs missing after creating them, e.g. {absent[0]}")
+        wait_for_bindings(admin, args.prefix, args.timeout)
     except InitError as exc:
         print(f"unlearn kafka-init: {exc}", file=sys.stderr)
         return 1

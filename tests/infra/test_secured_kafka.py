@@ -186,6 +186,17 @@ def test_init_script_creates_the_users_and_exactly_the_matrix(secured: Secured) 
     assert sorted(map(str, admin.describe_acls(every, request_timeout=30).result())) == sorted(map(str, have))
 
 
+def test_waiting_for_bindings_names_what_is_missing(secured: Secured) -> None:
+    """The read-back waits for the broker to serve the bindings, and past its timeout names what
+    is still missing (here a prefix nobody granted)."""
+    from unlearn.infra.kafka_init import InitError, wait_for_bindings
+
+    admin = AdminClient(secured.admin_conf())
+    wait_for_bindings(admin, secured.prefix, timeout=30.0)  # all there: returns
+    with pytest.raises(InitError, match=r"\d+ ACLs missing 1s after creating them, e.g. .*t\.nobody\."):
+        wait_for_bindings(admin, "t.nobody.", timeout=1.0)
+
+
 def test_init_script_without_a_password_names_it(secured: Secured) -> None:
     passwords = {**secured.passwords, "ledger": ""}
     done = run_init(secured.bootstrap, secured.prefix, secured.admin_password, secured.ca, passwords)
