@@ -12,7 +12,9 @@ head (every featurizer loads its backbone), then ``--n`` Fashion-MNIST PNG adds 
 ``--heads`` heads (so over the by-head partitions: a partition is featurized by one process), from
 the first produce to the heads counting them all. ``--direct`` produces to the by-head topic
 (``UNLEARN_ROUTE_BY_HEAD``). Prints adds/s and the fraction of the backbone's images/s; asserts
-nothing. bench/gpu_device.sh runs it on a lent GPU machine.
+nothing. Each run also says how many cores each process kept busy while the adds flowed (the
+featurizers together, the ledger, this benchmark, the rest of the box: the broker, mostly), which
+shows what bounds it. bench/gpu_device.sh runs it on a lent GPU machine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import topic_bytes
 from bench.app_requests import target
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
@@ -127,6 +130,8 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
             add(-1 - j, head, pngs[0], labels[0])
         p.flush(60)
         counts.wait(lambda n: all(n.get(h, 0) >= 1 for h in heads), args.timeout)
+        pids = {proc.name: proc.proc.pid for proc in procs if proc.proc is not None}
+        cpu0 = _cpu(pids)
         t0 = time.time()
         for i, (png, label) in enumerate(zip(pngs, labels, strict=True)):
             add(i, heads[i % len(heads)], png, label)
@@ -134,11 +139,25 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
         p.flush(60)
         counts.wait(lambda n: sum(n.get(h, 0) for h in heads) >= len(pngs) + len(heads), args.timeout)
         dt = time.time() - t0
+        cpu1 = _cpu(pids)
     finally:
         counts.follower.stop()
         for proc in procs:
             proc.stop()
-    return {"featurizers": k, "adds": len(pngs), "seconds": dt, "adds_per_s": len(pngs) / dt}
+    cores = {key: (cpu1[key] - cpu0[key]) / dt for key in cpu1}
+    split = {"featurizers": sum(v for key, v in cores.items() if key.startswith("featurizer")),
+             "ledger": cores["ledger"], "bench": cores["bench"]}
+    split["rest"] = cores["box"] - sum(split.values())  # the broker, mostly
+    return {"featurizers": k, "adds": len(pngs), "seconds": dt, "adds_per_s": len(pngs) / dt, "cores": split,
+            "cores_per_process": cores}
+
+
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each service process, of this benchmark, and of the whole box."""
+    out = {name: topic_bytes.cpu_seconds(pid) for name, pid in pids.items()}
+    out["bench"] = topic_bytes.cpu_seconds(os.getpid())
+    out["box"] = topic_bytes.box_busy_seconds()
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
             r["of_backbone"] = r["adds_per_s"] / alone
             out["runs"].append(r)
             print(f"{k} featurizer(s): {r['adds_per_s']:,.0f} adds/s end to end ({r['seconds']:.1f} s) = "
-                  f"{r['of_backbone']:.0%} of the backbone alone", flush=True)
+                  f"{r['of_backbone']:.0%} of the backbone alone; cores busy: "
+                  + ", ".join(f"{name} {v:.2f}" for name, v in r["cores"].items()), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 
