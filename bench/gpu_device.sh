@@ -41,7 +41,7 @@ for step in $STEPS; do
         flag=""; [ "$step" = direct ] && flag=--direct
         echo "== bench.gpu_pipeline $flag (1, 2, 4 featurizers on $DEVICE, $N images)"
         timeout 300 python3 -m bench.gpu_pipeline --device "$DEVICE" --n "$N" --featurizers 1,2,4 --heads 8 \
-            --partitions 8 --timeout 120 $flag --json "$OUT/gpu_$step.json" 2>&1 | grep -v "^%" |
+            --partitions 8 --timeout 120 --ragged $flag --json "$OUT/gpu_$step.json" 2>&1 | grep --line-buffered -v "^%" |
             tee "$OUT/gpu_$step.log" ;;
     demo)
         echo "== demo with UNLEARN_DEVICE=cuda"
@@ -54,7 +54,7 @@ for step in $STEPS; do
         grep -h "loaded on\|ERROR\|Traceback" /tmp/unlearn-demo/logs/*.log | head -20 ;;
     check)
         echo "== bench.gpu_check"
-        timeout 180 python3 -m bench.gpu_check --json "$OUT/gpu_check.json" 2>&1 | grep -v "Loading weights" |
+        timeout 180 python3 -m bench.gpu_check --json "$OUT/gpu_check.json" 2>&1 | grep --line-buffered -v "Loading weights" |
             tee "$OUT/gpu_check.log" ;;
     *) echo "unknown step $step" ;;
     esac

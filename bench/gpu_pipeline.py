@@ -78,6 +78,24 @@ def backbone_alone(device: str, pngs: list[bytes], batch: int) -> float:
     return len(pngs) / statistics.median(times)
 
 
+def backbone_ragged(device: str, pngs: list[bytes], batch: int, pad: bool) -> float:
+    """Images/s of the backbone fed as a featurizer feeds it: chunks of 20 sizes between 1 and
+    ``batch``, each size new, with or without padding to a few shapes (``Backbone.pads_batches``)."""
+    import random
+
+    from unlearn.features.backbones import get_backbone
+
+    bb = get_backbone("efficientnet-lite0", device=device)
+    bb.batch_size = batch
+    setattr(bb, "pads_batches", lambda: pad)  # noqa: B010 (this instance only)
+    sizes = random.Random(0).sample(range(1, batch + 1), 20)
+    chunks = [[pngs[(i * batch + j) % len(pngs)] for j in range(n)] for i, n in enumerate(sizes)]
+    t0 = time.perf_counter()
+    for chunk in chunks:
+        bb.encode(chunk)
+    return sum(sizes) / (time.perf_counter() - t0)
+
+
 class Counts:
     """The latest retained count per head, from the heads family."""
 
@@ -170,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", choices=ENGINES, default="tansu")
     ap.add_argument("--direct", action="store_true", help="produce to requests.by-head (UNLEARN_ROUTE_BY_HEAD)")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--ragged", action="store_true", help="also the backbone alone on batches of ever new sizes")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     batch = FeaturizerSettings.from_env().batch_max_events
@@ -179,8 +198,14 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.partitions} partitions, batch {batch}", flush=True)
     alone = backbone_alone(args.device, pngs, batch)
     print(f"backbone alone (efficientnet-lite0 on {args.device}, batch {batch}): {alone:,.0f} images/s", flush=True)
+    ragged = {}
+    if args.ragged:
+        for pad in (True, False):
+            ragged["padded" if pad else "as_is"] = backbone_ragged(args.device, pngs, batch, pad)
+        print(f"backbone alone in 20 batches of new sizes 1-{batch}: {ragged['as_is']:,.0f} images/s as they come, "
+              f"{ragged['padded']:,.0f} padded to powers of two", flush=True)
     out: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}, "batch": batch,
-                           "backbone_images_per_s": alone, "runs": []}
+                           "backbone_images_per_s": alone, "ragged": ragged, "runs": []}
     with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
         for k in [int(x) for x in args.featurizers.split(",") if x]:
             r = pipeline(broker, tmp, args, k, pngs, labels)

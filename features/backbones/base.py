@@ -64,6 +64,12 @@ class EncodeResult:
         return not self.errors
 
 
+def padded_size(m: int, cap: int) -> int:
+    """The batch a chunk of ``m`` rows runs as: the next power of two, at most ``cap`` (a few
+    shapes in all, each at most twice the rows)."""
+    return min(max(cap, m), 1 << max(0, m - 1).bit_length())
+
+
 class Backbone(ABC):
     """A frozen feature extractor.
 
@@ -125,7 +131,7 @@ class Backbone(ABC):
         if len(prepared) == 0:
             return np.zeros((0, dim), dtype=np.float32)
         bs = max(1, int(self.batch_size))
-        parts = [self.encode_prepared(prepared[s : s + bs]) for s in range(0, len(prepared), bs)]
+        parts = [self._encode_chunk(prepared[s : s + bs], bs) for s in range(0, len(prepared), bs)]
         out = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
         if out.ndim != 2 or out.shape[0] != len(prepared) or (
             self.dim is not None and out.shape[1] != self.dim
@@ -134,6 +140,30 @@ class Backbone(ABC):
                 f"{self.name}: model returned shape {out.shape}, expected ({len(prepared)}, {self.dim})"
             )
         return out
+
+    def pads_batches(self) -> bool:
+        """Whether chunks are padded to :func:`padded_size` rows: image models on CUDA, where
+        each new batch shape costs cuDNN a new execution plan per convolution (bench/results/gpu.md:
+        a featurizer whose micro-batches took ever new sizes spent ~15 ms of CPU per image)."""
+        return self.kind == "image" and self.device.startswith("cuda")
+
+    def warm_shapes(self) -> None:
+        """Run every padded batch shape once on blank images, so that the cost of new shapes is paid
+        when the backbone loads rather than by the first batches."""
+        if not self.pads_batches():
+            return
+        side = int(getattr(self, "image_size"))  # noqa: B009 (every image backbone has one)
+        blank = np.zeros((side, side, 3), dtype=np.uint8)
+        cap = max(1, int(self.batch_size))
+        for size in sorted({padded_size(m, cap) for m in range(1, cap + 1)}):
+            self.encode_prepared([blank] * size)
+
+    def _encode_chunk(self, chunk: Sequence[Any], cap: int) -> np.ndarray:
+        m = len(chunk)
+        size = padded_size(m, cap) if self.pads_batches() else m
+        if size == m:
+            return self.encode_prepared(chunk)
+        return self.encode_prepared([*chunk, *[chunk[-1]] * (size - m)])[:m]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.cache_key} dim={self.dim} device={self.device}>"

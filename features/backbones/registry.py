@@ -205,6 +205,7 @@ def get_backbone(name: str, device: Any = "auto", **options: Any) -> Backbone:
         hit = _CACHE.get(key)
         if hit is None:
             hit = entry.factory(dev_key, opts)
+            hit.warm_shapes()
             _CACHE[key] = hit
         return hit
 

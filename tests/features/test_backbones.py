@@ -202,6 +202,45 @@ def test_bad_image_is_a_per_item_error(effnet: Backbone) -> None:
     assert ei.value.index == 1
 
 
+def test_padded_sizes_are_few_and_at_most_twice() -> None:
+    from unlearn.features.backbones.base import padded_size
+
+    sizes = [padded_size(m, 64) for m in range(1, 65)]
+    assert sorted(set(sizes)) == [1, 2, 4, 8, 16, 32, 64]
+    assert all(m <= p < 2 * m for m, p in zip(range(1, 65), sizes, strict=True))
+    assert padded_size(90, 100) == 100  # capped at the batch size, even when that is no power of two
+
+
+def test_padding_feeds_the_model_few_shapes_and_returns_only_the_real_rows(effnet: Backbone,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA image models run only a few batch shapes (each new one costs cuDNN plans); here the
+    padding is forced on the CPU model, whose output for the real rows must not change."""
+    rng = np.random.default_rng(1)
+    imgs = [rng.integers(0, 256, size=(28, 28, 3), dtype=np.uint8) for _ in range(11)]
+    plain = effnet.encode(imgs)
+    seen: list[int] = []
+    real = effnet.encode_prepared
+
+    def recording(items: list[np.ndarray]) -> np.ndarray:
+        seen.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(effnet, "encode_prepared", recording)
+    monkeypatch.setattr(effnet, "pads_batches", lambda: True)
+    monkeypatch.setattr(effnet, "batch_size", 8)
+    padded = effnet.encode(imgs)
+    assert seen == [8, 4]  # 8 + 3 real rows, the 3 padded to 4
+    assert padded.shape == plain.shape == (11, 1280)
+    np.testing.assert_allclose(padded, plain, rtol=0, atol=1e-4)  # batch composition: float noise only
+    seen.clear()
+    effnet.warm_shapes()
+    assert seen == [1, 2, 4, 8]  # every shape a chunk of at most 8 can run as, once
+
+
+def test_padding_is_off_on_the_cpu(effnet: Backbone) -> None:
+    assert not effnet.pads_batches()
+
+
 def test_cache_keys_match_loaded_instances(effnet: Backbone) -> None:
     assert effnet.cache_key == backbone_cache_key("efficientnet-lite0")
     assert get_backbone("efficientnet-lite0", device="cpu") is effnet  # cached per (name, device)
