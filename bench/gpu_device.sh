@@ -7,7 +7,7 @@
 #   [STEPS="pipeline direct demo check"] [N=8000] [DEVICE=cuda] sh bench/gpu_device.sh WHEELS OUT [FASHION_DIR]
 #
 #   pipeline  bench.gpu_pipeline: adds/s end to end against the backbone's images/s, 1, 2 and 4
-#             featurizer processes, adds through the router (issue 29)
+#             featurizer processes and 2 ledger workers, adds through the router (issue 29)
 #   direct    the same, adds produced by head (UNLEARN_ROUTE_BY_HEAD)
 #   demo      `unlearn demo` with UNLEARN_DEVICE=cuda (Fashion-MNIST when FASHION_DIR holds the
 #             train split, else sklearn digits)
@@ -41,7 +41,7 @@ for step in $STEPS; do
         flag=""; [ "$step" = direct ] && flag=--direct
         echo "== bench.gpu_pipeline $flag (1, 2, 4 featurizers on $DEVICE, $N images)"
         timeout 300 python3 -m bench.gpu_pipeline --device "$DEVICE" --n "$N" --featurizers 1,2,4 --heads 8 \
-            --partitions 8 --timeout 120 --ragged $flag --json "$OUT/gpu_$step.json" 2>&1 | grep --line-buffered -v "^%" |
+            --partitions 8 --ledgers 2 --timeout 120 --ragged $flag --json "$OUT/gpu_$step.json" 2>&1 | grep --line-buffered -v "^%" |
             tee "$OUT/gpu_$step.log" ;;
     demo)
         echo "== demo with UNLEARN_DEVICE=cuda"

@@ -7,13 +7,13 @@ Issue 29, part 5: on a GPU the backbone featurizes thousands of images a second,
 should carry at least 80% of that. First the backbone alone (EfficientNet-Lite0 on ``--device``,
 the featurizer's batch size, median of 3 passes over the images); then, for each count in
 ``--featurizers``, a fresh topic prefix on one local broker, that many ``unlearn featurizer``
-processes in one consumer group and one ledger worker, all on ``--device``; one warm-up add per
+processes in one consumer group and ``--ledgers`` ledger workers in theirs, on ``--device``; one warm-up add per
 head (every featurizer loads its backbone), then ``--n`` Fashion-MNIST PNG adds spread over
 ``--heads`` heads (so over the by-head partitions: a partition is featurized by one process), from
 the first produce to the heads counting them all. ``--direct`` produces to the by-head topic
 (``UNLEARN_ROUTE_BY_HEAD``). Prints adds/s and the fraction of the backbone's images/s; asserts
 nothing. Each run also says how many cores each process kept busy while the adds flowed (the
-featurizers together, the ledger, this benchmark, the rest of the box: the broker, mostly), which
+featurizers together, the ledgers together, this benchmark, the rest of the box: the broker, mostly), which
 shows what bounds it. bench/gpu_device.sh runs it on a lent GPU machine.
 """
 
@@ -126,7 +126,7 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
     create_topics(s)
     logs = Path(tmp) / f"logs{k}"
     procs = [ServiceProcess(f"featurizer{i}", ["featurizer"], s, logs) for i in range(k)]
-    procs.append(ServiceProcess("ledger", ["ledger"], s, logs))
+    procs += [ServiceProcess(f"ledger{i}", ["ledger"], s, logs) for i in range(args.ledgers)]
     counts = Counts(s)
     p = clients.producer(s, **{"linger.ms": 5})
     heads = [f"img{h}" for h in range(args.heads)]
@@ -164,10 +164,10 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
             proc.stop()
     cores = {key: (cpu1[key] - cpu0[key]) / dt for key in cpu1}
     split = {"featurizers": sum(v for key, v in cores.items() if key.startswith("featurizer")),
-             "ledger": cores["ledger"], "bench": cores["bench"]}
+             "ledgers": sum(v for key, v in cores.items() if key.startswith("ledger")), "bench": cores["bench"]}
     split["rest"] = cores["box"] - sum(split.values())  # the broker, mostly
-    return {"featurizers": k, "adds": len(pngs), "seconds": dt, "adds_per_s": len(pngs) / dt, "cores": split,
-            "cores_per_process": cores}
+    return {"featurizers": k, "ledgers": args.ledgers, "adds": len(pngs), "seconds": dt,
+            "adds_per_s": len(pngs) / dt, "cores": split, "cores_per_process": cores}
 
 
 def _cpu(pids: dict[str, int]) -> dict[str, float]:
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--n", type=int, default=4000, help="image adds per featurizer count")
     ap.add_argument("--featurizers", default="1,2,4", help="comma list of featurizer process counts")
+    ap.add_argument("--ledgers", type=int, default=1,
+                    help="ledger workers (a head at d = 1280 costs one ~0.5 ms of CPU per add)")
     ap.add_argument("--heads", type=int, default=8, help="heads the adds are spread over")
     ap.add_argument("--partitions", type=int, default=8, help="partitions of the topics (>= the most featurizers)")
     ap.add_argument("--engine", choices=ENGINES, default="tansu")
