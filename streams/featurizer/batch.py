@@ -67,6 +67,9 @@ __all__ = [
 
 log = logging.getLogger("unlearn.featurizer")
 
+#: The longest a batch window waits in one ``consume`` call (seconds).
+SLICE_S = 0.002
+
 class BatchWindow:
     """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one. A batch that
     holds a delete closes as soon as what was already fetched is in (``routing.might_delete``),
@@ -100,7 +103,9 @@ class BatchWindow:
                 first = consumer.poll(0.2)
                 got = [] if first is None else [first]
             else:
-                timeout = max(0.0, deadline - time.monotonic())
+                # consume() returns only when full or timed out: ask in short slices, so that a
+                # delete fetched in the middle of a long window closes it at once.
+                timeout = min(SLICE_S, max(0.0, deadline - time.monotonic()))
                 got = consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
             check()
             for m in records(got, "featurizer"):

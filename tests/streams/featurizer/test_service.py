@@ -318,6 +318,38 @@ def test_a_batch_ends_at_its_last_delete(settings: Settings, tmp_path: Path) -> 
     assert later <= {e for d in deltas for e in d.event_ids}
 
 
+def test_a_delete_fetched_in_the_middle_of_a_window_closes_it(settings: Settings) -> None:
+    """consume() returns only when full or timed out, so the window asks in short slices: a delete
+    fetched half-way through a three-minute window ends the batch then, not at the window's end
+    (before: the whole window). The bound below is a liveness check, not a measure of speed."""
+    from confluent_kafka import Consumer
+
+    from unlearn.streams.featurizer.batch import BatchWindow
+
+    c = Consumer(consumer_config(settings, f"fz-window-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
+    c.subscribe([settings.topic("requests")])
+    produce(settings, [add("a1", "h1", "alice", "s1", [1.0, 2.0], 0)])
+    window, stop = BatchWindow(max_batch=1000, max_ms=180_000), threading.Event()
+    polled: list[list] = []
+
+    def poll_once() -> None:
+        polled.append(window.poll(c, stop, lambda: None))
+
+    try:
+        while not any(polled):  # the first poll that holds the add opens the window; the delete follows
+            poller = threading.Thread(target=poll_once, daemon=True)
+            poller.start()
+            time.sleep(1.0)
+            produce(settings, [delete("d1", "h1", "alice", "s1")])
+            poller.join(60)
+            assert not poller.is_alive(), "the delete did not close the window"
+        (batch,) = [b for b in polled if b]
+        assert [orjson.loads(m.value())["event_id"] for m in batch][-1] == "d1"
+    finally:
+        stop.set()
+        c.close()
+
+
 @pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog", "after_produce"])
 def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, crash_at: str) -> None:
     """Crash between the sqlite commit and the produce (nothing sent), between phase 0 and phase 1
