@@ -17,7 +17,7 @@ class LedgerSettings(Section):
     reset_every_events: int = setting(1000, "refactor a head's Cholesky factor after this many events")
     reset_every_seconds: float = setting(5.0, "... or after this many seconds")
     drift_threshold: float = setting(1e-9, "... or when the drift estimate passes this")
-    checkpoint_every_messages: int = setting(50, "snapshot period in messages")
+    checkpoint_every_messages: int = setting(500, "snapshot period in messages")
     checkpoint_every_seconds: float = setting(5.0, "snapshot period in seconds")
     state_rotate_bytes: int = setting(64_000_000, "ledger-state / heads bytes before a rewrite (trim, or rotation)")
     heads_retire_seconds: float = setting(10.0, "a superseded heads / ledger-state generation lives this long")
