@@ -6,7 +6,6 @@ flow of adds (:class:`AddLoad`) while something else is measured (``bench.pipeli
 from __future__ import annotations
 
 import base64
-import os
 import threading
 import time
 from typing import Any
@@ -81,24 +80,17 @@ class AddLoad(threading.Thread):
         self.elapsed = time.monotonic() - t0
         p.flush(30)
 
-    def _cpu(self) -> dict[str, float]:
-        out = {k: topic_bytes.cpu_seconds(pid) for k, pid in self.pids.items()}
-        out["bench"] = topic_bytes.cpu_seconds(os.getpid())
-        out["box"] = topic_bytes.box_busy_seconds()
-        return out
-
     def mark(self) -> None:
         """Start of the measured window (the load is steady): CPU counters now."""
-        self.cpu0, self.t_mark = self._cpu(), time.monotonic()
+        self.cpu0, self.t_mark = topic_bytes.cpu_now(self.pids), time.monotonic()
 
     def stop(self) -> dict[str, Any]:
         """Stop producing; the adds produced, their rate, and each process's share of the box's
         CPU (in cores) since :meth:`mark`: the featurizer, the ledger, this benchmark, and the
         rest of the box (the broker, mostly)."""
-        cpu1, dt = self._cpu(), time.monotonic() - self.t_mark
+        cpu1, dt = topic_bytes.cpu_now(self.pids), time.monotonic() - self.t_mark
         self.halt.set()
         self.join(60)
-        cores = {k: (cpu1[k] - self.cpu0[k]) / dt for k in cpu1}
-        cores["rest"] = cores["box"] - sum(v for k, v in cores.items() if k != "box")
+        cores = {k: v / dt for k, v in topic_bytes.cpu_spent(self.cpu0, cpu1).items()}
         return {"adds": self.produced, "rate": self.produced / self.elapsed if self.elapsed else 0.0,
                 "cores": cores}

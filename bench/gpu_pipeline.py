@@ -87,13 +87,16 @@ def backbone_ragged(device: str, pngs: list[bytes], batch: int, pad: bool) -> fl
 
     bb = get_backbone("efficientnet-lite0", device=device)
     bb.batch_size = batch
-    setattr(bb, "pads_batches", lambda: pad)  # noqa: B010 (this instance only)
     sizes = random.Random(0).sample(range(1, batch + 1), 20)
     chunks = [[pngs[(i * batch + j) % len(pngs)] for j in range(n)] for i, n in enumerate(sizes)]
-    t0 = time.perf_counter()
-    for chunk in chunks:
-        bb.encode(chunk)
-    return sum(sizes) / (time.perf_counter() - t0)
+    setattr(bb, "pads_batches", lambda: pad)  # noqa: B010 (this instance only: the registry's, so undone below)
+    try:
+        t0 = time.perf_counter()
+        for chunk in chunks:
+            bb.encode(chunk)
+        return sum(sizes) / (time.perf_counter() - t0)
+    finally:
+        del bb.pads_batches
 
 
 class Counts:
@@ -149,7 +152,7 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
         p.flush(60)
         counts.wait(lambda n: all(n.get(h, 0) >= 1 for h in heads), args.timeout)
         pids = {proc.name: proc.proc.pid for proc in procs if proc.proc is not None}
-        cpu0 = _cpu(pids)
+        cpu0 = topic_bytes.cpu_now(pids)
         t0 = time.time()
         for i, (png, label) in enumerate(zip(pngs, labels, strict=True)):
             add(i, heads[i % len(heads)], png, label)
@@ -157,25 +160,17 @@ def pipeline(broker: Any, tmp: str, args: argparse.Namespace, k: int, pngs: list
         p.flush(60)
         counts.wait(lambda n: sum(n.get(h, 0) for h in heads) >= len(pngs) + len(heads), args.timeout)
         dt = time.time() - t0
-        cpu1 = _cpu(pids)
+        cpu1 = topic_bytes.cpu_now(pids)
     finally:
         counts.follower.stop()
         for proc in procs:
             proc.stop()
-    cores = {key: (cpu1[key] - cpu0[key]) / dt for key in cpu1}
+    cores = {key: v / dt for key, v in topic_bytes.cpu_spent(cpu0, cpu1).items()}
     split = {"featurizers": sum(v for key, v in cores.items() if key.startswith("featurizer")),
-             "ledgers": sum(v for key, v in cores.items() if key.startswith("ledger")), "bench": cores["bench"]}
-    split["rest"] = cores["box"] - sum(split.values())  # the broker, mostly
+             "ledgers": sum(v for key, v in cores.items() if key.startswith("ledger")),
+             "bench": cores["bench"], "rest": cores["rest"]}
     return {"featurizers": k, "ledgers": args.ledgers, "adds": len(pngs), "seconds": dt,
             "adds_per_s": len(pngs) / dt, "cores": split, "cores_per_process": cores}
-
-
-def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each service process, of this benchmark, and of the whole box."""
-    out = {name: topic_bytes.cpu_seconds(pid) for name, pid in pids.items()}
-    out["bench"] = topic_bytes.cpu_seconds(os.getpid())
-    out["box"] = topic_bytes.box_busy_seconds()
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -290,9 +290,8 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     w.wait(lambda: head in w.n_retained, 120)
     msgs = [request(i, "add", head, X[i], int(y[i]), dtype) for i in range(n)]
     before = topic_bytes.snapshot(s) if count_topics else {}
-    cpu0 = topic_bytes.cpu_seconds(featurizer_pid) if featurizer_pid else 0.0
-    box0, ledger0, me0 = topic_bytes.box_busy_seconds(), topic_bytes.cpu_seconds(ledger_pid or os.getpid()), \
-        topic_bytes.cpu_seconds(os.getpid())
+    pids = {name: pid for name, pid in (("featurizer", featurizer_pid), ("ledger", ledger_pid)) if pid}
+    cpu0 = topic_bytes.cpu_now(pids)
     t0 = time.time()
     for key, val in msgs:
         while True:
@@ -308,13 +307,11 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     t_done = time.time()
     w.wait(lambda: all(f"{head}.add{i}" in w.delta_ts for i in range(n)), 60)
     t_featurized = max(w.delta_ts[f"{head}.add{i}"] for i in range(n))  # broker timestamps: same host clock
-    # the featurizer's CPU for these adds (it idles at ~2% of a core meanwhile: counted too)
-    cpu = topic_bytes.cpu_seconds(featurizer_pid) - cpu0 if featurizer_pid else float("nan")
     # the whole box's CPU per add over the same span, split: featurizer, ledger, this benchmark, the rest
-    box = topic_bytes.box_busy_seconds() - box0
-    ledger = topic_bytes.cpu_seconds(ledger_pid) - ledger0 if ledger_pid else float("nan")
-    me = topic_bytes.cpu_seconds(os.getpid()) - me0
-    split = {"box": box, "featurizer": cpu, "ledger": ledger, "bench": me, "rest": box - cpu - ledger - me}
+    spent = topic_bytes.cpu_spent(cpu0, topic_bytes.cpu_now(pids))
+    split = {k: spent[k] for k in ("box", *pids, "bench", "rest")}
+    # the featurizer's CPU for these adds (it idles at ~2% of a core meanwhile: counted too)
+    cpu = split.get("featurizer", float("nan"))
     name = "JSON numbers" if dtype is None else f"features_bin {dtype}"
     size = float(np.mean([len(v) for _, v in msgs]))
     print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={X.shape[1]}, c={args.classes}: "

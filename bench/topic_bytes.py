@@ -81,6 +81,23 @@ def box_busy_seconds() -> float:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_now(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process, of this benchmark (``bench``) and of the whole
+    box (``box``)."""
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    out["bench"] = cpu_seconds(os.getpid())
+    out["box"] = box_busy_seconds()
+    return out
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each counter of :func:`cpu_now` grew by between two readings, and ``rest``: the box's
+    time that no named process nor this benchmark spent (the broker, mostly)."""
+    spent = {k: after[k] - before[k] for k in after}
+    spent["rest"] = spent["box"] - sum(v for k, v in spent.items() if k != "box")
+    return spent
+
+
 def per_add(counts: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
     """Records and bytes per add, per topic and in all (bytes None: none could be read back)."""
     rows: dict[str, Any] = {t: {"records": v["records"] / n, "bytes": None if v["bytes"] is None else v["bytes"] / n,

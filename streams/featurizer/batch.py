@@ -71,6 +71,7 @@ log = logging.getLogger("unlearn.featurizer")
 #: The longest a batch window waits in one ``consume`` call (seconds).
 SLICE_S = 0.002
 
+
 class BatchWindow:
     """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one. A batch that
     holds a delete closes as soon as what was already fetched is in (``routing.might_delete``),
