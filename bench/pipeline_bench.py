@@ -370,7 +370,7 @@ def summary(out: dict[str, Any]) -> None:
     fit = {}
     for key in ("us_per_produce", "us_per_consume"):
         v = np.array([r[key] for _, r in sizes])
-        fit[key] = np.polyfit(b, v, 1) if len(b) > 1 else np.array([0.0, v[0]])
+        fit[key] = np.polyfit(b, v, 1)
     out["ceiling"]["fit_us"] = {k: list(map(float, f)) for k, f in fit.items()}
     for enc, r in out["throughput"].items():
         if "per_add" not in r:
@@ -427,6 +427,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.encodings.split(",")) - set(FEATURES_ENCODINGS)
     if unknown:
         ap.error(f"unknown encoding(s) {', '.join(sorted(unknown))}: choose from {', '.join(FEATURES_ENCODINGS)}")
+    if args.ceiling and len(set(args.ceiling_sizes.split(","))) < 2:
+        ap.error("--ceiling-sizes needs at least two sizes: the broker bound charges each record by a cost fitted "
+                 "over the sizes (with one, a 100-byte key record would cost what a 4.4 KB one does)")
     if args.quick:
         args.n, args.deletes = min(args.n, 1000), min(args.deletes, 40)
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}; "

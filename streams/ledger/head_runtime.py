@@ -111,6 +111,11 @@ class HeadRuntime:
         """What a snapshot keeps (the ledger and the hash are the live objects, not copies)."""
         return HeadState(self.meta(), self.ledger, self.multiset)
 
+    def frozen_state(self) -> HeadState:
+        """``state()`` copied (a few ms at d = 768): a background writer encodes it while the
+        head goes on taking messages."""
+        return HeadState(self.meta(), self.ledger.copy(), None if self.multiset is None else self.multiset.copy())
+
     # ---------------------------------------------------------------- views
     @property
     def ledger(self) -> ExactLedger:

@@ -15,8 +15,9 @@ each step is delegated to the module named for it:
    delivery stops the worker (``DeliveryError``);
 5. fast heads older than ``reset_every_seconds`` are reset and republished as exact;
 6. ``Checkpointer`` (checkpointer.py) makes each partition durable when due: every
-   ``checkpoint_every_messages`` / ``checkpoint_every_seconds``, on an erasure rotation, and
-   before a partition is given up;
+   ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` (its snapshots written by a
+   writer thread while the loop goes on), on an erasure rotation, and before a partition is
+   given up;
 7. superseded state and heads generations are retired once their grace is over
    (``ChangelogStore``, changelog_store.py).
 
@@ -149,12 +150,14 @@ class LedgerWorker:
         """Steps 5 to 7, after every poll."""
         self.outputs.serve()
         self._timed_resets()
+        self.checkpointer.advance(self.owned)
         for part, erasure in self.checkpointer.due(self.owned):
-            self.checkpoint(part, erasure)
+            self.checkpoint(part, erasure, background=not erasure)
         self.store.retire_due()
 
     def finish(self) -> None:
         for ps in sorted(self.owned, key=lambda ps: ps.partition):
+            self.checkpointer.settle(ps)
             if ps.pending:
                 self.checkpoint(ps.partition)
 
@@ -193,12 +196,14 @@ class LedgerWorker:
                     head.reset("timer")
                     self.outputs.publish_head(ps.partition, head)
 
-    def checkpoint(self, part: int, erasure: bool = False) -> None:
+    def checkpoint(self, part: int, erasure: bool = False, background: bool = False) -> None:
         """Make ``part``'s processed messages durable (``Checkpointer``; ``erasure``: rotate its
-        state and head updates away from before the deletes it applied)."""
-        self.checkpointer.checkpoint(self.owned[part], self.topic_id, erasure)
+        state and head updates away from before the deletes it applied; ``background``: its
+        snapshots written while the loop goes on)."""
+        self.checkpointer.checkpoint(self.owned[part], self.topic_id, erasure, background)
 
     def close(self, clean: bool) -> None:
+        self.checkpointer.close()
         self.producer.flush(self.settings.admin_timeout)
         self.store.close()
         self.contracts.stop()
@@ -226,11 +231,14 @@ class LedgerWorker:
         failure: BaseException | None = None
         for tp in partitions:
             ps = self.owned.get(tp.partition)
-            if ps is not None and ps.pending and not self.failed and failure is None:  # nothing new: durable
+            if ps is not None and not self.failed and failure is None:
                 try:
-                    self.checkpoint(tp.partition)
+                    self.checkpointer.settle(ps)
+                    if ps.pending:  # nothing new: durable
+                        self.checkpoint(tp.partition)
                 except Exception as exc:  # raised by the loop once every partition is dropped
                     failure = exc
+            self.checkpointer.forget(tp.partition)
             self.owned.drop(tp.partition)
         if failure is not None:
             raise failure
@@ -239,6 +247,7 @@ class LedgerWorker:
         # Another worker owns them now: writing state for them could race its writes.
         for tp in partitions:
             log.warning("deltas partition %d lost (session timeout); dropping its state", tp.partition)
+            self.checkpointer.forget(tp.partition)
             self.owned.drop(tp.partition)
 
 

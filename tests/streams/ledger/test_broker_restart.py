@@ -20,7 +20,6 @@ hash and weights equal the from-scratch ledger's.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.broker_restart_support import Restarter, restart_cluster
-from tests.streams.ledger.test_worker import Stream, assert_final_heads_exact, produce, worker_settings
+from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.worker import LedgerWorker
@@ -46,15 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 def _running(w: LedgerWorker) -> Iterator[Callable[[], None]]:
     """The worker in a thread; yields a check that it is still running without an error, and
     stops it at the end (an error it raised fails the test)."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.run()
-        except BaseException as exc:  # reported by the test
-            failed.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, failed = run_in_thread(w)
 
     def alive() -> None:
         assert t.is_alive() and not failed, failed

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.streams.ledger.test_worker import Stream, produce, worker_settings
+from tests.streams.ledger.support import Stream, produce, worker_settings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import solve_head

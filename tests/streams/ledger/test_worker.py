@@ -9,114 +9,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
 
+from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
 from unlearn.infra.processes import ServiceProcess
-from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
+from unlearn.infra.settings import Settings
+from unlearn.ledger import Quantizer, l2_normalize
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.settings import LedgerSettings
-from unlearn.streams.runtime.clients import consumer_config, producer_config, quirks
+from unlearn.streams.runtime.clients import consumer_config, quirks
 from unlearn.streams.runtime.topic_reader import read_topic
 from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.streams.shared.families import heads_family, state_family
 
 pytestmark = pytest.mark.broker
-
-
-class Stream:
-    """A random add/delete stream over several heads, with its from-scratch reference."""
-
-    def __init__(self, heads: list[str], d: int, seed: int, delete_p: float = 0.35) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.delete_p = delete_p
-        self.d = d
-        self.heads = heads
-        self.retained: dict[str, dict[str, tuple[np.ndarray, int]]] = {h: {} for h in heads}
-        self.messages: list[tuple[str, bytes]] = []
-        self.n_msgs = {h: 0 for h in heads}
-        self.counter = 0
-
-    def next_message(self) -> tuple[str, bytes]:
-        h = self.heads[int(self.rng.integers(len(self.heads)))]
-        members = self.retained[h]
-        entries = []
-        if members and self.rng.random() < self.delete_p:
-            size = min(len(members), int(self.rng.integers(1, 4)))
-            ids = list(self.rng.choice(sorted(members), size=size, replace=False))
-            Q = np.stack([members[i][0] for i in ids])
-            y = np.array([members[i][1] for i in ids])
-            entries.append(RowsEntry(-1, [f"del-{i}" for i in ids], ids, ["u"] * len(ids), y, Q))
-            for i in ids:
-                del members[i]
-        n = int(self.rng.integers(1, 6))
-        Q = Quantizer().quantize(l2_normalize(self.rng.normal(size=(n, self.d))))
-        y = self.rng.integers(0, 4, n)
-        ids = [f"s{self.counter + j}" for j in range(n)]
-        self.counter += n
-        entries.insert(0, RowsEntry(+1, [f"add-{i}" for i in ids], ids, ["u"] * n, y, Q))
-        for i, q, lab in zip(ids, Q, y):
-            members[i] = (q, int(lab))
-        self.n_msgs[h] += 1
-        msg = (h, encode_delta(Delta(h, "test", self.d, 30, 0, tuple(entries))))
-        self.messages.append(msg)
-        return msg
-
-    def delete_message(self, h: str, k: int) -> tuple[str, bytes]:
-        """A message that only deletes ``k`` retained samples of ``h``."""
-        members = self.retained[h]
-        ids = sorted(members)[:k]
-        Q = np.stack([members[i][0] for i in ids])
-        y = np.array([members[i][1] for i in ids])
-        for i in ids:
-            del members[i]
-        self.n_msgs[h] += 1
-        entry = RowsEntry(-1, [f"del-{i}" for i in ids], ids, ["u"] * len(ids), y, Q)
-        msg = (h, encode_delta(Delta(h, "test", self.d, 30, 0, (entry,))))
-        self.messages.append(msg)
-        return msg
-
-    def reference(self, h: str) -> ExactLedger:
-        led = ExactLedger(self.d, 0)
-        m = self.retained[h]
-        if m:
-            led.add(np.stack([q for q, _ in m.values()]), np.array([lab for _, lab in m.values()]))
-        return led
-
-    def reference_retained_hash(self, h: str) -> str:
-        m = self.retained[h]
-        Q = np.stack([q for q, _ in m.values()]) if m else np.zeros((0, self.d), np.int64)
-        return MultisetHash.of_rows(Q, np.array([lab for _, lab in m.values()], np.int64)).fingerprint()
-
-
-def produce(settings: Settings, msgs: list[tuple[str, bytes]], timeout: float = 30.0) -> None:
-    p = Producer(producer_config(settings))
-    for h, raw in msgs:
-        p.produce(settings.topic("deltas"), key=h.encode(), value=raw)
-    assert p.flush(timeout) == 0
-
-
-def worker_settings(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.with_(data_dir=str(tmp_path / "data"), checkpoint_every_messages=7,
-                          checkpoint_every_seconds=1.0, reset_every_seconds=1.0, reset_every_events=50)
-
-
-def assert_final_heads_exact(s: Settings, stream: Stream, timeout: float = 90.0) -> None:
-    for h in stream.heads:
-        ref = stream.reference(h)
-        want = stream.n_msgs[h]
-        got = wait_for_head(s, h, lambda u, want=want: u.version >= want and u.mode == "exact", timeout=timeout)
-        assert got.version == want, f"{h}: every delta applied exactly once"
-        assert got.digest == ref.digest(), f"{h}: ledger digest equals the from-scratch ledger"
-        assert got.n_retained == ref.count
-        assert got.retained_hash == stream.reference_retained_hash(h), f"{h}: retained-rows hash from scratch"
-        ref.grow_outputs(got.weights.shape[1])
-        gamma = HeadSettings.of(s).gamma
-        assert np.array_equal(np.asarray(got.weights), solve_head(ref, gamma)), f"{h}: canonical head bit for bit"
 
 
 def test_end_to_end_several_heads_bit_exact(settings: Settings, tmp_path: Path) -> None:
@@ -528,7 +437,6 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
     checkpoint); or after the new checkpoint, before the old state is dropped (trimmed, or its
     generation deleted). A worker process then recovers exactly, and every record that existed
     before the delete is gone within the bound (recovery trims, deletes or rotates it)."""
-    import threading
 
     from unlearn.streams.ledger.worker import LedgerWorker
 
@@ -545,9 +453,9 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
     in_erasure = {"on": False}
     original_checkpoint = w.checkpoint
 
-    def checkpoint(part: int, erasure: bool = False) -> None:
+    def checkpoint(part: int, erasure: bool = False, background: bool = False) -> None:
         in_erasure["on"] = erasure
-        original_checkpoint(part, erasure)
+        original_checkpoint(part, erasure, background)
 
     def crash_on(name: str, nth: int) -> None:
         original = getattr(w.store, name)
@@ -566,14 +474,7 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
      "snapshot_half_written": lambda: crash_on("write_snapshot", 3),
      "checkpoint_written": lambda: crash_on("end_rewrite", 1)}[step]()
 
-    def run() -> None:
-        try:
-            w.run()
-        except BaseException as exc:  # the crash under test, or a real failure to report
-            crashed.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, crashed = run_in_thread(w)
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path)
     try:
         produce(s, [stream.next_message() for _ in range(28)])
