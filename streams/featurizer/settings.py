@@ -15,7 +15,7 @@ class FeaturizerSettings(Section):
     title: ClassVar[str] = "featurizer"
 
     batch_max_events: int = setting(256, "most events in one micro-batch")
-    batch_max_ms: int = setting(10, "batch window after the first event (latency vs batch size)")
+    batch_max_ms: int = setting(50, "batch window after the first add (a delete closes it at once)")
     auth_replay_window_seconds: float = setting(300.0, "signed mode: |now - ts| bound, event ids kept this long")
     max_clock_skew_seconds: float = setting(300.0, "an add dated more than this ahead is refused")
     tombstone_retention_seconds: float = setting(604_800.0, "a delete's tombstone is kept this long (0: for ever)")
