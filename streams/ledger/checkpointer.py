@@ -18,7 +18,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.changelog_store import ChangelogStore
@@ -44,10 +44,20 @@ COPY_BUDGET_BYTES = 512 << 20
 @dataclass(frozen=True)
 class _Writing:
     """A checkpoint whose steps 4 and 5 the writer thread is doing: its floor, taken on the poll
-    thread, and the snapshot pointers it will have written."""
+    thread, when it started and how long the poll thread spent on it, and the snapshot pointers
+    it will have written (with when its record was durable)."""
 
     floor: int
-    written: Future[dict[str, HeadPointer]]
+    started: float
+    paused: float  # seconds the poll thread spent on it
+    written: Future[tuple[dict[str, HeadPointer], float]]
+
+
+class CheckpointTimes(Protocol):
+    """Where a checkpoint's times go (the worker's histograms): ``pause`` the seconds its
+    partition processed nothing, ``duration`` from its start to its record being durable."""
+
+    def observe(self, pause: float, duration: float) -> None: ...
 
 
 class Checkpointer:
@@ -83,7 +93,8 @@ class Checkpointer:
     "Erasure rotation"). Every delete applied so far is covered: no message is processed while a
     checkpoint runs."""
 
-    def __init__(self, settings: Settings, consumer: Any, store: ChangelogStore, outputs: Outputs) -> None:
+    def __init__(self, settings: Settings, consumer: Any, store: ChangelogStore, outputs: Outputs,
+                 times: CheckpointTimes | None = None) -> None:
         self.settings = settings
         self.consumer = consumer  # commits floors
         self.store = store
@@ -92,6 +103,7 @@ class Checkpointer:
         self.tuning = LedgerSettings.of(settings)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-checkpoint")
         self._writing: dict[int, _Writing] = {}  # deltas partition -> its checkpoint being written
+        self.times = times
 
     def due(self, owned: OwnedPartitions) -> list[tuple[int, bool]]:
         """(partition, erasure) of every checkpoint due now: an erasure rotation whose window
@@ -121,7 +133,7 @@ class Checkpointer:
         if background and not rotate_heads and not rewriting:
             heads = self._to_snapshot(ps, every=False)
             if sum(_copy_bytes(ps.heads[h].ledger.dim) for h in heads) <= COPY_BUDGET_BYTES:
-                self._begin(ps, topic_id, heads)
+                self._begin(ps, topic_id, heads, started)
                 return
         if erasure:
             log.info("deltas partition %d: erasure rotation starts (%d heads)", part, len(ps.heads))
@@ -149,6 +161,9 @@ class Checkpointer:
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
         self._durable(ps, floor)  # 8
+        if self.times is not None:
+            took = time.monotonic() - started
+            self.times.observe(took, took)
 
     def _durable(self, ps: PartitionState, floor: int) -> None:
         """Step 8, and what the partition no longer needs to remember below its new floor."""
@@ -156,7 +171,7 @@ class Checkpointer:
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
 
     # ---------------------------------------------------------------- in the writer thread
-    def _begin(self, ps: PartitionState, topic_id: str, heads: list[str]) -> None:
+    def _begin(self, ps: PartitionState, topic_id: str, heads: list[str], started: float) -> None:
         """Steps 4 and 5 handed to the writer thread: copies of ``heads`` (those step 4 would
         snapshot), and the floor their applied offsets give (what a checkpoint on the poll thread
         would write)."""
@@ -169,17 +184,19 @@ class Checkpointer:
             head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched, applied)
         record = (ps.partition, floor, topic_id, dict(ps.pointers), ps.erasure_since is not None)
-        self._writing[ps.partition] = _Writing(floor, self._writer.submit(self._write, frozen, *record))
+        written = self._writer.submit(self._write, frozen, *record)
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
+        self._writing[ps.partition] = _Writing(floor, started, ps.last_checkpoint - started, written)
 
     def _write(self, frozen: list[tuple[HeadState, HeadPointer | None]], part: int, floor: int, topic_id: str,
-               pointers: dict[str, HeadPointer], erasure_pending: bool) -> dict[str, HeadPointer]:
-        """Steps 4 and 5, in the writer thread (only it writes this partition's state meanwhile)."""
+               pointers: dict[str, HeadPointer], erasure_pending: bool) -> tuple[dict[str, HeadPointer], float]:
+        """Steps 4 and 5, in the writer thread (only it writes this partition's state meanwhile);
+        the pointers written, and when the record was durable."""
         written = {state.meta.head_id: self.store.write_snapshot(part, state, previous) for state, previous in frozen}
         self.store.write_checkpoint(Checkpoint(part, floor, topic_id, {**pointers, **written},
                                                erasure_pending=erasure_pending))
-        return written
+        return written, time.monotonic()
 
     def advance(self, owned: OwnedPartitions) -> None:
         """Finish the checkpoints the writer thread made durable (step 8); a failed one raises
@@ -198,8 +215,11 @@ class Checkpointer:
 
     def _finish(self, ps: PartitionState) -> None:
         writing = self._writing.pop(ps.partition)
-        ps.pointers.update(writing.written.result())
+        written, durable_at = writing.written.result()
+        ps.pointers.update(written)
         self._durable(ps, writing.floor)
+        if self.times is not None:
+            self.times.observe(writing.paused, durable_at - writing.started)
 
     def forget(self, part: int) -> None:
         """Wait for ``part``'s checkpoint being written (nothing may write a partition once it is

@@ -40,7 +40,7 @@ from typing import Any
 from unlearn.infra import tracing
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.infra.worker_metrics import WorkerMetrics
+from unlearn.infra.worker_metrics import BATCH_BUCKETS, WorkerMetrics
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpointer import Checkpointer
 from unlearn.streams.ledger.contract_gammas import ContractGammas
@@ -107,7 +107,8 @@ class LedgerWorker:
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings, tail=self.keys),
                               config)
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
-        self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs)
+        self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs,
+                                         _CheckpointTimes(self.metrics))
         self.topic_id = ""
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
@@ -249,6 +250,21 @@ class LedgerWorker:
             log.warning("deltas partition %d lost (session timeout); dropping its state", tp.partition)
             self.checkpointer.forget(tp.partition)
             self.owned.drop(tp.partition)
+
+
+class _CheckpointTimes:
+    """A checkpoint's times as two histograms: how long it held its partition (the poll thread's
+    part) and how long until its record was durable (the writer thread's part included)."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self.pause = metrics.histogram("checkpoint_pause_seconds", "Seconds a checkpoint held its partition's "
+                                       "processing (the poll thread's part).", BATCH_BUCKETS)
+        self.duration = metrics.histogram("checkpoint_duration_seconds", "Seconds from a checkpoint's start to its "
+                                          "record being durable.", BATCH_BUCKETS)
+
+    def observe(self, pause: float, duration: float) -> None:
+        self.pause.observe(pause)
+        self.duration.observe(duration)
 
 
 class _DeltasPoller:

@@ -103,7 +103,8 @@ def test_running_featurizer_and_ledger_serve_metrics(settings: Settings, tmp_pat
             f, g = _scrape(fport), _scrape(lport)
             if (sample(g, "unlearn_ledger_delete_to_head_published_seconds_count") == 1
                     and _names(f, "unlearn_featurizer_consumer_lag") and _names(g, "unlearn_ledger_consumer_lag")
-                    and _names(g, "unlearn_ledger_checkpoint_age_seconds")):
+                    and _names(g, "unlearn_ledger_checkpoint_age_seconds")
+                    and sample(g, "unlearn_ledger_checkpoint_duration_seconds_count")):
                 break
             assert time.monotonic() < deadline, (f, g, feat.log_tail(), led.log_tail())
             time.sleep(0.5)
@@ -120,6 +121,11 @@ def test_running_featurizer_and_ledger_serve_metrics(settings: Settings, tmp_pat
         assert (sample(g, "unlearn_ledger_events_total", outcome="applied") or 0) >= 1  # deltas messages
         assert (sample(g, "unlearn_ledger_head_updates_total") or 0) >= 1
         assert 0 < (sample(g, "unlearn_ledger_delete_to_head_published_seconds_sum") or 0) < 60
+        # each checkpoint timed twice: its pause is a part of its duration
+        assert sample(g, "unlearn_ledger_checkpoint_pause_seconds_count") == sample(
+            g, "unlearn_ledger_checkpoint_duration_seconds_count")
+        assert (sample(g, "unlearn_ledger_checkpoint_pause_seconds_sum") or 0) <= (
+            sample(g, "unlearn_ledger_checkpoint_duration_seconds_sum") or 0)
         lag = _names(g, "unlearn_ledger_consumer_lag")
         assert {dict(k)["topic"] for k in lag} == {s.topic("deltas")} and all(v >= 0 for v in lag.values())
     finally:

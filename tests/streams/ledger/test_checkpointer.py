@@ -1,6 +1,7 @@
 """The checkpointer's writer thread (streams/ledger/checkpointer.py), against a real broker: a
 delete is applied and published while a periodic checkpoint is held half way, the checkpoint then
-names the state of the message boundary it was taken at; a checkpoint that fails stops the worker
+names the state of the message boundary it was taken at, and its times say the partition paused
+only for the copies; a checkpoint that fails stops the worker
 with the previous one in force, from which a restart recovers exactly; one over the copy budget
 is written on the poll thread."""
 
@@ -46,6 +47,14 @@ def _wait_for_checkpoint(s: Settings, failed: list[BaseException]) -> tuple[Any,
     return found
 
 
+class _Times:
+    def __init__(self, into: list[tuple[float, float]]) -> None:
+        self.into = into
+
+    def observe(self, pause: float, duration: float) -> None:
+        self.into.append((pause, duration))
+
+
 def _wrap_snapshots(w: LedgerWorker, before: Callable[[int], None]) -> None:
     """Call ``before(n)`` ahead of the writer thread's n-th snapshot write (1-based)."""
     original = w.store.write_snapshot
@@ -70,21 +79,33 @@ def test_a_delete_is_applied_while_a_checkpoint_is_written(settings: Settings, t
 
     w = LedgerWorker(s, "held-writer")
     _wrap_snapshots(w, hold)
+    times: list[tuple[float, float]] = []
+    w.checkpointer.times = _Times(times)
     t, failed = run_in_thread(w)
     try:
         produce(s, [stream.next_message() for _ in range(7)])  # the 7th makes a checkpoint due
         assert entered.wait(60), f"no checkpoint started: {failed}"
+        started = time.monotonic()
         at_boundary = {h: stream.reference(h).digest() for h in stream.heads if stream.n_msgs[h]}
         # held half way (no checkpoint record yet): a delete and more adds still go through
         produce(s, [stream.delete_message("b1", 2), stream.next_message(), stream.next_message()])
         assert_final_heads_exact(s, stream)
         assert not failed and t.is_alive()
         assert ChangelogStore(s).recover(0)[0] is None, "the checkpoint record came before its snapshots"
+        time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # held 5 s at least
+        held = time.monotonic()
         release.set()
         cp, heads = _wait_for_checkpoint(s, failed)
         assert cp is not None and cp.floor == 7, "the floor is the boundary the copies were taken at"
         assert {h: st.ledger.digest() for h, st in heads.items()} == at_boundary
         assert all(st.meta.applied_offset < 7 for st in heads.values())
+        deadline = time.monotonic() + 30
+        while not times:  # the next turn of the loop finishes it
+            assert time.monotonic() < deadline, "the written checkpoint was never finished"
+            time.sleep(0.1)
+        pause, duration = times[0]
+        assert duration >= held - started, "its duration covers the writer thread's part"
+        assert pause < 5.0 <= held - started, "the partition was held only for the copies"
     finally:
         release.set()
         w.stop()
