@@ -9,6 +9,13 @@ on the real cache, the changelog records (``batch_records``) ahead of the output
 is ``FULL`` or ``NORMAL`` (the cache's ``synchronous``) with optional ``:pragma=value`` parts
 (``page_size`` is applied to the new file before the cache creates its tables). Variants run
 one after the other in one process. Asserts nothing.
+
+    python -m bench.cache_bench --lookups-at 1000,10000,50000 [--batch 100] [--dim 768]
+
+instead times what judging a batch asks of a cache already holding N samples of the head (one
+file per N): the batch's lookups (``BatchView``: its samples, tombstones and event marks, all
+absent, as for new adds) and one subject's samples (a ``delete_subject``); medians of 20. A
+lookup that walks the head instead of seeking grows with N (pipeline_bench.md section 22).
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ import numpy as np
 import orjson
 
 from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import BatchView, CachedSample, CacheMutations, HeadInfo
 from unlearn.streams.featurizer.changelog_batches import batch_records
 from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
+from unlearn.streams.featurizer.tombstones import Tombstone
 
 
 def adds(n: int, first: int, dim: int, rng: np.random.Generator) -> list[InMessage]:
@@ -73,13 +82,45 @@ def run_variant(variant: str, batches: list[list[InMessage]], path: Path) -> tup
     return statistics.median(commits), statistics.median(acks), rows, size
 
 
+def lookups(n: int, batch: int, dim: int, path: Path) -> tuple[float, float]:
+    """(median ms of a batch's lookups, median ms of one subject's samples) with ``n`` cached."""
+    rng = np.random.default_rng(0)
+    head = HeadInfo("h", "features", "features", dim, "class", 0, 30, 0)
+    with FeatureCache(path) as cache:
+        for first in range(0, n, 5000):
+            put = tuple(CachedSample("h", f"s{j}", f"u{j % 997}", "c", f"e{j}", 1,
+                                     rng.integers(-2**30, 2**30, dim)) for j in range(first, min(n, first + 5000)))
+            tombs = tuple(Tombstone("h", "sample", f"gone{j}", f"u{j % 997}", "", j, f"d{j}")
+                          for j in range(first, first + len(put), 10))
+            cache.commit_batch(CacheMutations(put_samples=put, put_heads=(head,), put_tombstones=tombs), [], first)
+        view_ms, subject_ms = [], []
+        for r in range(20):
+            new = [f"new{r}.{j}" for j in range(batch)]
+            t0 = time.perf_counter()
+            BatchView(cache, [("h", s) for s in new], [("h", "sample", s, "u1") for s in new]
+                      + [("h", "subject", "u1", "u1")], [("h", f"a{s}") for s in new])
+            t1 = time.perf_counter()
+            cache.subject_samples("h", f"u{r}")
+            view_ms.append((t1 - t0) * 1e3)
+            subject_ms.append((time.perf_counter() - t1) * 1e3)
+    return statistics.median(view_ms), statistics.median(subject_ms)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=190, help="adds per batch")
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--variants", default="NORMAL,FULL,FULL:page_size=4096:wal_autocheckpoint=1000")
+    ap.add_argument("--lookups-at", default="", help="comma list of cached samples per head: time the lookups")
     args = ap.parse_args(argv)
+    if args.lookups_at:
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in (int(x) for x in args.lookups_at.split(",")):
+                view, subject = lookups(n, args.batch, args.dim, Path(tmp) / f"n{n}.sqlite")
+                print(f"{n:>8,} samples cached: a batch of {args.batch} adds' lookups {view:7.2f} ms, "
+                      f"one subject's samples {subject:7.2f} ms", flush=True)
+        return
     rng = np.random.default_rng(0)
     batches = [adds(args.batch, b * args.batch, args.dim, rng) for b in range(args.batches)]
     with tempfile.TemporaryDirectory() as tmp:
