@@ -11,6 +11,7 @@ import it from here and nowhere else. The contract covers: which backbone an inp
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -203,14 +204,20 @@ def resolve_backbone(head_id: str, input_kind: str, configured: str | None = Non
     (``backbone_unavailable``, ``backbone_mismatch``)."""
     name = configured or DEFAULT_BACKBONES[input_kind]
     try:
-        info = backbone_info(name)
-        key = backbone_cache_key(name)
+        kind, key = _backbone_kind_key(name)
     except BackboneError as exc:
         raise FeatureRejected("backbone_unavailable", f"head {head_id!r}: {exc}") from None
-    if info.kind != input_kind:
+    if kind != input_kind:
         raise FeatureRejected("backbone_mismatch",
-                              f"head {head_id!r} uses backbone {key!r} ({info.kind} inputs), got a {input_kind} input")
+                              f"head {head_id!r} uses backbone {key!r} ({kind} inputs), got a {input_kind} input")
     return name, key
+
+
+@functools.lru_cache(maxsize=256)
+def _backbone_kind_key(name: str) -> tuple[str, str]:
+    """(input kind, cache key) of a registry name: the registry is fixed at import, and the
+    featurizer asks this for every add (a name that raises is not cached)."""
+    return backbone_info(name).kind, backbone_cache_key(name)
 
 
 def fixed_dim(backbone_key: str) -> int | None:

@@ -34,7 +34,7 @@ from unlearn.streams.featurizer.cache_view import CachedSample, CacheView, HeadI
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delta_assembly import HeadRows
 from unlearn.streams.featurizer.events import ERASED, EventMark, judge_event
-from unlearn.streams.featurizer.head_contracts import check_contract, judged_contract
+from unlearn.streams.featurizer.head_contracts import AutoContracts, check_contract, judged_contract
 from unlearn.streams.featurizer.refusals import refusal, salvage_delete_ids
 from unlearn.streams.featurizer.tombstones import (
     TombstonePolicy,
@@ -59,13 +59,16 @@ __all__ = [
 
 
 def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_key: str | None, view: CacheView,
-              config: CoreConfig, quantize: QuantizeRow = quantize_feature_row) -> tuple[CachedSample, HeadInfo, bool]:
-    """(sample to cache, its head, whether the head is new) for an add; raises :class:`FeatureRejected`.
+              config: CoreConfig, quantize: QuantizeRow = quantize_feature_row, event_us: int = 0,
+              contracts: AutoContracts | None = None) -> tuple[CachedSample, HeadInfo, bool]:
+    """(sample to cache, dated ``event_us``, its head, whether the head is new) for an add; raises
+    :class:`FeatureRejected`.
     A head's backbone, input kind, dimension, label kind and grid are fixed by its first accepted
     add, so every later row of the head is on the same grid and in the same space; the add must
     also fit the head's contract (declared, else auto: :func:`auto_contract`), which
     bounds its label space and gives a new head its grid. ``quantize`` is ``quantize_feature_row``
-    or the batch's ``BatchQuantizer`` (the same bits, proven by a property test)."""
+    or the batch's ``BatchQuantizer`` (the same bits, proven by a property test); ``contracts``: the
+    batch's auto contracts (:func:`judged_contract`)."""
     assert r.sample_id is not None and r.input is not None and r.label is not None
     if view.get_sample(r.head_id, r.sample_id) is not None:
         raise FeatureRejected("duplicate_add",
@@ -102,14 +105,14 @@ def judge_add(r: Request, feat: np.ndarray | FeatureRejected | None, backbone_ke
         what = "class indices" if head.label_kind == "class" else f"label vectors of width {head.label_width}"
         got = "a class index" if kind == "class" else f"a label vector of width {width}"
         raise FeatureRejected("label_mismatch", f"head {r.head_id!r} takes {what}, got {got}")
-    contract = judged_contract(r, head, dim, kind, width, config)
+    contract = judged_contract(r, head, dim, kind, width, config, contracts)
     check_contract(r, contract, head, backbone_key, dim, kind, width, label)
     q = quantize(feat, k, contract.feature_bound, contract.normalize)
     check_information(feat, q, contract.normalize)
     new_head = head is None
     if head is None:
         head = HeadInfo(r.head_id, backbone_key, r.input.kind, dim, kind, width, k, k_y)
-    cs = CachedSample(r.head_id, r.sample_id, r.subject_id, r.client_id, r.event_id, label, q)
+    cs = CachedSample(r.head_id, r.sample_id, r.subject_id, r.client_id, r.event_id, label, q, event_us)
     return cs, head, new_head
 
 
@@ -200,6 +203,7 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
     delete x" in one batch works and a duplicate add within it is caught (``screened``: signed mode)."""
     j = Judgement(Overlay(cache))
     quantize = BatchQuantizer(encoded.features.values())  # a head's rows in one call, not one each
+    contracts: AutoContracts = {}
     for i, (m, r) in enumerate(zip(messages, reqs, strict=True)):
         if isinstance(r, UnopenedRequest):  # parsed, but its sealed input does not open (or is not sealed)
             j.refuse(*refusal(m, r.request, r.reason, r.detail, config, ts))
@@ -222,8 +226,8 @@ def judge_batch(messages: Sequence[InMessage], reqs: Sequence[Request | InvalidR
             if r.op == "add":
                 t_add = judge_remove_wins(r, m, j.overlay, config.tombstones, ts)
                 cs, head, new_head = judge_add(r, encoded.features.get(i), encoded.backbones.get(i), j.overlay,
-                                               config, quantize)
-                j.accept_add(r.event_id, replace(cs, event_us=t_add), head, new_head)
+                                               config, quantize, t_add, contracts)
+                j.accept_add(r.event_id, cs, head, new_head)
                 j.overlay.events[(r.head_id, r.event_id)] = EventMark(r.head_id, r.event_id, fp, t_add, cs.sample_id)
             else:
                 t_del = judge_remove(j, r, m, config, ts, client)

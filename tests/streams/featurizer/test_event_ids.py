@@ -26,6 +26,7 @@ from unlearn.streams.featurizer.events import (
     encode_event,
     event_key,
     event_value,
+    legacy_fingerprint,
     open_event,
     request_fingerprint,
 )
@@ -147,6 +148,31 @@ def test_the_fingerprint_is_of_the_meaning() -> None:
                   add("e", "x", values=(0.0, 1.0, 2.5)), add("e", "x", values=(0.0, 1.0, 2.0), subject="t"),
                   Request("e", "add", "h", "c1", "s", "x", 0, TextInput("hello"))):
         assert request_fingerprint(other) != request_fingerprint(a)
+
+
+def test_the_v1_fingerprint_is_pinned_and_v2_differs_only_for_features() -> None:
+    a = add("e", "x", values=(0.0, 1.0, 2.0))
+    # the v1 form (the value the code before v2 gave): what marks written then hold
+    assert legacy_fingerprint(a).hex() == "8d3476523854a0c1c25dd9c454ff0da3edf9a3b0a9ffd6b157acfd2a69e31c94"
+    assert request_fingerprint(a) != legacy_fingerprint(a)
+    text = Request("e", "add", "h", "c1", "s", "x", 0, TextInput("hello"))
+    assert request_fingerprint(text) == legacy_fingerprint(text)
+    # the length is part of the meaning: a vector is never the prefix of another one's bytes
+    assert request_fingerprint(add("e", "x", values=(1.0, 2.0))) != request_fingerprint(add("e", "x", values=(1.0,)))
+
+
+def test_marks_of_the_v1_fingerprint_still_judge_resends(tmp_path: Path) -> None:
+    """A cache written by a featurizer before v2 (its marks hold v1 fingerprints): a resend is
+    still a duplicate, another meaning still a conflict."""
+    j = Judge(tmp_path / "c.sqlite")
+    old_add, old_del = add("a1", "x", ts=NOW - 5), delete("d1", "y", ts=NOW - 5)
+    marks = tuple(EventMark("h", r.event_id, legacy_fingerprint(r), int((NOW - 5) * 1e6)) for r in (old_add, old_del))
+    j.cache.commit_batch(CacheMutations(put_events=marks), [], 100)
+    j.offset = 101
+    assert j.run(old_add)[0] == {"a1": "duplicate_event"}
+    assert j.run(add("a1", "x", values=(1.0, 2.0, 3.0), ts=NOW - 5))[0] == {"a1": "event_id_conflict"}
+    assert j.run(old_del)[0] == {"d1": "duplicate_event"}
+    assert j.run(delete("d1", "z", ts=NOW - 5))[0] == {"d1": "event_id_conflict"}
 
 
 @settings(max_examples=50, deadline=None)
