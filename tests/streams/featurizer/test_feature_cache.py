@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.streams.featurizer.test_changelog_records import HEADS, mk
 from unlearn.schemas.delta_codec import decode_delta
@@ -230,3 +232,21 @@ def test_every_lookup_of_judging_is_a_seek_not_a_walk_of_the_head(tmp_path: Path
             plan = [row[3] for row in cache._db.execute("EXPLAIN QUERY PLAN " + sql)]
             searches = [p for p in plan if p.startswith(("SEARCH", "SCAN"))]
             assert searches and all(p.startswith("SEARCH") and "=? AND " in p for p in searches), (sql, plan)
+
+
+_NAME = st.tuples(st.sampled_from(["h", "g"]), st.sampled_from(["sample", "subject"]), st.sampled_from("abc"),
+                  st.sampled_from("st"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(stored=st.lists(st.tuples(_NAME, st.sampled_from(["", "c1", "c2"]), st.integers(0, 9)), max_size=25),
+       asked=st.lists(_NAME, max_size=12))
+def test_the_batch_tombstone_lookup_is_the_one_name_lookup(tmp_path_factory: pytest.TempPathFactory,
+                                                           stored: list, asked: list) -> None:
+    """``get_tombstones`` (one query per head and kind) against ``tombstones`` (one name each),
+    over heads, kinds, ids and subjects that share their values."""
+    path = tmp_path_factory.mktemp("c") / "c.sqlite"
+    tombs = {(*name, client): Tombstone(*name, client, t, f"d{t}") for name, client, t in stored}
+    with FeatureCache(path) as cache:
+        cache.commit_batch(CacheMutations(put_tombstones=tuple(tombs.values())), [], 0)
+        assert cache.get_tombstones(asked) == {n: cache.tombstones(*n) for n in asked}
