@@ -20,6 +20,7 @@ from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, se
 from unlearn.infra.settings import HeadSettings
 from unlearn.services.serving.http import build_app, listen
 from unlearn.services.serving.settings import ServeSettings
+from unlearn.streams.runtime.heap import freeze_heap
 from unlearn.streams.shared.families import heads_family
 
 __all__ = ["run_app", "serve_app", "serve_main"]
@@ -84,5 +85,10 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         return cli_exit_code(exc)
     setup_logging(args.loglevel)
     serve = ServeSettings.of(settings)
-    return run_app(lambda: build_app(settings), serve.serve_host, serve.serve_port, lambda port: log_ready(
-        "serve", url=f"http://{serve.serve_host}:{port}", heads_topics=heads_family(settings.topic_prefix).pattern))
+
+    def ready(port: int) -> None:
+        log_ready("serve", url=f"http://{serve.serve_host}:{port}",
+                  heads_topics=heads_family(settings.topic_prefix).pattern)
+        freeze_heap()  # a prediction never waits for a full collection of what was loaded to start
+
+    return run_app(lambda: build_app(settings), serve.serve_host, serve.serve_port, ready)

@@ -39,10 +39,13 @@ in float64."""
 
 
 class RegistryEncoder:
-    """The production encoder: ``features.backbones.get_backbone(name, device)``, cached."""
+    """The production encoder: ``features.backbones.get_backbone(name, device)``, cached.
+    ``on_load`` runs once per backbone, after its first load (``unlearn featurizer`` freezes the
+    heap then: streams/runtime/heap.py)."""
 
-    def __init__(self, device: str = "auto") -> None:
+    def __init__(self, device: str = "auto", on_load: Callable[[], object] | None = None) -> None:
         self.device = device
+        self.on_load = on_load
         self._announced: set[str] = set()
 
     def __call__(self, name: str, items: Sequence[Any]) -> EncodeResult:
@@ -57,6 +60,8 @@ class RegistryEncoder:
         if name not in self._announced:  # "auto" resolves per machine: say where the model runs
             self._announced.add(name)
             logging.getLogger(__name__).info("backbone %s loaded on %s", backbone.cache_key, backbone.device)
+            if self.on_load is not None:
+                self.on_load()
         return backbone.encode_checked(items)
 
 

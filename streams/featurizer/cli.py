@@ -17,8 +17,10 @@ from typing import Any
 from unlearn.infra import tracing
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.settings import ErasureSettings, HeadSettings, MetricsSettings
+from unlearn.streams.featurizer.add_encoding import RegistryEncoder
 from unlearn.streams.featurizer.service import FeaturizerService
 from unlearn.streams.featurizer.settings import FeaturizerSettings
+from unlearn.streams.runtime.heap import freeze_heap
 from unlearn.streams.runtime.log_position import StaleStateError
 
 log = logging.getLogger("unlearn.featurizer")
@@ -93,8 +95,14 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
         return 2
     if stop.is_set():
         return 0
-    service.on_ready = lambda: log_ready("featurizer", group=service.group, requests_topic=service.topics.requests,
-                                         routed_topic=service.topics.by_head, data_dir=str(settings.data_dir))
+    def on_ready() -> None:
+        log_ready("featurizer", group=service.group, requests_topic=service.topics.requests,
+                  routed_topic=service.topics.by_head, data_dir=str(settings.data_dir))
+        freeze_heap()  # this process's long-lived heap: out of the collector's full passes
+
+    service.on_ready = on_ready
+    if isinstance(service.encoder, RegistryEncoder):
+        service.encoder.on_load = freeze_heap  # a backbone (torch) is most of a heap
     metrics = MetricsSettings.of(settings)
     if metrics.metrics_port >= 0:
         try:  # before run: the consumer it makes feeds the lag gauges

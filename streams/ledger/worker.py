@@ -112,6 +112,7 @@ class LedgerWorker:
         self.topic_id = ""
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
+        self.on_ready: Callable[[], object] | None = None  # once, when first assigned (run_ledger_worker's)
         self.loop = PollLoop(self.consumer, self, _DeltasPoller())
 
     @property
@@ -224,6 +225,8 @@ class LedgerWorker:
         if not self.loop.ready.is_set():
             log_ready("ledger", worker=self.worker_id, group=self.group, deltas_topic=self.deltas_topic,
                       partitions=owned, recovery_s=round(took, 3))
+            if self.on_ready is not None:
+                self.on_ready()
         else:
             log.info("assigned deltas partitions %s (rebuilt in %.3fs)", owned, took)
 
@@ -281,6 +284,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
     match the log (the message names the mismatch)."""
     from threadpoolctl import threadpool_limits
 
+    from unlearn.streams.runtime.heap import freeze_heap
     from unlearn.streams.runtime.topics import create_topics
 
     # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
@@ -289,6 +293,7 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
         create_topics(settings)
         tracing.configure_from_env("unlearn-ledger")
         worker = LedgerWorker(settings, worker_id, metrics)
+        worker.on_ready = freeze_heap  # this process's long-lived heap: out of the collector's full passes
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
         try:

@@ -411,10 +411,13 @@ def test_real_image_backbone_small_case() -> None:
     def img_add(ev: str, sample: str, data: bytes) -> bytes:
         return encode_request(Request(ev, "add", "faces", "c1", "s", sample, 3, ImageInput(data)))
 
-    enc = RegistryEncoder("cpu")
+    loads: list[int] = []
+    enc = RegistryEncoder("cpu", on_load=lambda: loads.append(1))  # the CLI freezes the heap there
     out = featurize_batch(batch(img_add("i1", "1", png), img_add("i2", "2", b"\x89PNG not really")),
                           MemCache(), cfg(), enc)
     assert out.reasons() == {"undecodable_input": 1}
+    featurize_batch(batch(img_add("i3", "3", png)), MemCache(), cfg(), enc)
+    assert loads == [1]  # once per backbone, not per batch
     (delta,) = out.deltas
     assert delta.d == 1280 and delta.entries[0].event_ids == ("i1",)
     from unlearn.features.backbones import get_backbone
