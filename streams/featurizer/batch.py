@@ -8,7 +8,10 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
   head's partition (``routing.Router``), with headers naming its origin; the requests offsets are
   committed after every forward is acknowledged (at-least-once: the featurizer drops re-forwarded
   copies exactly, ``routing.admit_routed``);
-- **featurizes** the by-head records, per by-head partition, in these steps (the commit sequence):
+- **featurizes** the by-head records, per by-head partition: the router's copies dropped over all
+  of them in offset order, then the partition's delete lane (``delete_lane.py``), if it has one,
+  through the whole sequence below on its own, then the rest; each in these steps (the commit
+  sequence):
 
   1. decide the outcome (``featurize_batch``) against the partition's cache (and seal it, with
      per-sample keys, ``erasure.Erasure``; every new key acknowledged before step 3);
@@ -46,13 +49,15 @@ from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
 from unlearn.streams.featurizer.changelog_batches import batch_records
 from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position
 from unlearn.streams.featurizer.core_config import CoreConfig
+from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, split_lane
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.head_contracts import with_registry
-from unlearn.streams.featurizer.routing import Router, might_delete, read_origin
+from unlearn.streams.featurizer.routing import Admitted, Router, admit_routed, might_delete, read_origin
 from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
+from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.runtime.delivery import Acks
 from unlearn.streams.runtime.poll_loop import records
 from unlearn.streams.shared.registry import RegistryView
@@ -141,6 +146,18 @@ def record_timestamp_ms(m: Any) -> int | None:
 
 
 @dataclass
+class _Part:
+    """What one commit of a partition judges: its records in offset order (``messages``, the
+    router's copies included), those to judge (``admission``), the offset its position reaches
+    (``cover``) and whether it is the delete lane (``delete_lane.py``)."""
+
+    messages: list[InMessage]
+    admission: Admitted
+    cover: int | None = None
+    lane: bool = False
+
+
+@dataclass
 class _Committed:
     """One partition's batch committed to its cache: what ``settle`` acknowledges once phase 1 is."""
 
@@ -173,6 +190,7 @@ class BatchProcessor:
         self.consumer, self.delivery, self.router, self.partitions = consumer, delivery, router, partitions
         self.registry, self.encoder, self.auth, self.erasure = registry, encoder, auth, erasure
         self.fault, self.stats = fault, stats
+        self.lane = FeaturizerSettings.of(settings).delete_lane
         self.committed_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> last offset commit
         self._inflight: _Inflight | None = None
         self._unawaited: dict[tuple[str, int], Any] = {}  # offsets committed without waiting, not yet awaited
@@ -274,26 +292,58 @@ class BatchProcessor:
             return {}
         now = time.time()
         config = with_registry(self.config, self.registry.snapshot())
-        done: list[_Committed] = []
-        for p, msgs in sorted(by_partition.items()):
-            msgs.sort(key=lambda x: x.offset)
-            done.append(self._commit_partition(p, caches[p], msgs, config, now))
+        parts = {p: self._parts(caches[p], sorted(msgs, key=lambda x: x.offset))
+                 for p, msgs in sorted(by_partition.items())}
+        if any(lane is not None for lane, _ in parts.values()):  # the delete lane: committed and sent first
+            self._commit_all([(p, lane) for p, (lane, _) in parts.items() if lane is not None], config, now)
+        done = self._commit_all([(p, rest) for p, (_, rest) in parts.items()], config, now)
+        return {c.partition: c.last_offset for c in done}
+
+    def _parts(self, cache: FeatureCache, msgs: list[InMessage]) -> tuple[_Part | None, _Part]:
+        """A partition's records as (its delete lane, if any, the rest): the router's copies are
+        dropped over all of them in offset order first (so the lane moves no origin), and what a
+        lane already judged ahead of the cache's offset is not judged again."""
+        admitted = admit_routed(msgs, cache.origin_offsets())
+        ahead = set(cache.ahead_offsets())
+        todo = [m for m in admitted.messages if m.offset not in ahead]
+        if self.lane and cache.applied_offset >= 0:
+            lane, judged = split_lane(todo, lambda head: cache.get_head(head) is not None, self.auth is not None)
+        else:
+            lane, judged = [], todo
+        in_lane = {m.offset for m in lane}
+        rest = _Part([m for m in msgs if m.offset not in in_lane],
+                     Admitted(judged, admitted.origin_offsets, admitted.reforwarded, admitted.gaps), msgs[-1].offset)
+        return (_Part(lane, Admitted(lane), lane=True) if lane else None), rest
+
+    def _commit_all(self, parts: list[tuple[int, _Part]], config: CoreConfig, now: float) -> list[_Committed]:
+        """Steps 1-4 for these partitions' parts; their phase 1 left in flight (``settle``)."""
+        caches = self.partitions.caches
+        done = [self._commit_partition(p, caches[p], part, config, now) for p, part in parts]
         self._hook("after_cache_commit")
         assert self._inflight is None  # settled before this batch's sqlite commit; this one's phase 1 by settle
         acks = self.delivery.deliver_overlapped([m for c in done for m in c.messages], self._after_phase)
         for c in done:
             c.generation = c.cache.generation
         self._inflight = _Inflight(acks, done)
-        return {c.partition: c.last_offset for c in done}
+        return done
 
-    def _commit_partition(self, p: int, cache: FeatureCache, msgs: list[InMessage], config: CoreConfig,
+    def _commit_partition(self, p: int, cache: FeatureCache, part: _Part, config: CoreConfig,
                           now: float) -> _Committed:
         """Steps 1-3 for one partition's records: judge, seal, settle the previous batch, commit."""
         origins = cache.origin_offsets()
         erasure = self.erasure
+        msgs = part.messages
         outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
                                   auth=self.auth.authorizer(p) if self.auth is not None else None,
-                                  transit=erasure.gate(p) if erasure is not None else None)
+                                  transit=erasure.gate(p) if erasure is not None else None,
+                                  admission=part.admission, cover=part.cover,
+                                  source_suffix=LANE_SUFFIX if part.lane else "")
+        ahead = cache.ahead_offsets()
+        if part.lane:  # the offset stays; the lane's offsets are done ahead of it
+            offset, ahead = cache.applied_offset, sorted({*ahead, *(m.offset for m in msgs)})
+        else:
+            offset = outcome.last_offset
+            ahead = [o for o in ahead if o > offset]
         if erasure is not None:
             outcome = erasure.seal(p, outcome, cache)
         messages = outcome.messages(config)
@@ -303,8 +353,8 @@ class BatchProcessor:
         if t.changelog is not None:
             # the changelog records ride in the same sqlite transaction, ahead of the outputs
             generation = cache.generation + 1
-            pos = Position(p, outcome.last_offset, t.by_head, t.by_head_id, cache.lineage, generation, 0, "",
-                           {**origins, **outcome.origin_offsets}, t.requests_id, t.by_head_partitions)
+            pos = Position(p, offset, t.by_head, t.by_head_id, cache.lineage, generation, 0, "",
+                           {**origins, **outcome.origin_offsets}, t.requests_id, t.by_head_partitions, tuple(ahead))
             messages = batch_records(p, t.changelog, outcome.mutations, messages, pos,
                                      self.settings.changelog_max_bytes,
                                      erasure.sample_sealer(p) if erasure is not None else None) + messages
@@ -312,10 +362,10 @@ class BatchProcessor:
         if erasure is not None:
             erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
         self.settle(wait_commit=False)  # the previous batch's phase 1 acknowledged before this batch's phase 0
-        seqs = cache.commit_batch(outcome.mutations, durable, outcome.last_offset, generation,
-                                  outcome.origin_offsets)
+        seqs = cache.commit_batch(outcome.mutations, durable, offset, generation, outcome.origin_offsets,
+                                  ahead=ahead, lane=part.lane)
         count_batch(self.stats, p, msgs, outcome)
-        return _Committed(p, cache, seqs, messages, outcome.last_offset)
+        return _Committed(p, cache, seqs, messages, offset)
 
     def _after_phase(self, phase: int) -> None:
         if phase == 0:

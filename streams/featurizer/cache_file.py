@@ -99,6 +99,9 @@ CREATE TABLE IF NOT EXISTS progress (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     applied_offset INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ahead (  -- offsets past applied_offset already judged (the delete lane)
+    offset INTEGER PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS lineage (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     lineage TEXT NOT NULL,

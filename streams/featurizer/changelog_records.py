@@ -209,7 +209,9 @@ class Position:
     the txn pieces that hold the batch itself, and the routing state that must move with the
     cache: the last origin offset judged per requests partition (``origins``, for
     ``core.admit_routed``), the id of the requests topic they are offsets of, and the by-head
-    partition count the heads were routed by (0: unknown)."""
+    partition count the heads were routed by (0: unknown); ``ahead``: offsets past
+    ``applied_offset`` already judged (the delete lane, ``delete_lane.py``; written only when
+    there are some, so a position without them is the bytes it always was)."""
 
     partition: int
     applied_offset: int
@@ -222,14 +224,18 @@ class Position:
     origins: Mapping[int, int] = field(default_factory=dict)
     origin_topic_id: str = ""
     route_partitions: int = 0
+    ahead: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
-        return orjson.dumps({"format": _POSITION_FORMAT, "partition": self.partition,
-                             "applied_offset": self.applied_offset, "topic": self.topic,
-                             "topic_id": self.topic_id, "lineage": self.lineage, "generation": self.generation,
-                             "pieces": self.pieces, "sha256": self.sha256,
-                             "origins": {str(p): int(o) for p, o in sorted(self.origins.items())},
-                             "origin_topic_id": self.origin_topic_id, "route_partitions": self.route_partitions})
+        fields = {"format": _POSITION_FORMAT, "partition": self.partition,
+                  "applied_offset": self.applied_offset, "topic": self.topic,
+                  "topic_id": self.topic_id, "lineage": self.lineage, "generation": self.generation,
+                  "pieces": self.pieces, "sha256": self.sha256,
+                  "origins": {str(p): int(o) for p, o in sorted(self.origins.items())},
+                  "origin_topic_id": self.origin_topic_id, "route_partitions": self.route_partitions}
+        if self.ahead:
+            fields["ahead"] = sorted(int(o) for o in self.ahead)
+        return orjson.dumps(fields)
 
     @classmethod
     def decode(cls, raw: bytes) -> Position:
@@ -241,7 +247,7 @@ class Position:
             return cls(int(d["partition"]), int(d["applied_offset"]), str(d["topic"]), str(d["topic_id"]),
                        str(d["lineage"]), int(d["generation"]), int(d["pieces"]), str(d["sha256"]),
                        {int(p): int(o) for p, o in d["origins"].items()}, str(d["origin_topic_id"]),
-                       int(d["route_partitions"]))
+                       int(d["route_partitions"]), tuple(sorted(int(o) for o in d.get("ahead", ()))))
         except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ChangelogError(f"unreadable position record: {exc}") from None
 

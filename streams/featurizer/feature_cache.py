@@ -138,6 +138,11 @@ class FeatureCache:
         row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
         return -1 if row is None else int(row[0])
 
+    def ahead_offsets(self) -> list[int]:
+        """Offsets past :attr:`applied_offset` whose outcome is in this file too (the delete lane:
+        judged ahead of the records before them), ascending."""
+        return [int(r[0]) for r in self._db.execute("SELECT offset FROM ahead ORDER BY offset").fetchall()]
+
     @property
     def topic_id(self) -> str:
         """Id of the input (by-head) topic this cache was built from ("" if never recorded)."""
@@ -192,17 +197,25 @@ class FeatureCache:
 
     # ------------------------------------------------------------------ transactions
     def commit_batch(self, mutations: CacheMutations, messages: Iterable[OutMessage], last_offset: int,
-                     generation: int | None = None, origins: Mapping[int, int] | None = None) -> list[int]:
+                     generation: int | None = None, origins: Mapping[int, int] | None = None,
+                     ahead: Iterable[int] = (), lane: bool = False) -> list[int]:
         """ONE transaction: apply the cache mutations, append ``messages`` to the outbox, record
-        ``last_offset``, the new last ``origins`` offsets (requests partition -> offset) and the
-        changelog ``generation`` the messages carry, if any. Returns the outbox sequence numbers
-        (for :meth:`ack_outbox`)."""
+        ``last_offset``, the new last ``origins`` offsets (requests partition -> offset), the
+        offsets judged ``ahead`` of it (all of them: they replace the file's) and the changelog
+        ``generation`` the messages carry, if any. A batch moves the offset forward; a ``lane``
+        batch (``delete_lane.py``) leaves it where it is and only adds offsets ahead. Returns the
+        outbox sequence numbers (for :meth:`ack_outbox`)."""
         last_offset = int(last_offset)
+        ahead = sorted({int(o) for o in ahead})
         self.local_position()  # the lineage row exists
         with Transaction(self._db):
             current = self.applied_offset
-            if last_offset <= current:
+            if lane and (last_offset != current or current < 0):
+                raise CacheError(f"{self.path}: a lane batch keeps the offset at {current} (>= 0), got {last_offset}")
+            if not lane and last_offset <= current:
                 raise CacheError(f"{self.path}: batch ends at offset {last_offset}, cache already at {current}")
+            if ahead and ahead[0] <= last_offset:
+                raise CacheError(f"{self.path}: offset {ahead[0]} judged ahead is not past {last_offset}")
             self._samples.put_heads(mutations.put_heads, replace=True)
             self._samples.drop(mutations.drop_samples)
             self._samples.put(mutations.put_samples, replace=True)
@@ -215,9 +228,14 @@ class FeatureCache:
                 "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
                 "ON CONFLICT (id) DO UPDATE SET applied_offset = excluded.applied_offset", (last_offset,))
             self._put_origins(origins or {})
+            self._put_ahead(ahead)
             if generation is not None:
                 self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
+
+    def _put_ahead(self, ahead: Iterable[int]) -> None:
+        self._db.execute("DELETE FROM ahead")
+        self._db.executemany("INSERT INTO ahead (offset) VALUES (?)", [(int(o),) for o in ahead])
 
     def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:
         """ONE transaction: the outbox becomes ``messages`` (a changelog seed that includes what was
@@ -243,7 +261,8 @@ class FeatureCache:
         reached Kafka)."""
         applied_offset, generation = position.applied_offset, position.generation
         with Transaction(self._db):
-            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins", "tombstones", "events"):
+            for table in ("samples", "heads", "outbox", "progress", "lineage", "origins", "tombstones", "events",
+                          "ahead"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key IN ('topic_id', 'origin_topic_id', 'route_partitions')")
             for key, value in (("topic_id", position.topic_id), ("origin_topic_id", position.origin_topic_id),
@@ -257,6 +276,7 @@ class FeatureCache:
             self._events.put(events)
             if applied_offset >= 0:
                 self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?)", (int(applied_offset),))
+            self._put_ahead(o for o in position.ahead if o > applied_offset)
             self._db.execute("INSERT INTO lineage (id, lineage, generation) VALUES (0, ?, ?)",
                              (uuid.uuid4().hex, int(generation)))
 

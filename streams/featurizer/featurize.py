@@ -40,7 +40,7 @@ from unlearn.streams.featurizer.delta_assembly import assemble_deltas
 from unlearn.streams.featurizer.events import expired_events, named_events
 from unlearn.streams.featurizer.head_contracts import auto_contracts
 from unlearn.streams.featurizer.judge import judge_batch
-from unlearn.streams.featurizer.routing import admit_routed
+from unlearn.streams.featurizer.routing import Admitted, admit_routed
 from unlearn.streams.featurizer.tombstones import EXPIRE_PER_BATCH, expired_tombstones, seconds_to_us
 from unlearn.streams.featurizer.transit_open import TransitGate, open_sealed
 
@@ -62,11 +62,18 @@ def featurize_batch(
     origins: Mapping[int, int] | None = None,
     auth: Authorizer | None = None,
     transit: TransitGate | None = None,
+    admission: Admitted | None = None,
+    cover: int | None = None,
+    source_suffix: str = "",
 ) -> BatchOutcome:
     """Judge one micro-batch of ONE by-head partition against ``cache`` (read only);
     ``origins``: the last origin offset judged per requests partition (the cache's); ``auth``:
     signed mode (``streams/featurizer/auth.py``; None: UNLEARN_AUTH_MODE=off); ``transit``: the
     partition's transit keys (``streams/featurizer/erasure.py``; None: a sealed input is refused).
+    The delete lane (``delete_lane.py``) passes ``admission`` (the router's copies already dropped
+    over the whole batch: ``messages`` are its records, its origins are the outcome's), ``cover``
+    (the last offset the outcome covers, when beyond its last message) and ``source_suffix`` (the
+    lane's source stream).
 
     Returns the deltas, dead letters, rejected receipts, cache mutations and new origin offsets;
     raises only for programming errors (messages of several partitions, offsets not ascending)
@@ -76,8 +83,8 @@ def featurize_batch(
     :func:`judge_batch`, :func:`assemble_deltas`. A batch of copies only decides nothing but its
     last offset."""
     partition = check_batch(messages)
-    last = messages[-1].offset
-    admitted = admit_routed(messages, origins or {})
+    last = messages[-1].offset if cover is None else max(messages[-1].offset, cover)
+    admitted = admit_routed(messages, origins or {}) if admission is None else admission
     fresh = admitted.messages
     if not fresh:
         return BatchOutcome(partition, last, [], [], [], CacheMutations(), reforwarded=admitted.reforwarded,
@@ -93,8 +100,8 @@ def featurize_batch(
     judged.overlay.expired = expired_tombstones(cache, config.tombstones, ts)
     judged.overlay.expired_events = expired_events(cache, config.tombstones.horizon_us(seconds_to_us(ts)),
                                                    EXPIRE_PER_BATCH)
-    deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, format_source_id(partition, last, config.stream),
-                                     config)
+    source = format_source_id(partition, last, config.stream + source_suffix)
+    deltas, n_rows = assemble_deltas(judged.rows, judged.overlay, source, config)
     return BatchOutcome(partition, last, deltas, judged.deadletters, judged.receipts, judged.overlay.mutations(),
                         accepted=judged.accepted, rows=n_rows, origin_offsets=admitted.origin_offsets,
                         reforwarded=admitted.reforwarded, gaps=admitted.gaps,

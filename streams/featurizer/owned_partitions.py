@@ -172,7 +172,7 @@ class Partitions:
         gen = cache.generation + 1
         pos = Position(p, cache.applied_offset, self.topics.by_head, cache.topic_id or self.topics.by_head_id,
                        cache.lineage, gen, 0, "", cache.origin_offsets(), cache.origin_topic_id,
-                       cache.route_partitions)
+                       cache.route_partitions, tuple(cache.ahead_offsets()))
         msgs = batch_records(p, changelog, snapshot_mutations(cache.all_samples(), cache.heads(),
                                                               cache.all_tombstones(), cache.all_events()),
                              downstream, pos, self.settings.changelog_max_bytes,

@@ -16,6 +16,7 @@ class FeaturizerSettings(Section):
 
     batch_max_events: int = setting(256, "most events in one micro-batch")
     batch_max_ms: int = setting(50, "batch window after the first add (a delete closes it at once)")
+    delete_lane: bool = setting(True, "judge and send a batch's deletes before the adds ahead of them")
     auth_replay_window_seconds: float = setting(300.0, "signed mode: |now - ts| bound, event ids kept this long")
     max_clock_skew_seconds: float = setting(300.0, "an add dated more than this ahead is refused")
     tombstone_retention_seconds: float = setting(604_800.0, "a delete's tombstone is kept this long (0: for ever)")

@@ -101,3 +101,13 @@ def test_q_beyond_2_30_is_refused_never_wrapped(version: int, value: int) -> Non
     for bad in (ref_sample_record(s, version)[:-4], b"ULFS\x03" + ref_sample_record(s, version)[5:]):
         with pytest.raises(ChangelogError):
             decode_sample("h", "s", bad)
+
+
+def test_positions_carry_the_offsets_judged_ahead_and_are_unchanged_without_them() -> None:
+    """The delete lane's offsets ride in the position (delete_lane.py); a position without them is
+    written as it always was, so a changelog of a featurizer that never used the lane reads the same."""
+    p = Position(2, 41, "t.requests.by-head", "tid", "L", 7, 3, "ab", {0: 5}, "rid", 4, (45, 43))
+    back = Position.decode(p.encode())
+    assert back.ahead == (43, 45) and back.applied_offset == 41
+    plain = Position(2, 41, "t.requests.by-head", "tid", "L", 7, 3, "ab", {0: 5}, "rid", 4)
+    assert b"ahead" not in plain.encode() and Position.decode(plain.encode()).ahead == ()

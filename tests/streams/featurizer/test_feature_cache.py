@@ -250,3 +250,29 @@ def test_the_batch_tombstone_lookup_is_the_one_name_lookup(tmp_path_factory: pyt
     with FeatureCache(path) as cache:
         cache.commit_batch(CacheMutations(put_tombstones=tuple(tombs.values())), [], 0)
         assert cache.get_tombstones(asked) == {n: cache.tombstones(*n) for n in asked}
+
+
+def test_a_lane_batch_keeps_the_offset_and_records_what_it_judged_ahead(tmp_path: Path) -> None:
+    """The delete lane (delete_lane.py): its commit leaves the offset where it was and adds its
+    offsets as done ahead; the next batch moves the offset past them and forgets them; the file,
+    a reopen and a rebuild from a position keep them."""
+    muts = CacheMutations(put_samples=(sample("a", "s1", [1, 2, 3]),), put_heads=(HEAD,))
+    with FeatureCache.open_partition(tmp_path, "r", 0) as cache:
+        with pytest.raises(CacheError, match="lane"):  # a fresh cache has no offset to keep
+            cache.commit_batch(muts, [], -1, ahead=[3], lane=True)
+        cache.commit_batch(muts, [], 9)
+        cache.commit_batch(CacheMutations(), [], 9, ahead=[14], lane=True)
+        cache.commit_batch(CacheMutations(), [], 9, ahead=[14, 12], lane=True)
+        assert cache.applied_offset == 9 and cache.ahead_offsets() == [12, 14]
+        with pytest.raises(CacheError, match="keeps the offset"):
+            cache.commit_batch(CacheMutations(), [], 10, ahead=[15], lane=True)
+        with pytest.raises(CacheError, match="not past"):  # what is done ahead lies past the offset
+            cache.commit_batch(CacheMutations(), [], 12, ahead=[12, 14])
+    with FeatureCache.open_partition(tmp_path, "r", 0) as cache:
+        assert cache.applied_offset == 9 and cache.ahead_offsets() == [12, 14]
+        cache.commit_batch(CacheMutations(), [], 13, ahead=[14])
+        assert cache.applied_offset == 13 and cache.ahead_offsets() == [14]
+        cache.commit_batch(CacheMutations(), [], 20)
+        assert cache.ahead_offsets() == []
+        cache.replace_all([], [HEAD], Position(0, 30, "t", "", "L", 5, 0, "", ahead=(31, 33)))
+        assert cache.applied_offset == 30 and cache.ahead_offsets() == [31, 33]
