@@ -365,6 +365,8 @@ class BatchProcessor:
         seqs = cache.commit_batch(outcome.mutations, durable, offset, generation, outcome.origin_offsets,
                                   ahead=ahead, lane=part.lane)
         count_batch(self.stats, p, msgs, outcome)
+        if part.lane:
+            self.stats["lane_deletes"] = self.stats.get("lane_deletes", 0) + len(msgs)
         return _Committed(p, cache, seqs, messages, offset)
 
     def _after_phase(self, phase: int) -> None:

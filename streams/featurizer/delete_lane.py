@@ -12,9 +12,10 @@ requests near its rate limit, another one would be refused. A delete is judged a
 its sample, its subject, its event id and (signed mode) its client's state, and nothing else; so
 it takes the lane only when its head is already in the cache and no record ahead of it names its
 sample, subject, event id or (signed mode) client. Ids are plain characters
-(``schemas/envelope.ID_CHARS``): a search of the records' bytes for each quoted id finds every
-record that names it (and sometimes one that holds the string in another field: then the delete
-just keeps its place).
+(``schemas/envelope.ID_CHARS``), so a record's JSON strings hold every id it names, and a record
+whose strings cannot be read without parsing it (a backslash) may name anything: no delete passes
+it. A record that holds an id's string in another field keeps the delete in place too, which
+costs only the wait.
 
 What keeps it exact (``batch.BatchProcessor``): the lane's commit leaves the partition's position
 where it was and records the lane's offsets as done *ahead* of it (``FeatureCache.commit_batch``,
@@ -56,12 +57,17 @@ def lane_delete(m: InMessage) -> Request | None:
     return req if req.op in _DELETES else None
 
 
-def _named_ahead(req: Request, ahead: Sequence[InMessage], signed: bool) -> bool:
-    """Whether a record of ``ahead`` may name what judging ``req`` depends on (module docstring)."""
-    ids = [req.subject_id, req.event_id, *([req.sample_id] if req.sample_id is not None else []),
-           *([req.client_id] if signed else [])]
-    needles = [b'"' + str(i).encode() + b'"' for i in ids]
-    return any(m.value is not None and any(n in m.value for n in needles) for m in ahead)
+def _strings(value: bytes | None, into: set[bytes]) -> bool:
+    """Add the JSON strings of a record's bytes to ``into``; False when they cannot be read that way
+    (a backslash: a string may hold an escaped id, so the record may name anything). Without a
+    backslash every ``"`` delimits a string, so they are the odd pieces of a split (as in
+    ``schemas/json_keys.py``): one pass over the bytes, then a set lookup per id."""
+    if value is None:
+        return True
+    if b"\\" in value:
+        return False
+    into.update(value.split(b'"')[1::2])
+    return True
 
 
 def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
@@ -73,10 +79,21 @@ def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
     is, in one commit."""
     lane: list[InMessage] = []
     rest: list[InMessage] = []
+    named: set[bytes] | None = None  # the strings of the rest, read once the first delete asks
+    readable = True
     for m in msgs:
-        req = lane_delete(m) if rest else None
-        takes_lane = req is not None and known_head(req.head_id) and not _named_ahead(req, rest, signed)
-        (lane if takes_lane else rest).append(m)
+        req = lane_delete(m) if rest and readable else None
+        if req is not None and known_head(req.head_id):
+            if named is None:
+                named = set()
+                readable = all([_strings(r.value, named) for r in rest])
+            ids = {req.subject_id, req.event_id, req.sample_id, req.client_id if signed else None} - {None}
+            if readable and named.isdisjoint(str(i).encode() for i in ids):
+                lane.append(m)
+                continue
+        rest.append(m)
+        if named is not None:
+            readable = _strings(m.value, named) and readable
     if not lane:
         return [], list(msgs)
     return lane, rest

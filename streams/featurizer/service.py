@@ -162,7 +162,7 @@ class FeaturizerService:
         # UNLEARN_AUTH_MODE=signed: the client registry and replay windows (None: off)
         self.auth = AuthGate(settings) if settings.auth_mode == "signed" else None
         self.stats = {"batches": 0, "routed": 0, "events": 0, "reforwarded": 0, "gaps": 0, "accepted": 0, "rows": 0,
-                      "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0}
+                      "deadletters": 0, "receipts": 0, "deltas": 0, "replayed": 0, "lane_deletes": 0}
         self.metrics = metrics or WorkerMetrics("featurizer")
         self.metrics.count(self.stats, FEATURIZER_OUTCOMES, {"events": "events_judged"})
         self.metrics.checkpoint_ages(lambda: self.batches.checkpoint_ages() if self.batches is not None else {})
