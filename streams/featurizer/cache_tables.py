@@ -1,11 +1,12 @@
-"""The rows of the feature cache's ``samples``, ``heads`` and ``tombstones`` tables: typed reads
-(batched, one query per head and 500 ids) and writes inside the caller's transaction.
+"""The rows of the feature cache's ``samples``, ``heads`` and ``tombstones`` tables, and of where
+the partition stands (``progress``, ``ahead``, ``origins``): typed reads (batched, one query per
+head and 500 ids) and writes inside the caller's transaction.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from unlearn.streams.featurizer.cache_file import CacheError
 from unlearn.streams.featurizer.cache_view import CachedSample, HeadInfo
 from unlearn.streams.featurizer.tombstones import TombName, Tombstone, TombstoneKey
 
-__all__ = ["SampleTable", "TombstoneTable"]
+__all__ = ["ProgressTable", "SampleTable", "TombstoneTable"]
 
 _SAMPLE_COLUMNS = ("head_id, sample_id, subject_id, client_id, event_id, label_class, label_vec, q, event_us, "
                    "q_itemsize")
@@ -199,3 +200,32 @@ class TombstoneTable:
         self._db.executemany(
             "DELETE FROM tombstones WHERE head_id = ? AND kind = ? AND id = ? AND subject_id = ? AND client_id = ?",
             list(keys))
+
+
+class ProgressTable:
+    """Where the partition stands: the last offset judged (``progress``), the offsets past it that
+    the delete lane judged ahead (``ahead``), and the last origin offset judged per requests
+    partition (``origins``). Writes run inside the caller's transaction."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def applied_offset(self) -> int:
+        row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
+        return -1 if row is None else int(row[0])
+
+    def ahead(self) -> list[int]:
+        return [int(r[0]) for r in self._db.execute("SELECT offset FROM ahead ORDER BY offset").fetchall()]
+
+    def origins(self) -> dict[int, int]:
+        return {int(p): int(o) for p, o in self._db.execute("SELECT partition, offset FROM origins").fetchall()}
+
+    def put(self, applied_offset: int, ahead: Iterable[int], origins: Mapping[int, int]) -> None:
+        """Set the offset (none below 0), replace the offsets ahead, update the origins given."""
+        if applied_offset >= 0:
+            self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?) ON CONFLICT (id) "
+                             "DO UPDATE SET applied_offset = excluded.applied_offset", (int(applied_offset),))
+        self._db.execute("DELETE FROM ahead")
+        self._db.executemany("INSERT INTO ahead (offset) VALUES (?)", [(int(o),) for o in ahead])
+        self._db.executemany("INSERT INTO origins (partition, offset) VALUES (?, ?) ON CONFLICT (partition) "
+                             "DO UPDATE SET offset = excluded.offset", [(int(p), int(o)) for p, o in origins.items()])

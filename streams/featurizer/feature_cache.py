@@ -26,7 +26,7 @@ from unlearn.streams.featurizer.cache_file import (
     read_meta,
 )
 from unlearn.streams.featurizer.cache_outbox import Outbox, OutboxRow
-from unlearn.streams.featurizer.cache_tables import SampleTable, TombstoneTable
+from unlearn.streams.featurizer.cache_tables import ProgressTable, SampleTable, TombstoneTable
 from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations, HeadInfo
 from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.changelog_restore import LocalPosition
@@ -53,6 +53,7 @@ class FeatureCache:
         self._tombstones = TombstoneTable(self._db)
         self._events = EventTable(self._db)
         self._outbox = Outbox(self._db, synchronous)
+        self._progress = ProgressTable(self._db)
 
     @classmethod
     def open_partition(cls, data_dir: str | Path, stream_dir: str, partition: int,
@@ -135,13 +136,12 @@ class FeatureCache:
     @property
     def applied_offset(self) -> int:
         """Last by-head offset whose outcome is in this file; -1 for a fresh cache."""
-        row = self._db.execute("SELECT applied_offset FROM progress WHERE id = 0").fetchone()
-        return -1 if row is None else int(row[0])
+        return self._progress.applied_offset()
 
     def ahead_offsets(self) -> list[int]:
         """Offsets past :attr:`applied_offset` whose outcome is in this file too (the delete lane:
         judged ahead of the records before them), ascending."""
-        return [int(r[0]) for r in self._db.execute("SELECT offset FROM ahead ORDER BY offset").fetchall()]
+        return self._progress.ahead()
 
     @property
     def topic_id(self) -> str:
@@ -173,7 +173,7 @@ class FeatureCache:
 
     def origin_offsets(self) -> dict[int, int]:
         """Requests partition -> the last origin offset judged from it."""
-        return {int(p): int(o) for p, o in self._db.execute("SELECT partition, offset FROM origins").fetchall()}
+        return self._progress.origins()
 
     @property
     def lineage(self) -> str:
@@ -224,18 +224,10 @@ class FeatureCache:
             self._events.drop(mutations.drop_events)
             self._events.put(mutations.put_events)
             seqs = self._outbox.append(messages)
-            self._db.execute(
-                "INSERT INTO progress (id, applied_offset) VALUES (0, ?) "
-                "ON CONFLICT (id) DO UPDATE SET applied_offset = excluded.applied_offset", (last_offset,))
-            self._put_origins(origins or {})
-            self._put_ahead(ahead)
+            self._progress.put(last_offset, ahead, origins or {})
             if generation is not None:
                 self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
-
-    def _put_ahead(self, ahead: Iterable[int]) -> None:
-        self._db.execute("DELETE FROM ahead")
-        self._db.executemany("INSERT INTO ahead (offset) VALUES (?)", [(int(o),) for o in ahead])
 
     def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:
         """ONE transaction: the outbox becomes ``messages`` (a changelog seed that includes what was
@@ -246,12 +238,6 @@ class FeatureCache:
             seqs = self._outbox.append(messages)
             self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
         return seqs
-
-    def _put_origins(self, origins: Mapping[int, int]) -> None:
-        self._db.executemany(
-            "INSERT INTO origins (partition, offset) VALUES (?, ?) "
-            "ON CONFLICT (partition) DO UPDATE SET offset = excluded.offset",
-            [(int(p), int(o)) for p, o in origins.items()])
 
     def replace_all(self, samples: Iterable[CachedSample], heads: Iterable[HeadInfo], position: Position,
                     tombstones: Iterable[Tombstone] = (), events: Iterable[EventMark] = ()) -> None:
@@ -269,14 +255,11 @@ class FeatureCache:
                                ("route_partitions", str(position.route_partitions or ""))):
                 if value:
                     self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
-            self._put_origins(position.origins)
             self._samples.put_heads(heads, replace=False)
             self._samples.put(samples, replace=False)
             self._tombstones.put(tombstones)
             self._events.put(events)
-            if applied_offset >= 0:
-                self._db.execute("INSERT INTO progress (id, applied_offset) VALUES (0, ?)", (int(applied_offset),))
-            self._put_ahead(o for o in position.ahead if o > applied_offset)
+            self._progress.put(applied_offset, [o for o in position.ahead if o > applied_offset], position.origins)
             self._db.execute("INSERT INTO lineage (id, lineage, generation) VALUES (0, ?, ?)",
                              (uuid.uuid4().hex, int(generation)))
 
