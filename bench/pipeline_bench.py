@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     done = w.head_ts.get(first[e], w.version_at[first[e]])
                     hop = ([1000 * (w.delta_ts[e] - sent[e]), 1000 * (done - w.delta_ts[e]),
                             1000 * (w.version_at[first[e]] - done)] if e in w.delta_ts else None)
-                    slow.append({"ms": 1000 * dt, "hops_ms": hop,
+                    slow.append({"ms": 1000 * dt, "hops_ms": hop, "sent_unix": sent[e],
                                  "reset_while_waiting": any(sent[e] <= x <= done for x in w.exact_ts)})
                 out["slowest"] = slow
                 return out

@@ -9,7 +9,9 @@ applied since in one tracker update). Float drift accumulates, so ``reset`` rest
 head (bit-identical to ``solve_head``) and reports how far the fast head had drifted: every
 ``reset_every`` updates, on an infeasible/ill-conditioned downdate, when the drift estimate
 passes ``drift_threshold``, when ``sync`` has packed statistics or at least ``d / 2`` rows to take,
-or when the caller asks (e.g. a timer).
+or when the caller asks (e.g. a timer). A caller that cannot stop for a reset (the ledger
+processor's timer) computes one elsewhere from a copy of the ledger (``mark``, then ``adopt``):
+the canonical head at the mark, moved by the rows tracked since.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class TrackedHead:
         self.resets = 0
         self._pending: Rows = []  # applied to the ledger, not yet to the fast head
         self._reset_due = ""  # why the next ``sync`` must reset ("" = it need not)
+        self._journal: Rows | None = None  # rows tracked since ``mark`` (None: no mark in force)
+        self._marks = 0  # marks taken: ``adopt`` takes only the latest
 
     @property
     def weights(self) -> NDArray[np.float64]:
@@ -146,6 +150,8 @@ class TrackedHead:
         per poll) updates the tracker once: all adds as one rank-r update, then all deletes as one
         (after the adds, so that the Lemma-1 check sees the largest H), then the reset policy."""
         before = self.tracker.updates_since_reset
+        if self._journal is not None:
+            self._journal.extend(batches)
         for sign in (1, -1):
             parts = [(Q, Y) for Q, Y, s in batches if s == sign and Q.shape[0]]
             if not parts:
@@ -187,12 +193,40 @@ class TrackedHead:
         worth measuring, so the drift reported is the fast path's error; never while rows or
         statistics wait for ``sync`` (a stale head was replaced: its drift means nothing)."""
         measured = measured and not self._pending and not self._reset_due
-        self._pending, self._reset_due = [], ""
+        self._pending, self._reset_due, self._journal = [], "", None  # a mark is void: this head is newer
         self.ledger_outputs_sync()
         drift = self.tracker.reset(self.ledger)
         self.mode = "exact"
         self.resets += 1
         return UpdateReport("exact", reason, drift, measured)
+
+    def mark(self) -> int | None:
+        """Start a reset computed elsewhere, from a copy of the ledger taken now: the rows tracked
+        from here on are kept so that ``adopt`` can move the canonical head of that copy up to the
+        ledger. Returns the mark (``adopt`` takes it back); None while rows or a reset wait for
+        ``sync`` (the fast head is not at the ledger, so its drift would compare nothing)."""
+        if self._pending or self._reset_due:
+            return None
+        self._journal = []
+        self._marks += 1
+        return self._marks
+
+    def adopt(self, tracker: SMWTracker | CholeskyTracker, drift: float, mark: int,
+              reason: str = "timer") -> UpdateReport | None:
+        """Make ``tracker`` (canonical for the ledger as it was at ``mark``; ``drift`` the fast
+        head's deviation from it then) the fast head, moved by every row tracked since in one
+        update: exact when there were none. None, and nothing changes, when a reset ran since the
+        mark (this head is canonical at a later point already) or another mark replaced it."""
+        journal = self._journal
+        if journal is None or mark != self._marks:
+            return None
+        self._journal = None
+        tracker.last_reset_drift = drift
+        self.tracker, self.mode = tracker, "exact"
+        self.resets += 1
+        self.ledger_outputs_sync()
+        moved = self.track(journal)
+        return moved if moved.reset_reason else UpdateReport(self.mode, reason, drift, True)
 
     def ledger_outputs_sync(self) -> None:
         self.tracker.grow_outputs(self.ledger.n_outputs)

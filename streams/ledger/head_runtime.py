@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from unlearn.ledger import ExactLedger, MultisetHash, TrackedHead
+from unlearn.ledger import ExactLedger, MultisetHash, TrackedHead, relative_deviation
 from unlearn.ledger.tracked_head import HeadMode
 from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry
 from unlearn.streams.ledger.delta_rules import (
@@ -213,6 +213,30 @@ class HeadRuntime:
         now = time.monotonic() if now is None else now
         return self.mode == "fast" and now - self.last_reset_at >= every_seconds
 
+    def begin_reset(self) -> ResetCopy | None:
+        """A reset to be computed off the poll thread (``canonical_copy``): copies of the state
+        and of the served W taken now (a few ms at d = 768, against ~60 ms for the reset, its
+        digest and its posterior), and the fast head's mark (``TrackedHead.mark``). None while
+        the fast head lags the ledger (take it after ``sync``)."""
+        mark = self.tracked.mark()
+        if mark is None:
+            return None
+        self.last_reset_at = time.monotonic()
+        return ResetCopy(self.frozen_state(), self.weights.copy(), mark)
+
+    def end_reset(self, start: ResetCopy, canonical: HeadRuntime, drift: float) -> bool:
+        """Adopt ``canonical`` (``canonical_copy`` of ``start``): the fast head becomes its
+        factor moved by the rows tracked since, exact when there were none. False, and nothing
+        changes, when a reset ran since ``begin_reset`` (a rotation, a downdate, coalesced rows):
+        then ``canonical`` is older than this head and must not be published either."""
+        rep = self.tracked.adopt(canonical.tracked.tracker, drift, start.mark)
+        if rep is None:
+            return False
+        if rep.measured:
+            self.fast_drift = rep.drift
+        self.last_reset_at = time.monotonic()
+        return True
+
     def reset(self, reason: str) -> None:
         """Canonical head now, from the ledger (which also covers any rows the fast head has not
         taken). The version is unchanged: same ledger. ``fast_drift`` takes the replaced head's
@@ -222,6 +246,28 @@ class HeadRuntime:
         if rep.measured:
             self.fast_drift = rep.drift
         self.last_reset_at = time.monotonic()
+
+
+@dataclass(frozen=True)
+class ResetCopy:
+    """What ``HeadRuntime.begin_reset`` took: the head's state at one version (copies), the fast
+    W served then, and the fast head's mark."""
+
+    state: HeadState
+    fast_weights: NDArray[np.float64]
+    mark: int
+
+
+def canonical_copy(start: ResetCopy, config: HeadConfig) -> tuple[HeadRuntime, float]:
+    """The head of ``start``'s copies, reset (canonical: ``mode == "exact"``, bit-identical to
+    ``solve_head``), and the deviation from it of the fast W served then. Touches only the copies,
+    so a thread may run it while the live head goes on."""
+    head = HeadRuntime.from_snapshot(start.state, config)
+    fast, exact = start.fast_weights, head.weights
+    if fast.shape[1] < exact.shape[1]:  # classes declared since the last reset: zero columns
+        fast = np.hstack([fast, np.zeros((fast.shape[0], exact.shape[1] - fast.shape[1]))])
+    drift = relative_deviation(fast, exact) if fast.shape == exact.shape else float("inf")
+    return head, drift
 
 
 def _group_deletes(entry: Entry) -> list[AppliedDelete]:

@@ -157,25 +157,36 @@ class Outputs:
     def publish_head(self, part: int, head: HeadRuntime, mode: HeadMode | None = None,
                      traces: Sequence[bytes] = ()) -> bool:
         """Produce the head's update to ``part``'s heads topic; False if it cannot fit in a message
-        even without the posterior. Then the state stays exact and a dead letter says why: a head
-        too large to publish must not stop the worker (and every head on its partition) in a crash
-        loop."""
+        even without the posterior (``publish_update``)."""
         update = head_update(head, mode, posterior=self.publish_posterior)
+        return self.publish_update(part, update, self.encode_update(update), traces)
+
+    def encode_update(self, update: HeadUpdate) -> bytes:
+        """``update``'s bytes, without its posterior when they would not fit in a message (a
+        thread may call this: it reads only the update and the settings)."""
         value = encode_head(update)
         limit = self.settings.max_message_bytes
         if len(value) > limit and update.posterior is not None:
             value = encode_head(replace(update, posterior=None))
             log.warning("head %r version %d: published without its posterior (%d bytes over the limit)",
-                        head.head_id, head.version, len(value) - limit)
+                        update.head_id, update.version, len(value) - limit)
+        return value
+
+    def publish_update(self, part: int, update: HeadUpdate, value: bytes, traces: Sequence[bytes] = ()) -> bool:
+        """Produce ``update`` encoded as ``value`` (``encode_update``) to ``part``'s heads topic;
+        False if it is still over the message limit. Then the state stays exact and a dead letter
+        says why: a head too large to publish must not stop the worker (and every head on its
+        partition) in a crash loop."""
+        limit = self.settings.max_message_bytes
         if len(value) > limit:
-            detail = (f"head {head.head_id!r} version {head.version} (d={head.ledger.dim}, c={head.ledger.n_outputs}) "
+            detail = (f"head {update.head_id!r} version {update.version} (d={update.d}, c={update.c}) "
                       f"encodes to {len(value)} bytes, over UNLEARN_MAX_MESSAGE_BYTES={limit}: not published")
             self.deadletter(DeadLetter(b"", "head_too_large", detail, STAGE, self.store.heads_topic(part), None,
-                                       None, head.head_id.encode(), None, time.time()))
+                                       None, update.head_id.encode(), None, time.time()))
             return False
-        key = head.head_id.encode()
+        key = update.head_id.encode()
         headers = tracing.headers_with(tracing.span_header("ledger.head_update", traces, {
-            "unlearn.head_id": head.head_id, "unlearn.version": head.version})) if traces else ()
+            "unlearn.head_id": update.head_id, "unlearn.version": update.version})) if traces else ()
         self.produce(self.store.heads_topic(part), key, value, headers)
         self.store.count_head_bytes(part, len(key) + len(value))
         self.stats["head_updates"] = self.stats.get("head_updates", 0) + 1

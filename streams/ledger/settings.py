@@ -16,6 +16,7 @@ class LedgerSettings(Section):
 
     reset_every_events: int = setting(1000, "refactor a head's Cholesky factor after this many events")
     reset_every_seconds: float = setting(5.0, "... or after this many seconds")
+    reset_in_thread: bool = setting(True, "compute the timer's resets in a thread (false: on the poll thread)")
     drift_threshold: float = setting(1e-9, "... or when the drift estimate passes this")
     checkpoint_every_messages: int = setting(500, "snapshot period in messages")
     checkpoint_every_seconds: float = setting(5.0, "snapshot period in seconds")

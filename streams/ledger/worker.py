@@ -13,7 +13,8 @@ each step is delegated to the module named for it:
 4. ``Outputs`` (outputs.py) publishes what the poll owes: per touched head, the fast head catches
    up once, one head update (its last version), the receipts of every applied delete; a failed
    delivery stops the worker (``DeliveryError``);
-5. fast heads older than ``reset_every_seconds`` are reset and republished as exact;
+5. ``TimedResets`` (timed_resets.py) resets fast heads older than ``reset_every_seconds`` and
+   publishes them as exact (the reset computed in a thread, from copies taken on this one);
 6. ``Checkpointer`` (checkpointer.py) makes each partition durable when due: every
    ``checkpoint_every_messages`` / ``checkpoint_every_seconds`` (its snapshots written by a
    writer thread while the loop goes on), on an erasure rotation, and before a partition is
@@ -51,6 +52,7 @@ from unlearn.streams.ledger.owned_partitions import OwnedPartitions
 from unlearn.streams.ledger.recovery import Recovery
 from unlearn.streams.ledger.row_opener import RowOpener
 from unlearn.streams.ledger.settings import LedgerSettings
+from unlearn.streams.ledger.timed_resets import TimedResets
 from unlearn.streams.runtime import clients
 from unlearn.streams.runtime.log_position import StaleStateError, topic_id
 from unlearn.streams.runtime.poll_loop import PollLoop, coalesce, records
@@ -107,6 +109,7 @@ class LedgerWorker:
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings, tail=self.keys),
                               config)
         self.recovery = Recovery(settings, self.consumer, self.store, self.outputs, config)
+        self.resets = TimedResets(self.outputs, config, self.tuning.reset_every_seconds, self.tuning.reset_in_thread)
         self.checkpointer = Checkpointer(settings, self.consumer, self.store, self.outputs,
                                          _CheckpointTimes(self.metrics))
         self.topic_id = ""
@@ -151,7 +154,7 @@ class LedgerWorker:
     def tick(self) -> None:
         """Steps 5 to 7, after every poll."""
         self.outputs.serve()
-        self._timed_resets()
+        self.resets.tick(self.owned)
         self.checkpointer.advance(self.owned)
         for part, erasure in self.checkpointer.due(self.owned):
             self.checkpoint(part, erasure, background=not erasure)
@@ -189,15 +192,6 @@ class LedgerWorker:
         self.stats["applied"] += sum(len(o) for o in poll.outcomes.values())
         self.stats["deletes_applied"] += len(poll.delete_ts)
 
-    def _timed_resets(self) -> None:
-        """Canonical heads on a clock: a fast head older than ``reset_every_seconds`` is reset
-        and republished as exact (same version: the ledger did not change)."""
-        for ps in self.owned:
-            for head in ps.heads.values():
-                if head.timed_reset_due(self.tuning.reset_every_seconds):
-                    head.reset("timer")
-                    self.outputs.publish_head(ps.partition, head)
-
     def checkpoint(self, part: int, erasure: bool = False, background: bool = False) -> None:
         """Make ``part``'s processed messages durable (``Checkpointer``; ``erasure``: rotate its
         state and head updates away from before the deletes it applied; ``background``: its
@@ -205,6 +199,7 @@ class LedgerWorker:
         self.checkpointer.checkpoint(self.owned[part], self.topic_id, erasure, background)
 
     def close(self, clean: bool) -> None:
+        self.resets.close()
         self.checkpointer.close()
         self.producer.flush(self.settings.admin_timeout)
         self.store.close()

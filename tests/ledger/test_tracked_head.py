@@ -1,5 +1,6 @@
 """The live head (ledger/tracked_head.py): drift over a long stream and the reset policy (periodic,
-drift estimate, ill-conditioned downdate, packed statistics) back to the canonical bits."""
+drift estimate, ill-conditioned downdate, packed statistics) back to the canonical bits; a reset
+computed elsewhere from a copy of the ledger (mark, adopt)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from unlearn.ledger import (
     relative_deviation,
     solve_head,
 )
+from unlearn.ledger.cholesky_tracker import CholeskyTracker
+from unlearn.ledger.smw_tracker import SMWTracker
 
 
 def _stream(rng: np.random.Generator, head: TrackedHead, Q: np.ndarray, y: np.ndarray, steps: int) -> list[int]:
@@ -105,3 +108,106 @@ def test_packed_statistics_update_resets_to_canonical() -> None:
     ref = ExactLedger.from_rows(Q[10:], y[10:], n_outputs=3)
     assert head.ledger.digest() == ref.digest()
     assert np.array_equal(head.weights, solve_head(ref, 1.0))
+
+
+# --------------------------------------------------------------------------- resets computed elsewhere
+def _fast_head(seed: int, d: int = 16, c: int = 4,
+               kind: str = "cholesky") -> tuple[TrackedHead, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    F, y = clustered_features(rng, 300, d, c)
+    Q = Quantizer().quantize(F)
+    head = TrackedHead(ExactLedger(d, c), gamma=1.0, reset_every=10**9, drift_threshold=np.inf,
+                       tracker=kind)  # type: ignore[arg-type]
+    _stream(rng, head, Q[:150], y[:150], 200)
+    assert head.mode == "fast"
+    return head, Q, y
+
+
+def _canonical(head: TrackedHead, ledger: ExactLedger) -> CholeskyTracker | SMWTracker:
+    """What the ledger processor's thread computes from a copy: a tracker of the head's kind."""
+    kind = type(head.tracker)
+    return kind.from_ledger(ledger, head.gamma)
+
+
+def test_a_reset_adopted_with_no_rows_since_its_mark_is_the_reset_bit_for_bit() -> None:
+    """mark -> canonical tracker of a copy of the ledger -> adopt gives the served head, its
+    posterior and the drift it reports exactly as ``reset`` at the mark would."""
+    a, _, _ = _fast_head(11)
+    b, _, _ = _fast_head(11)
+    mark = a.mark()
+    assert mark is not None
+    copy = a.ledger.copy()
+    tracker = _canonical(a, copy)
+    rep = a.adopt(tracker, relative_deviation(a.weights, tracker.W), mark)
+    ref = b.reset("timer")
+    assert rep is not None and rep.mode == a.mode == "exact" and rep.reset_reason == "timer" and rep.measured
+    assert rep.drift == ref.drift > 0
+    assert np.array_equal(a.weights, b.weights) and np.array_equal(a.posterior, b.posterior)
+    assert np.array_equal(a.weights, solve_head(a.ledger, 1.0))
+
+
+@pytest.mark.parametrize("kind", ["cholesky", "smw"])
+def test_an_adopted_reset_moves_by_the_rows_tracked_since_its_mark(kind: str) -> None:
+    """Adds and deletes after the mark (each tracked on its own) are taken by the adopted head in
+    one update: it is fast, as close to the canonical head of the ledger now as a fast head
+    is, the ledger untouched, and the next reset is canonical bit for bit."""
+    for seed in range(5):
+        head, Q, y = _fast_head(20 + seed, kind=kind)
+        mark = head.mark()
+        assert mark is not None
+        copy = head.ledger.copy()
+        before = relative_deviation(head.weights, solve_head(copy, 1.0))
+        rng = np.random.default_rng(seed)
+        _stream(rng, head, Q[150:], y[150:], 40)
+        digest = head.ledger.digest()
+        tracker = _canonical(head, copy)
+        rep = head.adopt(tracker, before, mark)
+        assert rep is not None and rep.mode == head.mode == "fast" and rep.drift == before
+        assert head.tracker is tracker and tracker.updates_since_reset <= 2  # adds, then deletes
+        assert head.ledger.digest() == digest
+        assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < 1e-9
+        head.reset("check")
+        assert np.array_equal(head.weights, solve_head(head.ledger, 1.0))
+
+
+def test_an_adopted_reset_takes_classes_declared_since_its_mark() -> None:
+    head, Q, _ = _fast_head(31, c=2)
+    mark = head.mark()
+    assert mark is not None
+    copy = head.ledger.copy()
+    head.add(Q[200:203], [4, 4, 1])  # class 4 grows the ledger's outputs to 5
+    tracker = _canonical(head, copy)
+    assert tracker.W.shape[1] == 2
+    assert head.adopt(tracker, 0.0, mark) is not None
+    canonical = solve_head(head.ledger, 1.0)
+    assert head.weights.shape == canonical.shape == (16, 5)
+    assert relative_deviation(head.weights, canonical) < 1e-9
+
+
+def test_a_reset_since_the_mark_or_a_newer_mark_voids_it() -> None:
+    """A reset after the mark (a heads rotation, a refused downdate, coalesced rows) leaves a
+    head newer than the copy: adopting the copy's head would serve older data. Only the latest
+    mark counts, and no mark is taken while rows wait for ``sync``."""
+    head, Q, y = _fast_head(41)
+    mark = head.mark()
+    assert mark is not None
+    copy = head.ledger.copy()
+    head.add(Q[200:202], y[200:202])
+    head.reset("heads rotation")
+    served = head.weights.copy()
+    assert head.adopt(_canonical(head, copy), 0.0, mark) is None
+    assert head.mode == "exact" and np.array_equal(head.weights, served)
+
+    head.add(Q[202:204], y[202:204])
+    first = head.mark()
+    second = head.mark()
+    assert first is not None and second is not None and first != second
+    assert head.adopt(_canonical(head, head.ledger.copy()), 0.0, first) is None
+    assert head.adopt(_canonical(head, head.ledger.copy()), 0.0, second) is not None
+    assert head.adopt(_canonical(head, head.ledger.copy()), 0.0, second) is None  # once
+
+    head.add(Q[204:206], y[204:206])
+    head.apply(Q[206:208], y[206:208], +1)  # in the ledger, not yet in the fast head
+    assert head.mark() is None
+    head.sync()
+    assert head.mark() is not None

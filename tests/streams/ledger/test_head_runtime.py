@@ -1,14 +1,18 @@
 """One head in the ledger processor (streams/ledger/head_runtime.py), without a broker: offsets,
-duplicates, rejections, receipts, coalescing, the retained-rows hash."""
+duplicates, rejections, receipts, coalescing, resets computed from copies, the retained-rows
+hash."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, relative_deviation, solve_head
 from unlearn.schemas.delta_codec import Delta, PackedEntry, RowsEntry
 from unlearn.schemas.source_id import dedup_key
-from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
+from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime, canonical_copy
+from unlearn.streams.ledger.outputs import head_update
 from unlearn.streams.ledger.snapshots import decode_state, encode_state
 
 CFG = HeadConfig(gamma=1.0, reset_every=1000, drift_threshold=1e-9)
@@ -191,6 +195,55 @@ def test_drift_checks_run_when_coalesced_updates_pass_a_multiple() -> None:
                                               rows(-1, Q[k - 1:k], y[k - 1:k], f"d{k}-"))), k, 0)
         reasons.append(head.sync())
     assert reasons[:32] == [""] * 32 and reasons[32].startswith("drift estimate")
+
+
+# --------------------------------------------------------------------------- resets off the poll thread
+def test_a_reset_computed_from_copies_publishes_what_a_reset_at_its_version_would() -> None:
+    """The timer's reset off the poll thread (streams/ledger/timed_resets.py): the exact update
+    made from ``begin_reset``'s copies is, field for field and bit for bit, the update a reset at
+    that version publishes, however many messages the live head applied meanwhile; adopting it
+    leaves the live head fast at its own version, close to canonical, with the drift measured at
+    the copies' version."""
+    d = 24
+    msgs = stream(50, d, seed=5)
+    live, _, _ = run_polls(msgs[:30], [3] * 10)
+    twin, _, _ = run_polls(msgs[:30], [3] * 10)
+    assert live.mode == "fast"
+    start = live.begin_reset()
+    assert start is not None and live.begin_reset() is not None  # a newer mark replaces it
+    start = live.begin_reset()
+    assert start is not None
+    for off in range(30, 40):  # the live head goes on while the thread computes
+        live.apply(msgs[off], off, 0)
+        live.sync()
+    canonical, drift = canonical_copy(start, CFG)
+    reset = twin.tracked.reset("timer")
+    assert canonical.mode == "exact" and canonical.version == twin.version == 30 and live.version == 40
+    exact = replace(head_update(canonical, posterior=True), created_ts=0.0)
+    assert exact == replace(head_update(twin, posterior=True), created_ts=0.0)
+    assert drift == reset.drift > 0
+    assert live.end_reset(start, canonical, drift)
+    assert live.mode == "fast" and live.version == 40 and live.fast_drift == drift
+    assert relative_deviation(live.weights, solve_head(live.ledger, CFG.gamma)) < 1e-9
+
+
+def test_a_reset_since_the_copies_voids_them() -> None:
+    """A heads rotation (or any reset) after ``begin_reset`` left the live head newer than the
+    copies: ``end_reset`` refuses them and changes nothing."""
+    d = 24
+    msgs = stream(40, d, seed=6)
+    live, _, _ = run_polls(msgs[:30], [3] * 10)
+    start = live.begin_reset()
+    assert start is not None
+    live.apply(msgs[30], 30, 0)
+    live.sync()
+    live.reset("heads rotation")
+    served = live.weights.copy()
+    canonical, drift = canonical_copy(start, CFG)
+    assert not live.end_reset(start, canonical, drift)
+    assert live.mode == "exact" and np.array_equal(live.weights, served)
+    live.apply(msgs[31], 31, 0)  # rows waiting for sync: no copies yet
+    assert live.begin_reset() is None
 
 
 # --------------------------------------------------------------------------- the retained-rows multiset hash
