@@ -90,6 +90,7 @@ class ChangelogStore:
         self.written: dict[int, int] = {}  # deltas partition -> state bytes written to that generation
         self.heads_generation: dict[int, int] = {}  # deltas partition -> heads generation being written
         self.heads_written: dict[int, int] = {}  # deltas partition -> bytes written to that heads generation
+        self.heads_rewrites: dict[int, int] = {}  # deltas partition -> heads rewrites begun (readers: TimedResets)
         self.topics = StateTopics(settings)
         self._pieces_read = 0
         self._piece_bytes_read = 0
@@ -138,6 +139,7 @@ class ChangelogStore:
             return None
         old = self.generation.get(partition, 0)
         self.generation[partition] = old + 1
+        self._ensure_topic(self.topic(partition))  # here, so that a writer thread only produces
         return old
 
     def end_rewrite(self, partition: int, old: int | None, pointers: Mapping[str, HeadPointer]) -> bool:
@@ -165,6 +167,7 @@ class ChangelogStore:
         current = self.heads_generation.get(partition, 0)
         existing = self.topics.generations(self.heads, partition) if fresh else [current]
         self.heads_written[partition] = 0
+        self.heads_rewrites[partition] = self.heads_rewrites.get(partition, 0) + 1
         if self.trims:
             keep = max([current, *existing]) if fresh else current
             self.heads_generation[partition] = keep

@@ -5,11 +5,11 @@ The rules the steps keep (a floor never passes durable state, recovery starts at
 pure functions in ``checkpoint_rules`` (``safe_floor``, ``check_recovery``); the checkpointer does
 the I/O, in the order that keeps them.
 
-Why a writer thread: a periodic checkpoint snapshots ~9 MB per d = 768 head (encoding and two
-SHA-256 passes, then the broker's acknowledgement: 70-230 ms measured under a flow of adds), and
-on the poll thread every delete of the partition waited for it. The thread gets copies taken at
-the message boundary the floor names, so what it writes is exactly what a checkpoint on the poll
-thread would have written.
+Why a writer thread: a checkpoint snapshots ~9 MB per d = 768 head (encoding and two SHA-256
+passes, then the broker's acknowledgement: 70-230 ms measured under a flow of adds; a rewrite
+snapshots every head), and on the poll thread every delete of the worker's partitions waited for
+it. The thread gets copies taken at the message boundary the floor names, so what it writes is
+exactly what a checkpoint on the poll thread would have written.
 """
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ COPY_BUDGET_BYTES = 512 << 20
 @dataclass(frozen=True)
 class _Writing:
     """A checkpoint whose steps 4 and 5 the writer thread is doing: its floor, taken on the poll
-    thread, when it started and how long the poll thread spent on it, and the snapshot pointers
-    it will have written (with when its record was durable)."""
+    thread, when it started and how long the poll thread spent on it, the snapshot pointers it
+    will have written (with when its record was durable), and for a rewrite what ``_finish``
+    drops (step 6) and marks (step 7)."""
 
     floor: int
     started: float
     paused: float  # seconds the poll thread spent on it
     written: Future[tuple[dict[str, HeadPointer], float]]
+    rewrite: tuple[int | None] | None = None  # (the generation superseded, None where the store trims)
+    erasure: bool = False  # an erasure rotation: step 7 at the finish
+    heads_dropped: bool = True  # step 2's trim succeeded
 
 
 class CheckpointTimes(Protocol):
@@ -66,8 +70,9 @@ class Checkpointer:
     1. wait until every output produced so far is durable (so no receipt or head update can be
        lost behind a floor);
     2. on an erasure rotation, or once the heads topic passed its size bound: republish every head
-       as an exact update, wait for it, drop the older updates (trimmed at once where the broker
-       has DeleteRecords, else a new heads generation and the old one retired: changelog_store.py);
+       at its current version, wait for it, drop the older updates (trimmed at once where the
+       broker has DeleteRecords, else a new heads generation and the old one retired:
+       changelog_store.py);
     3. on an erasure rotation, or once the ledger-state topic passed its size bound: start a
        rewrite (a new ledger-state generation where the store does not trim);
     4. write a snapshot of every head touched since the last checkpoint (of every head on a
@@ -80,9 +85,11 @@ class Checkpointer:
        step 5 says so; recovery trims below its checkpoint's pieces too);
     8. commit the floor to the consumer group (for lag monitoring only: recovery never reads it).
 
-    A periodic checkpoint (no rewrite, no rotation: steps 2, 3, 6 and 7 do nothing) does steps 4
-    and 5 in the writer thread (module docstring) from copies of the heads, while the poll thread
-    goes on; ``advance`` does step 8 once both are durable. A partition has at most one checkpoint
+    A checkpoint the worker starts on its own (periodic, a rewrite, an erasure rotation) does
+    steps 1 to 3 on the poll thread, then steps 4 and 5 in the writer thread (module docstring)
+    from copies of the heads, while the poll thread goes on; ``advance`` does steps 6 to 8 once
+    both are durable (on the poll thread: one thread asks the broker to trim and delete). A
+    revoke and a clean stop checkpoint on the poll thread. A partition has at most one checkpoint
     at a time: any other checkpoint of it, a revoke and a clean stop first wait for the one being
     written (``settle``). A crash meanwhile leaves the previous checkpoint in force, as a crash
     before step 5 does.
@@ -90,8 +97,9 @@ class Checkpointer:
     An erasure rotation runs ``UNLEARN_ERASURE_ROTATE_SECONDS`` after a partition's first delete
     since its last one, so no snapshot or head update taken before a delete outlives it by more
     than that (plus the heads' retire grace where generations rotate; docs/ledger-processor.md,
-    "Erasure rotation"). Every delete applied so far is covered: no message is processed while a
-    checkpoint runs."""
+    "Erasure rotation"). Every delete applied before it started is covered: the head updates of
+    step 2 and the copies of step 4 are taken after it; a delete applied while the thread writes
+    opens the next window."""
 
     def __init__(self, settings: Settings, consumer: Any, store: ChangelogStore, outputs: Outputs,
                  times: CheckpointTimes | None = None) -> None:
@@ -123,23 +131,24 @@ class Checkpointer:
     def checkpoint(self, ps: PartitionState, topic_id: str, erasure: bool = False, background: bool = False) -> None:
         """Steps 1-8 (class docstring) for ``ps``, whose state belongs to the deltas topic
         ``topic_id``. ``erasure``: the partition applied deletes since its last erasure rotation.
-        ``background``: a periodic checkpoint returns after step 1, its steps 4 and 5 written by
-        the writer thread (``advance`` finishes it)."""
+        ``background``: the checkpoint returns after step 2 (and step 3 of a rewrite), its steps
+        4 and 5 written by the writer thread from copies (``advance`` finishes it)."""
         self.settle(ps)
         part, started = ps.partition, time.monotonic()
         self.outputs.flush("checkpoint")  # 1
         rotate_heads = erasure or self.store.needs_heads_rotation(part)
         rewriting = erasure or self.store.needs_rotation(part)
-        if background and not rotate_heads and not rewriting:
-            heads = self._to_snapshot(ps, every=False)
-            if sum(_copy_bytes(ps.heads[h].ledger.dim) for h in heads) <= COPY_BUDGET_BYTES:
-                self._begin(ps, topic_id, heads, started)
-                return
         if erasure:
             log.info("deltas partition %d: erasure rotation starts (%d heads)", part, len(ps.heads))
         dropped = True
         if rotate_heads:  # 2
             dropped = self._rewrite_heads(ps)
+        if background:
+            heads = self._to_snapshot(ps, every=rewriting)
+            if sum(_copy_bytes(ps.heads[h].ledger.dim) for h in heads) <= COPY_BUDGET_BYTES:
+                rewrite = (self.store.begin_rewrite(part),) if rewriting else None  # 3
+                self._begin(ps, topic_id, heads, started, rewrite, erasure, dropped)
+                return
         old_generation = self.store.begin_rewrite(part) if rewriting else None  # 3
         self._write_snapshots(ps, rewriting)  # 4
         floor = safe_floor(ps.next_offset, ps.last_touched,
@@ -147,17 +156,9 @@ class Checkpointer:
         self.store.write_checkpoint(Checkpoint(part, floor, topic_id, dict(ps.pointers),  # 5
                                                erasure_pending=ps.erasure_since is not None and not erasure))
         if rewriting:  # 6
-            dropped = self.store.end_rewrite(part, old_generation, ps.pointers) and dropped
-            log.info("deltas partition %d: ledger state rewritten (%s)", part, "trimmed" if old_generation is None
-                     else f"moved to generation {old_generation + 1}")
-        if erasure and not dropped:  # 7: tried again after another window, never in a loop
-            ps.erasure_since = time.monotonic()
-        elif erasure:
-            ps.erasure_since = None
-            log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
-                     "written); %s", part, len(ps.heads), time.monotonic() - started, self.store.written.get(part, 0),
-                     self.store.heads_written.get(part, 0), "older records trimmed" if self.store.trims else
-                     f"the superseded heads generation goes in {self.tuning.heads_retire_seconds:.0f}s")
+            dropped = self._end_rewrite(part, old_generation, ps.pointers) and dropped
+        if erasure:  # 7
+            self._erasure_done(ps, dropped, started, cleared=False)
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
         self._durable(ps, floor)  # 8
@@ -165,16 +166,40 @@ class Checkpointer:
             took = time.monotonic() - started
             self.times.observe(took, took)
 
+    def _end_rewrite(self, part: int, old_generation: int | None, pointers: dict[str, HeadPointer]) -> bool:
+        """Step 6; False: the trim failed."""
+        dropped = self.store.end_rewrite(part, old_generation, pointers)
+        log.info("deltas partition %d: ledger state rewritten (%s)", part, "trimmed" if old_generation is None
+                 else f"moved to generation {old_generation + 1}")
+        return dropped
+
+    def _erasure_done(self, ps: PartitionState, dropped: bool, started: float, cleared: bool) -> None:
+        """Step 7. A rotation cut short (a trim failed) is tried again after another window, never
+        in a loop; ``cleared``: the window was closed when the copies were taken (a rotation in
+        the writer thread), and a delete since may have opened the next one."""
+        part = ps.partition
+        if not dropped:
+            ps.erasure_since = ps.erasure_since if cleared and ps.erasure_since is not None else time.monotonic()
+            return
+        if not cleared:
+            ps.erasure_since = None
+        log.info("deltas partition %d: erasure rotation done: %d heads in %.3fs (%d state bytes, %d head bytes "
+                 "written); %s", part, len(ps.heads), time.monotonic() - started, self.store.written.get(part, 0),
+                 self.store.heads_written.get(part, 0), "older records trimmed" if self.store.trims else
+                 f"the superseded heads generation goes in {self.tuning.heads_retire_seconds:.0f}s")
+
     def _durable(self, ps: PartitionState, floor: int) -> None:
         """Step 8, and what the partition no longer needs to remember below its new floor."""
         self._commit_floor(ps.partition, floor)
         ps.last_touched = {h: o for h, o in ps.last_touched.items() if o >= floor}
 
     # ---------------------------------------------------------------- in the writer thread
-    def _begin(self, ps: PartitionState, topic_id: str, heads: list[str], started: float) -> None:
+    def _begin(self, ps: PartitionState, topic_id: str, heads: list[str], started: float,
+               rewrite: tuple[int | None] | None = None, erasure: bool = False, heads_dropped: bool = True) -> None:
         """Steps 4 and 5 handed to the writer thread: copies of ``heads`` (those step 4 would
         snapshot), and the floor their applied offsets give (what a checkpoint on the poll thread
-        would write)."""
+        would write). An erasure rotation closes the partition's window now: the copies hold every
+        delete applied so far, and a delete applied while they are written opens the next one."""
         frozen: list[tuple[HeadState, HeadPointer | None]] = []
         applied = {h: p.applied_offset for h, p in ps.pointers.items()}
         for head_id in heads:
@@ -183,11 +208,14 @@ class Checkpointer:
             applied[head_id] = head.applied_offset
             head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched, applied)
-        record = (ps.partition, floor, topic_id, dict(ps.pointers), ps.erasure_since is not None)
+        record = (ps.partition, floor, topic_id, dict(ps.pointers), ps.erasure_since is not None and not erasure)
+        if erasure:
+            ps.erasure_since = None
         written = self._writer.submit(self._write, frozen, *record)
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
-        self._writing[ps.partition] = _Writing(floor, started, ps.last_checkpoint - started, written)
+        self._writing[ps.partition] = _Writing(floor, started, ps.last_checkpoint - started, written, rewrite,
+                                               erasure, heads_dropped)
 
     def _write(self, frozen: list[tuple[HeadState, HeadPointer | None]], part: int, floor: int, topic_id: str,
                pointers: dict[str, HeadPointer], erasure_pending: bool) -> tuple[dict[str, HeadPointer], float]:
@@ -214,9 +242,16 @@ class Checkpointer:
             self._finish(ps)
 
     def _finish(self, ps: PartitionState) -> None:
+        """Steps 6 to 8 of a checkpoint the writer thread made durable (on the poll thread: the
+        admin client's trims and retirements stay on one thread)."""
         writing = self._writing.pop(ps.partition)
         written, durable_at = writing.written.result()
         ps.pointers.update(written)
+        dropped = writing.heads_dropped
+        if writing.rewrite is not None:  # 6
+            dropped = self._end_rewrite(ps.partition, writing.rewrite[0], ps.pointers) and dropped
+        if writing.erasure:  # 7
+            self._erasure_done(ps, dropped, writing.started, cleared=True)
         self._durable(ps, writing.floor)
         if self.times is not None:
             self.times.observe(writing.paused, durable_at - writing.started)
@@ -252,13 +287,12 @@ class Checkpointer:
             head.dirty_since_snapshot = 0
 
     def _rewrite_heads(self, ps: PartitionState) -> bool:
-        """Step 2: every head's current version as an exact update first (a fast head is reset:
-        what is left then holds a digest for every head), then the older updates go. False: the
-        trim failed (the erasure stays pending)."""
+        """Step 2: every head's current version republished as it stands (fast or exact), then the
+        older updates go. A fast head is not reset here (55 ms per head at d = 768, on the poll
+        thread): the timer's next reset publishes its exact update within
+        ``reset_every_seconds``. False: the trim failed (the erasure stays pending)."""
         rewrite = self.store.begin_heads_rewrite(ps.partition)
         for _, head in sorted(ps.heads.items()):
-            if head.mode == "fast":
-                head.reset("heads rotation")
             self.outputs.publish_head(ps.partition, head)
         self.outputs.flush("heads rotation")
         dropped = self.store.end_heads_rewrite(rewrite)

@@ -224,18 +224,27 @@ class HeadRuntime:
         self.last_reset_at = time.monotonic()
         return ResetCopy(self.frozen_state(), self.weights.copy(), mark)
 
-    def end_reset(self, start: ResetCopy, canonical: HeadRuntime, drift: float) -> bool:
-        """Adopt ``canonical`` (``canonical_copy`` of ``start``): the fast head becomes its
-        factor moved by the rows tracked since, exact when there were none. False, and nothing
-        changes, when a reset ran since ``begin_reset`` (a rotation, a downdate, coalesced rows):
-        then ``canonical`` is older than this head and must not be published either."""
+    def end_reset(self, start: ResetCopy, canonical: HeadRuntime, drift: float, max_rows: int) -> str:
+        """Take ``canonical`` (``canonical_copy`` of ``start``): its ``drift`` becomes the fast
+        head's measured deviation, and when the head took at most ``max_rows`` rows since, its
+        factor becomes the fast head, moved by them (exact when there were none). More rows
+        would cost the poll thread a tracker update of them again: the fast head goes on, its
+        deviation now measured (in place of a drift estimate: past the threshold the next sync
+        resets; the periodic resets still bound it). Returns
+        "adopted", "measured", or "" when a reset ran since ``begin_reset`` (a refused downdate,
+        coalesced rows): then ``canonical`` is older than this head, and nothing changes."""
+        rows = self.tracked.rows_since(start.mark)
+        if rows is None:
+            return ""
+        if rows > max_rows:
+            self.tracked.release(start.mark, drift)  # a drift check: past the threshold, the next sync resets
+            self.fast_drift = drift
+            return "measured"
         rep = self.tracked.adopt(canonical.tracked.tracker, drift, start.mark)
-        if rep is None:
-            return False
-        if rep.measured:
+        if rep is not None and rep.measured:
             self.fast_drift = rep.drift
         self.last_reset_at = time.monotonic()
-        return True
+        return "adopted"
 
     def reset(self, reason: str) -> None:
         """Canonical head now, from the ledger (which also covers any rows the fast head has not

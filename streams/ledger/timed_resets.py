@@ -6,17 +6,23 @@ CPU, and publishing them ~4.8 MB; on the poll thread every delete of the worker'
 waited for them, and under a flow of adds they made the slowest deletes (bench/results/
 pipeline_bench.md, section 24). The poll thread now takes copies of the head's state at its
 version v (a few ms), the thread computes the canonical head of those copies, and a later tick
-publishes it as the exact update of version v and adopts its factor, moved by the rows the head
-took since (``TrackedHead.adopt``): the served head is as close to canonical as before, and an
-active head still gets an exact update every few seconds. Readers keep the newest update by
+publishes it as the exact update of version v: an active head still gets an exact update every
+few seconds. The drift measured there (the fast W served at v against the canonical one) becomes
+the fast head's published ``drift``. When the head took few rows since (at most d / 8, or 16), it
+adopts the canonical factor moved by them (``TrackedHead.adopt``; exact when none); under a
+steady flow it took more, and moving the factor by them again would cost the poll thread what
+the reset saved, so the fast head goes on, measured (its periodic and drift resets bound it, as
+before). Readers keep the newest update by
 ``(version, exact > fast)``, so an exact v that arrives after a fast v + k is a certificate of v
 and changes no served head.
 
-A reset that ran since the copies were taken (a heads rotation after a delete, a refused
-downdate, coalesced rows) voids the job: its exact v is older than what the rotation left and
-must not be published after it (docs/erasure.md: nothing from before a delete outlives the
-rotation). One job at a time, the most overdue head first: one copy of state in memory, at
-most one core of resets. ``UNLEARN_RESET_IN_THREAD=false`` resets on the poll thread instead.
+A reset that ran since the copies were taken (a refused downdate, coalesced rows) voids the
+job: the head is canonical at a later version already. A heads rotation since (a size bound, or
+an erasure rotation after a delete) keeps the exact v from being published: it is older than
+what the rotation left, and nothing from before a delete may outlive the rotation
+(docs/erasure.md); the head still adopts the factor. One job at a time, the most overdue head
+first: one copy of state in memory, at most one core of resets. ``UNLEARN_RESET_IN_THREAD=false``
+resets on the poll thread instead.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ __all__ = [
 
 log = logging.getLogger("unlearn.ledger")
 
+#: A head adopts a reset's factor when it took at most this many rows since the copies (or d / 8):
+#: moving the factor by them costs the poll thread ~0.05-0.15 ms per row at d = 768.
+ADOPT_ROWS = 16
+
 
 @dataclass(frozen=True)
 class _Canonical:
@@ -54,6 +64,7 @@ class _Job:
     ps: PartitionState
     head: HeadRuntime
     start: ResetCopy
+    rewrites: int  # the partition's heads rewrites begun when the copies were taken
     done: Future[_Canonical]
 
 
@@ -68,7 +79,8 @@ class TimedResets:
         self.in_thread = in_thread
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-reset") if in_thread else None
         self._job: _Job | None = None
-        self.voided = 0  # jobs a reset since their copies made void (tests and metrics read it)
+        self.voided = 0  # jobs a reset since their copies made void (tests read it)
+        self.adopted = 0  # jobs whose factor the head adopted
 
     def tick(self, owned: OwnedPartitions) -> None:
         """Publish and adopt the reset the thread finished, if any; then start the next one due
@@ -85,7 +97,8 @@ class TimedResets:
             for ps, head in self._due(owned):
                 start = head.begin_reset()
                 if start is not None:
-                    self._job = _Job(ps, head, start, self._thread.submit(self._compute, start))
+                    self._job = _Job(ps, head, start, self._rewrites(ps.partition),
+                                     self._thread.submit(self._compute, start))
                     return
 
     def close(self) -> None:
@@ -111,12 +124,20 @@ class TimedResets:
         ps = job.ps
         if owned.get(ps.partition) is not ps or ps.heads.get(job.head.head_id) is not job.head:
             return  # the partition was given up meanwhile: its state is another's now
-        if not job.head.end_reset(job.start, done.head, done.drift):
+        taken = job.head.end_reset(job.start, done.head, done.drift, max(ADOPT_ROWS, job.head.ledger.dim // 8))
+        if not taken:
             self.voided += 1
             log.debug("head %r: timer reset of version %d void (a reset ran since)", job.head.head_id,
                       done.update.version)
             return
-        self.outputs.publish_update(ps.partition, done.update, done.value)
-        if job.head.mode == "exact" and job.head.version != done.update.version:
-            # no rows since, yet messages (refused entries only): the exact update of the version served
+        self.adopted += taken == "adopted"
+        published = job.rewrites == self._rewrites(ps.partition)
+        if published:
+            self.outputs.publish_update(ps.partition, done.update, done.value)
+        if job.head.mode == "exact" and (job.head.version != done.update.version or not published):
+            # no rows since, yet messages (refused entries only), or a rotation since: the exact
+            # update of the version served, from the head itself
             self.outputs.publish_head(ps.partition, job.head)
+
+    def _rewrites(self, part: int) -> int:
+        return self.outputs.store.heads_rewrites.get(part, 0)

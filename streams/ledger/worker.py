@@ -157,7 +157,7 @@ class LedgerWorker:
         self.resets.tick(self.owned)
         self.checkpointer.advance(self.owned)
         for part, erasure in self.checkpointer.due(self.owned):
-            self.checkpoint(part, erasure, background=not erasure)
+            self.checkpoint(part, erasure, background=True)
         self.store.retire_due()
 
     def finish(self) -> None:

@@ -211,3 +211,38 @@ def test_a_reset_since_the_mark_or_a_newer_mark_voids_it() -> None:
     assert head.mark() is None
     head.sync()
     assert head.mark() is not None
+
+
+def test_a_drift_measured_at_a_released_mark_stands_for_a_drift_check() -> None:
+    """A reset computed elsewhere and not adopted still measured the fast head: that counts as
+    a drift check (the next estimate is due ``drift_check_every`` updates later), and a drift
+    past the threshold makes the next sync reset."""
+    head, Q, y = _fast_head(51)
+    head.drift_check_every, head.drift_threshold = 4, 1e-3
+    calls: list[int] = []
+    estimate = head.tracker.drift_estimate
+
+    def counted(stats: object) -> float:
+        calls.append(head.tracker.updates_since_reset)
+        return estimate(stats)  # type: ignore[arg-type]
+    head.tracker.drift_estimate = counted  # type: ignore[method-assign]
+    for i in range(3):  # off the multiples of 4 the estimate would otherwise keep
+        if head.tracker.updates_since_reset % 4 != 1:
+            head.add(Q[230 + i:231 + i], y[230 + i:231 + i])
+    assert head.tracker.updates_since_reset % 4 == 1
+    calls.clear()
+    t0 = head.tracker.updates_since_reset
+    mark = head.mark()
+    assert mark is not None
+    head.release(mark, drift=1e-12)
+    for i in range(9):
+        head.apply(Q[200 + i:201 + i], y[200 + i:201 + i], +1)
+        assert head.sync().reset_reason == ""
+    assert calls == [t0 + 4, t0 + 8], "checked 4 and 8 updates after the measurement, not at multiples of 4"
+    mark = head.mark()
+    assert mark is not None
+    head.release(mark, drift=1.0)
+    head.apply(Q[220:221], y[220:221], +1)
+    rep = head.sync()
+    assert rep.mode == "exact" and rep.reset_reason.startswith("drift measured 1 >")
+    assert np.array_equal(head.weights, solve_head(head.ledger, 1.0))

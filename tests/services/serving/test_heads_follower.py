@@ -2,9 +2,9 @@
 superseding update per head, skips tombstones and counts undecodable records.
 
 Heads readers behind the ledger's trim point (docs/ledger-processor.md, "Erasure rotation"): where
-the broker has DeleteRecords the ledger republishes every head as an exact update into the same
-topic and trims below it at once, so a reader whose position is below the new log start must go
-on from there (``auto.offset.reset``), where an exact update of every head is."""
+the broker has DeleteRecords the ledger republishes every head at its current version into the
+same topic and trims below it at once, so a reader whose position is below the new log start must
+go on from there (``auto.offset.reset``), where every head's current update is."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_reader_behind_the_trim_point_resumes_at_the_log_start_and_serves_the_
     try:
         follower.start()
         _wait(lambda: len(seen) >= 3, "the follower never started reading")
-        # the ledger's rewrite: every head republished as an exact update, then trimmed below it
+        # the ledger's rewrite: every head republished at its version (here exact), then trimmed below it
         publish(make_head(20, "exact", 21))
         assert delete_records(settings, {(topic, 0): 20}) == {(topic, 0): 20}
         # a reader reopened at a position it kept from before the trim (streams.runtime.topic_reader._Fetcher.sync)

@@ -3,7 +3,8 @@ delete is applied and published while a periodic checkpoint is held half way, th
 names the state of the message boundary it was taken at, and its times are reported once, after
 the writer's part; a checkpoint that fails stops the worker
 with the previous one in force, from which a restart recovers exactly; one over the copy budget
-is written on the poll thread."""
+is written on the poll thread; an erasure rotation's snapshots are written by the thread too,
+and a delete applied meanwhile is covered by the next one."""
 
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ from typing import Any
 import pytest
 
 from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
+from tests.streams.ledger.test_worker import _bounds
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.changelog_store import ChangelogStore
+from unlearn.streams.ledger.checkpoint_rules import first_needed
 from unlearn.streams.ledger.snapshots import HeadState
 from unlearn.streams.ledger.worker import LedgerWorker
+from unlearn.streams.runtime.clients import quirks
 from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
 
 pytestmark = pytest.mark.broker
 
 
 def _one_partition(settings: Settings, tmp_path: Path, name: str) -> Settings:
-    # checkpoints every 7 messages, never on the clock; no erasure rotation (it is never in the background)
+    # checkpoints every 7 messages, never on the clock; no erasure rotation
     s = worker_settings(settings, tmp_path).with_(partitions=1, topic_prefix=settings.topic_prefix + name,
                                                   checkpoint_every_seconds=600.0, erasure_rotate_seconds=0.0)
     create_topics(s)
@@ -172,4 +176,55 @@ def test_a_checkpoint_over_the_copy_budget_is_written_on_the_poll_thread(setting
         w.stop()
         t.join(60)
     assert not failed and threads and not any(name.startswith("ledger-checkpoint") for name in threads), threads
+    delete_topics(s, prefixed_topics(s))
+
+
+def test_an_erasure_rotation_is_written_by_the_writer_thread_and_a_delete_meanwhile_opens_the_next(
+        settings: Settings, tmp_path: Path) -> None:
+    """The erasure rotation republishes the heads on the poll thread, then its snapshots of every
+    head are written by the writer thread while the poll thread goes on: a delete applied while
+    they are held goes through at once. That delete is not in the copies, so it opens the next
+    window, and the next rotation covers it: in the end the ledger-state holds nothing below
+    the last checkpoint's pieces (where the broker trims), and the state is the reference's."""
+    s = _one_partition(settings, tmp_path, "bg4.").with_(erasure_rotate_seconds=1.0,
+                                                          checkpoint_every_messages=10**6)
+    stream = Stream(["r1", "r2"], d=8, seed=24, delete_p=0.0)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(n: int) -> None:
+        if n == 1:
+            entered.set()
+            assert release.wait(120), "the test never released the writer"
+
+    w = LedgerWorker(s, "rotating-writer")
+    _wrap_snapshots(w, hold)
+    t, failed = run_in_thread(w)
+    try:
+        produce(s, [stream.next_message() for _ in range(6)])
+        h = next(x for x in stream.heads if stream.retained[x])
+        produce(s, [stream.delete_message(h, 1)])  # opens the window: a rotation in ~1 s
+        assert entered.wait(60), f"no rotation started in the writer thread: {failed}"
+        ps = w.owned[0]
+        assert ps.erasure_since is None, "the rotation closed its window when it took the copies"
+        produce(s, [stream.delete_message(h, 1), stream.next_message()])
+        assert_final_heads_exact(s, stream)  # the poll thread was not held
+        assert ps.erasure_since is not None, "the delete applied meanwhile opened the next window"
+        assert ChangelogStore(s).recover(0)[0] is None, "the held rotation wrote no record yet"
+        release.set()
+        deadline = time.monotonic() + 60
+        while ps.erasure_since is not None or 0 in w.checkpointer._writing:  # the next rotation, and its finish
+            assert time.monotonic() < deadline and not failed, f"the next window never rotated: {failed}"
+            time.sleep(0.1)
+        cp, heads = ChangelogStore(s).recover(0)
+        assert cp is not None and cp.floor == sum(stream.n_msgs.values()) and not cp.erasure_pending
+        assert {x: st.ledger.digest() for x, st in heads.items()} == {x: stream.reference(x).digest()
+                                                                      for x in stream.heads if stream.n_msgs[x]}
+        if quirks(s).delete_records:
+            topic = ChangelogStore(s).topic(0)
+            assert _bounds(s, topic)[0] == first_needed(cp.heads), "everything below the last rotation is trimmed"
+    finally:
+        release.set()
+        w.stop()
+        t.join(60)
+    assert not failed, failed
     delete_topics(s, prefixed_topics(s))

@@ -222,9 +222,31 @@ def test_a_reset_computed_from_copies_publishes_what_a_reset_at_its_version_woul
     exact = replace(head_update(canonical, posterior=True), created_ts=0.0)
     assert exact == replace(head_update(twin, posterior=True), created_ts=0.0)
     assert drift == reset.drift > 0
-    assert live.end_reset(start, canonical, drift)
+    rows = sum(e.n for m in msgs[30:40] for e in m.entries)  # adds and deletes, as tracked
+    assert live.tracked.rows_since(start.mark) == rows
+    assert live.end_reset(start, canonical, drift, max_rows=rows) == "adopted"
     assert live.mode == "fast" and live.version == 40 and live.fast_drift == drift
+    assert live.tracked.tracker is canonical.tracked.tracker
     assert relative_deviation(live.weights, solve_head(live.ledger, CFG.gamma)) < 1e-9
+
+
+def test_with_more_rows_since_the_copies_than_it_may_take_the_head_keeps_its_factor_measured() -> None:
+    """Moving the copies' factor by many rows would cost the poll thread what the reset saved:
+    the fast head goes on as it was, with the deviation measured at the copies' version."""
+    d = 24
+    msgs = stream(50, d, seed=7)
+    live, _, _ = run_polls(msgs[:30], [3] * 10)
+    start = live.begin_reset()
+    assert start is not None
+    for off in range(30, 40):
+        live.apply(msgs[off], off, 0)
+        live.sync()
+    served, tracker = live.weights.copy(), live.tracked.tracker
+    canonical, drift = canonical_copy(start, CFG)
+    assert live.end_reset(start, canonical, drift, max_rows=5) == "measured"
+    assert live.tracked.tracker is tracker and np.array_equal(live.weights, served) and live.mode == "fast"
+    assert live.fast_drift == drift > 0
+    assert live.tracked.rows_since(start.mark) is None  # released: its rows are no longer kept
 
 
 def test_a_reset_since_the_copies_voids_them() -> None:
@@ -240,7 +262,7 @@ def test_a_reset_since_the_copies_voids_them() -> None:
     live.reset("heads rotation")
     served = live.weights.copy()
     canonical, drift = canonical_copy(start, CFG)
-    assert not live.end_reset(start, canonical, drift)
+    assert live.end_reset(start, canonical, drift, max_rows=1000) == ""
     assert live.mode == "exact" and np.array_equal(live.weights, served)
     live.apply(msgs[31], 31, 0)  # rows waiting for sync: no copies yet
     assert live.begin_reset() is None

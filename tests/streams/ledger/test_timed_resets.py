@@ -6,6 +6,7 @@ what would go to the heads topic; the worker's broker tests run the same class o
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from tests.streams.ledger.test_head_runtime import CFG, run_polls, stream
 from unlearn.ledger import relative_deviation, solve_head
 from unlearn.schemas.head import HeadUpdate
+from unlearn.streams.ledger import timed_resets
 from unlearn.streams.ledger.head_runtime import HeadRuntime
 from unlearn.streams.ledger.outputs import head_update
 from unlearn.streams.ledger.owned_partitions import OwnedPartitions, PartitionState
@@ -26,6 +28,7 @@ class Published:
 
     def __init__(self) -> None:
         self.updates: list[tuple[int, HeadUpdate]] = []
+        self.store = SimpleNamespace(heads_rewrites={})  # what ChangelogStore counts: heads rewrites begun
 
     def encode_update(self, update: HeadUpdate) -> bytes:
         return b"x" * 10
@@ -88,6 +91,27 @@ def test_a_due_head_is_published_exact_at_the_version_copied_and_adopted() -> No
     r.close()
 
 
+def test_under_a_flow_the_update_is_published_and_the_head_goes_on_measured(monkeypatch: Any) -> None:
+    """More rows since the copies than a head adopts (d / 8, or ``ADOPT_ROWS``): the exact
+    update of the copies' version is published all the same, and the fast head keeps its factor,
+    its drift now the one measured at that version."""
+    monkeypatch.setattr(timed_resets, "ADOPT_ROWS", 0)  # d = 24: a head adopts up to 3 rows
+    head, msgs = fast_head("h", 12)
+    owned = owned_with((0, head))
+    out = Published()
+    r = resets(out)
+    r.tick(owned)
+    for off in range(30, 36):
+        head.apply(msgs[off], off, 0)
+        head.sync()
+    served, drift = head.weights.copy(), head.fast_drift
+    settle(r, owned)
+    ((_, update),) = out.updates
+    assert update.mode == "exact" and update.version == 30 and r.adopted == 0
+    assert head.mode == "fast" and np.array_equal(head.weights, served) and head.fast_drift != drift
+    r.close()
+
+
 def test_with_nothing_since_the_copies_the_head_is_exact_and_the_update_is_its_own() -> None:
     head, _ = fast_head("h", 2)
     owned = owned_with((0, head))
@@ -104,9 +128,9 @@ def test_with_nothing_since_the_copies_the_head_is_exact_and_the_update_is_its_o
     r.close()
 
 
-def test_a_rotation_since_the_copies_or_a_partition_given_up_publishes_nothing() -> None:
-    """A heads rotation resets every fast head and drops the older updates: an exact update of
-    the copies' (older) version published after it would bring back rows a delete removed."""
+def test_a_reset_since_the_copies_or_a_partition_given_up_publishes_nothing() -> None:
+    """A reset since the copies (a refused downdate, coalesced rows) left the head canonical at a
+    later version: the job is void. A partition given up is another worker's now."""
     head, msgs = fast_head("h", 3)
     owned = owned_with((0, head))
     out = Published()
@@ -114,7 +138,7 @@ def test_a_rotation_since_the_copies_or_a_partition_given_up_publishes_nothing()
     r.tick(owned)
     head.apply(msgs[30], 30, 0)
     head.sync()
-    head.reset("heads rotation")
+    head.reset("downdate infeasible")
     served = head.weights.copy()
     settle(r, owned)
     assert out.updates == [] and r.voided == 1
@@ -126,6 +150,33 @@ def test_a_rotation_since_the_copies_or_a_partition_given_up_publishes_nothing()
     owned.drop(1)
     settle(r, owned)
     assert out.updates == [] and other.mode == "fast"
+    r.close()
+
+
+def test_after_a_heads_rotation_the_copies_version_is_not_published() -> None:
+    """A heads rotation since the copies republished every head at its version and dropped the
+    older updates (after a delete: the erasure rotation): the exact update of the copies' older
+    version must not follow it. The head still adopts the factor; when that leaves it exact,
+    its own version's exact update is published instead."""
+    head, msgs = fast_head("h", 9)
+    owned = owned_with((0, head))
+    out = Published()
+    r = resets(out)
+    r.tick(owned)
+    head.apply(msgs[30], 30, 0)
+    head.sync()
+    out.store.heads_rewrites[0] = 1
+    settle(r, owned)
+    assert out.updates == [] and head.mode == "fast" and r.voided == 0
+    assert relative_deviation(head.weights, solve_head(head.ledger, CFG.gamma)) < 1e-9
+
+    other, _ = fast_head("g", 10)
+    owned = owned_with((1, other))
+    r.tick(owned)
+    out.store.heads_rewrites[1] = 1
+    settle(r, owned)
+    ((_, update),) = out.updates
+    assert other.mode == "exact" and update.mode == "exact" and update.version == other.version
     r.close()
 
 
