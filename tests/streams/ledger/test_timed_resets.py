@@ -70,6 +70,18 @@ def settle(r: TimedResets, owned: OwnedPartitions) -> None:
     r.tick(owned)
 
 
+def started_then_one_more(head_id: str, seed: int) -> tuple[HeadRuntime, OwnedPartitions, Published, TimedResets]:
+    """A fast head on partition 0 whose reset job started, and which took one more message."""
+    head, msgs = fast_head(head_id, seed)
+    owned = owned_with((0, head))
+    out = Published()
+    r = resets(out)
+    r.tick(owned)
+    head.apply(msgs[30], 30, 0)
+    head.sync()
+    return head, owned, out, r
+
+
 def test_a_due_head_is_published_exact_at_the_version_copied_and_adopted() -> None:
     head, msgs = fast_head("h", 1)
     twin, _ = fast_head("h", 1)
@@ -131,13 +143,7 @@ def test_with_nothing_since_the_copies_the_head_is_exact_and_the_update_is_its_o
 def test_a_reset_since_the_copies_or_a_partition_given_up_publishes_nothing() -> None:
     """A reset since the copies (a refused downdate, coalesced rows) left the head canonical at a
     later version: the job is void. A partition given up is another worker's now."""
-    head, msgs = fast_head("h", 3)
-    owned = owned_with((0, head))
-    out = Published()
-    r = resets(out)
-    r.tick(owned)
-    head.apply(msgs[30], 30, 0)
-    head.sync()
+    head, owned, out, r = started_then_one_more("h", 3)
     head.reset("downdate infeasible")
     served = head.weights.copy()
     settle(r, owned)
@@ -158,13 +164,7 @@ def test_after_a_heads_rotation_the_copies_version_is_not_published() -> None:
     older updates (after a delete: the erasure rotation): the exact update of the copies' older
     version must not follow it. The head still adopts the factor; when that leaves it exact,
     its own version's exact update is published instead."""
-    head, msgs = fast_head("h", 9)
-    owned = owned_with((0, head))
-    out = Published()
-    r = resets(out)
-    r.tick(owned)
-    head.apply(msgs[30], 30, 0)
-    head.sync()
+    head, owned, out, r = started_then_one_more("h", 9)
     out.store.heads_rewrites[0] = 1
     settle(r, owned)
     assert out.updates == [] and head.mode == "fast" and r.voided == 0
