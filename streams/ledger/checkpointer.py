@@ -42,6 +42,18 @@ COPY_BUDGET_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
+class _Rewrite:
+    """What a checkpoint rewrites, for the steps after the writer thread's: step 6 drops
+    ``old_generation`` (None where the store trims) when ``rewriting``; step 7 marks an
+    ``erasure`` rotation done when its trims (step 2's: ``heads_dropped``, and step 6's) succeeded."""
+
+    rewriting: bool = False
+    old_generation: int | None = None
+    erasure: bool = False
+    heads_dropped: bool = True
+
+
+@dataclass(frozen=True)
 class _Writing:
     """A checkpoint whose steps 4 and 5 the writer thread is doing: its floor, taken on the poll
     thread, when it started and how long the poll thread spent on it, the snapshot pointers it
@@ -52,9 +64,7 @@ class _Writing:
     started: float
     paused: float  # seconds the poll thread spent on it
     written: Future[tuple[dict[str, HeadPointer], float]]
-    rewrite: tuple[int | None] | None = None  # (the generation superseded, None where the store trims)
-    erasure: bool = False  # an erasure rotation: step 7 at the finish
-    heads_dropped: bool = True  # step 2's trim succeeded
+    rewrite: _Rewrite = _Rewrite()
 
 
 class CheckpointTimes(Protocol):
@@ -143,13 +153,12 @@ class Checkpointer:
         dropped = True
         if rotate_heads:  # 2
             dropped = self._rewrite_heads(ps)
+        old_generation = self.store.begin_rewrite(part) if rewriting else None  # 3
         if background:
             heads = self._to_snapshot(ps, every=rewriting)
             if sum(_copy_bytes(ps.heads[h].ledger.dim) for h in heads) <= COPY_BUDGET_BYTES:
-                rewrite = (self.store.begin_rewrite(part),) if rewriting else None  # 3
-                self._begin(ps, topic_id, heads, started, rewrite, erasure, dropped)
+                self._begin(ps, topic_id, heads, started, _Rewrite(rewriting, old_generation, erasure, dropped))
                 return
-        old_generation = self.store.begin_rewrite(part) if rewriting else None  # 3
         self._write_snapshots(ps, rewriting)  # 4
         floor = safe_floor(ps.next_offset, ps.last_touched,
                            {h: p.applied_offset for h, p in ps.pointers.items()})
@@ -195,7 +204,7 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- in the writer thread
     def _begin(self, ps: PartitionState, topic_id: str, heads: list[str], started: float,
-               rewrite: tuple[int | None] | None = None, erasure: bool = False, heads_dropped: bool = True) -> None:
+               rewrite: _Rewrite = _Rewrite()) -> None:
         """Steps 4 and 5 handed to the writer thread: copies of ``heads`` (those step 4 would
         snapshot), and the floor their applied offsets give (what a checkpoint on the poll thread
         would write). An erasure rotation closes the partition's window now: the copies hold every
@@ -208,14 +217,14 @@ class Checkpointer:
             applied[head_id] = head.applied_offset
             head.dirty_since_snapshot = 0
         floor = safe_floor(ps.next_offset, ps.last_touched, applied)
-        record = (ps.partition, floor, topic_id, dict(ps.pointers), ps.erasure_since is not None and not erasure)
-        if erasure:
+        record = (ps.partition, floor, topic_id, dict(ps.pointers),
+                  ps.erasure_since is not None and not rewrite.erasure)
+        if rewrite.erasure:
             ps.erasure_since = None
         written = self._writer.submit(self._write, frozen, *record)
         ps.pending = 0
         ps.last_checkpoint = time.monotonic()
-        self._writing[ps.partition] = _Writing(floor, started, ps.last_checkpoint - started, written, rewrite,
-                                               erasure, heads_dropped)
+        self._writing[ps.partition] = _Writing(floor, started, ps.last_checkpoint - started, written, rewrite)
 
     def _write(self, frozen: list[tuple[HeadState, HeadPointer | None]], part: int, floor: int, topic_id: str,
                pointers: dict[str, HeadPointer], erasure_pending: bool) -> tuple[dict[str, HeadPointer], float]:
@@ -247,10 +256,11 @@ class Checkpointer:
         writing = self._writing.pop(ps.partition)
         written, durable_at = writing.written.result()
         ps.pointers.update(written)
-        dropped = writing.heads_dropped
-        if writing.rewrite is not None:  # 6
-            dropped = self._end_rewrite(ps.partition, writing.rewrite[0], ps.pointers) and dropped
-        if writing.erasure:  # 7
+        rewrite = writing.rewrite
+        dropped = rewrite.heads_dropped
+        if rewrite.rewriting:  # 6
+            dropped = self._end_rewrite(ps.partition, rewrite.old_generation, ps.pointers) and dropped
+        if rewrite.erasure:  # 7
             self._erasure_done(ps, dropped, writing.started, cleared=True)
         self._durable(ps, writing.floor)
         if self.times is not None:
