@@ -108,9 +108,13 @@ class CdcBridge:
                 p, o = m.partition(), m.offset()
                 if p is not None and o is not None:
                     ends[p] = o + 1
-            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in ends.items()],
-                                 asynchronous=False)
-            self.committed.update(ends)
+            done = self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in ends.items()],
+                                        asynchronous=False) or []
+            for tp in done:  # errors are per partition: a failed one is read again, never trimmed
+                if tp.error is None:
+                    self.committed[tp.partition] = tp.offset
+                else:
+                    log.warning("commit of %s[%d] failed (read again): %s", tp.topic, tp.partition, tp.error)
         return len(todo)
 
     def trim(self, every: float) -> None:
