@@ -155,6 +155,7 @@ class _Part:
     admission: Admitted
     cover: int | None = None
     lane: bool = False
+    judged_ahead: int = 0  # records a lane judged before a crash: skipped, not judged again
 
 
 @dataclass
@@ -312,7 +313,8 @@ class BatchProcessor:
             lane, judged = [], todo
         in_lane = {m.offset for m in lane}
         rest = _Part([m for m in msgs if m.offset not in in_lane],
-                     Admitted(judged, admitted.origin_offsets, admitted.reforwarded, admitted.gaps), msgs[-1].offset)
+                     Admitted(judged, admitted.origin_offsets, admitted.reforwarded, admitted.gaps), msgs[-1].offset,
+                     judged_ahead=len(admitted.messages) - len(todo))
         return (_Part(lane, Admitted(lane), lane=True) if lane else None), rest
 
     def _commit_all(self, parts: list[tuple[int, _Part]], config: CoreConfig, now: float) -> list[_Committed]:
@@ -364,7 +366,7 @@ class BatchProcessor:
         self.settle(wait_commit=False)  # the previous batch's phase 1 acknowledged before this batch's phase 0
         seqs = cache.commit_batch(outcome.mutations, durable, offset, generation, outcome.origin_offsets,
                                   ahead=ahead, lane=part.lane)
-        count_batch(self.stats, p, msgs, outcome)
+        count_batch(self.stats, p, msgs, outcome, part.judged_ahead)
         if part.lane:
             self.stats["lane_deletes"] = self.stats.get("lane_deletes", 0) + len(msgs)
         return _Committed(p, cache, seqs, messages, offset)

@@ -46,11 +46,13 @@ ReadyHook = Callable[[], object]
 """Called once, after the first partition assignment is in place (caches opened, seeks done)."""
 
 
-def count_batch(stats: dict[str, int], p: int, msgs: Sequence[InMessage], outcome: BatchOutcome) -> None:
-    """Add a batch's outcome to the service's ``stats``; log its dead letters and dropped copies."""
+def count_batch(stats: dict[str, int], p: int, msgs: Sequence[InMessage], outcome: BatchOutcome,
+                judged_ahead: int = 0) -> None:
+    """Add a batch's outcome to the service's ``stats``; log its dead letters and dropped copies.
+    ``judged_ahead``: records of ``msgs`` a delete lane judged before a crash (not judged again)."""
     log = logging.getLogger("unlearn.featurizer")
     skipped = outcome.reforwarded + outcome.gaps
-    stats["events"] += len(msgs) - skipped
+    stats["events"] += len(msgs) - skipped - judged_ahead
     stats["reforwarded"] += outcome.reforwarded
     stats["gaps"] += outcome.gaps
     stats["accepted"] += outcome.accepted

@@ -175,6 +175,7 @@ def test_a_delete_goes_ahead_of_the_adds_before_it_and_everything_stays_exact(
                            <= set(ledgers_from(g["deltas"])[1]))
         assert second.stop() == 0
         assert second.service.stats["lane_deletes"] == (0 if crash_at else 1)  # a crash's was the first's
+        assert second.service.stats["events"] == len(wave2) + (0 if crash_at else 1)  # judged once, counted once
         got = reader.until(lambda g: True)
     finally:
         reader.close()
