@@ -32,6 +32,7 @@ from unlearn.streams.featurizer.changelog_records import Position
 from unlearn.streams.featurizer.changelog_restore import LocalPosition
 from unlearn.streams.featurizer.events import EventKey, EventMark, EventTable
 from unlearn.streams.featurizer.tombstones import TombName, Tombstone, TombstoneKey
+from unlearn.streams.featurizer.wal_checkpoints import checkpoints_for
 
 __all__ = ["FeatureCache"]
 
@@ -45,10 +46,11 @@ class FeatureCache:
     """
 
     def __init__(self, path: str | Path, identity: Mapping[str, str] | None = None, *,
-                 synchronous: str = "FULL") -> None:
+                 synchronous: str = "FULL", background_checkpoints: bool = False) -> None:
         self.path = Path(path)
         self.synchronous = synchronous
         self._db = open_cache_db(self.path, synchronous, identity or {})
+        self._wal = checkpoints_for(self._db, self.path, synchronous, thread=background_checkpoints)
         self._samples = SampleTable(self._db)
         self._tombstones = TombstoneTable(self._db)
         self._events = EventTable(self._db)
@@ -57,10 +59,12 @@ class FeatureCache:
 
     @classmethod
     def open_partition(cls, data_dir: str | Path, stream_dir: str, partition: int,
-                       identity: Mapping[str, str] | None = None, *, synchronous: str = "FULL") -> FeatureCache:
+                       identity: Mapping[str, str] | None = None, *, synchronous: str = "FULL",
+                       background_checkpoints: bool = False) -> FeatureCache:
         """The cache file of one by-head partition (created empty if absent)."""
         ident = {"stream_dir": stream_dir, "partition": str(int(partition)), **dict(identity or {})}
-        return cls(cache_path(data_dir, stream_dir, partition), ident, synchronous=synchronous)
+        return cls(cache_path(data_dir, stream_dir, partition), ident, synchronous=synchronous,
+                   background_checkpoints=background_checkpoints)
 
     # ------------------------------------------------------------------ CacheView: what the core reads
     def get_sample(self, head_id: str, sample_id: str) -> CachedSample | None:
@@ -227,6 +231,7 @@ class FeatureCache:
             self._progress.put(last_offset, ahead, origins or {})
             if generation is not None:
                 self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
+        self._wal.written()  # a round of checkpoints is due (wal_checkpoints.py)
         return seqs
 
     def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:
@@ -268,9 +273,10 @@ class FeatureCache:
         """Erasure: checkpoint the WAL into the database file and truncate it, so the pages of
         deleted rows (zeroed by ``secure_delete``) replace the old ones on disk and no copy stays
         in the WAL (docs/erasure.md)."""
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._wal.truncate(self._db, self.path)
 
     def close(self) -> None:
+        self._wal.close()  # first: the writer's connection is then the last, which removes the WAL
         self._db.close()
 
     def __enter__(self) -> FeatureCache:

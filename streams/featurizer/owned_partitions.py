@@ -74,7 +74,7 @@ class Partitions:
                 ident = {"topic": self.topics.by_head, "client_id": self.client_id or ""}
                 cache = FeatureCache.open_partition(  # sqlite NORMAL where the changelog covers a power cut
                     self.settings.data_dir, self.stream_dir, p, ident,
-                    synchronous="FULL" if self._reader is None else "NORMAL")
+                    synchronous="FULL" if self._reader is None else "NORMAL", background_checkpoints=True)
                 self.caches[p] = cache
             if self._reader is None:
                 self._assign_local(consumer, tp, cache, origin_ends)

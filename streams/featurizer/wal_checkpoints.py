@@ -1,0 +1,120 @@
+"""A feature cache file's WAL checkpoints, off the poll thread (:class:`WalCheckpoints`).
+
+Why: with SQLite's automatic checkpoints, the commit that takes the WAL past its bound also copies
+the WAL into the database file and syncs both: 20-30 ms on the featurizer's poll thread, 8 times
+per 4,000 `<f4` adds at d = 768 (~50 µs per add), a stall of the batch and of every delete behind
+it (bench/results/pipeline_bench.md, section 25). Here the poll thread's connection never
+checkpoints but past a backstop (``BACKSTOP_PAGES``); a thread with a connection of its own runs
+PASSIVE checkpoints after commits, at most one round per ``gap`` seconds. A PASSIVE checkpoint
+never blocks the writer, which appends to the WAL meanwhile; a round repeats while the writer
+appended during it (a few passes, each shorter), so the WAL is caught up and restarted by the next
+commit. Only a writer that commits faster than the copies go, with no pause, outruns the thread:
+its own commit then checkpoints at the backstop, as SQLite's automatic checkpoints would, and the
+WAL stays bounded. Durability is SQLite's own: the same WAL and the same ``synchronous`` setting
+(the checkpoint syncs the WAL before it copies, and the database file after).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+__all__ = ["BACKSTOP_PAGES", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
+
+log = logging.getLogger("unlearn.featurizer")
+
+#: Passes of one round at most: each copies only what the writer appended during the one before.
+MAX_PASSES = 8
+#: The writer's own ``wal_autocheckpoint`` with the thread: 64 MiB of 64 KiB pages (4x the bound of
+#: SQLite's automatic checkpoints alone, ``cache_file.WAL_AUTOCHECKPOINT_PAGES``), never reached
+#: while the thread keeps up.
+BACKSTOP_PAGES = 1024
+
+
+class CommitCheckpoints:
+    """SQLite's own automatic checkpoints, run by the writer's commits (a cache that no service
+    runs: tests, tools). :class:`WalCheckpoints` moves them to a thread."""
+
+    def written(self) -> None:
+        """The writer committed (its commit checkpointed past ``WAL_AUTOCHECKPOINT_PAGES``)."""
+
+    def truncate(self, db: sqlite3.Connection, path: Path) -> None:
+        """Checkpoint the WAL of ``db`` into the database file and truncate it (erasure: no old
+        page stays in the WAL). A busy result (a reader past ``busy_timeout``) is logged; the next
+        purge truncates it."""
+        busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            log.warning("%s: the WAL was not truncated (busy); old pages stay until the next purge", path)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class WalCheckpoints(CommitCheckpoints):
+    """Checkpoints of the WAL of ``path`` (a cache file already in WAL mode) in a daemon thread,
+    after :meth:`written`; :meth:`close` joins it (module docstring)."""
+
+    def __init__(self, path: Path, synchronous: str, gap: float = 0.5) -> None:
+        self.path = path
+        self.gap = gap
+        self.stats = {"rounds": 0, "frames": 0, "errors": 0}
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=30.0, check_same_thread=False)
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._pass = threading.Lock()  # held by each pass: a checkpoint elsewhere gets SQLITE_BUSY at once
+        self._thread = threading.Thread(target=self._run, name=f"wal-checkpoints-{path.name}", daemon=True)
+        self._thread.start()
+
+    def written(self) -> None:
+        """The writer committed: a round is due (cheap: sets an event)."""
+        self._wake.set()
+
+    def round(self) -> tuple[int, int]:
+        """One round now, on the caller's thread: PASSIVE checkpoints until the WAL is caught up or
+        ``MAX_PASSES`` ran. Returns the last pass's (frames in the WAL, frames checkpointed)."""
+        frames = done = 0
+        for _ in range(MAX_PASSES):
+            with self._pass:
+                _busy, frames, done = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if done >= frames:
+                break
+        self.stats["rounds"] += 1
+        self.stats["frames"] = max(0, int(frames))
+        return int(frames), int(done)
+
+    def truncate(self, db: sqlite3.Connection, path: Path) -> None:
+        """As for commits, with the thread paused: SQLite refuses a second checkpoint at once."""
+        with self._pass:
+            super().truncate(db, path)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
+            try:
+                self.round()
+            except sqlite3.Error as exc:  # e.g. a full disk: the writer's next commit reports it too
+                self.stats["errors"] += 1
+                log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
+            self._stopping.wait(self.gap)
+
+    def close(self) -> None:
+        """Stop the thread (after the pass in progress) and close its connection."""
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join()
+        self._db.close()
+
+
+def checkpoints_for(db: sqlite3.Connection, path: Path, synchronous: str, thread: bool) -> CommitCheckpoints:
+    """The checkpoints of the writer's connection ``db`` to ``path``: with ``thread``, the writer
+    checkpoints only at the backstop from now on and a :class:`WalCheckpoints` does the rest."""
+    if not thread:
+        return CommitCheckpoints()
+    db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+    return WalCheckpoints(path, synchronous)

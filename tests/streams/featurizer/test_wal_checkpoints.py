@@ -1,0 +1,134 @@
+"""A feature cache's WAL checkpoints in a thread (``wal_checkpoints.py``): the thread catches the
+WAL up while the writer goes on, a writer that never pauses meets the backstop, nothing is lost,
+the erasure purge still truncates the WAL, and close leaves no WAL behind. No broker: sqlite only."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+
+from unlearn.streams.featurizer.cache_file import open_cache_db
+from unlearn.streams.featurizer.feature_cache import FeatureCache
+from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_PAGES, WalCheckpoints
+
+BLOB = b"\x5a" * 200_000  # a few 64 KiB pages per row, like a batch's outbox
+
+
+def wal_size(path: Path) -> int:
+    wal = Path(f"{path}-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def pending_frames(db: sqlite3.Connection) -> int:
+    """Frames in the WAL not yet copied into the database file (a PASSIVE checkpoint's report is
+    the count after it ran, so a no-op pass on a connection that copies nothing new)."""
+    _, frames, done = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(frames) - int(done)
+
+
+def writer(path: Path, autocheckpoint: int = 0) -> sqlite3.Connection:
+    db = open_cache_db(path, "NORMAL", {})  # 64 KiB pages
+    db.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
+    db.execute("CREATE TABLE IF NOT EXISTS blobs (i INTEGER PRIMARY KEY, v BLOB)")
+    return db
+
+
+def test_the_writer_never_checkpoints_and_the_thread_catches_up(tmp_path: Path) -> None:
+    path = tmp_path / "p0.sqlite"
+    db = writer(path)
+    wal = WalCheckpoints(path, "NORMAL", gap=0.05)
+    try:
+        for i in range(20):  # 4 MB: far past what the writer would have checkpointed itself
+            db.execute("INSERT INTO blobs (i, v) VALUES (?, ?)", (i, BLOB))
+        assert wal.stats["rounds"] == 0 and wal_size(path) > 3_000_000  # nothing nudged the thread yet
+        wal.written()
+        deadline = time.monotonic() + 10
+        while wal.stats["rounds"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert wal.stats["rounds"] >= 1
+        with closing(sqlite3.connect(str(path))) as other:  # copied into the database file: a no-op pass now
+            assert pending_frames(other) == 0
+    finally:
+        wal.close()
+        db.close()
+    assert not Path(f"{path}-wal").exists()  # the writer's connection was the last: the WAL is gone
+    with closing(sqlite3.connect(str(path))) as db2:
+        assert db2.execute("SELECT COUNT(*), SUM(LENGTH(v)) FROM blobs").fetchone() == (20, 20 * len(BLOB))
+
+
+def test_a_writer_that_never_pauses_meets_the_backstop_and_the_wal_stays_bounded(tmp_path: Path) -> None:
+    """The writer commits back to back, faster than the thread copies: its own commits checkpoint
+    at the backstop, so the WAL stays bounded (with no checkpoint at all it passed 200 MB here);
+    every row is there."""
+    path = tmp_path / "p0.sqlite"
+    db = writer(path, BACKSTOP_PAGES)
+    wal = WalCheckpoints(path, "NORMAL", gap=0.0)
+    sizes = []
+    try:
+        for i in range(1000):  # 200 MB in all, 200 KB per commit
+            db.execute("INSERT OR REPLACE INTO blobs (i, v) VALUES (?, ?)", (i % 40, BLOB))
+            wal.written()
+            sizes.append(wal_size(path))
+    finally:
+        wal.close()
+        db.close()
+    assert max(sizes) < 3 * BACKSTOP_PAGES * 65536, max(sizes)
+    with closing(sqlite3.connect(str(path))) as db2:
+        assert db2.execute("SELECT COUNT(*) FROM blobs").fetchone() == (40,)
+
+
+def test_a_writer_that_pauses_between_commits_is_kept_caught_up_by_the_thread(tmp_path: Path) -> None:
+    """Like the featurizer (a batch's judging between two commits): the thread's rounds keep the
+    WAL far below the backstop, which the writer never reaches (its autocheckpoint is off here)."""
+    path = tmp_path / "p0.sqlite"
+    db = writer(path, 0)
+    wal = WalCheckpoints(path, "NORMAL", gap=0.0)
+    sizes = []
+    try:
+        for i in range(200):  # 40 MB in all
+            db.execute("INSERT OR REPLACE INTO blobs (i, v) VALUES (?, ?)", (i % 40, BLOB))
+            wal.written()
+            sizes.append(wal_size(path))
+            time.sleep(0.005)
+    finally:
+        wal.close()
+        db.close()
+    assert max(sizes) < 20_000_000, max(sizes)  # without the thread: 40 MB and growing
+    assert wal.stats["rounds"] > 1
+
+
+def test_a_feature_cache_with_background_checkpoints_purges_and_closes_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "p0.sqlite"
+    cache = FeatureCache(path, {"partition": "0"}, synchronous="NORMAL", background_checkpoints=True)
+    try:
+        assert cache._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (BACKSTOP_PAGES,)
+        with cache._db:  # a write of the writer's connection, then the purge of an erasure
+            cache._db.execute("CREATE TABLE IF NOT EXISTS scratch (v BLOB)")
+            cache._db.execute("INSERT INTO scratch (v) VALUES (?)", (BLOB,))
+        stop = threading.Event()
+
+        def nudge() -> None:  # the thread checkpoints while the purge runs
+            while not stop.is_set():
+                cache._wal.written()
+                time.sleep(0.001)
+
+        t = threading.Thread(target=nudge)
+        t.start()
+        try:
+            for _ in range(5):
+                cache._db.execute("DELETE FROM scratch")
+                cache.purge_deleted()
+                assert wal_size(path) == 0  # truncated, whatever the thread was doing
+                cache._db.execute("INSERT INTO scratch (v) VALUES (?)", (BLOB,))
+        finally:
+            stop.set()
+            t.join()
+    finally:
+        cache.close()
+    assert not Path(f"{path}-wal").exists()
+    with FeatureCache(path, {"partition": "0"}) as again:  # reopens: the identity and the rows are there
+        assert again.applied_offset == -1
+        assert again._db.execute("SELECT COUNT(*) FROM scratch").fetchone() == (1,)
