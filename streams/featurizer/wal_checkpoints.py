@@ -59,9 +59,9 @@ class WalCheckpoints(CommitCheckpoints):
     def __init__(self, path: Path, synchronous: str, gap: float = 0.5) -> None:
         self.path = path
         self.gap = gap
+        self.synchronous = synchronous
         self.stats = {"rounds": 0, "frames": 0, "errors": 0}
-        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=30.0, check_same_thread=False)
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db: sqlite3.Connection | None = None  # opened by the first round (an error there is the thread's)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._pass = threading.Lock()  # held by each pass: a checkpoint elsewhere gets SQLITE_BUSY at once
@@ -75,6 +75,10 @@ class WalCheckpoints(CommitCheckpoints):
     def round(self) -> tuple[int, int]:
         """One round now, on the caller's thread: PASSIVE checkpoints until the WAL is caught up or
         ``MAX_PASSES`` ran. Returns the last pass's (frames in the WAL, frames checkpointed)."""
+        if self._db is None:
+            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0, check_same_thread=False)
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._db = db
         frames = done = 0
         for _ in range(MAX_PASSES):
             with self._pass:
@@ -98,7 +102,7 @@ class WalCheckpoints(CommitCheckpoints):
             self._wake.clear()
             try:
                 self.round()
-            except sqlite3.Error as exc:  # e.g. a full disk: the writer's next commit reports it too
+            except sqlite3.Error as exc:  # e.g. a full disk: the writer's commits report it too (and meet the backstop)
                 self.stats["errors"] += 1
                 log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
             self._stopping.wait(self.gap)
@@ -108,7 +112,8 @@ class WalCheckpoints(CommitCheckpoints):
         self._stopping.set()
         self._wake.set()
         self._thread.join()
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
 
 
 def checkpoints_for(db: sqlite3.Connection, path: Path, synchronous: str, thread: bool) -> CommitCheckpoints:

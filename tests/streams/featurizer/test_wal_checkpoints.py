@@ -132,3 +132,18 @@ def test_a_feature_cache_with_background_checkpoints_purges_and_closes_as_before
     with FeatureCache(path, {"partition": "0"}) as again:  # reopens: the identity and the rows are there
         assert again.applied_offset == -1
         assert again._db.execute("SELECT COUNT(*) FROM scratch").fetchone() == (1,)
+
+
+def test_a_failing_round_is_counted_and_the_thread_goes_on(tmp_path: Path) -> None:
+    """A round that cannot open the file (gone, unreadable) is logged and counted, and the thread
+    tries again after the next commit; close still returns (the writer's commits meet the backstop)."""
+    wal = WalCheckpoints(tmp_path / "missing" / "p0.sqlite", "NORMAL", gap=0.0)
+    try:
+        for n in (1, 2):
+            wal.written()
+            deadline = time.monotonic() + 10
+            while wal.stats["errors"] < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert wal.stats["errors"] == n and wal.stats["rounds"] == 0
+    finally:
+        wal.close()
