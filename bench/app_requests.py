@@ -14,9 +14,9 @@ import numpy as np
 import orjson
 
 from bench import topic_bytes
+from unlearn.common.by_head import head_partition, routed_topic_name
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
+from unlearn.runtime import clients
 
 
 def request(i: int, op: str, head: str, f: np.ndarray | None = None, y: int = 0,

@@ -36,8 +36,8 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topics import create_topics
+from unlearn.runtime import clients
+from unlearn.runtime.topics import create_topics
 
 
 def produce_rate(settings: Settings, topic: str, n: int, size: int, linger_ms: int) -> float:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from unlearn.streams.runtime import clients
+from unlearn.runtime import clients
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     from unlearn.infra.local.postgres import LocalPostgres
     from unlearn.infra.processes import ServiceProcess
     from unlearn.infra.settings import Settings
-    from unlearn.streams.runtime.topics import create_topics
+    from unlearn.runtime.topics import create_topics
 
     n = int(argv[0]) if argv else 20000
     dim = int(argv[1]) if len(argv) > 1 else 64

@@ -71,6 +71,7 @@ import numpy as np
 import orjson
 
 from bench.publish_clock import PublishClock, distribution
+from unlearn.common.families import heads_family
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.local.secured_kafka import SecuredLocalKafka
@@ -78,6 +79,9 @@ from unlearn.infra.local.tansu import LocalBroker, LocalS3Unavailable
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower, read_topic
+from unlearn.runtime.topics import create_topics
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import Request, encode_request
@@ -87,10 +91,6 @@ from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.sealed import SealError
 from unlearn.streams.ledger.delta_rules import admit, apply_entries, creates_head, record_applied
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, read_topic
-from unlearn.streams.runtime.topics import create_topics
-from unlearn.streams.shared.families import heads_family
 
 _ADMIN_PASSWORD = "admin-chaos-local-only"  # --secure: the super user every client of the run is
 

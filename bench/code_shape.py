@@ -45,7 +45,7 @@ from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("streams", "services", "schemas", "infra", "ledger", "features")
+PACKAGES = ("streams", "services", "runtime", "common", "schemas", "infra", "ledger", "features")
 CLASS_LIMIT = 250
 FUNCTION_LIMIT = 60
 
@@ -197,11 +197,11 @@ def dynamic(bootstrap: str, profile: str, timeout: float = 180.0) -> dict[str, A
     threading.setprofile(trace)
     sys.setprofile(trace)
     from unlearn.infra.settings import Settings
+    from unlearn.runtime.topics import create_topics, delete_topics, prefixed_topics
     from unlearn.services.client.sdk import UnlearnClient
     from unlearn.services.serving.http import ServingServer
     from unlearn.streams.featurizer.service import FeaturizerService
     from unlearn.streams.ledger.worker import LedgerWorker
-    from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
 
     with tempfile.TemporaryDirectory(prefix="code-shape-") as tmp:
         s = Settings.from_env(bootstrap=bootstrap, profile=profile, data_dir=tmp,

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from unlearn.common.families import heads_family, state_family
 from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
+from unlearn.runtime import clients
+from unlearn.runtime.topics import create_topics, prefixed_topics
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topics import create_topics, prefixed_topics
-from unlearn.streams.shared.families import heads_family, state_family
 
 _DONE = re.compile(r"erasure rotation done: (\d+) heads in ([0-9.]+)s \((\d+) state bytes, (\d+) head bytes")
 

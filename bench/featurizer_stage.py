@@ -36,11 +36,11 @@ from bench.app_requests import request
 from bench.pipeline_bench import settings_of
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.featurizer.batch import BatchProcessor
 from unlearn.streams.featurizer.service import FeaturizerService
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topics import create_topics
 
 
 def produce_all(s: Settings, msgs: list[tuple[bytes, bytes]]) -> None:

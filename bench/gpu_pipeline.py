@@ -32,17 +32,17 @@ from typing import Any
 
 from bench import topic_bytes
 from bench.app_requests import target
+from unlearn.common.families import heads_family
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower
+from unlearn.runtime.topics import create_topics
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.head import decode_head
 from unlearn.schemas.request_inputs import ImageInput
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
-from unlearn.streams.runtime.topics import create_topics
-from unlearn.streams.shared.families import heads_family
 
 
 def images(n: int) -> tuple[list[bytes], list[int]]:

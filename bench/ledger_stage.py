@@ -35,10 +35,10 @@ from bench.featurizer_stage import produce_all, run_stage
 from bench.pipeline_bench import settings_of
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topics import create_topics
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.worker import LedgerWorker
-from unlearn.streams.runtime.topics import create_topics
 
 
 def run_ledger(s: Settings, n_deltas: int, profile: cProfile.Profile | None, timeout: float = 900.0) -> dict[str, Any]:

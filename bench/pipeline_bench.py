@@ -51,17 +51,17 @@ from confluent_kafka import Producer, TopicPartition
 
 from bench import topic_bytes
 from bench.app_requests import AddLoad, request, target
+from unlearn.common.families import heads_family
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower
+from unlearn.runtime.topics import create_topics
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.sdk import FEATURES_ENCODINGS
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
-from unlearn.streams.runtime.topics import create_topics
-from unlearn.streams.shared.families import heads_family
 
 
 class Watcher(threading.Thread):

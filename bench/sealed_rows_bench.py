@@ -19,10 +19,10 @@ import numpy as np
 import orjson
 
 from bench.app_requests import request
+from unlearn.common.key_ring import KeyGeneration, fold_keys, key_record_key
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import parse_request
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key, open_delta, seal_delta
-from unlearn.streams.shared.key_ring import KeyGeneration, fold_keys, key_record_key
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:

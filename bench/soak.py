@@ -37,16 +37,16 @@ from typing import Any
 import numpy as np
 import orjson
 
+from unlearn.common.families import heads_family, keys_family, state_family, transit_private_family
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.local.tansu import LocalBroker
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import read_topic
+from unlearn.runtime.topics import create_topics, prefixed_topics
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.runtime.topics import create_topics, prefixed_topics
-from unlearn.streams.shared.families import heads_family, keys_family, state_family, transit_private_family
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
+from unlearn.runtime import clients
 
 Snapshot = dict[tuple[str, int], int]
 

@@ -97,7 +97,7 @@ MATRIX: tuple[Grant, ...] = (
        why="its group `P featurizer` (`.client` when federated) and `P featurizer-restore-*`"),
     _g("featurizer", "registry-", "READ", why="head-registry follower"),
     _g("featurizer", "clients-", "READ", why="client-registry follower"),
-    _g("featurizer", "log-probe", "READ", prefixed=False, why="log-end probe (`streams/runtime/log_position.py`)"),
+    _g("featurizer", "log-probe", "READ", prefixed=False, why="log-end probe (`runtime/log_position.py`)"),
     # ledger
     _t("ledger", "deltas", "READ", why="its input"),
     _t("ledger", "receipts", "WRITE", why="applied deletes"),
@@ -115,7 +115,7 @@ MATRIX: tuple[Grant, ...] = (
     _g("ledger", "ledger", "READ", why="its group `P ledger`, `P ledger-recovery-*` and its key follower's "
        "`P ledger-keytail-*`"),
     _g("ledger", "registry-", "READ", why="head-registry follower"),
-    _g("ledger", "log-probe", "READ", prefixed=False, why="log-end probe (`streams/runtime/log_position.py`)"),
+    _g("ledger", "log-probe", "READ", prefixed=False, why="log-end probe (`runtime/log_position.py`)"),
     # serving
     _t("serving", "heads.", "READ", prefixed=True, why="the heads it serves"),
     _t("serving", "head-registry", "READ", why="contracts (quantization, classes)"),

@@ -1,6 +1,6 @@
 """The one place the confluent-kafka client classes are instantiated.
 
-Every client of the product is made from the settings by ``streams/runtime/clients.py``, which
+Every client of the product is made from the settings by ``runtime/clients.py``, which
 calls these; the local brokers' launchers (``infra/local``) and ``kafka_init``, which run before
 any product settings exist, call them with a raw config. ``tests/test_architecture.py`` fails on a
 construction anywhere else, so a client setting (security, error callback, broker profile) cannot

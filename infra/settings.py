@@ -12,7 +12,7 @@ command's ``--help``.
 
 **The sections more than one package reads**, so they live in infra:
 
-- erasure (docs/erasure.md): topic retention and trimming (``streams/runtime/topics.py``), subject-key
+- erasure (docs/erasure.md): topic retention and trimming (``runtime/topics.py``), subject-key
   generations, transit-key grace, dead-letter redaction;
 - the defaults of head contracts: quantization, ridge gamma, backbones and size limits (read by
   the featurizer, the ledger, the registry CLI and serving);
@@ -20,7 +20,7 @@ command's ``--help``.
   (``infra/local/tansu.py``, ``infra/local/kafka.py``); a cluster user never sets them.
 
 **Broker profiles** (client settings per broker kind) live with the clients they configure:
-``streams/runtime/clients.py``.
+``runtime/clients.py``.
 """
 
 from __future__ import annotations

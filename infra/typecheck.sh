@@ -6,7 +6,7 @@ set -eu
 PY="${1:-python3}"
 cd "$(dirname "$0")/.."
 rm -rf .typecheck && mkdir -p .typecheck/unlearn
-for pkg in ledger schemas infra features streams services; do
+for pkg in ledger schemas infra features runtime common streams services; do
   ln -s "../../$pkg" ".typecheck/unlearn/$pkg"
 done
 exec "$PY" -m mypy --config-file pyproject.toml .typecheck/unlearn

@@ -135,7 +135,7 @@ def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "broker": _broker_main,
-    "topics": _lazy("unlearn.streams.runtime.topics", "topics_main"),
+    "topics": _lazy("unlearn.runtime.topics", "topics_main"),
     "featurizer": _lazy("unlearn.streams.featurizer.cli", "featurizer_main"),
     "ledger": _ledger_main,
     "serve": _lazy("unlearn.services.serving.cli", "serve_main"),

@@ -109,7 +109,7 @@ def _prefix_for(request: pytest.FixtureRequest) -> str:
 def settings(broker_target: BrokerTarget, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: the session broker, its profile, a unique topic prefix (tests never
     see each other's messages) and the project's topics already created. Topics are deleted after."""
-    from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
+    from unlearn.runtime.topics import create_topics, delete_topics, prefixed_topics
 
     s = Settings.from_env(
         bootstrap=broker_target.bootstrap,

@@ -1,4 +1,4 @@
-"""What the tests of background reads share (tests/streams/runtime/test_probes.py and the
+"""What the tests of background reads share (tests/runtime/test_probes.py and the
 shredder's, tests/streams/featurizer/test_erasure.py): a consumer stand-in that records its close,
 and how long a test waits for a gated read."""
 

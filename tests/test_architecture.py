@@ -1,15 +1,15 @@
 """Layering, read from the source: which product folder may import which (docs/design.md, "Layout").
 
 - the stages do not import each other: ``streams/featurizer`` never imports ``streams/ledger``
-  and back; what both need lives in ``streams/shared`` (which imports neither);
-- the runtime (``streams/runtime``) knows Kafka but nothing of unlearning: it imports no stage,
-  nothing of ``streams/shared``, ``services``, ``schemas``, ``ledger`` or ``features``;
+  and back; what both need lives in ``common`` (which imports neither);
+- the runtime (``runtime``) knows Kafka but nothing of unlearning: it imports no stage,
+  nothing of ``common``, ``services``, ``schemas``, ``ledger`` or ``features``;
 - the SDK (``services/client``) and serving (``services/serving``) run without the stages, so
-  they import neither stage (the runtime and ``streams/shared`` they may);
+  they import neither stage (the runtime and ``common`` they may);
 - the layers below the streams (``schemas``, ``infra``, ``ledger``, ``features``) import neither
   ``streams`` nor ``services``;
 - only ``infra/kafka_client.py`` constructs a Kafka Producer, Consumer or AdminClient: every
-  product client through ``streams/runtime/clients.py`` (from the settings), the local brokers'
+  product client through ``runtime/clients.py`` (from the settings), the local brokers'
   launchers and ``kafka_init`` (before any product settings exist) with a raw config.
 
 Every import counts: top-level, inside a function, under ``TYPE_CHECKING``, relative, and
@@ -30,21 +30,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("features", "infra", "ledger", "schemas", "services", "streams")
+PRODUCT = ("common", "features", "infra", "ledger", "runtime", "schemas", "services", "streams")
 """Top-level folders installed as ``unlearn.<folder>`` (pyproject.toml)."""
 
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("unlearn.streams.featurizer", ("unlearn.streams.ledger",)),
     ("unlearn.streams.ledger", ("unlearn.streams.featurizer",)),
-    ("unlearn.streams.runtime", ("unlearn.streams.featurizer", "unlearn.streams.ledger", "unlearn.streams.shared",
-                                 "unlearn.services", "unlearn.schemas", "unlearn.ledger", "unlearn.features")),
-    ("unlearn.streams.shared", ("unlearn.streams.featurizer", "unlearn.streams.ledger", "unlearn.services")),
+    ("unlearn.runtime", ("unlearn.streams", "unlearn.common", "unlearn.services", "unlearn.schemas",
+                         "unlearn.ledger", "unlearn.features")),
+    ("unlearn.common", ("unlearn.streams", "unlearn.services")),
     ("unlearn.services.client", ("unlearn.streams.featurizer", "unlearn.streams.ledger")),
     ("unlearn.services.serving", ("unlearn.streams.featurizer", "unlearn.streams.ledger")),
-    ("unlearn.schemas", ("unlearn.streams", "unlearn.services")),
-    ("unlearn.infra", ("unlearn.streams", "unlearn.services")),
-    ("unlearn.ledger", ("unlearn.streams", "unlearn.services")),
-    ("unlearn.features", ("unlearn.streams", "unlearn.services")),
+    ("unlearn.schemas", ("unlearn.runtime", "unlearn.common", "unlearn.streams", "unlearn.services")),
+    ("unlearn.infra", ("unlearn.runtime", "unlearn.common", "unlearn.streams", "unlearn.services")),
+    ("unlearn.ledger", ("unlearn.runtime", "unlearn.common", "unlearn.streams", "unlearn.services")),
+    ("unlearn.features", ("unlearn.runtime", "unlearn.common", "unlearn.streams", "unlearn.services")),
 )
 """(importing package, packages it must not import)."""
 
@@ -115,24 +115,24 @@ def test_no_stage_imports_another_and_no_layer_imports_upwards() -> None:
     ("from .. import ledger", "unlearn.streams.featurizer.erasure"),
     ("def f():\n    from unlearn.streams.featurizer.routing import head_partition", "unlearn.services.client.sdk"),
     ("import importlib\nimportlib.import_module('unlearn.streams.ledger.worker')", "unlearn.services.serving.http"),
-    ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.streams.runtime.topics"),
-    ("from unlearn.schemas.sealed import SampleKey", "unlearn.streams.runtime.topic_reader"),
-    ("from unlearn.streams.featurizer.judge import judge_add", "unlearn.streams.shared.key_ring"),
+    ("from unlearn.services.client.sdk import UnlearnClient", "unlearn.runtime.topics"),
+    ("from unlearn.schemas.sealed import SampleKey", "unlearn.runtime.topic_reader"),
+    ("from unlearn.streams.featurizer.judge import judge_add", "unlearn.common.key_ring"),
 ])
 def test_the_check_sees_each_kind_of_import(source: str, module: str) -> None:
     assert violations(source, module)
 
 
 def test_the_check_lets_allowed_imports_pass() -> None:
-    assert not violations("from unlearn.streams.shared.by_head import head_partition\nfrom . import router",
+    assert not violations("from unlearn.common.by_head import head_partition\nfrom . import router",
                           "unlearn.streams.featurizer.erasure")
-    assert not violations("from unlearn.streams.runtime import clients", "unlearn.services.client.sdk")
+    assert not violations("from unlearn.runtime import clients", "unlearn.services.client.sdk")
     assert not violations("from unlearn.streams.ledger.worker import run_ledger_worker", "unlearn.services.cli")
 
 
 CLIENT_CLASSES = frozenset({"Producer", "Consumer", "AdminClient", "SerializingProducer", "DeserializingConsumer"})
 CLIENT_MAKERS = ("infra/kafka_client.py",)
-"""Where a Kafka client may be constructed: the one place, which ``streams/runtime/clients.py``
+"""Where a Kafka client may be constructed: the one place, which ``runtime/clients.py``
 calls with the settings' config and the local brokers' launchers and ``kafka_init`` (before any
 product settings exist) with a raw one."""
 
@@ -153,4 +153,4 @@ def test_only_the_runtime_constructs_kafka_clients() -> None:
 def test_the_client_check_sees_a_construction() -> None:
     assert constructions("from confluent_kafka import Producer\np = Producer({})") == [2]
     assert constructions("import confluent_kafka\nc = confluent_kafka.Consumer({})") == [2]
-    assert not constructions("from unlearn.streams.runtime import clients\np = clients.producer(s)")
+    assert not constructions("from unlearn.runtime import clients\np = clients.producer(s)")

@@ -17,8 +17,13 @@ import orjson
 import pytest
 
 from tests.test_pipeline import pipeline_settings, services
+from unlearn.common.families import heads_family, keys_family, state_family, transit_private_family
+from unlearn.common.key_ring import read_partition_keys, superseded_left
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topic_reader import TopicReadError, read_topic
 from unlearn.schemas.deadletter import DeadLetter, decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request, parse_request
 from unlearn.schemas.request_errors import InvalidRequest
@@ -30,11 +35,6 @@ from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.erasure.report import ErasureReport, erasure_report
 from unlearn.services.verifier.certify import verify_broker, verify_file
 from unlearn.services.verifier.export import export_deltas
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_topic
-from unlearn.streams.shared.families import heads_family, keys_family, state_family, transit_private_family
-from unlearn.streams.shared.key_ring import read_partition_keys, superseded_left
 
 pytestmark = pytest.mark.broker
 
@@ -69,12 +69,12 @@ def topic_bytes(s: Settings, skip: set[str]) -> dict[str, bytes]:
     """Every record (key and value) of every topic of the test's prefix, generation topics included."""
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=30).topics
     names = [t for t, m in md.items() if t.startswith(s.topic_prefix) and m.error is None]
     # of a topic family, only each partition's newest generation: a superseded one is being deleted,
-    # and reading a topic while it is deleted crashes librdkafka (streams.runtime.topic_reader.source_partitions);
+    # and reading a topic while it is deleted crashes librdkafka (runtime.topic_reader.source_partitions);
     # the key family's superseded generations are already gone (wait_shredded)
     for fam in (keys_family(s.topic_prefix), transit_private_family(s.topic_prefix), heads_family(s.topic_prefix),
                 state_family(s.topic_prefix)):
@@ -115,10 +115,10 @@ def wait_keys_gone(s: Settings, fam: TopicFamily, gone: Callable[[tuple[str, str
     """No live key ``gone`` selects in any partition's newest generation of ``fam``, and every older
     generation deleted (``superseded_left``). Only a partition's newest generation is read:
     reading one that is about to be deleted is what crashes librdkafka
-    (streams.runtime.topic_reader.source_partitions)."""
+    (runtime.topic_reader.source_partitions)."""
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     admin = AdminClient(admin_config(s))
     deadline = time.monotonic() + timeout
@@ -282,7 +282,7 @@ def _produce_raw(s: Settings, value: bytes) -> None:
     """One request as a producer in any language would send it."""
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.clients import producer_config
+    from unlearn.runtime.clients import producer_config
 
     p = Producer(producer_config(s))
     p.produce(s.topic("requests"), value=value, key=b"mallory")
@@ -353,7 +353,7 @@ def test_in_flight_delete_re_add_and_a_featurizer_crash_before_the_shred(setting
         # pair cancels, so it ends at the same digest as the live ledger did
         live = wait_for_head(s, "er2", lambda u: u.mode == "exact" and u.n_retained == 7, timeout=60)
         led.stop()
-        from unlearn.streams.runtime.topics import delete_topics, prefixed_topics
+        from unlearn.runtime.topics import delete_topics, prefixed_topics
 
         fams = (state_family(s.topic_prefix), heads_family(s.topic_prefix))
         delete_topics(s, [t for t in prefixed_topics(s) if any(f.matches(t) for f in fams)])
@@ -413,7 +413,7 @@ def test_a_head_created_by_an_erased_lone_add_keeps_its_versions(settings: Setti
         pairs = next(c for c in cert.checks if c.name == "erased_pairs")
         assert pairs.data["erased_pairs"] == 1, pairs.detail
         led.stop()
-        from unlearn.streams.runtime.topics import delete_topics, prefixed_topics
+        from unlearn.runtime.topics import delete_topics, prefixed_topics
 
         fams = (state_family(s.topic_prefix), heads_family(s.topic_prefix))
         delete_topics(s, [t for t in prefixed_topics(s) if any(f.matches(t) for f in fams)])

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("ledger", "schemas", "infra", "features", "streams", "services")
+PRODUCT = ("ledger", "schemas", "infra", "features", "runtime", "common", "streams", "services")
 
 
 def _config() -> dict:

@@ -17,10 +17,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize, solve_head
+from unlearn.runtime.clients import consumer_config, producer_config
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.verifier import verify_broker
-from unlearn.streams.runtime.clients import consumer_config, producer_config
 
 pytestmark = pytest.mark.broker
 

@@ -4,7 +4,7 @@ object under test): the topics, and one topic's configs."""
 from __future__ import annotations
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import admin_config
+from unlearn.runtime.clients import admin_config
 
 
 def broker_topics(s: Settings) -> list[str]:

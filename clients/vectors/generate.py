@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from unlearn.common.by_head import head_partition
 from unlearn.schemas.binary_frame import CodecError, crc32c
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.head import HeadUpdate, decode_head, encode_head, head_to_json
@@ -51,7 +52,6 @@ from unlearn.schemas.transit import (
     transit_key,
 )
 from unlearn.services.serving.predict import HeadStore, PredictError, predict, prepare_inputs
-from unlearn.streams.shared.by_head import head_partition
 
 HERE = Path(__file__).resolve().parent
 FILES = ("heads.json", "heads_malformed.json", "predict.json", "json_numbers.json", "envelopes.json",

@@ -217,7 +217,7 @@ def kraft_properties(node: KafkaNode, nodes: list[KafkaNode]) -> dict[str, str]:
         "transaction.state.log.min.isr": min_isr,
         "share.coordinator.state.topic.replication.factor": str(n),
         "share.coordinator.state.topic.min.isr": min_isr,
-        # Topics are always created explicitly (streams.runtime.topics); a typo must fail, not create.
+        # Topics are always created explicitly (runtime.topics); a typo must fail, not create.
         "auto.create.topics.enable": "false",
         # Tests join groups all the time: no 3 s wait for more members.
         "group.initial.rebalance.delay.ms": "0",

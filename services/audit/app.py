@@ -22,10 +22,10 @@ import orjson
 from aiohttp import web
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import TopicReadError
 from unlearn.services.erasure.report import erasure_report
 from unlearn.services.verifier.certify import verify_broker
 from unlearn.services.verifier.errors import VerifyError
-from unlearn.streams.runtime.topic_reader import TopicReadError
 
 from . import pages, views
 from .certificates import Certifier

@@ -8,7 +8,7 @@
   re-added later (in
   event time: remove wins, docs/featurizer.md) is retained again;
 - a head: every update still on the heads family (``verifier.reading``), its applied receipts,
-  its contract (``streams.shared.registry``); the certificate is the verifier's (``verify_broker``);
+  its contract (``common.registry``); the certificate is the verifier's (``verify_broker``);
 - the index: the latest heads (``head_reader.read_heads``) and the deletes seen in ``requests``,
   ``requests.by-head`` or ``deltas`` that no receipt answers yet.
 
@@ -23,7 +23,10 @@ from typing import Any
 
 import orjson
 
+from unlearn.common.families import heads_family
+from unlearn.common.registry import read_contracts
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, TopicReadError, read_topic
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
@@ -41,9 +44,6 @@ from unlearn.services.verifier.reading import (
     read_head_updates,
     read_receipt_records,
 )
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicReadError, read_topic
-from unlearn.streams.shared.families import heads_family
-from unlearn.streams.shared.registry import read_contracts
 
 __all__ = ["HeadView", "IndexView", "PendingDelete", "Refusal", "SampleFact", "SubjectHead", "head_view", "index_view",
            "pending_removals", "sample_facts", "subject_refusals", "subject_view"]

@@ -23,10 +23,10 @@ import orjson
 
 from unlearn.infra.cli_args import add_worker_args, log_ready, settings_from_args, setup_logging
 from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.runtime import clients
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.topics import TopicError
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.topics import TopicError
 
 from .connect import ConnectProcess, PgTarget, connector_config, find_connect_jars, worker_config
 from .events import Refusal, TableMap, change_requests, event_us, is_snapshot
@@ -123,7 +123,7 @@ class CdcBridge:
             return
         if time.monotonic() - self._last_trim < every:
             return
-        from unlearn.streams.runtime.topics import TopicError, delete_records
+        from unlearn.runtime.topics import TopicError, delete_records
 
         try:
             below = dict(self.committed)
@@ -140,7 +140,7 @@ class CdcBridge:
 
 def run_cdc(settings: Settings, m: TableMap, pg: PgTarget, slot: str, state_dir: Path) -> int:
     """Run Connect and the bridge until SIGTERM/SIGINT; restart Connect when it dies or its task fails."""
-    from unlearn.streams.runtime.topics import ensure_topic, raw_input_config, wait_for_topics
+    from unlearn.runtime.topics import ensure_topic, raw_input_config, wait_for_topics
 
     cdc = CdcSettings.of(settings)
     check_table(pg.dsn, m.table, [m.sample_id, m.subject_id, m.label, m.features])

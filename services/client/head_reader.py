@@ -1,7 +1,7 @@
 """Read the latest head updates from ``heads`` (what `unlearn head`, the demo and tests use).
 
 ``heads`` is compacted on Kafka; tansu never compacts, so readers scan the whole topic to its end
-(``streams.runtime.topic_reader.read_topic``) and keep the newest update per head
+(``runtime.topic_reader.read_topic``) and keep the newest update per head
 (``HeadUpdate.supersedes``: a higher version wins, and at equal versions an exact update
 supersedes a fast one). ``HeadFollower`` keeps that answer current without rescanning, for
 callers that ask again and again (the demo).
@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
+from unlearn.common.families import heads_family
 from unlearn.infra.cli_args import add_broker_args, settings_from_args, settings_help
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
+from unlearn.runtime.topics import prefixed_topics
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.head import HeadUpdate, decode_head, head_to_json, retained_class_list
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, TopicReadError, keys_in, read_topic
-from unlearn.streams.runtime.topics import prefixed_topics
-from unlearn.streams.shared.families import heads_family
 
 __all__ = ["HeadFollower", "head_main", "latest_heads", "read_heads", "wait_for_head"]
 

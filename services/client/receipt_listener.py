@@ -13,10 +13,10 @@ import threading
 import time
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower, TopicReadError
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.services.client.errors import ClientError
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, TopicReadError
 
 __all__ = ["ReceiptListener"]
 
@@ -32,7 +32,7 @@ class _Waiter:
 
 
 class ReceiptListener:
-    """Reads ``<prefix>receipts`` from "now" on (an ``streams.runtime.topic_reader.TopicFollower`` started at
+    """Reads ``<prefix>receipts`` from "now" on (an ``runtime.topic_reader.TopicFollower`` started at
     the end) and hands receipts to waiters.
 
     Only receipts of registered event ids are kept (a busy deployment's other receipts are

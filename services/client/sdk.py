@@ -40,8 +40,12 @@ from typing import Any, Literal
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException
 
+from unlearn.common.by_head import head_partition, routed_topic_name
 from unlearn.infra import tracing
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.delivery import produce
+from unlearn.runtime.topic_reader import TopicReadError, topic_partitions
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt
 from unlearn.schemas.request_inputs import FeatureDtype, FeaturesInput, ImageInput, Input, TextInput
@@ -55,10 +59,6 @@ from unlearn.services.client.transit_key_cache import (
     seal_for_transit,
     transit_producer_overrides,
 )
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.delivery import produce
-from unlearn.streams.runtime.topic_reader import TopicReadError, topic_partitions
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 __all__ = [
     "FEATURES_ENCODINGS",
@@ -280,7 +280,7 @@ class UnlearnClient:
     # ------------------------------------------------------------------ plumbing
     def _target(self, head_id: str) -> dict[str, Any]:
         """Where a request of ``head_id`` goes: ``requests``, or with ``route_by_head`` the head's
-        partition of the by-head topic (``streams.shared.by_head.head_partition``, as the router
+        partition of the by-head topic (``common.by_head.head_partition``, as the router
         would forward it)."""
         if not self.route_by_head:
             return {"topic": self.requests_topic}

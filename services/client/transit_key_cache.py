@@ -3,7 +3,7 @@
 (docs/client.md, "Transit sealing"; docs/erasure.md section 5). Used by the SDK, the CLI and the demo.
 
 :class:`TransitKeyCache` finds a head's partition exactly as the router does
-(``streams.shared.by_head.head_partition``), reads the tail of that partition of ``transit-keys``
+(``common.by_head.head_partition``), reads the tail of that partition of ``transit-keys``
 and keeps the newest key whose ``use_until`` is still ahead. It reuses one
 ``schemas/transit.TransitSealer`` per partition and key (one X25519 exchange per producer session
 and epoch, not per request). Safe for threads producing through one client: the cache's lock
@@ -23,7 +23,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from unlearn.common.by_head import head_partition, routed_topic_name
 from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import TopicReadError, read_range
 from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import SealedInput
 from unlearn.schemas.transit import (
@@ -35,9 +38,6 @@ from unlearn.schemas.transit import (
     decode_public_record,
 )
 from unlearn.services.client.settings import ClientSettings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 __all__ = [
     "TransitKeyCache",

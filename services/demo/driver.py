@@ -32,6 +32,9 @@ from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceDied, ServiceProcess, watch_services
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import Quantizer, l2_normalize
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower
+from unlearn.runtime.topics import create_topics
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.head import HeadUpdate
@@ -44,9 +47,6 @@ from unlearn.services.client.settings import ClientSettings
 from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit, transit_producer_overrides
 from unlearn.services.demo.report import Phase, build_report, served_predictions, write_report
 from unlearn.services.serving.settings import ServeSettings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
-from unlearn.streams.runtime.topics import create_topics
 
 #: What ``demo-out/`` keeps of a run; a run removes the last run's before it starts: its broker is
 #: new (in memory, or Kafka in a temporary directory), and workers' state from another broker is

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from unlearn.common.registry import publish_client
 from unlearn.infra.settings import Settings
 from unlearn.schemas.client_record import ALL_HEADS, ClientKey, ClientRecord
 from unlearn.schemas.signature import Signer, generate_key_file
-from unlearn.streams.shared.registry import publish_client
 
 __all__ = ["register_demo_clients"]
 

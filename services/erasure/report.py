@@ -45,8 +45,13 @@ from typing import Any
 
 import orjson
 
+from unlearn.common.families import keys_family, transit_private_family
+from unlearn.common.key_ring import COMPLETE_KEY, KeysUnavailable, parse_key_record_key, superseded_left
 from unlearn.infra.cli_args import NO_BROKER, add_broker_args, cli_exit_code, settings_from_args, settings_help
 from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import RowsEntry, SealedRowsEntry, decode_delta
@@ -60,11 +65,6 @@ from unlearn.services.verifier.errors import VerifyError
 from unlearn.services.verifier.reading import read_head_records
 from unlearn.services.verifier.replay import replay_log
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicReadError, keys_in, read_topic
-from unlearn.streams.shared.families import keys_family, transit_private_family
-from unlearn.streams.shared.key_ring import COMPLETE_KEY, KeysUnavailable, parse_key_record_key, superseded_left
 
 __all__ = ["ErasureReport", "erasure_report", "erasure_report_main"]
 
@@ -234,7 +234,7 @@ def _check_keys(settings: Settings, rep: ErasureReport, plain: list[str], sealed
     head_id = rep.head_id
     # key family: a superseded generation still holds every key it ever got (tombstones do not
     # erase a log): it must be gone. Only each partition's newest generation is read (reading one
-    # about to be deleted crashes librdkafka: streams.runtime.topic_reader.source_partitions).
+    # about to be deleted crashes librdkafka: runtime.topic_reader.source_partitions).
     fam = keys_family(settings.topic_prefix)
     topics = _all_topics(settings)
     held: list[str] = []
@@ -298,7 +298,7 @@ def _newest_records(settings: Settings, fam: TopicFamily, topics: list[str], new
                     timeout: float) -> list[tuple[str, tuple[str, str, str]]]:
     """(topic, key reference) of every live key record in each partition's newest
     generation of ``fam`` (recorded in ``newest``). Superseded generations are never read: reading
-    one about to be deleted crashes librdkafka (streams.runtime.topic_reader.source_partitions)."""
+    one about to be deleted crashes librdkafka (runtime.topic_reader.source_partitions)."""
     out = []
     for p in sorted({pg[0] for t in topics if (pg := fam.parse(t)) is not None}):
         newest[p] = fam.generations(topics, p)[-1]

@@ -117,7 +117,7 @@ def _text(c: HeadContract) -> str:
 
 def heads_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn heads ...`` (module docstring)."""
-    from unlearn.streams.shared.registry import RegistryError, publish_contract, read_contracts
+    from unlearn.common.registry import RegistryError, publish_contract, read_contracts
 
     ap = build_parser()
     args = ap.parse_args(argv)

@@ -94,7 +94,7 @@ def _keygen(path: str) -> int:
 
 def clients_main(argv: Sequence[str] | None = None) -> int:
     """``unlearn clients ...`` (module docstring)."""
-    from unlearn.streams.shared.registry import ClientRegistryError, publish_client, read_clients
+    from unlearn.common.registry import ClientRegistryError, publish_client, read_clients
 
     ap = build_parser()
     args = ap.parse_args(argv)

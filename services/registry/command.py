@@ -1,5 +1,5 @@
 """What ``unlearn heads`` (``cli.py``) and ``unlearn clients`` (``clients_cli.py``) share: one
-command over a versioned registry (``streams/shared/registry.py``).
+command over a versioned registry (``common/registry.py``).
 
 Each action reads the registry to its end, then: ``list`` prints every latest record; ``create``
 refuses a key that exists and writes version 1; any other action needs an existing key and
@@ -65,7 +65,7 @@ def run_registry_command(
     the arguments; ``change``: the next version for the action, or None to print the current
     one; ``exists`` / ``missing``: the refusals, templates of ``{key}`` (and ``{version}``);
     ``errors``: what counts as a refusal (exit 1), besides an unreadable registry."""
-    from unlearn.streams.runtime.topic_reader import TopicReadError
+    from unlearn.runtime.topic_reader import TopicReadError
 
     refused: tuple[type[Exception], ...] = (*errors, TopicReadError)
     try:

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from unlearn.common.families import heads_family
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.settings import HeadSettings
+from unlearn.runtime.heap import freeze_heap
 from unlearn.services.serving.http import build_app, listen
 from unlearn.services.serving.settings import ServeSettings
-from unlearn.streams.runtime.heap import freeze_heap
-from unlearn.streams.shared.families import heads_family
 
 __all__ = ["run_app", "serve_app", "serve_main"]
 

@@ -5,7 +5,7 @@ Head updates live in the ``heads`` topic family (``<prefix>heads.p<P>.g<G>``, on
 ``deltas`` partition; docs/ledger-processor.md says how the ledger bounds it). The follower reads
 every generation it finds, from the log start, and the store keeps the newest update per head
 (``HeadUpdate.supersedes``), so the order in which topics are read does not matter. Reading is
-the shared :class:`~unlearn.streams.runtime.topic_reader.TopicFollower` (explicit assignment, no consumer
+the shared :class:`~unlearn.runtime.topic_reader.TopicFollower` (explicit assignment, no consumer
 group, waits for the topic and the broker, EOF-based ``caught_up``, lag from fetch responses), so
 the broker rules live in one place; the follower only decodes, offers and counts.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.head import decode_head
 from unlearn.services.serving.metrics import Metrics
 from unlearn.services.serving.predict import HeadStore
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
-from unlearn.streams.shared.families import heads_family
 
 __all__ = ["HeadsFollower"]
 

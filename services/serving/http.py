@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from unlearn.common.registry import ContractSource, RegistryView, contract_at
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head import head_to_json
 from unlearn.services.serving.heads_follower import HeadsFollower
@@ -35,7 +36,6 @@ from unlearn.services.serving.predict import (
     prepare_inputs,
 )
 from unlearn.services.serving.settings import ServeSettings
-from unlearn.streams.shared.registry import ContractSource, RegistryView, contract_at
 
 __all__ = [
     "ServingServer",

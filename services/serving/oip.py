@@ -31,11 +31,11 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from unlearn.common.registry import ContractSource, contract_at
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.schemas.head_scores import score_rows
 from unlearn.services.serving.predict import MAX_INPUTS, HeadStore, PredictError, ServedHead, prepare_inputs
 from unlearn.services.serving.settings import ServeSettings
-from unlearn.streams.shared.registry import ContractSource, contract_at
 
 __all__ = ["BINARY_HEADER", "INPUT_NAMES", "OUTPUT_NAMES", "OipState", "add_oip_routes", "input_kind_of"]
 

@@ -2,7 +2,7 @@
 
 docs/verifier.md has the full story. The package, by concept:
 
-- ``reading``: what is read (the shared ``streams.runtime.topic_reader``), which head update is live.
+- ``reading``: what is read (the shared ``runtime.topic_reader``), which head update is live.
 - ``export``: the ``ULDX`` export file (``unlearn export-deltas``, ``verify --deltas-file``): deltas,
   head updates and receipts.
 - ``replay``: the log-order replay with the live ledger's own rules (``streams/ledger/delta_rules.py``).
@@ -15,7 +15,7 @@ docs/verifier.md has the full story. The package, by concept:
 - ``cli``: ``verify_main``, ``export_deltas_main``.
 - ``errors``: ``VerifyError``, "could not run" as opposed to a failed check.
 
-Records are ``unlearn.streams.runtime.topic_reader.LogRecord``.
+Records are ``unlearn.runtime.topic_reader.LogRecord``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from unlearn.common.families import heads_family, keys_family
+from unlearn.common.key_ring import KeysUnavailable
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import HeadUpdate
@@ -19,9 +22,6 @@ from unlearn.schemas.sealed import is_sealed
 from unlearn.services.verifier.settings import VerifySettings
 from unlearn.streams.featurizer.tombstones import Tombstone
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.runtime.topic_reader import LogRecord
-from unlearn.streams.shared.families import heads_family, keys_family
-from unlearn.streams.shared.key_ring import KeysUnavailable
 
 from .certificate import Certificate, Check, head_json
 from .checks import run_checks

@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta, encode_delta
 from unlearn.schemas.sealed import ErasedRow, SealError, is_sealed
 from unlearn.streams.ledger.delta_rules import creates_head
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 from .certificate import Check
 from .reading import record_value

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from unlearn.ledger import ExactLedger, one_hot, solve_head
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.streams.featurizer.tombstones import Tombstone
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 from .orders import Dependencies, components, dependencies, retained_rows
 from .reading import live_updates

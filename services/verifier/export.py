@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.topic_reader import LogRecord
-from unlearn.streams.shared.families import heads_family
+from unlearn.runtime.topic_reader import LogRecord
 
 from .errors import VerifyError
 from .reading import delta_head, read_head_records, read_receipt_records, record_value

@@ -1,7 +1,7 @@
 """What the verifier reads: a head's ``deltas``, ``heads`` and ``receipts`` messages, and which head
 update is live.
 
-Topics are read with the one shared reader (``unlearn.streams.runtime.topic_reader``); its
+Topics are read with the one shared reader (``unlearn.runtime.topic_reader``); its
 ``TopicReadError`` becomes a ``VerifyError`` here, so callers see one error type for "could not
 run". Records may be tombstones (``value`` None): they are treated like the empty value the live
 ledger sees, i.e. undecodable.
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, Source, TopicReadError, read_topic
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import Receipt, decode_receipt
-from unlearn.streams.runtime.topic_reader import LogRecord, Source, TopicReadError, read_topic
 
 from .errors import VerifyError
 

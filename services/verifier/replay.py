@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from unlearn.ledger import ExactLedger, MultisetHash
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import CodecError, Delta, PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.source_id import dedup_key
 from unlearn.streams.ledger.delta_rules import (
@@ -35,7 +36,6 @@ from unlearn.streams.ledger.delta_rules import (
     fold_multiset,
     record_applied,
 )
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 from .event_ids import EventIds
 from .reading import record_value

@@ -41,7 +41,7 @@ in float64."""
 class RegistryEncoder:
     """The production encoder: ``features.backbones.get_backbone(name, device)``, cached.
     ``on_load`` runs once per backbone, after its first load (``unlearn featurizer`` freezes the
-    heap then: streams/runtime/heap.py)."""
+    heap then: runtime/heap.py)."""
 
     def __init__(self, device: str = "auto", on_load: Callable[[], object] | None = None) -> None:
         self.device = device

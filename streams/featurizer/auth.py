@@ -2,7 +2,7 @@
 
 With ``UNLEARN_AUTH_MODE=signed`` every request of a batch is screened, in offset order and
 before any backbone runs (:meth:`Authorizer.screen`), against a snapshot of the client registry
-(``streams/shared/registry.py``). The checks, in order, each with its reason code
+(``common/registry.py``). The checks, in order, each with its reason code
 (:data:`AUTH_REASONS`):
 
 1. the record carries the signature headers (``unsigned``) and they decode (``bad_signature``);
@@ -40,15 +40,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from unlearn.common.registry import ClientRegistryView
 from unlearn.features.contract import FeatureRejected
 from unlearn.infra.settings import Settings
+from unlearn.runtime.retry import RetryPolicy
 from unlearn.schemas.client_record import ClientRecord
 from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_errors import InvalidRequest
 from unlearn.schemas.signature import SignatureFormatError, read_signature, verify_value
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.shared.registry import ClientRegistryView
 
 __all__ = [
     "AUTH_REASONS",

@@ -42,7 +42,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from unlearn.common.registry import RegistryView
 from unlearn.infra.settings import Settings
+from unlearn.runtime.delivery import Acks
+from unlearn.runtime.poll_loop import records
 from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
@@ -58,9 +61,6 @@ from unlearn.streams.featurizer.head_contracts import with_registry
 from unlearn.streams.featurizer.routing import Admitted, Router, admit_routed, might_delete, read_origin
 from unlearn.streams.featurizer.service_types import FaultHook, Topics, count_batch
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.runtime.delivery import Acks
-from unlearn.streams.runtime.poll_loop import records
-from unlearn.streams.shared.registry import RegistryView
 
 if TYPE_CHECKING:  # owned_partitions.py holds the partitions a batch commits to
     from unlearn.streams.featurizer.owned_partitions import Partitions

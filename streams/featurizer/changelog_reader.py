@@ -9,11 +9,11 @@ import uuid
 from typing import Any
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.log_position import watermarks
+from unlearn.runtime.topic_reader import TopicReadError, read_range
 from unlearn.streams.featurizer.changelog_records import OpenSample, Position, delivered_key, position_key
 from unlearn.streams.featurizer.changelog_restore import FoldedChangelog, fold_changelog
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.log_position import watermarks
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
 
 __all__ = ["ChangelogReadError", "ChangelogReader"]
 

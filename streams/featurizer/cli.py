@@ -17,11 +17,11 @@ from typing import Any
 from unlearn.infra import tracing
 from unlearn.infra.cli_args import add_worker_args, cli_exit_code, log_ready, settings_from_args, setup_logging
 from unlearn.infra.settings import ErasureSettings, HeadSettings, MetricsSettings
+from unlearn.runtime.heap import freeze_heap
+from unlearn.runtime.log_position import StaleStateError
 from unlearn.streams.featurizer.add_encoding import RegistryEncoder
 from unlearn.streams.featurizer.service import FeaturizerService
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.runtime.heap import freeze_heap
-from unlearn.streams.runtime.log_position import StaleStateError
 
 log = logging.getLogger("unlearn.featurizer")
 
@@ -83,7 +83,7 @@ def _run_cli(args: argparse.Namespace, stop: threading.Event) -> int:
             from unlearn.features.backbones import resolve_device
 
             resolve_device(service.device)  # fail now, not on the first text/image request
-        from unlearn.streams.runtime.topics import wait_for_topics
+        from unlearn.runtime.topics import wait_for_topics
 
         # Never subscribe to a missing topic: tansu would auto-create it with 4 partitions.
         c = service.config

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from unlearn.common.by_head import routed_topic_name
 from unlearn.features.contract import quantizer
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.tombstones import TombstonePolicy
-from unlearn.streams.shared.by_head import routed_topic_name
 
 __all__ = [
     "CoreConfig",

@@ -3,12 +3,12 @@
 The transactional outbox (``cache_outbox.py``) deletes a row only after its message is durable, and the
 changelog's txn and position records (phase 0) must be durable before the downstream messages
 (phase 1) exist: both rest on these functions, which raise unless every message was
-acknowledged (``streams.runtime.delivery.Acks`` produces now and waits later, where a wait can
+acknowledged (``runtime.delivery.Acks`` produces now and waits later, where a wait can
 overlap work).
 ``on_acked`` sees each acknowledged message (the shredder learns where a delete landed in
 ``deltas``).
 
-Broker faults (``streams.runtime.retry``): while a broker restarts, produced messages wait in the client's
+Broker faults (``runtime.retry``): while a broker restarts, produced messages wait in the client's
 queue and the client sends them again itself, so a wait without its own timeout waits up to the
 policy's deadline (``UNLEARN_BROKER_RETRY_SECONDS``), then stops the featurizer with
 BrokerUnavailable (its outbox re-sends the batch on restart). A failed delivery *report* still
@@ -21,11 +21,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from unlearn.runtime.delivery import Acks, OnAcked, produce_acked
+from unlearn.runtime.retry import RetryPolicy
 from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.cache_outbox import OutboxRow
 from unlearn.streams.featurizer.changelog_batches import delivered_record, outputs_of_txn
-from unlearn.streams.runtime.delivery import Acks, OnAcked, produce_acked
-from unlearn.streams.runtime.retry import RetryPolicy
 
 
 def produce_kwargs(m: OutMessage | OutboxRow) -> dict[str, Any]:

@@ -22,7 +22,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from unlearn.common.checkpoint_record import latest_checkpoint
+from unlearn.common.families import state_family, transit_private_family
+from unlearn.common.key_ring import READ_IDLE_S, SampleRef
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.log_position import log_ends, watermarks
+from unlearn.runtime.probes import Probes, run_with_consumers
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topic_reader import TopicReadError, read_range
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import SealedRowsEntry, decode_delta
 from unlearn.schemas.sealed import (
@@ -35,14 +43,6 @@ from unlearn.streams.featurizer.sealing import open_sample_record, sample_sealer
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_keys import TransitKeys
 from unlearn.streams.featurizer.transit_open import TransitGate
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.log_position import log_ends, watermarks
-from unlearn.streams.runtime.probes import Probes, run_with_consumers
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
-from unlearn.streams.shared.checkpoint_record import latest_checkpoint
-from unlearn.streams.shared.families import state_family, transit_private_family
-from unlearn.streams.shared.key_ring import READ_IDLE_S, SampleRef
 
 __all__ = ["FLOORS", "Erasure", "ledger_floors"]
 

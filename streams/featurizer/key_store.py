@@ -8,7 +8,7 @@ completion record appended ``UNLEARN_SEGMENT_MS`` later rolls their segment for 
 elsewhere the partition rotates to a new generation without them and the old one is deleted
 after ``UNLEARN_KEYS_RETIRE_SECONDS``. Why: docs/erasure.md, section 2. The generation topics
 themselves (creation, listing, deletion after the grace, the admin client) are held by
-``streams.runtime.family_topics``; reading: ``streams/shared``.
+``runtime.family_topics``; reading: ``common``.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from unlearn.common.families import keys_family
+from unlearn.common.key_ring import COMPLETE_KEY, KeyGeneration, SampleRef, key_record_key, read_partition_keys
 from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.runtime import clients
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.delivery import Acks, produce_acked
+from unlearn.runtime.family_topics import FamilyTopics
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topics import TopicError, key_family_config
 from unlearn.schemas.sealed import SampleKey, encode_key_record, new_key
 from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.delivery import Acks, produce_acked
-from unlearn.streams.runtime.family_topics import FamilyTopics
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topics import TopicError, key_family_config
-from unlearn.streams.shared.families import keys_family
-from unlearn.streams.shared.key_ring import COMPLETE_KEY, KeyGeneration, SampleRef, key_record_key, read_partition_keys
 
 __all__ = ["KeyStore"]
 
@@ -134,7 +134,7 @@ class KeyStore:
     def flush(self) -> int:
         """Produce the staged keys and wait until every key produced since the last flush is
         acknowledged (KeyStoreError if not): call before the batch that uses them is committed.
-        Returns how many. Waits up to UNLEARN_BROKER_RETRY_SECONDS (streams.runtime.retry): while the
+        Returns how many. Waits up to UNLEARN_BROKER_RETRY_SECONDS (runtime.retry): while the
         broker restarts the keys wait in the client's queue, which retries them itself."""
         self.send()
         sending, self._sending = self._sending, None
@@ -209,7 +209,7 @@ class KeyStore:
 
     # ------------------------------------------------------------------ I/O
     def _ensure(self, topic: str) -> None:
-        try:  # streams.runtime.retry: creating a topic that exists is no error
+        try:  # runtime.retry: creating a topic that exists is no error
             self.topics.ensure(topic)
         except TopicError as exc:
             raise KeyStoreError(str(exc)) from None

@@ -8,7 +8,7 @@ changelog lacks; then the partition is sought to (cache's recorded offset + 1), 
 the cache belongs to these topics. Re-produced deltas carry the same ``source_id`` as the first
 copy, so the ledger skips a duplicate.
 
-**Broker faults** (``streams.runtime.retry``, docs/featurizer.md): every read of assignment (the changelog's
+**Broker faults** (``runtime.retry``, docs/featurizer.md): every read of assignment (the changelog's
 position and restore, committed offsets, log bounds) and the deliveries run under the one retry
 policy; each is a read, or a re-send the outbox and the ledger's source ids make harmless, so
 asking again is safe. Offset commits stay as they are (recovery never reads them).
@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime.log_position import StaleStateError, check_resume, log_bounds
+from unlearn.runtime.retry import RetryPolicy
 from unlearn.streams.featurizer.batch_io import OutMessage
 from unlearn.streams.featurizer.changelog_batches import batch_records, snapshot_mutations
 from unlearn.streams.featurizer.changelog_reader import ChangelogReader
@@ -32,8 +34,6 @@ from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurizer_errors import FeaturizerError, LostCacheError
 from unlearn.streams.featurizer.service_types import Topics
-from unlearn.streams.runtime.log_position import StaleStateError, check_resume, log_bounds
-from unlearn.streams.runtime.retry import RetryPolicy
 
 __all__ = ["Partitions"]
 

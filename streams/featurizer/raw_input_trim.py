@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from unlearn.infra.settings import ErasureSettings, Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable, kafka_error
-from unlearn.streams.runtime.topics import delete_records
+from unlearn.runtime import clients
+from unlearn.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable, kafka_error
+from unlearn.runtime.topics import delete_records
 
 __all__ = ["TP", "Trimmer", "trim_bounds"]
 
@@ -88,7 +88,7 @@ class Trimmer:
                 tps, self._offered = self._offered, None
                 if self._closed or tps is None:
                     return
-            try:  # streams.runtime.retry: DeleteRecords is idempotent, a new admin client and readers per try
+            try:  # runtime.retry: DeleteRecords is idempotent, a new admin client and readers per try
                 RetryPolicy.of(self.settings).call("raw-input trim", functools.partial(self.trim, tps),
                                                    on_retry=self._renew)
             except Exception as exc:  # transient past the deadline: retried next period (delays erasure only)
@@ -106,7 +106,7 @@ class Trimmer:
 
     def _renew(self) -> None:
         """Before a new try: a new admin client and new offset readers (ones that met a restart
-        may keep stale metadata, streams.runtime.retry)."""
+        may keep stale metadata, runtime.retry)."""
 
         self.admin = clients.admin(self.settings)
         readers, self._readers = self._readers, {}

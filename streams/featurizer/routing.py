@@ -1,7 +1,7 @@
 """Routing requests by head (the ``<requests>.by-head`` repartition topic; docs/featurizer.md,
 "Routing"). The :class:`Router` forwards every ``requests`` record, value, key, headers and
 timestamp unchanged, to the by-head partition its head id hashes to
-(``streams.shared.by_head.head_partition``, which the ledger and the SDK use too), so a delete meets
+(``common.by_head.head_partition``, which the ledger and the SDK use too), so a delete meets
 its add in one partition's cache whatever partitions the producers chose. Each forward carries
 headers naming its origin (:data:`ORIGIN_HEADER`) and the origin offset this router session
 forwarded before it to the same partition (:data:`PREVIOUS_HEADER`). The router is at-least-once
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from unlearn.common.by_head import head_partition
 from unlearn.schemas.envelope import ID_CHARS, ID_MAX_CHARS, is_valid_id
 from unlearn.schemas.source_id import format_source_id, parse_source
 from unlearn.streams.featurizer.batch_io import InMessage, Origin
-from unlearn.streams.shared.by_head import head_partition
 
 if TYPE_CHECKING:
+    from unlearn.runtime.delivery import Acks
     from unlearn.streams.featurizer.delivery import Delivery
-    from unlearn.streams.runtime.delivery import Acks
 
 __all__ = [
     "ORIGIN_HEADER",

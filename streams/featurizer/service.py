@@ -7,14 +7,14 @@ consumer (one group, one join) reads two topics (docs/featurizer.md): ``requests
 **featurized** per micro-batch through the cache's outbox.
 
 :class:`FeaturizerService` is the processor the runtime's poll loop runs
-(streams/runtime/poll_loop.py: batches from a :class:`~streams.featurizer.batch.BatchWindow`,
+(runtime/poll_loop.py: batches from a :class:`~streams.featurizer.batch.BatchWindow`,
 the group's rebalances) and owns three parts: a :class:`~streams.featurizer.routing.Router`
 (forwards requests records), :class:`~streams.featurizer.owned_partitions.Partitions` (the owned
 partitions' caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor`
 (one batch's steps and the commit sequence), which share one
 :class:`~streams.featurizer.delivery.Delivery` (the producer).
 At start-up :func:`check_topics` checks the topics exist (docs/featurizer.md: exit 2 on missing
-topics), under ``streams.runtime.retry`` like every broker read of the featurizer.
+topics), under ``runtime.retry`` like every broker read of the featurizer.
 """
 
 from __future__ import annotations
@@ -25,8 +25,16 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from unlearn.common.registry import RegistryView
 from unlearn.infra.settings import ErasureSettings, HeadSettings, Settings
 from unlearn.infra.worker_metrics import WorkerMetrics
+from unlearn.runtime import clients
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.delivery import DeliveryError
+from unlearn.runtime.log_position import topic_id
+from unlearn.runtime.poll_loop import PollLoop
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topics import ensure_topic, raw_input_config
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.add_encoding import Encoder, RegistryEncoder
 from unlearn.streams.featurizer.auth import AuthGate
@@ -41,14 +49,6 @@ from unlearn.streams.featurizer.routing import Router
 from unlearn.streams.featurizer.service_types import FaultHook, ReadyHook, Topics
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_keys import group_committed
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.delivery import DeliveryError
-from unlearn.streams.runtime.log_position import topic_id
-from unlearn.streams.runtime.poll_loop import PollLoop
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topics import ensure_topic, raw_input_config
-from unlearn.streams.shared.registry import RegistryView
 
 __all__ = [
     "check_topics",
@@ -68,7 +68,7 @@ def check_topics(settings: Settings, consumer: Any, requests_topic: str, routed_
     topic would be auto-created by tansu with 4 partitions. The requests topic must exist; its
     by-head topic is created if missing (with the requests topic's partition count); the head
     registry must exist; the changelog must exist (never auto-created) with a partition per
-    by-head partition. FeaturizerError otherwise. The listings run under ``streams.runtime.retry``: a broker
+    by-head partition. FeaturizerError otherwise. The listings run under ``runtime.retry``: a broker
     restarting is waited for, never taken for a missing topic."""
     retry = RetryPolicy.of(settings)
 
@@ -179,7 +179,7 @@ class FeaturizerService:
     # ------------------------------------------------------------------ lifecycle
     def run(self, stop: threading.Event | None = None) -> int:
         """Consume until ``stop`` is set; returns 0 after a clean stop (raises on fatal errors). The
-        runtime's poll loop (streams/runtime/poll_loop.py) calls the hooks below."""
+        runtime's poll loop (runtime/poll_loop.py) calls the hooks below."""
         try:
             self._start()
         except BaseException:  # nothing ran yet: release what the start made

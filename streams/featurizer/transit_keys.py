@@ -15,7 +15,7 @@ Per by-head partition P, owned by the featurizer that owns P, an *epoch* key pai
   epoch starts again at stage (a) with targets sampled later: a crash only delays a destruction.
 - **Probe cost**: once per tick, the committed offsets are read once and the log ends sampled
   once for every epoch that needs them (the ``requests`` ends for those entering stage (b), the
-  by-head ends for those entering (c)), all with one consumer (``streams.runtime.log_position.log_ends``).
+  by-head ends for those entering (c)), all with one consumer (``runtime.log_position.log_ends``).
   With ``probes`` (``probes.Probes``) those reads run on its background thread: the tick asks for
   them once (a)/(b) hold and applies the answer on a later tick, so a reading is always sampled
   after the condition it serves; rotations and destruction stay on the tick.
@@ -29,7 +29,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from unlearn.common.key_ring import TRANSIT_HEAD, SampleRef
 from unlearn.infra.settings import ErasureSettings, Settings
+from unlearn.runtime import clients
+from unlearn.runtime.log_position import log_ends
+from unlearn.runtime.probes import Probes
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topic_reader import TopicReadError
+from unlearn.runtime.topics import TopicError, ensure_topic
 from unlearn.schemas.sealed import SampleKey
 from unlearn.schemas.transit import TransitKeyPair, TransitPublicKey, encode_public_record, new_transit_key
 from unlearn.streams.featurizer.delivery import produce_acked
@@ -37,13 +44,6 @@ from unlearn.streams.featurizer.featurizer_errors import KeyStoreError
 from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.featurizer.settings import FeaturizerSettings
 from unlearn.streams.featurizer.transit_open import DerivedKeys, TransitGate
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.log_position import log_ends
-from unlearn.streams.runtime.probes import Probes
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topic_reader import TopicReadError
-from unlearn.streams.runtime.topics import TopicError, ensure_topic
-from unlearn.streams.shared.key_ring import TRANSIT_HEAD, SampleRef
 
 __all__ = [
     "PROBE",
@@ -131,7 +131,7 @@ class TransitKeys:
     stages: dict[SampleRef, _Stage] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     derived: DerivedKeys = field(default_factory=DerivedKeys)  # AES keys per (key id, producer epk)
-    probes: Probes | None = None  # the reads run off the poll loop (streams/runtime/probes.py)
+    probes: Probes | None = None  # the reads run off the poll loop (runtime/probes.py)
     _advanced_at: float = 0.0
 
     @property

@@ -24,7 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from unlearn.common.checkpoint_record import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
+from unlearn.common.families import heads_family, state_family
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.delivery import produce
+from unlearn.runtime.log_position import StaleStateError, watermarks
+from unlearn.runtime.retry import flush_within
+from unlearn.runtime.topic_reader import TopicReadError, read_range
+from unlearn.runtime.topics import TopicError
 from unlearn.streams.ledger.checkpoint_rules import first_needed, piece_key, plan_generations
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.snapshots import (
@@ -37,15 +46,6 @@ from unlearn.streams.ledger.snapshots import (
     state_sha,
 )
 from unlearn.streams.ledger.state_topics import StateTopics
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.delivery import produce
-from unlearn.streams.runtime.log_position import StaleStateError, watermarks
-from unlearn.streams.runtime.retry import flush_within
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
-from unlearn.streams.runtime.topics import TopicError
-from unlearn.streams.shared.checkpoint_record import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
-from unlearn.streams.shared.families import heads_family, state_family
 
 __all__ = [
     "ChangelogStore",
@@ -59,7 +59,7 @@ _SCAN_WINDOW = 256
 
 class StateStoreError(RuntimeError):
     """The changelog could not be written or read (broker down past the timeout, ...).
-    ``kafka_error``: the client's error behind it, if any (``streams.runtime.retry`` classifies it)."""
+    ``kafka_error``: the client's error behind it, if any (``runtime.retry`` classifies it)."""
 
     kafka_error: Any = None
 
@@ -146,7 +146,7 @@ class ChangelogStore:
         """The new checkpoint (naming ``pointers``) is durable: drop what it superseded. Trimmed at
         once; a superseded generation is deleted after the heads' retire grace, because other
         processes read it too (the featurizer's shredder reads checkpoint floors; a read of a topic
-        being deleted crashes librdkafka, streams.runtime.topic_reader.source_partitions), and recovery ignores
+        being deleted crashes librdkafka, runtime.topic_reader.source_partitions), and recovery ignores
         it meanwhile (it takes the newest generation holding a checkpoint). False: the trim failed
         (logged; the caller keeps the erasure pending)."""
         if old is None:
@@ -183,7 +183,7 @@ class ChangelogStore:
     def end_heads_rewrite(self, rewrite: HeadsRewrite) -> bool:
         """Every head is republished: trim below the first republished update at once, and delete
         superseded topics once readers have had ``UNLEARN_HEADS_RETIRE_SECONDS`` to move off them
-        (streams.runtime.topic_reader.source_partitions says why a reader must not be on a topic when it is
+        (runtime.topic_reader.source_partitions says why a reader must not be on a topic when it is
         deleted). False: the trim failed (logged)."""
         self.topics.retire(rewrite.superseded)
         return rewrite.below is None or self.topics.trim(rewrite.topic, rewrite.below)

@@ -4,7 +4,7 @@ A ledger worker owns ``deltas`` partitions. For each one it keeps the heads whos
 that partition and, in the ``ledger-state`` changelog partition of the same number, their
 snapshots plus one *checkpoint record*: the partition's **floor** (every deltas message below it
 is covered by the durable snapshots the record names) and the identity of the ``deltas`` topic
-the state belongs to (the record, ``streams.shared.checkpoint_record.Checkpoint``, is shared with the
+the state belongs to (the record, ``common.checkpoint_record.Checkpoint``, is shared with the
 featurizer, which reads its floor before destroying a key). Three invariants make the ledger
 exact under kill -9, rebalances and broker restarts; each has a function here and a test without
 a broker:
@@ -15,7 +15,7 @@ a broker:
    a partition at its checkpoint's floor (not at a consumer-group offset, which a framework or an
    operator may move), and refuses state that does not belong to the log it reads: another topic
    incarnation (topic id), a floor beyond the log's end (truncated or recreated log), or a log
-   that starts after the floor (events lost to retention). It raises ``streams.runtime.log_position.StaleStateError``
+   that starts after the floor (events lost to retention). It raises ``runtime.log_position.StaleStateError``
    naming the mismatch instead of guessing.
 3. **A (head, version) pair has one digest**: versions count applied deltas messages and replay
    starts from a snapshot taken at a message boundary, so a replay recomputes the same versions
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from unlearn.streams.runtime.log_position import check_resume
-from unlearn.streams.shared.checkpoint_record import Checkpoint, HeadPointer
+from unlearn.common.checkpoint_record import Checkpoint, HeadPointer
+from unlearn.runtime.log_position import check_resume
 
 __all__ = [
     "check_recovery",

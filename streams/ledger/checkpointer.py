@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from unlearn.common.checkpoint_record import Checkpoint, HeadPointer
 from unlearn.infra.settings import Settings
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpoint_rules import safe_floor
@@ -27,7 +28,6 @@ from unlearn.streams.ledger.outputs import Outputs
 from unlearn.streams.ledger.owned_partitions import OwnedPartitions, PartitionState
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.snapshots import HeadState
-from unlearn.streams.shared.checkpoint_record import Checkpoint, HeadPointer
 
 __all__ = [
     "Checkpointer",

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 
+from unlearn.common.registry import RegistryView, read_contracts
 from unlearn.infra.settings import HeadSettings, Settings
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topic_reader import TopicReadError
 from unlearn.schemas.head_contract import HeadContract
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topic_reader import TopicReadError
-from unlearn.streams.shared.registry import RegistryView, read_contracts
 
 __all__ = [
     "ContractGammas",
@@ -48,7 +48,7 @@ class ContractGammas:
         c = self.view.get(head_id) or self._read.get(head_id)
         if c is None:
             timeout = min(self.settings.admin_timeout, 10.0)
-            try:  # a broker restarting is waited for (streams.runtime.retry): only a missing registry falls back
+            try:  # a broker restarting is waited for (runtime.retry): only a missing registry falls back
                 self._read = RetryPolicy.of(self.settings).call(
                     "reading the head registry", lambda: read_contracts(self.settings, timeout=timeout))
             except TopicReadError as exc:

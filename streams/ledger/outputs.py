@@ -20,6 +20,8 @@ from typing import Any
 from unlearn.infra import tracing
 from unlearn.infra.settings import ErasureSettings, Settings
 from unlearn.ledger.tracked_head import HeadMode
+from unlearn.runtime.delivery import DeliveryError, produce
+from unlearn.runtime.retry import RetryPolicy, flush_within
 from unlearn.schemas.deadletter import DeadLetter, encode_deadletter_bounded
 from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.head import HeadUpdate, encode_head
@@ -29,8 +31,6 @@ from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.delta_rules import Rejection, group_by_event
 from unlearn.streams.ledger.head_runtime import ApplyOutcome, HeadRuntime
 from unlearn.streams.ledger.settings import LedgerSettings
-from unlearn.streams.runtime.delivery import DeliveryError, produce
-from unlearn.streams.runtime.retry import RetryPolicy, flush_within
 
 __all__ = [
     "STAGE",

@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from unlearn.common.checkpoint_record import HeadPointer
 from unlearn.streams.ledger.head_runtime import HeadRuntime
-from unlearn.streams.shared.checkpoint_record import HeadPointer
 
 __all__ = [
     "OwnedPartitions",

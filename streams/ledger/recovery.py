@@ -15,14 +15,14 @@ import time
 from typing import Any
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime.log_position import log_bounds
+from unlearn.runtime.retry import RetryPolicy
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpoint_rules import check_recovery
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.outputs import Outputs
 from unlearn.streams.ledger.owned_partitions import PartitionState
 from unlearn.streams.ledger.settings import LedgerSettings
-from unlearn.streams.runtime.log_position import log_bounds
-from unlearn.streams.runtime.retry import RetryPolicy
 
 __all__ = [
     "Recovery",

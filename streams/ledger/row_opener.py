@@ -2,7 +2,7 @@
 
 A thin transform in front of ``HeadRuntime.apply``: a SEALED entry becomes the ROWS entry it
 sealed (``schemas.sealed.open_delta``) with the keys of the ``subject-keys`` family
-(``streams.shared.key_ring.KeyRing``). A key not known yet makes the ring read its head's partition of
+(``common.key_ring.KeyRing``). A key not known yet makes the ring read its head's partition of
 the family to its current end once (the featurizer that owns by-head partition P writes the keys
 of P's heads into key partition P, having acknowledged each before producing a row under it),
 and, if the key is not there either, the whole family; a key still unknown then is destroyed:
@@ -20,12 +20,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from unlearn.common.by_head import head_partition, routed_topic_name
+from unlearn.common.key_ring import KeyRing, Locate
+from unlearn.common.key_tail import KeyTail
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta
 from unlearn.schemas.sealed import Opened, SampleKey, is_sealed, open_delta
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
-from unlearn.streams.shared.key_ring import KeyRing, Locate
-from unlearn.streams.shared.key_tail import KeyTail
 
 __all__ = [
     "RowOpener",
@@ -61,7 +61,7 @@ class RowOpener:
         self.role = role
         self.ring = ring
         self.batch = batch
-        self.tail = tail  # a live ledger's follower of the family (streams/shared/key_tail.py): looked in first
+        self.tail = tail  # a live ledger's follower of the family (common/key_tail.py): looked in first
         self._tail_waited = float("-inf")  # the read time of the message the tail was last waited for
         self.erased = 0
         self.by_head = routed_topic_name(settings.topic("requests"))

@@ -1,6 +1,6 @@
 """The ledger worker: ``deltas`` in, exact per-head ledgers, head updates and receipts out.
 
-``LedgerWorker`` is the processor the runtime's poll loop (streams/runtime/poll_loop.py) runs;
+``LedgerWorker`` is the processor the runtime's poll loop (runtime/poll_loop.py) runs;
 each step is delegated to the module named for it:
 
 1. on assignment, ``Recovery`` (recovery.py) rebuilds each partition from its checkpoint and
@@ -38,10 +38,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from unlearn.common.key_tail import KeyTail
 from unlearn.infra import tracing
 from unlearn.infra.cli_args import log_ready
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.infra.worker_metrics import BATCH_BUCKETS, WorkerMetrics
+from unlearn.runtime import clients
+from unlearn.runtime.log_position import StaleStateError, topic_id
+from unlearn.runtime.poll_loop import PollLoop, coalesce, records
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpointer import Checkpointer
 from unlearn.streams.ledger.contract_gammas import ContractGammas
@@ -53,10 +57,6 @@ from unlearn.streams.ledger.recovery import Recovery
 from unlearn.streams.ledger.row_opener import RowOpener
 from unlearn.streams.ledger.settings import LedgerSettings
 from unlearn.streams.ledger.timed_resets import TimedResets
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.log_position import StaleStateError, topic_id
-from unlearn.streams.runtime.poll_loop import PollLoop, coalesce, records
-from unlearn.streams.shared.key_tail import KeyTail
 
 __all__ = [
     "LEDGER_OUTCOMES",
@@ -129,7 +129,7 @@ class LedgerWorker:
     # ---------------------------------------------------------------- the poll loop
     def run(self) -> None:
         """Process until ``stop()`` (or SIGTERM/SIGINT in ``run_ledger_worker``): the runtime's
-        poll loop (streams/runtime/poll_loop.py) calls the steps below."""
+        poll loop (runtime/poll_loop.py) calls the steps below."""
         self.topic_id = topic_id(self.settings, self.deltas_topic)
         self.contracts.start()
         self.keys.start()
@@ -279,8 +279,8 @@ def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel:
     match the log (the message names the mismatch)."""
     from threadpoolctl import threadpool_limits
 
-    from unlearn.streams.runtime.heap import freeze_heap
-    from unlearn.streams.runtime.topics import create_topics
+    from unlearn.runtime.heap import freeze_heap
+    from unlearn.runtime.topics import create_topics
 
     # Per-message work is O(d^2) BLAS-2/3 on small operands: a second BLAS thread buys little and,
     # when another process holds a core, stalls each call by milliseconds (bench/ledger_bench s.0).

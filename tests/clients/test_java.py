@@ -24,15 +24,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from unlearn.common.families import heads_family
+from unlearn.common.registry import publish_client, read_contracts
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.client_record import ClientKey, ClientRecord, key_fingerprint
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.services.serving.predict import HeadStore, predict, prepare_inputs
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.families import heads_family
-from unlearn.streams.shared.registry import publish_client, read_contracts
 
 pytestmark = pytest.mark.broker
 

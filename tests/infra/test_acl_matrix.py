@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from unlearn.common.families import heads_family, state_family, transit_private_family
+from unlearn.common.registry import CLIENT_REGISTRY_TOPIC, REGISTRY_TOPIC
 from unlearn.infra.acl_matrix import MATRIX, PRINCIPALS, Operation, allows, docs_table, render_commands
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.topics import TOPICS
-from unlearn.streams.shared.families import heads_family, state_family, transit_private_family
-from unlearn.streams.shared.registry import CLIENT_REGISTRY_TOPIC, REGISTRY_TOPIC
+from unlearn.runtime.topics import TOPICS
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "acme-prod."  # any prefix: the matrix is relative to it
@@ -105,7 +105,7 @@ def _group_of(monkeypatch: pytest.MonkeyPatch, make: Any) -> str:
 
 
 def _reader_group(monkeypatch: pytest.MonkeyPatch, settings: Settings, role: str) -> str:
-    from unlearn.streams.runtime import topic_reader
+    from unlearn.runtime import topic_reader
 
     return _group_of(monkeypatch, lambda: topic_reader._consumer(settings, role))
 
@@ -113,7 +113,7 @@ def _reader_group(monkeypatch: pytest.MonkeyPatch, settings: Settings, role: str
 def _roles_in_code() -> dict[str, set[str]]:
     """role="..." literals passed to topic readers and followers, per source file."""
     found: dict[str, set[str]] = {}
-    for sub in ("infra", "services", "streams", "ledger", "features"):
+    for sub in ("infra", "services", "runtime", "common", "streams", "ledger", "features"):
         for path in (ROOT / sub).rglob("*.py"):
             for role in re.findall(r'\brole="([a-z-]+)"', path.read_text()):
                 found.setdefault(role, set()).add(str(path.relative_to(ROOT)))
@@ -125,15 +125,15 @@ def _roles_in_code() -> dict[str, set[str]]:
 ROLE_PRINCIPALS = {
     "serving": {"serving"},                       # services/serving/heads_follower.py
     "registry": {"featurizer", "ledger", "serving", "operator", "verifier"},  # shared/registry.py, unlearn audit
-    "clients": {"featurizer", "operator"},        # streams/shared/registry.py
+    "clients": {"featurizer", "operator"},        # common/registry.py
     "verifier": {"verifier"},                     # services/verifier/reading.py, services/erasure/report.py
-    "featurizer": {"featurizer"},                 # streams/shared/ readers of streams/featurizer/key_store.py
-    "ledger-keytail": {"ledger"},                 # streams/shared/key_tail.py (the ledger's key follower)
+    "featurizer": {"featurizer"},                 # common/ readers of streams/featurizer/key_store.py
+    "ledger-keytail": {"ledger"},                 # common/key_tail.py (the ledger's key follower)
     "head-reader": {"client", "verifier"},        # services/client/head_reader.py (verifier: unlearn audit)
     "head-follower": {"client"},                  # services/client/head_reader.py (HeadFollower)
     "client-receipts": {"client"},                # services/client/receipt_listener.py
     "demo-receipts": set(),                       # the demo runs on the embedded broker only
-    "reader": set(), "follower": set(),           # defaults of streams/runtime/topic_reader.py
+    "reader": set(), "follower": set(),           # defaults of runtime/topic_reader.py
 }
 
 
@@ -157,7 +157,7 @@ WORKER_GROUP_FILES = {
     "streams/featurizer/changelog_reader.py": {"featurizer"},
     "streams/ledger/worker.py": {"ledger"},
     "streams/ledger/changelog_store.py": {"ledger"},
-    "streams/runtime/log_position.py": {"featurizer", "ledger"},
+    "runtime/log_position.py": {"featurizer", "ledger"},
     "streams/featurizer/erasure.py": {"featurizer"},
     "services/client/transit_key_cache.py": {"client"},  # its reader of transit-keys (assign only)
     "services/cdc/cli.py": {"cdc"},  # the bridge's group P cdc.<slot>
@@ -166,11 +166,11 @@ WORKER_GROUP_FILES = {
 
 def test_worker_groups_are_granted() -> None:
     found = {}
-    for sub in ("infra", "services", "streams", "ledger", "features"):
+    for sub in ("infra", "services", "runtime", "common", "streams", "ledger", "features"):
         for path in (ROOT / sub).rglob("*.py"):
             rel = str(path.relative_to(ROOT))
             for name in re.findall(r'topic_prefix\}([a-z.-]+)(\{)?"?', path.read_text()):
-                if rel not in ("infra/settings.py", "streams/runtime/topic_reader.py"):
+                if rel not in ("infra/settings.py", "runtime/topic_reader.py"):
                     found.setdefault(rel, set()).add(name[0] + ("x1" if name[1] else ""))
     assert set(found) == set(WORKER_GROUP_FILES), found
     for rel, names in found.items():

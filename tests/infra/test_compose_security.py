@@ -21,7 +21,7 @@ from unlearn.infra.acl_matrix import PRINCIPALS, grants_of
 from unlearn.infra.certificates import generate_tls_dir
 from unlearn.infra.kafka_properties import client_security, read_properties
 from unlearn.infra.settings import SecuritySettings, Settings, security_config
-from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config
+from unlearn.runtime.clients import admin_config, consumer_config, producer_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

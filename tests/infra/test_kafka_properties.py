@@ -13,7 +13,7 @@ import pytest
 
 from unlearn.infra.kafka_properties import PropertiesError, client_security, read_properties
 from unlearn.infra.settings import SecuritySettings, Settings, security_config
-from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config
+from unlearn.runtime.clients import admin_config, consumer_config, producer_config
 
 
 def _file(tmp_path: Path, text: str, name: str = "client.properties") -> str:

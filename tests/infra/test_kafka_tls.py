@@ -27,7 +27,7 @@ import pytest
 from unlearn.infra.certificates import generate_tls_dir, issue, make_ca
 from unlearn.infra.local.secured_kafka import SecuredLocalKafka
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import admin_config
+from unlearn.runtime.clients import admin_config
 
 pytestmark = pytest.mark.broker
 

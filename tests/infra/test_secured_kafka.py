@@ -41,10 +41,10 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from unlearn.common.families import heads_family, state_family
 from unlearn.infra.acl_matrix import PRINCIPALS
 from unlearn.infra.settings import HeadSettings, Settings
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.shared.families import heads_family, state_family
+from unlearn.runtime.topic_family import TopicFamily
 
 pytestmark = pytest.mark.broker
 
@@ -125,7 +125,7 @@ def start_secured_broker(admin_password: str, log: Path,
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    from unlearn.streams.runtime.topics import create_topics
+    from unlearn.runtime.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
     admin_password = f"admin-{tag}"
@@ -321,7 +321,7 @@ def _produce_errors(settings: Settings, topics: list[str], timeout: float = 20.0
     """Per topic, the first error a forger's plain producer (no idempotence: an idempotent one of a
     principal with no WRITE anywhere fails earlier, on InitProducerId) gets writing it as
     ``settings``' principal: its delivery report's, or a client-level one (authentication) for all."""
-    from unlearn.streams.runtime.clients import producer_config
+    from unlearn.runtime.clients import producer_config
 
     got: dict[str, str] = {}
     client_errors: list[str] = []
@@ -353,7 +353,7 @@ def test_the_broker_refuses_every_write_the_matrix_does_not_grant(secured: Secur
     matrix does not let ``principal`` write is refused by the broker: only the featurizer writes
     ``deltas``, only the ledger heads and state, only the operator the client registry..."""
     from unlearn.infra.acl_matrix import allows
-    from unlearn.streams.runtime.topics import TOPICS
+    from unlearn.runtime.topics import TOPICS
 
     P = secured.prefix
     families = [family_topics(secured, f)[0] for f in (heads_family(P), state_family(P))]
@@ -381,7 +381,7 @@ def family_topics(secured: Secured, family: TopicFamily) -> list[str]:
 
 
 def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
-    from unlearn.streams.runtime.clients import consumer_config
+    from unlearn.runtime.clients import consumer_config
 
     topics = family_topics(secured, state_family(secured.prefix))
     c = Consumer(consumer_config(secured.settings("client"), f"{secured.prefix}head-reader-{uuid.uuid4().hex[:6]}",
@@ -404,7 +404,7 @@ def test_client_may_not_read_the_ledger_state(secured: Secured) -> None:
 
 
 def test_client_may_not_change_acls_or_users(secured: Secured) -> None:
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     admin = AdminClient(admin_config(secured.settings("client")))
     grant_self = AclBinding(ResourceType.TOPIC, secured.prefix + "deltas", ResourcePatternType.LITERAL, "User:client",
@@ -495,7 +495,7 @@ def test_cdc_runs_as_its_own_principal(secured: Secured, postgres: Any) -> None:
 
 
 def test_cdc_may_not_write_deltas_or_read_what_it_does_not_own(secured: Secured) -> None:
-    from unlearn.streams.runtime.clients import consumer_config
+    from unlearn.runtime.clients import consumer_config
 
     s = secured.settings("cdc")
     P = secured.prefix

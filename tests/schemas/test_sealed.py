@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unlearn.common.key_ring import KeyGeneration, KeyRing
 from unlearn.infra.settings import Settings
 from unlearn.ledger.quantization import QMAX as LEDGER_QMAX
 from unlearn.schemas.binary_frame import CodecError
@@ -42,7 +43,6 @@ from unlearn.schemas.sealed import (
     unseal,
     wire_row,
 )
-from unlearn.streams.shared.key_ring import KeyGeneration, KeyRing
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12)
 
@@ -151,7 +151,7 @@ def test_wrong_commitment_and_bad_sizes_refused() -> None:
 
 def test_raw_input_topics_get_the_configured_retention() -> None:
     from unlearn.infra.settings import Settings
-    from unlearn.streams.runtime.topics import raw_input_config
+    from unlearn.runtime.topics import raw_input_config
 
     assert raw_input_config(Settings()) == {}
     assert raw_input_config(Settings().with_(requests_retention_ms=3_600_000)) == {"retention.ms": "3600000"}

@@ -22,7 +22,7 @@ from unlearn.infra.local import kafka_jvm
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.local.kafka_jvm import JavaNotFound, KafkaJarsMissing
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import consumer_config, producer_config
+from unlearn.runtime.clients import consumer_config, producer_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 

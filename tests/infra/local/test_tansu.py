@@ -24,8 +24,8 @@ from unlearn.infra.local.tansu import (
     run_broker_forever,
 )
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import admin_config, consumer_config, producer_config, quirks
-from unlearn.streams.runtime.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
+from unlearn.runtime.clients import admin_config, consumer_config, producer_config, quirks
+from unlearn.runtime.topics import COMPACTED, TOPICS, create_topics, topic_names, wait_for_topics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -361,7 +361,7 @@ def test_profile_settings_are_per_broker_kind() -> None:
 
 
 def test_topics_main_creates_and_lists(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
-    from unlearn.streams.runtime.topics import delete_topics, topics_main
+    from unlearn.runtime.topics import delete_topics, topics_main
 
     prefix = settings.topic_prefix + "cli."
     other = settings.with_(topic_prefix=prefix)

@@ -19,11 +19,11 @@ from tests.test_pipeline import pipeline_settings, produce, services
 from unlearn.infra.polling import poll_until
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.services.audit.views import subject_refusals
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.verifier.reading import decode_receipts
-from unlearn.streams.runtime.topic_reader import read_topic
 
 
 def _wait_url(proc: ServiceProcess, timeout: float = 60.0) -> str:
@@ -39,7 +39,7 @@ def _wait_url(proc: ServiceProcess, timeout: float = 60.0) -> str:
 
 @pytest.fixture(scope="module")
 def audited(broker_target: BrokerTarget, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
-    from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
+    from unlearn.runtime.topics import create_topics, delete_topics, prefixed_topics
 
     tmp = tmp_path_factory.mktemp("audit")
     base = Settings.from_env(bootstrap=broker_target.bootstrap, profile=broker_target.profile,

@@ -12,9 +12,9 @@ import pytest
 
 from tests.services.audit.browser import Browser, chromium_path
 from tests.services.audit.support import ARTIFACTS, TOKEN, Audited, head_with_certificate
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.verifier.reading import decode_receipts
-from unlearn.streams.runtime.topic_reader import read_topic
 
 pytestmark = pytest.mark.skipif(chromium_path() is None, reason="chromium not installed (make test installs it)")
 

@@ -10,14 +10,14 @@ import orjson
 import pytest
 
 from tests.services.audit.support import BAD_DELETE, Audited, get, head_with_certificate, rows_by_first, tables
+from unlearn.common.families import heads_family
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.services.audit.app import authorized
 from unlearn.services.audit.settings import AuditSettings
 from unlearn.services.cli import main
 from unlearn.services.client.head_reader import read_heads
 from unlearn.services.erasure.report import erasure_report
 from unlearn.services.verifier.reading import decode_receipts, read_head_records, read_head_updates
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.families import heads_family
 
 
 def test_a_non_loopback_address_needs_a_credential(capsys: pytest.CaptureFixture[str]) -> None:

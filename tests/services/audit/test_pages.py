@@ -10,6 +10,7 @@ import numpy as np
 
 from tests.services.audit.support import rows_by_first, tables
 from tests.services.serving.support import make_head
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.audit.certificates import Certifier
 from unlearn.services.audit.pages import head_page, history_coverage, history_svg, index_page, subject_page
@@ -23,7 +24,6 @@ from unlearn.services.audit.views import (
     sample_facts,
 )
 from unlearn.services.erasure.report import ErasureReport
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 EVIL = '<script>alert(1)</script>"\'&'
 

@@ -141,7 +141,7 @@ def explain(s: Settings, pg: LocalPostgres, table: str) -> str:
     (what the featurizer has not trimmed from ``requests`` yet)."""
     import orjson
 
-    from unlearn.streams.runtime.topic_reader import read_topic
+    from unlearn.runtime.topic_reader import read_topic
 
     last: dict[str, tuple[float, str, str]] = {}
     for r in read_topic(s, s.topic("requests"), None, 30.0):
@@ -242,7 +242,7 @@ def test_table_trains_and_untrains_a_head_through_kill_9_and_a_postgres_restart(
         # erasure: the forwarded change records leave the change topic, and the report covers it
         from confluent_kafka import Consumer, TopicPartition
 
-        from unlearn.streams.runtime.clients import consumer_config
+        from unlearn.runtime.clients import consumer_config
 
         c = Consumer(consumer_config(s, f"probe-{uuid.uuid4().hex[:6]}"))
         deadline = time.monotonic() + 30
@@ -281,8 +281,8 @@ def test_erasure_report_fails_while_a_change_record_holds_a_row_of_the_subject(s
     import orjson
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.clients import producer_config
-    from unlearn.streams.runtime.topics import delete_records, ensure_topic
+    from unlearn.runtime.clients import producer_config
+    from unlearn.runtime.topics import delete_records, ensure_topic
 
     if settings.profile == "tansu":
         pytest.skip("DeleteRecords is a Kafka capability")

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topics import ensure_topic
 from unlearn.schemas.head import HeadUpdate, encode_head
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topics import ensure_topic
-from unlearn.streams.shared.families import heads_family
 
 
 def update(head: str, version: int, mode: str, n: int = 3) -> HeadUpdate:
@@ -56,8 +56,8 @@ def test_read_heads_keeps_the_newest_update_per_head(settings: Settings) -> None
 
 
 def test_read_heads_on_a_missing_topic_is_a_topic_read_error(settings: Settings) -> None:
+    from unlearn.runtime.topic_reader import TopicReadError
     from unlearn.services.client.head_reader import read_heads
-    from unlearn.streams.runtime.topic_reader import TopicReadError
 
     with pytest.raises(TopicReadError, match="does not exist"):
         read_heads(settings.with_(topic_prefix=settings.topic_prefix + "none."), timeout=5)

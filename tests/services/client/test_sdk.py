@@ -27,7 +27,7 @@ def pipeline(broker_target, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A featurizer and a ledger worker on their own topic prefix, shared by this module's tests
     (each test uses its own head ids). Worker logs are in the module's tmp dir."""
     from unlearn.infra.processes import ServiceProcess
-    from unlearn.streams.runtime.topics import create_topics, delete_topics, topic_names
+    from unlearn.runtime.topics import create_topics, delete_topics, topic_names
 
     tmp = tmp_path_factory.mktemp("pipeline")
     s = Settings.from_env(bootstrap=broker_target.bootstrap, profile=broker_target.profile,
@@ -157,8 +157,8 @@ def test_sdk_adds_deletes_and_waits_for_receipts(pipeline: Settings) -> None:
 def test_routing_by_head_skips_the_router_and_still_gets_receipts(pipeline: Settings) -> None:
     """UNLEARN_ROUTE_BY_HEAD (issue 29): requests land in the head's by-head partition, never in
     ``requests``, and the featurizer judges them as routed ones: the delete is applied."""
+    from unlearn.common.by_head import head_partition, routed_topic_name
     from unlearn.services.client.sdk import UnlearnClient
-    from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
     s = pipeline.with_(route_by_head=True)
     F = features(3, 3)
@@ -189,10 +189,10 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
     from tests.sealed_support import plain_delta
     from unlearn.features.contract import quantize_feature_row
     from unlearn.ledger import ExactLedger
+    from unlearn.runtime.topic_reader import keys_in, read_topic
     from unlearn.schemas.delta_codec import RowsEntry
     from unlearn.services.client.head_reader import wait_for_head
     from unlearn.services.client.sdk import UnlearnClient
-    from unlearn.streams.runtime.topic_reader import keys_in, read_topic
 
     s = pipeline
     F = np.random.default_rng(9).normal(size=(5, 768))
@@ -245,8 +245,8 @@ def test_binary_features_give_the_rows_and_digest_of_json_features(pipeline: Set
 def test_a_receipt_right_after_the_request_is_never_missed(settings: Settings) -> None:
     """The listener fixes its offsets before the request is produced: a pipeline answering
     instantly (here: the test itself, right after the request is acknowledged) is still seen."""
+    from unlearn.runtime.clients import producer_config
     from unlearn.services.client.sdk import UnlearnClient
-    from unlearn.streams.runtime.clients import producer_config
 
     p = Producer(producer_config(settings, **{"linger.ms": 0}))
     # old receipts of other events already on the topic are skipped
@@ -372,9 +372,9 @@ def test_listener_without_its_topic_is_a_client_error(settings: Settings) -> Non
 
 def test_a_dead_listener_fails_its_waiters(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reading thread dying is reported to every waiter (not a silent timeout)."""
+    from unlearn.runtime.clients import producer_config
     from unlearn.services.client import receipt_listener
     from unlearn.services.client.errors import ClientError
-    from unlearn.streams.runtime.clients import producer_config
 
     def broken(_value: bytes) -> Receipt:
         raise RuntimeError("decoder exploded")
@@ -408,7 +408,7 @@ def test_the_sdk_is_importable_from_the_package() -> None:
 # --------------------------------------------------------------------------- trace context (issue 32)
 def _records_with_headers(s: Settings, topic: str) -> list[tuple[bytes | None, dict[str, bytes]]]:
     """(key, headers) of every record now on ``topic`` (all partitions, from the beginning)."""
-    from unlearn.streams.runtime.clients import consumer_config
+    from unlearn.runtime.clients import consumer_config
 
     c = Consumer(consumer_config(s, f"t-{uuid.uuid4().hex}", **{"enable.partition.eof": True,
                                                                 "enable.auto.commit": False}))
@@ -464,7 +464,7 @@ def test_a_delete_traceparent_reaches_its_deltas_receipt_and_head_update(pipelin
     exact_head_from(s, "trace", r.head_version or 0)
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     topics = AdminClient(admin_config(s)).list_topics(timeout=10).topics
     heads = [x for t in topics if t.startswith(s.topic_prefix) and "heads" in t

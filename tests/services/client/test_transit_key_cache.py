@@ -20,16 +20,16 @@ from collections import Counter
 import pytest
 
 from tests.thread_support import run_racing
+from unlearn.common.by_head import head_partition
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.schemas.envelope import Request, parse_request
 from unlearn.schemas.request_inputs import FeaturesInput, SealedInput, TextInput
 from unlearn.schemas.transit import TransitPublicKey, encode_public_record, new_transit_key, open_request
 from unlearn.services.client.errors import ClientError
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.services.client.transit_key_cache import TransitKeyCache, seal_for_transit
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.by_head import head_partition
 
 
 def test_threads_sharing_a_client_never_seal_past_the_bound_of_one_derived_key() -> None:
@@ -64,7 +64,7 @@ def publish_later(s: Settings, head: str, delay: float) -> tuple[threading.Threa
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=30).topics
     p = head_partition(head, len(md[s.topic("requests.by-head")].partitions))

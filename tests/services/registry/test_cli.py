@@ -7,10 +7,10 @@ import time
 import orjson
 import pytest
 
+from unlearn.common.registry import RegistryView, publish_contract, read_contracts
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.cli import main
-from unlearn.streams.shared.registry import RegistryView, publish_contract, read_contracts
 
 
 def heads(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -73,7 +73,7 @@ def test_create_refuses_what_the_deployment_cannot_take(settings: Settings,
 def test_reader_takes_the_highest_version_and_skips_bad_records(settings: Settings) -> None:
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.clients import producer_config
+    from unlearn.runtime.clients import producer_config
 
     c1 = HeadContract("h", 1, 4, "features", "features", "l2", 1.0, 30, 0, "class", 1.0, n_classes=2)
     view = RegistryView(settings).start(wait_caught_up=30)

@@ -69,9 +69,9 @@ class Publisher:
     def __init__(self, settings: Settings) -> None:
         from confluent_kafka import Producer
 
-        from unlearn.streams.runtime.clients import producer_config
-        from unlearn.streams.runtime.topics import ensure_topic
-        from unlearn.streams.shared.families import heads_family
+        from unlearn.common.families import heads_family
+        from unlearn.runtime.clients import producer_config
+        from unlearn.runtime.topics import ensure_topic
 
         self.settings = settings
         self.producer = Producer(producer_config(settings, **{"linger.ms": 0}))

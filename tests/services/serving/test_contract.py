@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tests.services.serving.support import Publisher, dequantized, http, make_head, wait_version
+from unlearn.common.registry import publish_contract
 from unlearn.infra.settings import Settings
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.serving.http import ServingServer
 from unlearn.services.serving.predict import HeadStore, PredictError, prepare_inputs
-from unlearn.streams.shared.registry import publish_contract
 
 ROWS = [[3.0, -1.0, 0.5, 0.0, 2.0, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]]
 

@@ -16,21 +16,21 @@ import pytest
 from confluent_kafka import KafkaError
 
 from tests.services.serving.support import Publisher, make_head, metric_samples, sample
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.services.client.head_reader import read_heads
-from unlearn.services.serving.heads_follower import HeadsFollower
-from unlearn.services.serving.metrics import Metrics
-from unlearn.services.serving.predict import HeadStore
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, _Fetcher
-from unlearn.streams.runtime.topics import (
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower, _Fetcher
+from unlearn.runtime.topics import (
     delete_records,
     delete_topics,
     ensure_topic,
     prefixed_topics,
     trimmed_changelog_config,
 )
-from unlearn.streams.shared.families import heads_family
+from unlearn.services.client.head_reader import read_heads
+from unlearn.services.serving.heads_follower import HeadsFollower
+from unlearn.services.serving.metrics import Metrics
+from unlearn.services.serving.predict import HeadStore
 
 
 def test_follower_replays_offers_and_counts(settings: Settings, publish: Publisher) -> None:
@@ -119,7 +119,7 @@ def test_a_reader_behind_the_trim_point_resumes_at_the_log_start_and_serves_the_
         # the ledger's rewrite: every head republished at its version (here exact), then trimmed below it
         publish(make_head(20, "exact", 21))
         assert delete_records(settings, {(topic, 0): 20}) == {(topic, 0): 20}
-        # a reader reopened at a position it kept from before the trim (streams.runtime.topic_reader._Fetcher.sync)
+        # a reader reopened at a position it kept from before the trim (runtime.topic_reader._Fetcher.sync)
         fetcher = _Fetcher(settings, "trim-test")
         try:
             fetcher.assign({(topic, 0): 2})

@@ -29,6 +29,7 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.services.serving.support import http
+from unlearn.common.registry import publish_contract
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
@@ -36,7 +37,6 @@ from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.serving.openapi import openapi_spec
 from unlearn.services.serving.predict import MAX_TOP_K
-from unlearn.streams.shared.registry import publish_contract
 
 HEAD = "st-head"
 D, C = 2, 6
@@ -54,7 +54,7 @@ def _publish_real_head(s: Settings) -> None:
     """Declare the head, then produce its deltas as a featurizer would (naming the contract)."""
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.clients import producer_config
+    from unlearn.runtime.clients import producer_config
 
     publish_contract(s, HeadContract(head_id=HEAD, version=1, dimension=D, backbone="features",
                                      input_kind="features", normalization="l2", feature_bound=1.0, frac_bits=30,

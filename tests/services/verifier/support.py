@@ -8,13 +8,13 @@ import time
 import numpy as np
 
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.binary_frame import CodecError
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.head import HeadUpdate
 from unlearn.schemas.receipts import Receipt
 from unlearn.services.verifier import Certificate
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 CFG = HeadConfig(gamma=0.5, reset_every=7, drift_threshold=1e-9)
 

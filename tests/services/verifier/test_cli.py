@@ -12,13 +12,13 @@ import orjson
 import pytest
 
 from tests.services.verifier.support import anomalous_stream, records_of, simulate
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord
+from unlearn.runtime.topics import ensure_topic
 from unlearn.schemas.head import HeadUpdate, encode_head
 from unlearn.services.cli import COMMANDS
 from unlearn.services.verifier import export_deltas_main, verify_head, verify_main, write_export
-from unlearn.streams.runtime.topic_reader import LogRecord
-from unlearn.streams.runtime.topics import ensure_topic
-from unlearn.streams.shared.families import heads_family
 
 
 def test_offline_cli_on_export_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,8 +72,8 @@ def test_verify_and_export_against_a_live_ledger_worker(settings: Settings, tmp_
     from confluent_kafka import Producer
 
     from unlearn.infra.processes import ServiceProcess
+    from unlearn.runtime.clients import producer_config
     from unlearn.services.client.head_reader import wait_for_head
-    from unlearn.streams.runtime.clients import producer_config
 
     s = settings.with_(data_dir=str(tmp_path / "data"), reset_every_seconds=1.0, reset_every_events=7,
                        head_gammas="h=0.5", checkpoint_every_seconds=1.0)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.verifier.checks import run_checks
 from unlearn.services.verifier.event_ids import check_event_ids
 from unlearn.services.verifier.evidence import Evidence
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 
 def _rows(sign: int, ev: str, sample: str, label: int = 0, q: tuple[int, int] = (1, 2)) -> RowsEntry:

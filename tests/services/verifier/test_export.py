@@ -16,10 +16,10 @@ from tests.services.verifier.support import (
     simulate_with_receipts,
     status,
 )
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.head import encode_head
 from unlearn.schemas.receipts import encode_receipt
 from unlearn.services.verifier import VerifyError, read_export, verify_file, write_export
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 
 def test_export_file_roundtrip_and_offline_verify(tmp_path: Path) -> None:

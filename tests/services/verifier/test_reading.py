@@ -8,10 +8,10 @@ from typing import Literal
 import numpy as np
 
 from tests.services.verifier.support import StreamBuilder
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, encode_delta
 from unlearn.schemas.head import HeadUpdate, encode_head
 from unlearn.services.verifier.reading import delta_head, key_filter, live_updates, read_head_updates
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 
 def update(version: int, mode: Literal["exact", "fast"], head: str = "h") -> HeadUpdate:

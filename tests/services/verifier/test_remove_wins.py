@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from tests.streams.featurizer.test_auth import SIGN_A, SIGN_B, record
 from tests.streams.featurizer.test_tombstones import BASE, NOW, add_req, cfg, scenarios
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
@@ -32,8 +34,6 @@ from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.tombstones import seconds_to_us
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 
 def _rows(sign: int, ev: str, sample: str, subject: str, t_us: int, by_subject: bool = False,

@@ -7,10 +7,10 @@ import numpy as np
 import orjson
 
 from tests.services.verifier.support import CFG, StreamBuilder, anomalous_stream, records_of, simulate
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry, decode_delta, encode_delta
 from unlearn.services.verifier import replay_log, verify
 from unlearn.streams.ledger.head_runtime import HeadRuntime
-from unlearn.streams.runtime.topic_reader import LogRecord
 
 
 def test_replay_certifies_the_live_head_with_the_live_skip_rules() -> None:

@@ -35,14 +35,14 @@ from tests.sealed_support import register
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from, reference, workload
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topics import create_topics
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.streams.featurizer.changelog_reader import ChangelogReader
 from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.featurizer.raw_input_trim import Trimmer
 from unlearn.streams.featurizer.routing import Router
 from unlearn.streams.featurizer.transit_keys import TransitKeys
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topics import create_topics
 
 pytestmark = pytest.mark.broker
 

@@ -12,6 +12,7 @@ import pytest
 from tests.sealed_support import plain_delta
 from tests.streams.featurizer.test_service import Reader, Running, add, delete, delete_subject, ledgers_from, produce
 from tests.streams.featurizer.test_service import reference as reference_digest
+from unlearn.common.by_head import head_partition, routed_topic_name
 from unlearn.infra.settings import Settings
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
@@ -20,7 +21,6 @@ from unlearn.schemas.source_id import parse_source
 from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, split_lane
 from unlearn.streams.featurizer.feature_cache import FeatureCache
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 
 def _msgs(*values: bytes) -> list[InMessage]:
@@ -125,7 +125,7 @@ def _produce(s: Settings, reqs: list[tuple[str, bytes]], direct: bool) -> None:
         return
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.clients import producer_config
+    from unlearn.runtime.clients import producer_config
 
     topic = routed_topic_name(s.topic("requests"))
     p = Producer(producer_config(s))

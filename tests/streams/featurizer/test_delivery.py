@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.delivery import Acks, DeliveryError
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.delivery import Acks, DeliveryError
 
 pytestmark = pytest.mark.broker
 
@@ -33,12 +33,12 @@ def test_acks_count_only_their_own_messages_and_raise_on_any_failure(settings: S
 
 
 def test_a_wait_without_timeout_rides_out_the_broker_up_to_the_retry_deadline() -> None:
-    """With the retry policy (streams.runtime.retry), a wait without its own timeout is bounded by the
+    """With the retry policy (runtime.retry), a wait without its own timeout is bounded by the
     deadline: messages the broker has not acknowledged yet are waited for (a restart), and past
     the deadline the featurizer stops with BrokerUnavailable rather than waiting forever."""
     from confluent_kafka import Producer
 
-    from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
+    from unlearn.runtime.retry import BrokerUnavailable, RetryPolicy
 
     nowhere = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 60_000})
     acks = Acks(nowhere, policy=RetryPolicy(deadline_s=1.0)).send([{"topic": "t", "value": b"v", "partition": 0}])

@@ -13,9 +13,9 @@ import pytest
 
 from tests.probe_support import WAIT, Closable
 from unlearn.infra.settings import Settings
+from unlearn.runtime.probes import Probes
 from unlearn.streams.featurizer import erasure
 from unlearn.streams.featurizer.erasure import FLOORS, Erasure, _Pending
-from unlearn.streams.runtime.probes import Probes
 
 
 class FakeKeys:

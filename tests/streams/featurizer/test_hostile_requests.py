@@ -27,10 +27,10 @@ from tests.services.verifier.test_remove_wins import certify_messages
 from tests.streams.featurizer.test_remove_wins import assert_head_is, receipts_of, settle
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput, ImageInput
-from unlearn.streams.runtime.clients import producer_config
 
 pytestmark = pytest.mark.broker
 

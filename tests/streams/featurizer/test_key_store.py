@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 from tests.topic_support import broker_topics, topic_configs
+from unlearn.common.families import keys_family
+from unlearn.common.key_ring import key_record_key, read_partition_keys
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.streams.featurizer.key_store import KeyStore
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.families import keys_family
-from unlearn.streams.shared.key_ring import key_record_key, read_partition_keys
 
 DEADLINE_S = 90.0  # segment.ms (2 s here) + the roll + the broker's cleaner backoff (15 s) + cleaning, with margin
 

@@ -23,8 +23,8 @@ from tests.streams.featurizer.test_service import (
     workload,
 )
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topics import create_topics, delete_topics
 from unlearn.schemas.deadletter import decode_deadletter
-from unlearn.streams.runtime.topics import create_topics, delete_topics
 
 pytestmark = pytest.mark.broker
 
@@ -75,8 +75,8 @@ def test_a_cache_from_another_log_is_refused_not_skipped(settings: Settings, tmp
     """A featurizer whose cache was built from an earlier incarnation of ``requests`` (a recreated
     topic, or a fresh broker where the log is shorter than the cache's offset) must not resume past
     the new log's events in silence: it stops with an error naming the mismatch."""
-    from unlearn.streams.runtime.log_position import StaleStateError
-    from unlearn.streams.runtime.topics import wait_for_topics
+    from unlearn.runtime.log_position import StaleStateError
+    from unlearn.runtime.topics import wait_for_topics
 
     s = settings.with_(data_dir=str(tmp_path / "data"))
     reqs, *_ = workload()

@@ -16,10 +16,13 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
+from unlearn.common.by_head import head_partition
 from unlearn.features.contract import quantize_feature_row
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import decode_receipt
@@ -27,9 +30,6 @@ from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.streams.featurizer.routing import read_origin
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.by_head import head_partition
 
 pytestmark = pytest.mark.broker
 
@@ -313,7 +313,7 @@ def routed_records(s: Settings) -> list[Any]:
     """Every record of the by-head topic, with its headers (``read_topic`` keeps none)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from unlearn.streams.runtime.clients import consumer_config
+    from unlearn.runtime.clients import consumer_config
 
     topic = s.topic("requests.by-head")
     c = Consumer(consumer_config(s, f"{s.topic_prefix}headers", **{"enable.partition.eof": True}))
@@ -346,8 +346,8 @@ def test_a_cache_routed_by_another_partition_count_is_refused(settings: Settings
     """Heads routed by n partitions live in those partitions' caches: a by-head topic with another
     count (Kafka can add partitions; tansu cannot, so the cache's record is edited here) would look
     them up elsewhere. The featurizer stops (exit 2) instead."""
+    from unlearn.runtime.log_position import StaleStateError
     from unlearn.streams.featurizer.feature_cache import FeatureCache
-    from unlearn.streams.runtime.log_position import StaleStateError
 
     s = settings.with_(data_dir=str(tmp_path / "data"))
     adds, _, _ = workload()

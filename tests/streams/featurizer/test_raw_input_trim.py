@@ -23,9 +23,9 @@ from tests.streams.featurizer.test_service import (
     q_rows,
 )
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import admin_config, consumer_config, quirks
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.streams.featurizer.raw_input_trim import Trimmer, trim_bounds
-from unlearn.streams.runtime.clients import admin_config, consumer_config, quirks
-from unlearn.streams.runtime.topic_reader import read_topic
 
 SECRET = [0.7318237412, -0.2918374619, 0.4129387123, -0.1837461928, 0.3128374619]
 NEEDLE = repr(SECRET[0])[:10].encode()
@@ -152,7 +152,7 @@ def test_plaintext_inputs_leave_both_raw_topics_once_taken_over(settings: Settin
 
 def test_a_transient_trim_error_is_asked_again_and_a_fatal_one_stops_the_poll_loop(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """streams.runtime.retry on the trim's thread: a transport error is tried again at once (with a new
+    """runtime.retry on the trim's thread: a transport error is tried again at once (with a new
     admin client), an authorization error is kept for the poll loop (``check``) to raise."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 

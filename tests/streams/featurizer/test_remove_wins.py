@@ -21,13 +21,13 @@ from tests.streams.featurizer.test_partitioner_independence import reference_dig
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.receipts import Receipt, decode_receipt
 from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.settings import FeaturizerSettings
-from unlearn.streams.runtime.clients import producer_config
 
 pytestmark = pytest.mark.broker
 
@@ -68,7 +68,7 @@ def add_req(ev: str, subject: str, sample: str, seed: int, ts: float | None = No
 def n_requests_partitions(s: Settings) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from unlearn.streams.runtime.clients import admin_config
+    from unlearn.runtime.clients import admin_config
 
     md = AdminClient(admin_config(s)).list_topics(timeout=10)
     return len(md.topics[s.topic("requests")].partitions)

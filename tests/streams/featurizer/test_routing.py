@@ -7,6 +7,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unlearn.common.by_head import head_partition, routed_topic_name
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import decode_delta
 from unlearn.schemas.envelope import Request, encode_request, is_valid_id
@@ -25,7 +26,6 @@ from unlearn.streams.featurizer.routing import (
     route_partition,
     routing_head,
 )
-from unlearn.streams.shared.by_head import head_partition, routed_topic_name
 
 
 def req(head: str, **extra: object) -> bytes:

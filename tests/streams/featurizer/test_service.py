@@ -15,8 +15,11 @@ import orjson
 import pytest
 
 from tests.sealed_support import plain_delta
+from unlearn.common.registry import read_contracts
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, Quantizer, l2_normalize
+from unlearn.runtime.clients import consumer_config, producer_config
+from unlearn.runtime.topics import create_topics, delete_topics
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import PackedEntry, RowsEntry, decode_delta
 from unlearn.schemas.envelope import Request, encode_request
@@ -25,9 +28,6 @@ from unlearn.schemas.request_inputs import FeaturesInput
 from unlearn.schemas.source_id import parse_source
 from unlearn.services.cli import main
 from unlearn.streams.featurizer.service import FeaturizerService, LostCacheError
-from unlearn.streams.runtime.clients import consumer_config, producer_config
-from unlearn.streams.runtime.topics import create_topics, delete_topics
-from unlearn.streams.shared.registry import read_contracts
 
 pytestmark = pytest.mark.broker
 

@@ -18,7 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.streams.featurizer.test_auth import hostile_corpus
 from tests.streams.featurizer.test_service import Reader, Running, ledgers_from
+from unlearn.common.registry import publish_client, read_clients
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import producer_config
 from unlearn.schemas.client_record import ClientKey, ClientRecord
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
@@ -28,8 +30,6 @@ from unlearn.schemas.signature import Signer
 from unlearn.services.cli import main
 from unlearn.services.client.sdk import UnlearnClient
 from unlearn.streams.featurizer.auth import NO_RECEIPT_REASONS
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.shared.registry import publish_client, read_clients
 
 pytestmark = pytest.mark.broker
 

@@ -24,7 +24,13 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import KafkaError
 
+from unlearn.common.by_head import head_partition
+from unlearn.common.families import keys_family, transit_private_family
+from unlearn.common.key_ring import TRANSIT_HEAD, read_partition_keys
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import consumer_config, producer_config
+from unlearn.runtime.probes import Probes
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.schemas.envelope import Request
 from unlearn.schemas.request_inputs import TextInput
 from unlearn.schemas.transit import (
@@ -36,12 +42,6 @@ from unlearn.services.client.sdk import TransitKeyCache
 from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.featurizer.transit_keys import PROBE, Epoch, TransitKeys, router_committed
 from unlearn.streams.featurizer.transit_open import UnopenedRequest, open_sealed
-from unlearn.streams.runtime.clients import consumer_config, producer_config
-from unlearn.streams.runtime.probes import Probes
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.shared.by_head import head_partition
-from unlearn.streams.shared.families import keys_family, transit_private_family
-from unlearn.streams.shared.key_ring import TRANSIT_HEAD, read_partition_keys
 
 REQ, BY_HEAD = "t.requests", "t.requests.by-head"
 WAIT = 30.0

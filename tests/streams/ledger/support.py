@@ -13,9 +13,9 @@ from confluent_kafka import Producer
 
 from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.ledger import ExactLedger, MultisetHash, Quantizer, l2_normalize, solve_head
+from unlearn.runtime.clients import producer_config
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.services.client.head_reader import wait_for_head
-from unlearn.streams.runtime.clients import producer_config
 
 __all__ = ["Stream", "assert_final_heads_exact", "produce", "run_in_thread", "worker_settings"]
 

@@ -30,8 +30,8 @@ from tests.broker_restart_support import Restarter, restart_cluster
 from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
 from unlearn.infra.local.kafka import LocalKafka
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topics import create_topics
 from unlearn.streams.ledger.worker import LedgerWorker
-from unlearn.streams.runtime.topics import create_topics
 
 pytestmark = pytest.mark.broker
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unlearn.common.checkpoint_record import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
+from unlearn.runtime.log_position import StaleStateError
 from unlearn.streams.ledger.checkpoint_rules import check_recovery, first_needed, safe_floor
-from unlearn.streams.runtime.log_position import StaleStateError
-from unlearn.streams.shared.checkpoint_record import Checkpoint, HeadPointer, checkpoint_key, latest_checkpoint
 
 HEADS = st.sampled_from(["a", "b", "c", "d"])
 

@@ -20,12 +20,12 @@ from tests.streams.ledger.support import Stream, assert_final_heads_exact, produ
 from tests.streams.ledger.test_worker import _bounds
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
+from unlearn.runtime.clients import quirks
+from unlearn.runtime.topics import create_topics, delete_topics, prefixed_topics
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpoint_rules import first_needed
 from unlearn.streams.ledger.snapshots import HeadState
 from unlearn.streams.ledger.worker import LedgerWorker
-from unlearn.streams.runtime.clients import quirks
-from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics
 
 pytestmark = pytest.mark.broker
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from tests.streams.ledger.support import Stream, produce, worker_settings
+from unlearn.common.registry import publish_contract
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import solve_head
 from unlearn.schemas.head_contract import HeadContract
 from unlearn.services.client.head_reader import wait_for_head
-from unlearn.streams.shared.registry import publish_contract
 
 pytestmark = pytest.mark.broker
 

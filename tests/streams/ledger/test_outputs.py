@@ -22,6 +22,8 @@ from confluent_kafka import Producer
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topic_reader import read_topic
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
@@ -29,8 +31,6 @@ from unlearn.schemas.redaction import is_redacted
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
 from unlearn.streams.ledger.outputs import head_update
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topic_reader import read_topic
 
 D = 8
 

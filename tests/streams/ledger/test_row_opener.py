@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from unlearn.common.by_head import head_partition
 from unlearn.infra.settings import Settings
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.sealed import seal_delta
 from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.shared.by_head import head_partition
 
 
 def _delta(head: str, samples: list[str]) -> Delta:

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
+from unlearn.common.families import heads_family, state_family
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.ledger import Quantizer, l2_normalize
+from unlearn.runtime.clients import consumer_config, quirks
+from unlearn.runtime.topic_reader import read_topic
+from unlearn.runtime.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
 from unlearn.schemas.delta_codec import Delta, RowsEntry, encode_delta
 from unlearn.schemas.head import HeadUpdate, decode_head
 from unlearn.schemas.receipts import decode_receipt
 from unlearn.services.client.head_reader import HeadFollower, read_heads, wait_for_head
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.settings import LedgerSettings
-from unlearn.streams.runtime.clients import consumer_config, quirks
-from unlearn.streams.runtime.topic_reader import read_topic
-from unlearn.streams.runtime.topics import create_topics, delete_topics, prefixed_topics, wait_for_topics
-from unlearn.streams.shared.families import heads_family, state_family
 
 pytestmark = pytest.mark.broker
 

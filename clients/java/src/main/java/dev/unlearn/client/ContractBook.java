@@ -6,7 +6,7 @@ import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Every head contract version read from the head registry, per head: what
- * {@code streams/shared/registry.contract_at} gives serving. The contract of a head update is the
+ * {@code common/registry.contract_at} gives serving. The contract of a head update is the
  * version it names when known, else the head's latest (versions differ only in their label space).
  */
 public final class ContractBook {

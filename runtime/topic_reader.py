@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_family import TopicFamily
+from unlearn.runtime import clients
+from unlearn.runtime.topic_family import TopicFamily
 
 log = logging.getLogger("unlearn.topic_reader")
 
@@ -33,7 +33,7 @@ StartAt = Literal["beginning", "end"]
 
 class TopicReadError(RuntimeError):
     """The topic could not be read: broker unreachable, topic missing, end not reached in time.
-    ``kafka_error``: the client's error behind it, if any (``streams.runtime.retry`` classifies it)."""
+    ``kafka_error``: the client's error behind it, if any (``runtime.retry`` classifies it)."""
 
     kafka_error: Any = None
 
@@ -50,7 +50,7 @@ class LogRecord:
     topic: str = ""
 
 
-#: What a reader reads: one topic, or a topic family (streams/shared) as its generations rotate.
+#: What a reader reads: one topic, or a topic family (common) as its generations rotate.
 Source: TypeAlias = "str | TopicFamily"
 
 #: Seconds between metadata listings while reading a family (to see new generations).
@@ -208,7 +208,7 @@ def read_topic(settings: Settings, topic: Source, keep: Callable[[bytes | None],
                         done.add(tp)
                         continue
                     failed = TopicReadError(f"reading {topic}: {err}")
-                    failed.kafka_error = err  # streams.runtime.retry classifies it
+                    failed.kafka_error = err  # runtime.retry classifies it
                     raise failed
                 f.delivered(m)
                 if tp in done or tp not in pending:
@@ -414,10 +414,10 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, stop: int 
                 if err.code() == KafkaError._PARTITION_EOF:
                     return out
                 failed = TopicReadError(f"reading {topic}/{partition}: {err}")
-                failed.kafka_error = err  # streams.runtime.retry classifies it
+                failed.kafka_error = err  # runtime.retry classifies it
                 raise failed
             if stop is not None and m.offset() >= stop:
                 return out
             out.append((m.offset(), m.key(), m.value()))
     raise TopicReadError(f"reading {topic}/{partition} from offset {start} stalled for {idle_timeout:g}s") from \
-        TimeoutError(f"no record for {idle_timeout:g}s")  # transient for streams.runtime.retry (a broker restarting)
+        TimeoutError(f"no record for {idle_timeout:g}s")  # transient for runtime.retry (a broker restarting)

@@ -4,7 +4,7 @@ Topics are always created explicitly: tansu auto-creates an unknown topic with 4
 first use, which would silently give a deployment the wrong partition count (and keying by
 subject/head only orders events within a partition). ``featurizer-cache`` is compacted: it is a
 table. Head updates and the ledger's state are not here: they are topic families
-(``streams/shared``) that the ledger creates, and trims (``delete_records``) or rotates, per
+(``common``) that the ledger creates, and trims (``delete_records``) or rotates, per
 ``deltas`` partition.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 from unlearn.infra.cli_args import CliUsageError, add_broker_args, settings_from_args, settings_help
 from unlearn.infra.polling import poll_until
 from unlearn.infra.settings import ErasureSettings, Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.clients import quirks, topic_config
+from unlearn.runtime import clients
+from unlearn.runtime.clients import quirks, topic_config
 
 __all__ = [
     "COMPACTED",
@@ -84,7 +84,7 @@ def key_family_config(settings: Settings) -> dict[str, str]:
     compaction runs: a destroyed key's tombstone (a key id, no key material) stays
     ``delete.retention.ms`` = 5 x ``UNLEARN_SEGMENT_MS`` after its segment is cleaned, instead of
     Kafka's default day, so the family holds the live keys plus the last few minutes' tombstones. A
-    reader folds the family to its end within ``UNLEARN_ADMIN_TIMEOUT`` (streams/shared
+    reader folds the family to its end within ``UNLEARN_ADMIN_TIMEOUT`` (common
     ``_read``), far less, so no read sees a destroyed key's record without its tombstone."""
     if not quirks(settings).compaction_runs:
         return {}

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topics import TopicError, delete_records, delete_topics, ensure_topic
+from unlearn.runtime import clients
+from unlearn.runtime.retry import BrokerUnavailable, RetryPolicy
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topics import TopicError, delete_records, delete_topics, ensure_topic
 
 __all__ = ["FamilyTopics"]
 
@@ -59,7 +59,7 @@ class FamilyTopics:
         return self._admin_client
 
     def fresh_admin(self) -> None:
-        """Drop the admin client before a retry (streams.runtime.retry: its metadata may be stale)."""
+        """Drop the admin client before a retry (runtime.retry: its metadata may be stale)."""
         if self._share is not None:
             self._share.fresh_admin()
         self._admin_client = None

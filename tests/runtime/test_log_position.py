@@ -1,4 +1,4 @@
-"""``streams.runtime.log_position.watermarks``: a partition whose leader is moving (a Kafka node's loss) is
+"""``runtime.log_position.watermarks``: a partition whose leader is moving (a Kafka node's loss) is
 asked again until the timeout; any other error, or the timeout, is raised. The real-broker proof is
 ``bench.chaos --engine kafka --nodes 3`` (bench/results/chaos_kafka.md): the ledger's recovery hit
 NOT_LEADER_FOR_PARTITION there and exited before this."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from unlearn.streams.runtime.log_position import watermarks
+from unlearn.runtime.log_position import watermarks
 
 
 class Answers:

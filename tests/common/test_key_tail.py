@@ -12,16 +12,16 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from unlearn.common.by_head import head_partition
+from unlearn.common.families import keys_family
+from unlearn.common.key_ring import COMPLETE_KEY, key_record_key
+from unlearn.common.key_tail import KeyTail
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord
 from unlearn.schemas.delta_codec import Delta, RowsEntry
 from unlearn.schemas.sealed import SampleKey, encode_key_record, seal_delta
 from unlearn.streams.featurizer.key_store import KeyStore
 from unlearn.streams.ledger.row_opener import RowOpener
-from unlearn.streams.runtime.topic_reader import LogRecord
-from unlearn.streams.shared.by_head import head_partition
-from unlearn.streams.shared.families import keys_family
-from unlearn.streams.shared.key_ring import COMPLETE_KEY, key_record_key
-from unlearn.streams.shared.key_tail import KeyTail
 
 
 def _key() -> SampleKey:

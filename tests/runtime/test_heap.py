@@ -1,4 +1,4 @@
-"""streams/runtime/heap.py: what ``freeze_heap`` freezes and what it still collects (no broker)."""
+"""runtime/heap.py: what ``freeze_heap`` freezes and what it still collects (no broker)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from unlearn.streams.runtime.heap import freeze_heap
+from unlearn.runtime.heap import freeze_heap
 
 
 class _Node:

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower, read_topic
 from unlearn.schemas.client_record import ClientError, ClientRecord, decode_client, encode_client
 from unlearn.schemas.head_contract import ContractError, HeadContract, decode_contract, encode_contract
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower, read_topic
 
 __all__ = [
     "Versioned",

@@ -1,10 +1,10 @@
-"""The project's topic families (``streams.runtime.topic_family``): the ledger's state
+"""The project's topic families (``runtime.topic_family``): the ledger's state
 (``ledger-state``) and its head updates (``heads``), the featurizer's sample keys
 (``subject-keys``) and private transit keys (``transit-private``)."""
 
 from __future__ import annotations
 
-from unlearn.streams.runtime.topic_family import TopicFamily
+from unlearn.runtime.topic_family import TopicFamily
 
 
 def heads_family(prefix: str) -> TopicFamily:

@@ -1,4 +1,4 @@
-"""The fold rules both versioned registries share (streams/shared/registry.py), through each
+"""The fold rules both versioned registries share (common/registry.py), through each
 registry's public fold, without a broker: highest version wins (the later record on a tie),
 tombstones are ignored, invalid records and records under another key are skipped with a
 warning in the registry's own words."""
@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from unlearn.streams.runtime.topic_reader import LogRecord
-from unlearn.streams.shared.registry import fold_clients, fold_contracts
+from unlearn.common.registry import fold_clients, fold_contracts
+from unlearn.runtime.topic_reader import LogRecord
 
 CLIENT = {"schema": "unlearn.client/v1", "client_id": "c1", "version": 1,
           "keys": [{"key_id": "k", "public_key": base64.b64encode(b"x" * 32).decode(), "revoked": False}],

@@ -2,7 +2,7 @@
 (a full local queue waits for deliveries instead of failing) and :class:`Acks`, which produces now
 and waits later, where a wait can overlap work.
 
-Broker faults (``streams.runtime.retry``): while a broker restarts, produced messages wait in the
+Broker faults (``runtime.retry``): while a broker restarts, produced messages wait in the
 client's queue and the client sends them again itself, so a wait without its own timeout waits
 up to the policy's deadline (``UNLEARN_BROKER_RETRY_SECONDS``), then raises BrokerUnavailable. A
 failed delivery *report* raises :class:`DeliveryError`: the client already retried that message
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unlearn.streams.runtime.retry import RetryPolicy, flush_within
+from unlearn.runtime.retry import RetryPolicy, flush_within
 
 #: Called with (topic, partition, offset, value) for every acknowledged message.
 OnAcked = Callable[[str, int, int, "bytes | None"], None]

@@ -1,4 +1,4 @@
-"""streams.runtime.retry: which broker errors a worker rides through (with the client's own KafkaError
+"""runtime.retry: which broker errors a worker rides through (with the client's own KafkaError
 objects), the deadline and backoff of the one policy, and the flush that waits for a restarting
 broker; then the call that killed the ledger worker in issue 35 (the end of a state topic read
 while the broker restarts), on a real Apache Kafka with a data dir."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from unlearn.runtime.retry import BrokerUnavailable, RetryPolicy, flush_within, is_retriable, kafka_error
+from unlearn.runtime.topic_reader import TopicReadError
 from unlearn.streams.ledger.changelog_store import StateStoreError
-from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy, flush_within, is_retriable, kafka_error
-from unlearn.streams.runtime.topic_reader import TopicReadError
 
 
 def _exc(code: int, **flags: bool) -> KafkaException:
@@ -125,8 +125,8 @@ def test_the_end_of_a_state_topic_is_read_through_a_broker_restart(tmp_path: Pat
 
     from unlearn.infra.local.kafka import LocalKafka
     from unlearn.infra.settings import Settings
+    from unlearn.runtime.clients import producer_config
     from unlearn.streams.ledger.state_topics import StateTopics
-    from unlearn.streams.runtime.clients import producer_config
 
     # die_with_parent=False: the node is started again from a short-lived thread
     cluster = LocalKafka(1, data_dir=tmp_path / "kafka", die_with_parent=False).start()

@@ -1,4 +1,4 @@
-"""The runtime's poll loop (streams/runtime/poll_loop.py) with a scripted consumer, no broker: the
+"""The runtime's poll loop (runtime/poll_loop.py) with a scripted consumer, no broker: the
 order of a processor's hooks, a failed rebalance callback raised from the loop (never into the
 client), readiness once, abandon before the consumer leaves the group, and the record filter."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from unlearn.streams.runtime.poll_loop import PollLoop, coalesce, records
+from unlearn.runtime.poll_loop import PollLoop, coalesce, records
 
 
 class Consumer:

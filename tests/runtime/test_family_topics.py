@@ -1,4 +1,4 @@
-"""streams.runtime.family_topics against the session's real broker: generations created with
+"""runtime.family_topics against the session's real broker: generations created with
 their config and listed; retired ones kept through the grace and deleted once due (trimmed in
 place instead where the broker has DeleteRecords); a new holder finds every family again; and
 the holder's admin client is shared and renewed before every retry. What the broker holds is
@@ -12,10 +12,10 @@ from confluent_kafka import KafkaError, KafkaException
 
 from tests.topic_support import broker_topics, topic_configs
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import consumer_config, producer_config, quirks
-from unlearn.streams.runtime.family_topics import FamilyTopics
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topics import trimmed_changelog_config
+from unlearn.runtime.clients import consumer_config, producer_config, quirks
+from unlearn.runtime.family_topics import FamilyTopics
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topics import trimmed_changelog_config
 
 HOUR = 3600.0
 

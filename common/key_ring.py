@@ -15,7 +15,7 @@ deleting G after a grace period. A reader takes the newest *complete* generation
 (a rotation that crashed half-way leaves an incomplete newest one, which the writer deletes when
 it next loads the partition). Every read here uses a consumer it closes before returning, so no
 reader holds a generation that its writer later deletes (the librdkafka crash described in
-``streams.runtime.topic_reader.source_partitions``)."""
+``runtime.topic_reader.source_partitions``)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from unlearn.common.families import keys_family
 from unlearn.infra.settings import Settings
+from unlearn.runtime import clients
+from unlearn.runtime.retry import RetryPolicy
+from unlearn.runtime.topic_family import TopicFamily
+from unlearn.runtime.topic_reader import TopicReadError, read_range
 from unlearn.schemas.sealed import SampleKey, SealError, decode_key_record
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.retry import RetryPolicy
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.runtime.topic_reader import TopicReadError, read_range
-from unlearn.streams.shared.families import keys_family
 
 log = logging.getLogger("unlearn.keys")
 
@@ -234,7 +234,7 @@ class KeyRing:
         return self._refresh(locate)
 
     def _refresh(self, locate: Locate | None) -> int | None:
-        """Under streams.runtime.retry: a broker restart (metadata or reads failing) is waited for, up to
+        """Under runtime.retry: a broker restart (metadata or reads failing) is waited for, up to
         UNLEARN_BROKER_RETRY_SECONDS, before KeysUnavailable reaches the worker."""
         return RetryPolicy.of(self.settings).call("reading the key family", lambda: self._refresh_tries(locate))
 
@@ -251,7 +251,7 @@ class KeyRing:
                     break
             if failed:
                 raise KeysUnavailable(f"key family partitions {sorted(failed)} unreadable: {list(failed.values())[:2]}"
-                                      ) from TimeoutError("not read to its end")  # transient for streams.runtime.retry
+                                      ) from TimeoutError("not read to its end")  # transient for runtime.retry
             return None if locate is None or not picked else min(picked)
 
     def _refresh_once(self, only: dict[int, str] | None, locate: Locate | None) -> tuple[set[int], dict[int, str]]:

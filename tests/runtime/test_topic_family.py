@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unlearn.streams.runtime.topic_family import TopicFamily
-from unlearn.streams.shared.families import heads_family, state_family
+from unlearn.common.families import heads_family, state_family
+from unlearn.runtime.topic_family import TopicFamily
 
 prefixes = st.text(alphabet="abcXYZ019._-", max_size=12)
 numbers = st.integers(min_value=0, max_value=10**9)

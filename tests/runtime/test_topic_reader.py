@@ -10,11 +10,11 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+from unlearn.common.families import heads_family
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.clients import producer_config
-from unlearn.streams.runtime.topic_reader import FAMILY_RELIST_S, LogRecord, TopicFollower, read_topic
-from unlearn.streams.runtime.topics import delete_topics, ensure_topic
-from unlearn.streams.shared.families import heads_family
+from unlearn.runtime.clients import producer_config
+from unlearn.runtime.topic_reader import FAMILY_RELIST_S, LogRecord, TopicFollower, read_topic
+from unlearn.runtime.topics import delete_topics, ensure_topic
 
 pytestmark = pytest.mark.broker
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from unlearn.streams.runtime.log_position import StaleStateError
+from unlearn.runtime.log_position import StaleStateError
 
 _FORMAT = "unlearn.ledger-checkpoint/v1"
 

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime.topics import TopicError, create_topics, ensure_topic, topic_names
+from unlearn.runtime.topics import TopicError, create_topics, ensure_topic, topic_names
 
 
 class _Admin:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import threading
 import time
 
+from unlearn.common.families import keys_family
+from unlearn.common.key_ring import KeyGeneration, SampleRef, fold_keys
 from unlearn.infra.settings import Settings
+from unlearn.runtime.topic_reader import LogRecord, TopicFollower
 from unlearn.schemas.sealed import SampleKey
-from unlearn.streams.runtime.topic_reader import LogRecord, TopicFollower
-from unlearn.streams.shared.families import keys_family
-from unlearn.streams.shared.key_ring import KeyGeneration, SampleRef, fold_keys
 
 __all__ = [
     "KeyTail",
@@ -34,7 +34,7 @@ __all__ = [
 
 class KeyTail:
     """The keys of the key family's newest complete generations, followed by a daemon thread
-    (``streams.runtime.topic_reader.TopicFollower``) from :meth:`start` to :meth:`stop`."""
+    (``runtime.topic_reader.TopicFollower``) from :meth:`start` to :meth:`stop`."""
 
     def __init__(self, settings: Settings, poll_interval: float = 0.005) -> None:
         self.family = keys_family(settings.topic_prefix)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from unlearn.infra.settings import Settings
-from unlearn.streams.runtime import clients
-from unlearn.streams.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable
+from unlearn.runtime import clients
+from unlearn.runtime.retry import BrokerUnavailable, RetryPolicy, is_retriable
 
 log = logging.getLogger("unlearn.log_position")
 
@@ -90,7 +90,7 @@ def watermarks(consumer: Any, topic: str, partition: int, timeout: float) -> tup
             low, high = got
             return int(low), int(high)
         except KafkaException as exc:
-            if not is_retriable(exc) or remaining <= 0:  # streams.runtime.retry: leader, epoch or connection moving
+            if not is_retriable(exc) or remaining <= 0:  # runtime.retry: leader, epoch or connection moving
                 raise
             log.info("watermarks of %s/%d: %s; asking again", topic, partition, exc)
             time.sleep(0.25)

@@ -1,4 +1,4 @@
-"""The shred tick's reads off the poll loop (streams/runtime/probes.py): a read starts after it
+"""The shred tick's reads off the poll loop (runtime/probes.py): a read starts after it
 was asked, runs with consumers of its own, all closed when it returns, and its exception is
 re-raised on the taker's thread. No broker: reads are fakes gated by events."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.probe_support import WAIT, Closable
-from unlearn.streams.runtime.probes import Probes
+from unlearn.runtime.probes import Probes
 
 
 def test_an_answer_is_sampled_after_it_was_asked_and_its_consumers_are_closed() -> None:
