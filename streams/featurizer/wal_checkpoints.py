@@ -60,7 +60,7 @@ class WalCheckpoints(CommitCheckpoints):
         self.path = path
         self.gap = gap
         self.synchronous = synchronous
-        self.stats = {"rounds": 0, "frames": 0, "errors": 0}
+        self.stats = {"rounds": 0, "errors": 0}
         self._db: sqlite3.Connection | None = None  # opened by the first round (an error there is the thread's)
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -72,22 +72,18 @@ class WalCheckpoints(CommitCheckpoints):
         """The writer committed: a round is due (cheap: sets an event)."""
         self._wake.set()
 
-    def round(self) -> tuple[int, int]:
-        """One round now, on the caller's thread: PASSIVE checkpoints until the WAL is caught up or
-        ``MAX_PASSES`` ran. Returns the last pass's (frames in the WAL, frames checkpointed)."""
+    def _round(self) -> None:
+        """PASSIVE checkpoints until the WAL is caught up or ``MAX_PASSES`` ran."""
         if self._db is None:
             db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0, check_same_thread=False)
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             self._db = db
-        frames = done = 0
         for _ in range(MAX_PASSES):
             with self._pass:
                 _busy, frames, done = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             if done >= frames:
                 break
         self.stats["rounds"] += 1
-        self.stats["frames"] = max(0, int(frames))
-        return int(frames), int(done)
 
     def truncate(self, db: sqlite3.Connection, path: Path) -> None:
         """As for commits, with the thread paused: SQLite refuses a second checkpoint at once."""
@@ -101,7 +97,7 @@ class WalCheckpoints(CommitCheckpoints):
                 return
             self._wake.clear()
             try:
-                self.round()
+                self._round()
             except sqlite3.Error as exc:  # e.g. a full disk: the writer's commits report it too (and meet the backstop)
                 self.stats["errors"] += 1
                 log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
