@@ -137,6 +137,40 @@ def test_random_stream_without_resets_stays_on_solve_head(gamma: float, kernel: 
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_columns_without_data_stay_exactly_zero_and_the_rest_on_solve_head(kernel: FactorKernel) -> None:
+    """A head of 30 columns whose data uses a few (an auto-created head): the update runs on the
+    live columns only. The unused columns stay exactly 0.0, a class that first appears late joins
+    them, a class whose samples all leave goes on as a live column, and W stays within
+    FAST_HEAD_TOL of solve_head, by either W path (ranks below and above the live count)."""
+    rng = np.random.default_rng(11)
+    d, c = 40, 30
+    F, y = clustered(rng, 600, d, 4)
+    y = np.where(np.arange(600) < 300, y, y + 10)  # classes 10..13 first appear half way
+    Q = Quantizer().quantize(F)
+    head = TrackedHead(ExactLedger(d, c), gamma=1.0, reset_every=10**9, drift_threshold=np.inf,
+                       tracker="cholesky", factor_kernel=kernel)
+    for s0 in range(0, 600, 25):
+        r = int(rng.choice([1, 2, 25]))
+        head.add(Q[s0:s0 + r], y[s0:s0 + r])
+        head.add(Q[s0 + r:s0 + 25], y[s0 + r:s0 + 25])
+    gone = np.flatnonzero(y == 11)
+    for i in range(0, len(gone), 3):
+        head.delete(Q[gone[i:i + 3]], y[gone[i:i + 3]])
+    W = head.weights
+    unused = np.setdiff1d(np.arange(c), np.unique(y))
+    assert np.all(W[:, unused] == 0.0)
+    assert np.any(W[:, 13] != 0.0)
+    canonical = solve_head(head.ledger, 1.0)
+    assert np.all(canonical[:, 11] == 0.0)  # no sample left: exactly zero in the canonical head
+    assert relative_deviation(W, canonical) < FAST_HEAD_TOL
+    head.reset("test")
+    assert np.array_equal(head.weights, canonical)
+    head.add(Q[:2], np.array([29, 29]))  # after the reset, a column unused so far
+    assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
+    assert np.all(head.weights[:, 11] == 0.0)  # not live since the reset, and no data came
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_infeasible_downdate_is_refused_and_state_unchanged(kernel: FactorKernel) -> None:
     rng = np.random.default_rng(6)
     F, y = clustered(rng, 40, 6, 2)
