@@ -11,8 +11,10 @@ for predictive variance, the fingerprint of the multiset hash of the retained ro
 (docs/design.md section 6) when the head knows it, the version of the head contract the head was
 built under (the one named by its latest delta: flag bit 3), which serving quantizes predict
 inputs with, and, for a head of class-index labels, which class columns hold retained samples
-(flag bit 4: a bitmap from the ledger's exact per-class counts). Same frame and robustness rules
-as the deltas (``schemas/binary_frame.py``).
+(flag bit 4: a bitmap from the ledger's exact per-class counts). W's columns that are all +0.0
+(an auto-created head has 100 class columns, of which a few hold data) are left out of the
+message and named by a column bitmap (flag bit 5): a 768 x 100 W is 614 KB, its 10 live columns
+61 KB. Same frame and robustness rules as the deltas (``schemas/binary_frame.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,11 @@ _FLAG_RETAINED_HASH = 0x0002
 _FLAG_NO_DIGEST = 0x0004  # the update carries no ledger digest (its 32 bytes are zero)
 _FLAG_CONTRACT = 0x0008  # the contract version (u64) follows the retained hash
 _FLAG_CLASSES = 0x0010  # the retained-classes bitmap (ceil(c / 8) bytes) follows the contract version
-_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST | _FLAG_CONTRACT | _FLAG_CLASSES
+_FLAG_COLUMNS = 0x0020  # the weight-columns bitmap (ceil(c / 8) bytes) follows; W holds those columns only
+#: Most values (d x c) of a W written with flag bit 5: a short message must not make a reader
+#: allocate more than 128 MiB (a larger W is written in full, under the message size limit).
+SPARSE_MAX_VALUES = 1 << 24
+_FLAGS = _FLAG_POSTERIOR | _FLAG_RETAINED_HASH | _FLAG_NO_DIGEST | _FLAG_CONTRACT | _FLAG_CLASSES | _FLAG_COLUMNS
 _CONTRACT = struct.Struct("<Q")
 _NO_DIGEST = bytes(32)
 
@@ -149,19 +155,35 @@ def _classes_bitmap(mask: Any, c: int, n_retained: int) -> bytes:
         raise CodecError(f"retained_classes must be a bool array of shape ({c},), got {arr.dtype} {arr.shape}")
     if int(arr.sum()) > n_retained:
         raise CodecError(f"retained_classes marks {int(arr.sum())} classes, more than n_retained={n_retained} samples")
-    return np.packbits(arr, bitorder="little").tobytes()
+    return _bitmap(arr)
 
 
 def _read_classes(r: Reader, c: int, n_retained: int) -> np.ndarray:
-    raw = np.frombuffer(r.raw((c + 7) // 8, "retained_classes"), dtype=np.uint8)
-    bits = np.unpackbits(raw, bitorder="little")
-    if bits[c:].any():
-        raise r.fail(f"retained_classes sets bits past class {c - 1} (the last byte's unused bits must be 0)")
-    mask = bits[:c].astype(bool)
+    mask = _read_bitmap(r, c, "retained_classes", "class")
     if int(mask.sum()) > n_retained:
         raise r.fail(f"retained_classes marks {int(mask.sum())} classes, more than n_retained={n_retained} samples")
     mask.flags.writeable = False
     return mask
+
+
+def _bitmap(mask: np.ndarray) -> bytes:
+    """Bit j % 8 of byte j // 8 is ``mask[j]`` (least significant bit first)."""
+    return np.packbits(mask.astype(np.uint8), bitorder="little").tobytes()
+
+
+def _read_bitmap(r: Reader, c: int, what: str, unit: str) -> np.ndarray:
+    """A bitmap of ``c`` bits (:func:`_bitmap`); refused when it sets a bit past the last one."""
+    raw = np.frombuffer(r.raw((c + 7) // 8, what), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little").astype(bool)
+    if bits[c:].any():
+        raise r.fail(f"{what} sets bits past {unit} {c - 1} (the last byte's unused bits must be 0)")
+    return bits[:c]
+
+
+def _stored_columns(w: np.ndarray) -> np.ndarray:
+    """The columns a sparse message must carry: all but those whose every value is +0.0 (a -0.0
+    or NaN keeps its column, so decoding gives W back bit for bit)."""
+    return (w != 0).any(axis=0) | np.signbit(w).any(axis=0)
 
 
 def _digest_bytes(digest: str, what: str = "digest") -> bytes:
@@ -199,8 +221,10 @@ def _check_offsets(offsets: Sequence[tuple[int, int]], err: Any) -> None:
         last = p
 
 
-def encode_head(h: HeadUpdate) -> bytes:
-    """Serialize; raises CodecError if the update is inconsistent."""
+def encode_head(h: HeadUpdate, sparse: bool = True) -> bytes:
+    """Serialize; raises CodecError if the update is inconsistent. ``sparse``: leave W's all-+0.0
+    columns out (flag bit 5, set only when a column is left out); False writes every column, for
+    readers that predate bit 5 (``UNLEARN_HEAD_SPARSE_WEIGHTS``)."""
     if h.mode not in MODES:
         raise CodecError(f"mode must be one of {MODES}, got {h.mode!r}")
     if h.digest is None and h.mode == "exact":
@@ -234,6 +258,11 @@ def encode_head(h: HeadUpdate) -> bytes:
     if h.retained_classes is not None:
         classes = _classes_bitmap(h.retained_classes, c, h.n_retained)
         flags |= _FLAG_CLASSES
+    columns = _stored_columns(w_arr) if sparse and c and d * c <= SPARSE_MAX_VALUES else None
+    if columns is not None and columns.all():
+        columns = None  # nothing to leave out: the plain layout, byte for byte
+    if columns is not None:
+        flags |= _FLAG_COLUMNS
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
@@ -247,9 +276,11 @@ def encode_head(h: HeadUpdate) -> bytes:
         w.pack(_CONTRACT, cv)
     if classes is not None:
         w.put(classes)
+    if columns is not None:
+        w.put(_bitmap(columns))
     w.array(np.array([p for p, _ in h.offsets], dtype="<i4"), align=False)
     w.array(np.array([o for _, o in h.offsets], dtype="<i8"))
-    w.array(np.asarray(w_arr, dtype="<f8"))
+    w.array(np.asarray(w_arr if columns is None else w_arr[:, columns], dtype="<f8"))
     if post is not None:
         w.array(np.asarray(post, dtype="<f8"))
     return w.finish(HEAD_MAGIC, HEAD_VERSION, flags)
@@ -285,11 +316,27 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
         if not 1 <= contract_version <= 2**63 - 1:
             raise r.fail(f"contract_version {contract_version} out of range 1..2^63-1")
     classes = _read_classes(r, c, n_retained) if flags & _FLAG_CLASSES else None
+    columns = None
+    if flags & _FLAG_COLUMNS:
+        if d * c > SPARSE_MAX_VALUES:
+            raise r.fail(f"weights of {d} x {c} values exceed {SPARSE_MAX_VALUES} with weight_columns (flag bit 5)")
+        columns = _read_bitmap(r, c, "weight_columns", "column")
+        if columns.all():
+            raise r.fail("weight_columns marks every column (such an update is written without flag bit 5)")
     parts = r.array("<i4", n_off, "offset partitions", align=False)
     offs = r.array("<i8", n_off, "offsets")
     offsets = tuple(zip(parts.tolist(), offs.tolist()))
     _check_offsets(offsets, r.fail)
-    weights = r.array("<f8", d * c, "weights").reshape(d, c)
+    if columns is None:
+        weights = r.array("<f8", d * c, "weights").reshape(d, c)
+    else:
+        k = int(columns.sum())
+        weights = np.zeros((d, c), dtype="<f8")
+        stored = r.array("<f8", d * k, "weights").reshape(d, k)
+        if not _stored_columns(stored).all():
+            j = int(np.flatnonzero(columns)[np.argmin(_stored_columns(stored))])
+            raise r.fail(f"weights: weight_columns marks column {j}, whose values are all +0.0 (left out, not sent)")
+        weights[:, columns] = stored
     posterior = r.array("<f8", d * d, "posterior").reshape(d, d) if flags & _FLAG_POSTERIOR else None
     r.done()
     return HeadUpdate(

@@ -132,6 +132,17 @@ def head_cases() -> list[tuple[str, HeadUpdate]]:
         ("classes_zero_outputs", with_classes(HeadUpdate("cls-c0", 9, "exact", _hexd(rng), 0, 0, [], 0.0, 1.0,
                                                          0.0, np.zeros((2, 0))), [])),
     ]
+    sparse = np.zeros((3, 10))  # an auto-created head's W: most columns all +0.0, left out (flag bit 5)
+    sparse[:, [1, 8]] = w(3, 2)
+    sparse[2, 4] = -0.0  # not +0.0: its column stays in the message
+    cases += [
+        ("columns_sparse", with_classes(HeadUpdate("auto", 10, "fast", None, 6, 8, [(0, 5)], 0.0, 1.0, 10.0,
+                                                   sparse, None, _hexd(rng), 2),
+                                        [False, True, False, False, False, False, False, False, True, False])),
+        ("columns_sparse_posterior", HeadUpdate("auto2", 11, "exact", _hexd(rng), 6, 8, [(1, 5)], 0.0, 1.0, 11.0,
+                                                sparse[:, :9], spd(3))),
+        ("columns_all_zero", HeadUpdate("zero", 12, "fast", None, 0, 0, [(0, 0)], 0.0, 1.0, 12.0, np.zeros((2, 9)))),
+    ]
     return cases
 
 
@@ -203,7 +214,7 @@ def gen_malformed() -> dict[str, Any]:
         ("flipped_crc", "checksum", ok[:-1] + bytes([ok[-1] ^ 0x80])),
         ("unknown_version_2", "unknown version", _patch(ok, 4, struct.pack("<H", 2))),
         ("unknown_version_0", "unknown version", _patch(ok, 4, struct.pack("<H", 0))),
-        ("forged_flag_bit5", "unknown flags", _patch(ok, 6, struct.pack("<H", 0x002A))),
+        ("forged_flag_bit6", "unknown flags", _patch(ok, 6, struct.pack("<H", 0x004A))),
         ("forged_flag_bit15", "unknown flags", _patch(ok, 6, struct.pack("<H", 0x800A))),
         ("no_digest_on_exact", "no digest", _patch(exact, 6, struct.pack("<H", 0x0004))),
         ("no_digest_nonzero_bytes", "no digest", _patch(ok, 6, struct.pack("<H", 0x000E))),
@@ -248,6 +259,16 @@ def gen_malformed() -> dict[str, Any]:
     assert cls[at] == 1
     cases.append(("classes_bit_past_c", "retained_classes", _patch(cls, at, b"\x09")))
     cases.append(("classes_more_than_retained", "retained_classes", _patch(cls, at, b"\x03")))
+    cols = encode_head(HeadUpdate("hd", 9, "fast", None, 1, 4, [], 0.0, 1.0, 2.0, np.array([[0.0, 2.0, 0.0]])))
+    assert struct.unpack_from("<H", cols, 6)[0] == 0x0024 and cols[at] == 0b010  # the column bitmap at `at`
+    cases.append(("columns_bit_past_c", "weight_columns", _patch(cols, at, b"\x0a")))
+    cases.append(("columns_more_than_sent", "weights", _patch(cols, at, b"\x03")))
+    cases.append(("columns_huge_w", "exceed", _patch(cols, d_off, struct.pack("<I", 0x01000000))))
+    two = encode_head(HeadUpdate("hd", 9, "fast", None, 1, 4, [], 0.0, 1.0, 2.0, np.array([[0.0, 2.0, 3.0]])))
+    assert two[at] == 0b110 and two[-12:-4] == struct.pack("<d", 3.0)
+    cases.append(("columns_mark_every_column", "every column",
+                  rehash(_set_total(_patch(two, at, b"\x07")[:-4] + struct.pack("<d", 0.0) + bytes(4)))))
+    cases.append(("columns_mark_a_zero_column", "+0.0", _patch(two, len(two) - 12, struct.pack("<d", 0.0))))
     out = []
     for name, kind, msg in cases:
         try:

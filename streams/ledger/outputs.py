@@ -121,6 +121,7 @@ class Outputs:
         self.receipts_topic = settings.topic("receipts")
         self.deadletter_topic = settings.topic("deadletter")
         self.publish_posterior = LedgerSettings.of(settings).publish_posterior
+        self.sparse_weights = LedgerSettings.of(settings).head_sparse_weights
         self.redact_inputs = ErasureSettings.of(settings).deadletter_inputs == "redact"
         self.delivery_errors: list[str] = []
         self.retry = RetryPolicy.of(settings)
@@ -164,10 +165,10 @@ class Outputs:
     def encode_update(self, update: HeadUpdate) -> bytes:
         """``update``'s bytes, without its posterior when they would not fit in a message (a
         thread may call this: it reads only the update and the settings)."""
-        value = encode_head(update)
+        value = encode_head(update, self.sparse_weights)
         limit = self.settings.max_message_bytes
         if len(value) > limit and update.posterior is not None:
-            value = encode_head(replace(update, posterior=None))
+            value = encode_head(replace(update, posterior=None), self.sparse_weights)
             log.warning("head %r version %d: published without its posterior (%d bytes over the limit)",
                         update.head_id, update.version, len(value) - limit)
         return value

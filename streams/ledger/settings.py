@@ -24,6 +24,8 @@ class LedgerSettings(Section):
     heads_retire_seconds: float = setting(10.0, "a superseded heads / ledger-state generation lives this long")
     erasure_rotate_seconds: float = setting(20.0, "rewrite state topics holding erased rows this often (0 = off)")
     publish_posterior: bool = setting(True, "head updates carry T = H^-1")
+    head_sparse_weights: bool = setting(True, "head updates leave W's all-zero columns out (false: for "
+                                        "readers older than flag bit 5, docs/formats.md)")
     ledger_blas_threads: int = setting(1, "BLAS threads of the ledger process")
 
     def check(self) -> None:

@@ -122,6 +122,11 @@ CODECS: dict[str, tuple[Any, Callable[[Any], bytes], Callable[[bytes], Any]]] = 
     "head": (heads(), encode_head, decode_head),
 }
 
+#: The other encoding a decoder accepts for the same value: a head update written in full
+#: (``sparse=False``, and every update written before flag bit 5) where the default leaves
+#: all-zero weight columns out.
+PLAIN: dict[str, Callable[[Any], bytes]] = {"head": lambda h: encode_head(h, sparse=False)}
+
 SAMPLES: dict[str, Any] = {
     "delta": Delta("h", "f", 2, 30, 8, [
         RowsEntry(1, ["e1", "e2"], ["s1", "s2"], ["u", "v"], np.array([[1], [2]]), np.array([[1, 2], [3, 4]])),

@@ -1,5 +1,5 @@
 """Binary ``heads`` messages: round trips, ``head_to_json``, and the optional fields behind flag
-bits 1 to 4 (retained hash, no digest, contract version, retained classes)."""
+bits 1 to 5 (retained hash, no digest, contract version, retained classes, weight columns)."""
 
 from __future__ import annotations
 
@@ -136,3 +136,61 @@ def test_head_retained_classes_are_flag_bit_4_after_the_contract_version() -> No
         decode_head(reframe(raw_m, bytes(body[:at - PREFIX.size + 1])))
     empty = HeadUpdate(**{**fields, "weights": np.ones((2, 0)), "retained_classes": np.zeros(0, dtype=bool)})
     assert decode_head(encode_head(empty)) == empty  # c = 0: no bitmap bytes at all
+
+
+def test_all_zero_weight_columns_are_left_out_behind_flag_bit_5() -> None:
+    """W's columns that are all +0.0 (an auto-created head's classes without data) are left out:
+    a column bitmap (flag bit 5) follows the retained classes and W holds the marked columns only.
+    Decoding gives W back bit for bit; a -0.0 or NaN keeps its column; with nothing to leave out,
+    or ``sparse=False``, the bytes are the plain layout of every encoder before it."""
+    w = np.zeros((3, 11))
+    w[:, 1] = [1.0, -2.0, 3.5]
+    w[2, 4] = -0.0  # bitwise not +0.0: kept
+    w[0, 9] = np.nan
+    mask = np.zeros(11, dtype=bool)
+    mask[[1, 9]] = True
+    base = HeadUpdate("h", 7, "fast", None, 5, 3, [(0, 9)], 1e-12, 0.5, 1.0, w, retained_hash="cd" * 32,
+                      contract_version=4, retained_classes=mask)
+    raw, plain = encode_head(base), encode_head(base, sparse=False)
+    assert struct.unpack_from("<H", raw, 6) == (0x3E,) and struct.unpack_from("<H", plain, 6) == (0x1E,)
+    back = decode_head(raw)
+    assert back == base == decode_head(plain)
+    assert back.weights.tobytes() == w.tobytes()  # -0.0 and the NaN payload included
+    at = PREFIX.size + 3 + struct.calcsize("<QB7s32sQQdddIII") + 32 + 8 + 2
+    assert raw[at:at + 2] == bytes([0b00010010, 0b00000010])  # columns 1, 4 and 9
+    assert len(plain) - len(raw) == 8 * 3 * 8  # eight columns of three rows out; the bitmap took two pad bytes
+    assert raw[PREFIX.size + 2:at] == plain[PREFIX.size + 2:at]  # every field before it in place
+    full = HeadUpdate(**{**{f: getattr(base, f) for f in HeadUpdate.__slots__}, "weights": np.ones((3, 11))})
+    assert encode_head(full) == encode_head(full, sparse=False)  # no column to leave out: the plain layout
+    zero = HeadUpdate(**{**{f: getattr(base, f) for f in HeadUpdate.__slots__}, "weights": np.zeros((3, 11)),
+                         "retained_classes": None})
+    raw_zero = encode_head(zero)
+    assert decode_head(raw_zero) == zero and len(raw_zero) < len(encode_head(zero, sparse=False)) - 3 * 11 * 8 + 8
+    body = bytearray(raw[PREFIX.size:-4])
+    bad = bytearray(body)
+    bad[at - PREFIX.size + 1] |= 0b00001000  # column 11 of 11
+    with pytest.raises(CodecError, match="past column 10"):
+        decode_head(reframe(raw, bytes(bad)))
+    more = bytearray(body)
+    more[at - PREFIX.size] |= 0b00000001  # a fourth column marked: W is 3 x 4, the message holds 3 x 3
+    with pytest.raises(CodecError, match="weights"):
+        decode_head(reframe(raw, bytes(more)))
+    with pytest.raises(CodecError, match="unknown flags"):
+        decode_head(reframe(raw, flags=0x7E))
+
+
+def test_a_sparse_update_may_not_claim_a_huge_w() -> None:
+    """A short message must not make a reader allocate a huge W: with flag bit 5, d x c is at most
+    SPARSE_MAX_VALUES (a larger W is written in full, which the message size limit bounds)."""
+    from unlearn.schemas.head import SPARSE_MAX_VALUES
+
+    big = HeadUpdate("h", 1, "fast", None, 0, 0, [], 0.0, 1.0, 0.0, np.zeros((1, SPARSE_MAX_VALUES + 1)))
+    raw = encode_head(big)
+    assert struct.unpack_from("<H", raw, 6) == (4,)  # written in full: no bit 5
+    small = encode_head(HeadUpdate("h", 1, "fast", None, 0, 0, [], 0.0, 1.0, 0.0, np.zeros((1, 8))))
+    assert struct.unpack_from("<H", small, 6) == (0x24,)
+    d_at = PREFIX.size + 3 + struct.calcsize("<QB7s32sQQddd")
+    body = bytearray(small[PREFIX.size:-4])
+    body[d_at - PREFIX.size:d_at - PREFIX.size + 4] = struct.pack("<I", 2**31)  # d x 8 columns: 2^34 values
+    with pytest.raises(CodecError, match="exceed"):
+        decode_head(reframe(small, bytes(body)))

@@ -234,18 +234,20 @@ def test_ledger_state_rotates_and_stays_bounded(settings: Settings, tmp_path: Pa
 
 
 def test_a_head_too_large_to_publish_is_dead_lettered_not_a_crash_loop(settings: Settings, tmp_path: Path) -> None:
-    """One add that makes a head too large for a message (d=400, class 399: W alone is 1.28 MB)
-    must not stop the worker: the head stays exact in the ledger, a dead letter says why, and
-    other heads on the same partitions keep being published."""
+    """Adds that make a head too large for a message (d=400, a sample in each of 400 classes: W
+    alone is 1.28 MB, none of its columns zero) must not stop the worker: the head stays exact in
+    the ledger, a dead letter says why, and other heads on the same partitions keep being published."""
     from unlearn.schemas.deadletter import decode_deadletter
 
     s = worker_settings(settings, tmp_path).with_(max_message_bytes=1_000_000)
-    q = Quantizer().quantize(l2_normalize(np.random.default_rng(1).normal(size=(1, 400))))
-    big = encode_delta(Delta("big", "test", 400, 30, 0, (RowsEntry(+1, ["e-big"], ["x"], ["u"], np.array([399]), q),)))
+    q = Quantizer().quantize(l2_normalize(np.random.default_rng(1).normal(size=(400, 400))))
+    big = [("big", encode_delta(Delta("big", "test", 400, 30, 0, (RowsEntry(
+        +1, [f"e-{i}" for i in part], [f"x{i}" for i in part], ["u"] * 200, part, q[part]),))))
+        for part in (np.arange(200), np.arange(200, 400))]  # two deltas: each fits in a message
     stream = Stream(["small"], d=5, seed=11)
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
     try:
-        produce(s, [("big", big), *[stream.next_message() for _ in range(10)]])
+        produce(s, [*big, *[stream.next_message() for _ in range(10)]])
         assert_final_heads_exact(s, stream)
         reasons = [decode_deadletter(r.value or b"").reason for r in read_topic(s, s.topic("deadletter"))]
         assert "head_too_large" in reasons

@@ -21,7 +21,12 @@ public final class HeadCodec {
     static final int FLAG_NO_DIGEST = 0x0004;
     static final int FLAG_CONTRACT = 0x0008;
     static final int FLAG_CLASSES = 0x0010;
-    static final int FLAGS = FLAG_POSTERIOR | FLAG_RETAINED_HASH | FLAG_NO_DIGEST | FLAG_CONTRACT | FLAG_CLASSES;
+    static final int FLAG_COLUMNS = 0x0020;
+    static final int FLAGS = FLAG_POSTERIOR | FLAG_RETAINED_HASH | FLAG_NO_DIGEST | FLAG_CONTRACT | FLAG_CLASSES
+            | FLAG_COLUMNS;
+    /** Most values (d x c) of a W whose all-zero columns were left out (flag bit 5): a short message
+     * must not make a decoder allocate more than 128 MiB. */
+    static final long SPARSE_MAX_VALUES = 1L << 24;
     private static final int PREFIX = 16;
     private static final int CRC = 4;
     private static final int MIN_FRAME = PREFIX + CRC;
@@ -126,6 +131,17 @@ public final class HeadCodec {
         if ((flags & FLAG_CLASSES) != 0) {
             classes = readClasses(r, c, nRetained);
         }
+        boolean[] columns = null;
+        if ((flags & FLAG_COLUMNS) != 0) {
+            if (d * c > SPARSE_MAX_VALUES) { // d, c < 2^32: no overflow
+                throw r.fail("weights of " + d + " x " + c + " values exceed " + SPARSE_MAX_VALUES
+                        + " with weight_columns (flag bit 5)");
+            }
+            columns = readBitmap(r, c, "weight_columns", "column");
+            if (countSet(columns) == c) {
+                throw r.fail("weight_columns marks every column (such an update is written without flag bit 5)");
+            }
+        }
         r.need(count(nOff, 4), "offset partitions");
         int[] parts = new int[(int) nOff];
         for (int i = 0; i < parts.length; i++) {
@@ -148,7 +164,7 @@ public final class HeadCodec {
             }
             last = parts[i];
         }
-        double[] weights = r.f64s(d, c, "weights");
+        double[] weights = columns == null ? r.f64s(d, c, "weights") : expand(r, d, columns);
         double[] posterior = (flags & FLAG_POSTERIOR) != 0 ? r.f64s(d, d, "posterior") : null;
         r.done();
         return new HeadUpdate(headId, hVersion, mode, (flags & FLAG_NO_DIGEST) != 0 ? null : Hex.encode(digest),
@@ -157,26 +173,72 @@ public final class HeadCodec {
     }
 
     private static boolean[] readClasses(Reader r, long c, long nRetained) {
-        long nBytes = (c + 7) / 8;
-        byte[] raw = r.bytes(nBytes, "retained_classes");
-        boolean[] mask = new boolean[(int) c];
-        long marked = 0;
-        for (long j = 0; j < nBytes * 8; j++) {
-            boolean bit = ((raw[(int) (j >>> 3)] >>> (j & 7)) & 1) != 0;
-            if (bit && j >= c) {
-                throw r.fail("retained_classes sets bits past class " + (c - 1)
-                        + " (the last byte's unused bits must be 0)");
-            }
-            if (bit) {
-                mask[(int) j] = true;
-                marked++;
-            }
-        }
+        boolean[] mask = readBitmap(r, c, "retained_classes", "class");
+        long marked = countSet(mask);
         if (Long.compareUnsigned(marked, nRetained) > 0) {
             throw r.fail("retained_classes marks " + marked + " classes, more than n_retained="
                     + Long.toUnsignedString(nRetained) + " samples");
         }
         return mask;
+    }
+
+    /** A bitmap of {@code c} bits, bit j % 8 of byte j / 8; refused when it sets a bit past the last. */
+    private static boolean[] readBitmap(Reader r, long c, String what, String unit) {
+        long nBytes = (c + 7) / 8;
+        byte[] raw = r.bytes(nBytes, what);
+        boolean[] mask = new boolean[(int) c];
+        for (long j = 0; j < nBytes * 8; j++) {
+            boolean bit = ((raw[(int) (j >>> 3)] >>> (j & 7)) & 1) != 0;
+            if (bit && j >= c) {
+                throw r.fail(what + " sets bits past " + unit + " " + (c - 1)
+                        + " (the last byte's unused bits must be 0)");
+            }
+            if (bit) {
+                mask[(int) j] = true;
+            }
+        }
+        return mask;
+    }
+
+    private static long countSet(boolean[] mask) {
+        long n = 0;
+        for (boolean b : mask) {
+            if (b) {
+                n++;
+            }
+        }
+        return n;
+    }
+
+    /** W (d x c, row-major) from the marked columns the message holds; the others +0.0. A marked
+     * column whose values are all +0.0 is refused: the encoder leaves those out (one encoding). */
+    private static double[] expand(Reader r, long d, boolean[] columns) {
+        int c = columns.length;
+        int k = (int) countSet(columns);
+        double[] packed = r.f64s(d, k, "weights");
+        for (int at = 0, j = 0; j < c; j++) {
+            if (!columns[j]) {
+                continue;
+            }
+            boolean zero = true;
+            for (int i = 0; i < d && zero; i++) {
+                zero = Double.doubleToRawLongBits(packed[i * k + at]) == 0L;
+            }
+            if (zero) {
+                throw r.fail("weights: weight_columns marks column " + j + ", whose values are all +0.0 (left out, not sent)");
+            }
+            at++;
+        }
+        double[] weights = new double[(int) (d * c)];
+        for (int i = 0; i < d; i++) {
+            int at = 0;
+            for (int j = 0; j < c; j++) {
+                if (columns[j]) {
+                    weights[i * c + j] = packed[i * k + at++];
+                }
+            }
+        }
+        return weights;
     }
 
     /** {@code n * size} bytes, or -1 when that exceeds every message (the need check fails). */
