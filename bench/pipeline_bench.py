@@ -147,6 +147,15 @@ def settings_of(s: Settings, names: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def declare(s: Settings, head: str, dim: int, classes: int) -> None:
+    """Declare ``head`` with ``classes`` classes, as ``unlearn heads create`` does."""
+    from unlearn.common.registry import publish_contract
+    from unlearn.services.registry.cli import build_parser, contract_from_args
+
+    args = build_parser().parse_args(["create", "--head", head, "--dim", str(dim), "--classes", str(classes)])
+    publish_contract(s, contract_from_args(args, s))
+
+
 def percentiles(xs: list[float]) -> dict[str, float]:
     a = np.array(xs) * 1000
     return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
@@ -168,6 +177,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "partitions", "batch_max_events", "batch_max_ms", "checkpoint_every_messages",
             "checkpoint_every_seconds", "reset_every_events", "reset_every_seconds", "publish_posterior"))
         create_topics(s)
+        if args.declare:  # what a deployment does (`unlearn heads create`): c columns, not the auto 100
+            for h, d in [*((f"bench-{e}", args.dim) for e in encodings),
+                         *((f"bench-cpu{d}", int(d)) for d in args.cpu_dims.split(",") if d)]:
+                declare(s, h, d, args.classes)
         if args.ceiling:
             out["ceiling"] = ceiling(s, args)
         procs = [ServiceProcess("featurizer", ["featurizer"], s, tmp).start(),
@@ -314,7 +327,7 @@ def throughput(p: Producer, s: Settings, w: Watcher, head: str, dtype: str | Non
     cpu = split.get("featurizer", float("nan"))
     name = "JSON numbers" if dtype is None else f"features_bin {dtype}"
     size = float(np.mean([len(v) for _, v in msgs]))
-    print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={X.shape[1]}, c={args.classes}: "
+    print(f"throughput ({name}, {size:,.0f} B/request): {n} adds at d={X.shape[1]}: "
           f"{n / (t_done - t0):,.0f} events/s end to end ({t_done - t0:.1f} s; produced in {t_produced - t0:.1f} s, "
           f"featurized in {t_featurized - t0:.1f} s: {n / (t_featurized - t0):,.0f} events/s); "
           f"featurizer CPU {1e6 * cpu / n:,.0f} µs/add", flush=True)
@@ -420,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ceiling-sizes", default="4400,6300,15300", help="message sizes for --ceiling, bytes")
     ap.add_argument("--cpu-dims", default="", help="comma list of d: the featurizer's CPU per <f4 add at each")
     ap.add_argument("--cpu-n", type=int, default=1000, help="adds per --cpu-dims run")
+    ap.add_argument("--declare", action="store_true",
+                    help="declare the heads with --classes classes (`unlearn heads create`) instead of letting "
+                         "the first add create them with UNLEARN_DEFAULT_CLASSES (100) columns")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.binary:
@@ -433,7 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.n, args.deletes = min(args.n, 1000), min(args.deletes, 40)
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}; "
-          f"broker: local {describe_engine(args.engine)}; d={args.dim}, c={args.classes}, features passthrough")
+          f"broker: local {describe_engine(args.engine)}; d={args.dim}, labels 0..{args.classes - 1} in "
+          f"{f'{args.classes} declared' if args.declare else 'auto-created (UNLEARN_DEFAULT_CLASSES)'} columns, "
+          "features passthrough")
     out = run(args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
