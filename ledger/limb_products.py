@@ -192,6 +192,17 @@ def accumulate_moments(G: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np
     rows (<= ROW_BLOCK), in place. The same Karatsuba split as S: the cross limb is
     s^T (ya + yb) minus the other two; every product sums at most ROW_BLOCK terms below
     2.25*2^30, so the float64 GEMMs are exact."""
+    used = Y.any(axis=0)
+    k = int(np.count_nonzero(used))
+    if k == 0:
+        return  # every label zero: G gets exactly nothing
+    if 2 * k <= used.shape[0]:  # one-hot rows of a wide label space (an auto-created head has 100
+        cols = np.flatnonzero(used)  # columns): the columns no row names get exactly nothing
+        sub = tuple(g[:, cols] for g in G)
+        accumulate_moments(sub, a, b, s, Y[:, cols], sign)  # type: ignore[arg-type]
+        for g, part in zip(G, sub, strict=True):
+            g[:, cols] = part
+        return
     GAA, GX, GBB = G
     ya, yb = split_labels(Y)
     op = np.add if sign > 0 else np.subtract

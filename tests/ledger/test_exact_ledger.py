@@ -72,6 +72,36 @@ def test_matches_python_int_reference(seed: int, d: int, n: int, kind: str, k_y:
 
 
 @SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 9), n=st.integers(1, 60), kind=label_kinds,
+       used=st.integers(1, 6), k_y=st.integers(0, 8))
+def test_a_wide_label_space_with_few_columns_used_matches_the_reference(seed: int, d: int, n: int, kind: str,
+                                                                        used: int, k_y: int) -> None:
+    """An auto-created head's label space: 37 columns, rows naming a few (the moments skip the
+    others): adds then deletes in chunks, against Python big ints."""
+    rng = np.random.default_rng(seed)
+    c = 37
+    cols = rng.choice(c, size=used, replace=False)
+    Q = random_rows(rng, n, d)
+    if kind == "class":
+        Y = cols[rng.integers(0, used, size=n)]
+    else:
+        Y = np.zeros((n, c), dtype=np.int64)
+        Y[:, cols] = random_labels(rng, n, kind, used)
+    k_y = k_y if kind == "class" else 0
+    led = ExactLedger(d, c, label_frac_bits=k_y)
+    cut = sorted(rng.integers(0, n + 1, size=3).tolist())
+    for lo, hi in zip([0, *cut], [*cut, n], strict=True):
+        led.add(Q[lo:hi], Y[lo:hi])
+    S_ref, G_ref = reference_ints(Q, Y, c, kind, k_y)
+    assert (led.gram_int() == S_ref).all() and (led.moments_int() == G_ref).all()
+    gone = rng.permutation(n)[: n // 2]
+    led.delete(Q[gone], Y[gone])
+    keep = np.setdiff1d(np.arange(n), gone)
+    S_ref, G_ref = reference_ints(Q[keep], Y[keep], c, kind, k_y)
+    assert (led.gram_int() == S_ref).all() and (led.moments_int() == G_ref).all()
+
+
+@SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 8), n=st.integers(1, 30), kind=label_kinds,
        n_ops=st.integers(0, 60))
 def test_any_interleaving_equals_fresh_ledger_on_retained(seed: int, d: int, n: int, kind: str, n_ops: int) -> None:
