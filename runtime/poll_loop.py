@@ -17,12 +17,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["PollLoop", "Poller", "Processor", "coalesce", "records"]
 
 log = logging.getLogger("unlearn.runtime")
+
+#: A turn whose work (processing its batch, then the timers) takes longer than this is logged
+#: with its parts: every record behind it in the worker's partitions waited that long.
+SLOW_TURN_S = 0.5
 
 
 class Processor(Protocol):
@@ -122,13 +127,21 @@ class PollLoop:
 
     def turn(self, stop: threading.Event) -> None:
         """One poll, its batch processed (or the idle hook), the processor's timers."""
+        t0 = time.monotonic()
         batch = self.poller.poll(self.consumer, stop, self.check)
         self.check()
+        t1 = time.monotonic()
         if batch:
             self.processor.process(batch)
         else:
             self.processor.idle()
+        t2 = time.monotonic()
         self.processor.tick()
+        t3 = time.monotonic()
+        if t3 - t1 > SLOW_TURN_S:
+            log.warning("slow turn: %s %.0f ms (%d records), timers %.0f ms, after a poll of %.0f ms",
+                        "processing" if batch else "idle", 1000 * (t2 - t1), len(batch), 1000 * (t3 - t2),
+                        1000 * (t1 - t0))
 
     def check(self) -> None:
         """Raise what a rebalance callback failed with."""

@@ -152,3 +152,30 @@ def test_coalesce_waits_only_for_the_first_record() -> None:
 
     assert coalesce(C(), 500, 0.05) == [1, 2, 3]
     assert calls == [(1, 0.05), (499, 0)]
+
+
+def test_a_slow_turn_is_logged_with_its_parts(monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A turn whose processing and timers take longer than SLOW_TURN_S is a warning naming each
+    part (every record behind it waited that long); a quick one is not."""
+    import time as clock
+
+    from unlearn.runtime import poll_loop
+
+    monkeypatch.setattr(poll_loop, "SLOW_TURN_S", 0.05)
+
+    class Slow(Processor):
+        def process(self, batch: list[Any]) -> None:
+            super().process(batch)
+            if batch == ["slow"]:
+                clock.sleep(0.08)
+
+    consumer = Consumer([["quick"], ["slow"]])
+    loop = PollLoop(consumer, Slow(), Poller())
+    loop.subscribe(["t"])
+    with caplog.at_level("WARNING", logger="unlearn.runtime"):
+        loop.turn(threading.Event())
+        assert not caplog.records
+        loop.turn(threading.Event())
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("slow turn: processing ") and "(1 records), timers " in rec.getMessage()
