@@ -25,8 +25,9 @@ __all__ = ["PollLoop", "Poller", "Processor", "coalesce", "records"]
 
 log = logging.getLogger("unlearn.runtime")
 
-#: A turn whose work (processing its batch, then the timers) takes longer than this is logged
-#: with its parts: every record behind it in the worker's partitions waited that long.
+#: A turn whose work (processing its batch, then the timers), or whose poll that returned
+#: records, took longer than this is logged with its parts: every record behind it in the
+#: worker's partitions waited that long.
 SLOW_TURN_S = 0.5
 
 
@@ -138,7 +139,7 @@ class PollLoop:
         t2 = time.monotonic()
         self.processor.tick()
         t3 = time.monotonic()
-        if t3 - t1 > SLOW_TURN_S:
+        if t3 - t1 > SLOW_TURN_S or (batch and t1 - t0 > SLOW_TURN_S):  # an idle poll waits by design
             log.warning("slow turn: %s %.0f ms (%d records), timers %.0f ms, after a poll of %.0f ms",
                         "processing" if batch else "idle", 1000 * (t2 - t1), len(batch), 1000 * (t3 - t2),
                         1000 * (t1 - t0))

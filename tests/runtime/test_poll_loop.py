@@ -156,8 +156,9 @@ def test_coalesce_waits_only_for_the_first_record() -> None:
 
 def test_a_slow_turn_is_logged_with_its_parts(monkeypatch: pytest.MonkeyPatch,
                                               caplog: pytest.LogCaptureFixture) -> None:
-    """A turn whose processing and timers take longer than SLOW_TURN_S is a warning naming each
-    part (every record behind it waited that long); a quick one is not."""
+    """A turn whose processing and timers, or whose poll that returned records, take longer than
+    SLOW_TURN_S is a warning naming each part (every record behind it waited that long); a quick
+    one is not, nor an idle poll's wait."""
     import time as clock
 
     from unlearn.runtime import poll_loop
@@ -179,3 +180,20 @@ def test_a_slow_turn_is_logged_with_its_parts(monkeypatch: pytest.MonkeyPatch,
         loop.turn(threading.Event())
     (rec,) = caplog.records
     assert rec.getMessage().startswith("slow turn: processing ") and "(1 records), timers " in rec.getMessage()
+
+    class SlowPoll(Poller):
+        def poll(self, consumer: Consumer, stop: threading.Event, check: Any) -> list[Any]:
+            clock.sleep(0.08)
+            return super().poll(consumer, stop, check)
+
+    caplog.clear()
+    loop = PollLoop(Consumer([[], ["late"]]), Processor(), SlowPoll())
+    loop.subscribe(["t"])
+    with caplog.at_level("WARNING", logger="unlearn.runtime"):
+        loop.turn(threading.Event())  # an idle poll waits by design: not a slow turn
+        assert not caplog.records
+        loop.turn(threading.Event())
+    (rec,) = caplog.records
+    msg = rec.getMessage()
+    assert msg.startswith("slow turn: processing ") and "(1 records)" in msg
+    assert int(msg.rsplit("after a poll of ", 1)[1].split(" ")[0]) >= 80
