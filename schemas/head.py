@@ -186,6 +186,16 @@ def _stored_columns(w: np.ndarray) -> np.ndarray:
     return (w != 0).any(axis=0) | np.signbit(w).any(axis=0)
 
 
+def _sparse_columns(w: np.ndarray) -> np.ndarray | None:
+    """The columns a message of ``w`` carries with flag bit 5, or None for the plain layout: no
+    column to leave out (then byte for byte as before bit 5), or a W too large for bit 5."""
+    d, c = w.shape
+    if not c or d * c > SPARSE_MAX_VALUES:
+        return None
+    columns = _stored_columns(w)
+    return None if columns.all() else columns
+
+
 def _digest_bytes(digest: str, what: str = "digest") -> bytes:
     if not isinstance(digest, str) or len(digest) != 64:
         raise CodecError(f"{what} must be 64 hex characters (SHA-256), got {digest!r:.80}")
@@ -258,11 +268,8 @@ def encode_head(h: HeadUpdate, sparse: bool = True) -> bytes:
     if h.retained_classes is not None:
         classes = _classes_bitmap(h.retained_classes, c, h.n_retained)
         flags |= _FLAG_CLASSES
-    columns = _stored_columns(w_arr) if sparse and c and d * c <= SPARSE_MAX_VALUES else None
-    if columns is not None and columns.all():
-        columns = None  # nothing to leave out: the plain layout, byte for byte
-    if columns is not None:
-        flags |= _FLAG_COLUMNS
+    columns = _sparse_columns(w_arr) if sparse else None
+    flags |= 0 if columns is None else _FLAG_COLUMNS
     w = Writer()
     w.str16(h.head_id, "head_id")
     w.pack(
