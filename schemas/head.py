@@ -338,11 +338,11 @@ def decode_head(buf: bytes | bytearray | memoryview) -> HeadUpdate:
         weights = r.array("<f8", d * c, "weights").reshape(d, c)
     else:
         k = int(columns.sum())
-        weights = np.zeros((d, c), dtype="<f8")
-        stored = r.array("<f8", d * k, "weights").reshape(d, k)
+        stored = r.array("<f8", d * k, "weights").reshape(d, k)  # read (length-checked) before allocating W
         if not _stored_columns(stored).all():
             j = int(np.flatnonzero(columns)[np.argmin(_stored_columns(stored))])
             raise r.fail(f"weights: weight_columns marks column {j}, whose values are all +0.0 (left out, not sent)")
+        weights = np.zeros((d, c), dtype="<f8")
         weights[:, columns] = stored
     posterior = r.array("<f8", d * d, "posterior").reshape(d, d) if flags & _FLAG_POSTERIOR else None
     r.done()
