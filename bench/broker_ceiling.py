@@ -92,6 +92,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(x) for x in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp, local_broker(args.engine) as broker:
         s = Settings.from_env(bootstrap=broker.bootstrap, topic_prefix="ceiling.", data_dir=tmp, profile=args.engine)
+        # an untimed round first: a just-started broker's JIT compiles meanwhile (bench/results/pipeline_bench.md
+        # section 26: 7,645 produces/s of 4.4 KB cold, 15,288 warm)
+        create_topics(s, partitions=args.partitions, extra=["warmup"])
+        produce_rate(s, s.topic("warmup"), args.n, sizes[0], args.linger_ms)
+        consume_rate(s, s.topic("warmup"), args.partitions, args.n)
         for size in sizes:
             prod, cons = [], []
             for r in range(args.repeats):
