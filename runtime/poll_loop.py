@@ -27,7 +27,8 @@ log = logging.getLogger("unlearn.runtime")
 
 #: A turn whose work (processing its batch, then the timers), or whose poll that returned
 #: records, took longer than this is logged with its parts: every record behind it in the
-#: worker's partitions waited that long.
+#: worker's partitions waited that long. A poll that brought partitions up (their restore runs
+#: inside it) is not a slow poll; a poll that returned nothing is a wait, not a stall.
 SLOW_TURN_S = 0.5
 
 
@@ -102,6 +103,7 @@ class PollLoop:
         self.on_ready = on_ready
         self.ready = threading.Event()
         self.fatal: BaseException | None = None
+        self.rebalances = 0  # assignments, revocations and losses so far (their work runs inside a poll)
 
     def subscribe(self, topics: list[str]) -> None:
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -128,7 +130,7 @@ class PollLoop:
 
     def turn(self, stop: threading.Event) -> None:
         """One poll, its batch processed (or the idle hook), the processor's timers."""
-        t0 = time.monotonic()
+        t0, rebalances = time.monotonic(), self.rebalances
         batch = self.poller.poll(self.consumer, stop, self.check)
         self.check()
         t1 = time.monotonic()
@@ -139,7 +141,8 @@ class PollLoop:
         t2 = time.monotonic()
         self.processor.tick()
         t3 = time.monotonic()
-        if t3 - t1 > SLOW_TURN_S or (batch and t1 - t0 > SLOW_TURN_S):  # an idle poll waits by design
+        slow_poll = batch and t1 - t0 > SLOW_TURN_S and rebalances == self.rebalances  # not waits, nor restores
+        if t3 - t1 > SLOW_TURN_S or slow_poll:
             log.warning("slow turn: %s %.0f ms (%d records), timers %.0f ms, after a poll of %.0f ms",
                         "processing" if batch else "idle", 1000 * (t2 - t1), len(batch), 1000 * (t3 - t2),
                         1000 * (t1 - t0))
@@ -150,6 +153,7 @@ class PollLoop:
             raise self.fatal
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self.rebalances += 1
         try:
             self.processor.assign(consumer, partitions)
         except BaseException as exc:  # raised by the loop: never process a partition not brought up
@@ -163,12 +167,14 @@ class PollLoop:
                 self.on_ready()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self.rebalances += 1
         try:
             self.processor.revoke(consumer, partitions)
         except BaseException as exc:  # raised by the loop
             self.fatal = self.fatal or exc
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self.rebalances += 1
         try:
             self.processor.lost(consumer, partitions)
         except BaseException as exc:  # raised by the loop
