@@ -229,8 +229,8 @@ def test_table_trains_and_untrains_a_head_through_kill_9_and_a_postgres_restart(
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{explain(s, postgres, table)}") from None
         # owner deletes remove whole owners across both sessions, so the count varies with the
-        # interleaving (17 and 20-odd seen): the bound only rules out a trivial head
-        assert got.n_retained == ref.count == len(y) >= 5
+        # interleaving (4, 17 and 20-odd seen): 'snap-1', inserted last, is the one row sure to stay
+        assert got.n_retained == ref.count == len(y) >= 1
         W = np.asarray(got.weights)
         assert np.array_equal(W, solve_head(ref, heads.gamma_for(head)))
         # independent of the ledger: ridge in float64 on the SELECTed rows (quantization error only)
