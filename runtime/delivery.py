@@ -63,6 +63,13 @@ class Acks:
             self.sent += 1
         return self
 
+    def answered(self) -> bool:
+        """Whether every message sent has its delivery report (acknowledged or failed), serving
+        the reports due without blocking: a caller with time to spare settles early."""
+        if self.acked + len(self.failures) < self.sent:
+            self.producer.poll(0)
+        return self.acked + len(self.failures) >= self.sent
+
     def wait(self, timeout: float | None = None) -> int:
         """Flush (within ``timeout`` seconds; without one, the policy's deadline, BrokerUnavailable
         past it, or without bound where there is no policy); raise unless every message sent so

@@ -82,12 +82,13 @@ class BatchWindow:
     holds a delete closes as soon as what was already fetched is in (``routing.might_delete``),
     and ends at its last delete: the records fetched after it wait for the next batch (issue 29:
     under a flow of adds every fetch fills a batch, and a delete waited for the adds behind it
-    too). The window buys adds throughput, a delete only waits in it."""
+    too). The window buys adds throughput, a delete only waits in it; ``waiting`` runs between
+    its slices (the processor settles the batch in flight there, off the next batch's path)."""
 
-    def __init__(self, max_batch: int, max_ms: int) -> None:
+    def __init__(self, max_batch: int, max_ms: int, waiting: Callable[[], None] | None = None) -> None:
         if max_batch < 1 or max_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_ms >= 0")
-        self.max_batch, self.max_ms = max_batch, max_ms
+        self.max_batch, self.max_ms, self.waiting = max_batch, max_ms, waiting
         self._pending: list[Any] = []  # the batch being polled
         self._carry: list[Any] = []  # fetched after a batch's last delete: the next batch's start
 
@@ -128,6 +129,8 @@ class BatchWindow:
                     self._pending.extend(records(got, "featurizer"))
             if time.monotonic() >= deadline or stop.is_set():
                 break
+            if self.waiting is not None and not urgent:
+                self.waiting()
         batch, self._pending = self._pending, []
         if urgent:
             cut = max(i for i, m in enumerate(batch) if might_delete(m.value())) + 1
@@ -235,6 +238,13 @@ class BatchProcessor:
             self.delivery.mark_delivered(c.partition, c.generation)
         self._hook("after_outbox_ack")
         self._commit(pending.offsets, wait_commit)
+
+    def settle_if_answered(self) -> None:
+        """Settle the batch in flight if its phase 1 is answered already (``Acks.answered``): the
+        batch window calls it while it waits, so the next commit (a delete lane's above all) finds
+        nothing left to await or to ack in the outbox."""
+        if self._inflight is not None and self._inflight.acks.answered():
+            self.settle(wait_commit=False)
 
     def abandon(self) -> None:
         """Forget the batch in flight without settling it (after a crash: its outbox stays for the

@@ -224,6 +224,7 @@ class FeaturizerService:
                                       router=self.router, partitions=self.partitions, registry=self.registry,
                                       encoder=self.encoder, auth=self.auth, erasure=self.erasure, fault=self.fault,
                                       stats=self.stats)
+        self.window.waiting = self.batches.settle_if_answered
         self.loop = PollLoop(self._consumer, self, self.window, on_ready=self._became_ready)
         self.loop.subscribe([t.requests, t.by_head])
         log.info("featurizer group=%s requests=%s routed=%s (%d partitions) stream=%s federated=%s auth=%s "

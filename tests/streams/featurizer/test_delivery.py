@@ -44,3 +44,34 @@ def test_a_wait_without_timeout_rides_out_the_broker_up_to_the_retry_deadline() 
     acks = Acks(nowhere, policy=RetryPolicy(deadline_s=1.0)).send([{"topic": "t", "value": b"v", "partition": 0}])
     with pytest.raises(BrokerUnavailable, match="1 messages not delivered"):
         acks.wait()
+
+
+def test_answered_serves_reports_without_blocking_and_counts_failures(settings: Settings) -> None:
+    """``answered`` is what the batch window asks between its slices (batch.settle_if_answered):
+    False while a report is owed, True once every message was acknowledged or failed, and it never
+    waits for them; a failed message still makes ``wait`` raise."""
+    import time
+
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(settings, **{"linger.ms": 0}))
+    acks = Acks(producer).send([{"topic": settings.topic("deadletter"), "value": b"a%d" % i, "partition": 0}
+                                for i in range(3)])
+    started = time.monotonic()
+    first = acks.answered()
+    assert time.monotonic() - started < 0.5  # served what was due, waited for nothing
+    deadline = time.monotonic() + 30
+    while not acks.answered():
+        assert time.monotonic() < deadline, "three messages never acknowledged"
+        time.sleep(0.005)
+    assert not first or acks.acked == 3
+    assert acks.acked == 3 and acks.wait() == 3
+    nowhere = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200})
+    lost = Acks(nowhere).send([{"topic": "t", "value": b"v", "partition": 0}])
+    assert not lost.answered()
+    deadline = time.monotonic() + 30
+    while not lost.answered():
+        assert time.monotonic() < deadline, "the failure was never reported"
+        time.sleep(0.01)
+    with pytest.raises(DeliveryError, match="1 failed"):
+        lost.wait(5)

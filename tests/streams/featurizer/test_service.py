@@ -350,6 +350,39 @@ def test_a_delete_fetched_in_the_middle_of_a_window_closes_it(settings: Settings
         c.close()
 
 
+def test_the_window_lends_its_waits_and_a_delete_ends_them(settings: Settings) -> None:
+    """While the window waits for adds it calls ``waiting`` between its slices (the processor
+    settles the batch in flight there, off the next commit's path); once a delete is in, the batch
+    closes without another call."""
+    from confluent_kafka import Consumer
+
+    from unlearn.streams.featurizer.batch import BatchWindow
+
+    c = Consumer(consumer_config(settings, f"fz-waits-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
+    c.subscribe([settings.topic("requests")])
+    calls: list[float] = []
+    window, stop = BatchWindow(max_batch=1000, max_ms=300, waiting=lambda: calls.append(time.monotonic())), \
+        threading.Event()
+    try:
+        produce(settings, [add("a1", "h1", "alice", "s1", [1.0, 2.0], 0)])
+        batch: list = []
+        deadline = time.monotonic() + 60
+        while not batch:
+            assert time.monotonic() < deadline, "the add never came"
+            batch = window.poll(c, stop, lambda: None)
+        assert len(calls) >= 10  # a 300 ms window of 2 ms slices
+        produce(settings, [delete("d1", "h1", "alice", "s1")])
+        calls.clear()
+        batch = []
+        while not batch:
+            assert time.monotonic() < deadline, "the delete never came"
+            batch = window.poll(c, stop, lambda: None)
+        assert [orjson.loads(m.value())["event_id"] for m in batch] == ["d1"] and calls == []
+    finally:
+        stop.set()
+        c.close()
+
+
 @pytest.mark.parametrize("crash_at", ["after_cache_commit", "after_changelog", "after_produce"])
 def test_crash_recovery_through_the_outbox(settings: Settings, tmp_path: Path, crash_at: str) -> None:
     """Crash between the sqlite commit and the produce (nothing sent), between phase 0 and phase 1
