@@ -152,13 +152,20 @@ class PollLoop:
         if self.fatal is not None:
             raise self.fatal
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _rebalance(self, step: Callable[[Any, list[Any]], None], consumer: Any, partitions: list[Any]) -> bool:
+        """Run one rebalance step of the processor; keep what it raised for the loop (the first
+        failure wins) and say whether it succeeded."""
         self.rebalances += 1
         try:
-            self.processor.assign(consumer, partitions)
-        except BaseException as exc:  # raised by the loop: never process a partition not brought up
-            self.fatal = exc
-            with contextlib.suppress(Exception):
+            step(consumer, partitions)
+        except BaseException as exc:  # raised by the loop after the poll returns
+            self.fatal = self.fatal or exc
+            return False
+        return True
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        if not self._rebalance(self.processor.assign, consumer, partitions):
+            with contextlib.suppress(Exception):  # never process a partition not brought up
                 consumer.unassign()
             return
         if not self.ready.is_set():
@@ -167,15 +174,7 @@ class PollLoop:
                 self.on_ready()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        self.rebalances += 1
-        try:
-            self.processor.revoke(consumer, partitions)
-        except BaseException as exc:  # raised by the loop
-            self.fatal = self.fatal or exc
+        self._rebalance(self.processor.revoke, consumer, partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        self.rebalances += 1
-        try:
-            self.processor.lost(consumer, partitions)
-        except BaseException as exc:  # raised by the loop
-            self.fatal = self.fatal or exc
+        self._rebalance(self.processor.lost, consumer, partitions)
