@@ -111,10 +111,13 @@ class BatchWindow:
                 first = consumer.poll(0.2)
                 got = [] if first is None else [first]
             else:
-                # consume() returns only when full or timed out: ask in short slices, so that a
+                # consume() returns only when full or timed out, poll() on the first record: wait in
+                # short slices for one record, then take what is fetched behind it, so that a
                 # delete fetched in the middle of a long window closes it at once.
-                timeout = min(SLICE_S, max(0.0, deadline - time.monotonic()))
-                got = consumer.consume(num_messages=self.max_batch - len(self._pending), timeout=timeout)
+                first = consumer.poll(min(SLICE_S, max(0.0, deadline - time.monotonic())))
+                room = self.max_batch - len(self._pending) - 1
+                behind = consumer.consume(num_messages=room, timeout=0) if first is not None and room else []
+                got = [] if first is None else [first, *behind]
             check()
             for m in records(got, "featurizer"):
                 self._pending.append(m)
