@@ -284,6 +284,8 @@ def test_a_delete_closes_the_batch_window(settings: Settings, tmp_path: Path) ->
     reader = Reader(s)
     try:
         assert run.service.ready.wait(30)
+        # the window lends its waits to settling the batch in flight (docs/featurizer.md)
+        assert run.service.window.waiting == run.service.batches.settle_if_answered
         produce(s, [delete("d1", "h1", "alice", "never-added")])
         got = reader.until(lambda g: len(g["receipts"]) >= 1, timeout=40)
         (receipt,) = [decode_receipt(m.value()) for m in got["receipts"]]
