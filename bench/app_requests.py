@@ -46,14 +46,22 @@ def target(s: Settings, head: str, direct: bool) -> dict[str, Any]:
 
 
 
+def load_heads(head: str, n: int) -> list[str]:
+    """``head`` and ``n - 1`` other heads a load spreads its adds over (several heads per partition
+    and across partitions, as a deployment has them)."""
+    return [head, *(f"{head}.load{j}" for j in range(1, n))]
+
+
 class AddLoad(threading.Thread):
     """Adds of new samples to ``head`` at ``rate`` per second from a producer of its own, paced in
-    10 ms steps, until :meth:`stop` (which returns how many were produced, and at what rate)."""
+    10 ms steps, until :meth:`stop` (which returns how many were produced, and at what rate). With
+    ``heads`` > 1 the adds go round-robin to ``head`` and ``heads - 1`` others (``load_heads``)."""
 
     def __init__(self, s: Settings, head: str, dim: int, classes: int, rate: float, dtype: str | None,
-                 first_id: int, pids: dict[str, int | None], direct: bool = False) -> None:
+                 first_id: int, pids: dict[str, int | None], direct: bool = False, heads: int = 1) -> None:
         super().__init__(daemon=True)
-        self.to = target(s, head, direct)
+        self.heads = load_heads(head, heads)
+        self.to = [target(s, h, direct) for h in self.heads]
         self.pids = {k: v for k, v in pids.items() if v}
         self.cpu0: dict[str, float] = {}
         self.s, self.head, self.dim, self.classes, self.rate = s, head, dim, classes, rate
@@ -72,8 +80,9 @@ class AddLoad(threading.Thread):
             due = int((time.monotonic() - t0) * self.rate) - self.produced
             for _ in range(max(0, due)):
                 i = self.first_id + self.produced
-                key, val = request(i, "add", self.head, pool[i % len(pool)], int(i % self.classes), self.dtype)
-                p.produce(key=key, value=val, **self.to)
+                h = self.produced % len(self.heads)
+                key, val = request(i, "add", self.heads[h], pool[i % len(pool)], int(i % self.classes), self.dtype)
+                p.produce(key=key, value=val, **self.to[h])
                 self.produced += 1
             p.poll(0)
             time.sleep(0.01)
