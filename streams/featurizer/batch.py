@@ -308,9 +308,17 @@ class BatchProcessor:
         config = with_registry(self.config, self.registry.snapshot())
         parts = {p: self._parts(caches[p], sorted(msgs, key=lambda x: x.offset))
                  for p, msgs in sorted(by_partition.items())}
-        if any(lane is not None for lane, _ in parts.values()):  # the delete lane: committed and sent first
-            self._commit_all([(p, lane) for p, (lane, _) in parts.items() if lane is not None], config, now)
-        done = self._commit_all([(p, rest) for p, (_, rest) in parts.items()], config, now)
+        # Committed and sent first: the delete lanes, and the whole part of a partition without a
+        # lane that holds a delete, when other partitions' parts follow (partitions share no
+        # state, so their order within a batch changes no answer; docs/featurizer.md).
+        urgent = [p for p, (lane, rest) in parts.items()
+                  if lane is None and any(might_delete(m.value) for m in rest.messages)]
+        urgent = urgent if len(urgent) < len(parts) else []
+        first = [(p, lane) for p, (lane, _) in parts.items() if lane is not None]
+        first += [(p, parts[p][1]) for p in urgent]
+        done = [c for (_, part), c in zip(first, self._commit_all(first, config, now)) if not part.lane] \
+            if first else []
+        done += self._commit_all([(p, rest) for p, (_, rest) in parts.items() if p not in urgent], config, now)
         return {c.partition: c.last_offset for c in done}
 
     def _parts(self, cache: FeatureCache, msgs: list[InMessage]) -> tuple[_Part | None, _Part]:

@@ -189,3 +189,55 @@ def test_a_delete_goes_ahead_of_the_adds_before_it_and_everything_stays_exact(
     assert ledgers["h1"].digest() == reference_digest(_retained([*wave1, *wave2], {"x3"}), "h1",
                                                       ledgers["h1"].n_outputs)
     assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []  # nothing judged twice
+
+
+def _produce_by_head(s: Settings, reqs: list[tuple[str, bytes]]) -> int:
+    """Each request to its own head's by-head partition (a producer that routes by head); the
+    by-head topic's partition count."""
+    from confluent_kafka import Producer
+
+    from unlearn.runtime.clients import producer_config
+
+    topic = routed_topic_name(s.topic("requests"))
+    p = Producer(producer_config(s))
+    parts = len(p.list_topics(topic, timeout=10).topics[topic].partitions)
+    for key, value in reqs:
+        p.produce(topic, value=value, key=key.encode(), partition=head_partition(orjson.loads(value)["head_id"], parts))
+    assert p.flush(30) == 0
+    return parts
+
+
+def test_a_delete_first_in_its_partition_goes_before_the_adds_of_another(settings: Settings, tmp_path: Path) -> None:
+    """One batch holds 30 adds to a head on one by-head partition and, on a later-numbered one, a
+    delete with nothing ahead of it in its partition (so no lane): the delete's partition is
+    committed and its delta produced before the adds' commit starts; both heads stay exact."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    parts = _produce_by_head(s, [])
+    heads = sorted((f"h{i}" for i in range(1, 40)), key=lambda h: head_partition(h, parts))
+    adds_head, del_head = heads[0], heads[-1]
+    assert head_partition(adds_head, parts) < head_partition(del_head, parts)
+    rng = np.random.default_rng(3)
+    wave1 = [add(f"a{i}", del_head, "alice", f"x{i}", list(rng.normal(size=3)), i % 3) for i in range(10)]
+    adds = [add(f"b{i}", adds_head, "bob", f"y{i}", list(rng.normal(size=3)), i % 3) for i in range(30)]
+    _produce_by_head(s, wave1)
+    reader = Reader(s)
+    try:
+        first = Running(s, group="fz-first")
+        reader.until(lambda g: {f"a{i}" for i in range(10)} <= set(ledgers_from(g["deltas"])[1]))
+        assert first.stop() == 0
+        _produce_by_head(s, [*adds, delete("del-x3", del_head, "alice", "x3")])
+        second = Running(s, group="fz-first", max_batch=1000, max_ms=2000)
+        got = reader.until(lambda g: {f"b{i}" for i in range(30)} | {"del-x3"}
+                           <= set(ledgers_from(g["deltas"])[1]))
+        assert second.stop() == 0
+    finally:
+        reader.close()
+    assert second.service.stats["lane_deletes"] == 0
+    ts = {e: m.timestamp()[1] for m in got["deltas"] for e in plain_delta(m.value(), m.topic()).event_ids}
+    assert ts["del-x3"] < min(ts[f"b{i}"] for i in range(30))  # sent before the adds' commit began
+    ledgers, _ = ledgers_from(got["deltas"])
+    assert ledgers[del_head].digest() == reference_digest(_retained(wave1, {"x3"}), del_head,
+                                                          ledgers[del_head].n_outputs)
+    assert ledgers[adds_head].digest() == reference_digest(_retained(adds, set()), adds_head,
+                                                           ledgers[adds_head].n_outputs)
+    assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []
