@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "LANE_SUFFIX",
     "dedup_key",
     "format_source_id",
     "parse_source",
@@ -21,6 +22,11 @@ __all__ = [
 
 
 _SOURCE_RE = re.compile(r"^(.*)/(\d+)@(\d+)$")
+
+#: Appended to the source stream of a featurizer's delete-lane deltas (docs/featurizer.md, "The
+#: delete lane"): ``"requests#deletes/<partition>@<offset>"``. Ids never hold ``#``, so the
+#: ledger can tell a lane's delta from its bytes (``streams/ledger/deltas_poller.py``).
+LANE_SUFFIX = "#deletes"
 
 
 def format_source_id(partition: int, offset: int, stream: str = "requests") -> str:

@@ -32,14 +32,12 @@ from collections.abc import Callable, Sequence
 
 from unlearn.schemas.envelope import Request, parse_request
 from unlearn.schemas.request_errors import InvalidRequest
+from unlearn.schemas.source_id import LANE_SUFFIX
 from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.routing import might_delete
 
 __all__ = ["LANE_SUFFIX", "lane_delete", "split_lane"]
 
-#: Appended to the source stream of the lane's deltas (``schemas/source_id.py``):
-#: ``"requests#deletes/<partition>@<offset>"``.
-LANE_SUFFIX = "#deletes"
 
 _DELETES = frozenset({"delete", "delete_subject"})
 
