@@ -6,7 +6,8 @@ each step is delegated to the module named for it:
 1. on assignment, ``Recovery`` (recovery.py) rebuilds each partition from its checkpoint and
    resumes it at its floor, after making sure the state belongs to the log (docs/design.md
    section 4); the partitions are held in ``OwnedPartitions`` (owned_partitions.py);
-2. poll up to 500 ``deltas`` messages;
+2. poll up to 500 ``deltas`` messages, handed out one partition at a time, a delete lane's first
+   (``DeltasPoller``, deltas_poller.py);
 3. ``DeltaFold`` (delta_fold.py) folds each message into its head's exact ledger (one version per
    message; dead letters for what it refuses; a new head's gamma from ``ContractGammas``,
    contract_gammas.py);
@@ -45,11 +46,12 @@ from unlearn.infra.settings import HeadSettings, Settings
 from unlearn.infra.worker_metrics import BATCH_BUCKETS, WorkerMetrics
 from unlearn.runtime import clients
 from unlearn.runtime.log_position import StaleStateError, topic_id
-from unlearn.runtime.poll_loop import PollLoop, coalesce, records
+from unlearn.runtime.poll_loop import PollLoop
 from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpointer import Checkpointer
 from unlearn.streams.ledger.contract_gammas import ContractGammas
 from unlearn.streams.ledger.delta_fold import DeltaFold
+from unlearn.streams.ledger.deltas_poller import DeltasPoller
 from unlearn.streams.ledger.head_runtime import HeadConfig
 from unlearn.streams.ledger.outputs import Outputs, PollOutputs
 from unlearn.streams.ledger.owned_partitions import OwnedPartitions
@@ -116,7 +118,8 @@ class LedgerWorker:
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
         self.on_ready: Callable[[], object] | None = None  # once, when first assigned (run_ledger_worker's)
-        self.loop = PollLoop(self.consumer, self, _DeltasPoller())
+        self.poller = DeltasPoller()
+        self.loop = PollLoop(self.consumer, self, self.poller)
 
     @property
     def ready(self) -> bool:
@@ -210,6 +213,7 @@ class LedgerWorker:
     def assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Step 1: rebuild each partition from its checkpoint, resume at its floor."""
         started = time.monotonic()
+        self.poller.drop({tp.partition for tp in partitions})  # read again from their floors
         for tp in partitions:
             ps = self.recovery.recover(tp.partition, self.topic_id)
             self.owned.add(ps)
@@ -227,6 +231,7 @@ class LedgerWorker:
 
     def revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Checkpoint what is not durable yet (not after a failure), then drop the state."""
+        self.poller.drop({tp.partition for tp in partitions})
         failure: BaseException | None = None
         for tp in partitions:
             ps = self.owned.get(tp.partition)
@@ -244,6 +249,7 @@ class LedgerWorker:
 
     def lost(self, consumer: Any, partitions: list[Any]) -> None:
         # Another worker owns them now: writing state for them could race its writes.
+        self.poller.drop({tp.partition for tp in partitions})
         for tp in partitions:
             log.warning("deltas partition %d lost (session timeout); dropping its state", tp.partition)
             self.checkpointer.forget(tp.partition)
@@ -263,14 +269,6 @@ class _CheckpointTimes:
     def observe(self, pause: float, duration: float) -> None:
         self.pause.observe(pause)
         self.duration.observe(duration)
-
-
-class _DeltasPoller:
-    """Step 2: up to 500 deltas messages, whatever is already fetched, waiting at most 50 ms for
-    the first (``poll_loop.coalesce``)."""
-
-    def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
-        return records(coalesce(consumer, 500, 0.05), "deltas")
 
 
 def run_ledger_worker(settings: Settings, worker_id: str = "ledger-0", loglevel: str = "info",
