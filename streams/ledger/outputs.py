@@ -71,6 +71,12 @@ class PollOutputs:
             self.traces.setdefault(head.head_id, []).append((not outcome.deletes, self.record_trace))
             self.events.update(self.record_events)
 
+    def publish_order(self) -> list[tuple[str, tuple[int, HeadRuntime]]]:
+        """The heads to bring up and publish, those that applied a delete first (a delete's receipt
+        waits for no other head's update), each group in the order first touched. The order
+        changes no version or receipt: each head's update and receipts are its own."""
+        return sorted(self.heads.items(), key=lambda kv: not any(o.deletes for o in self.outcomes[kv[0]]))
+
     def head_traces(self, head_id: str) -> list[bytes]:
         """The contexts of the head's traced deltas in this poll: those that deleted first (the
         head update's parent is the first), then the others, each in log order."""
@@ -194,11 +200,12 @@ class Outputs:
         return True
 
     def publish_poll(self, poll: PollOutputs) -> None:
-        """Per head touched in the poll: the fast head catches up once, one head update (the last
-        version), then the receipt of every applied delete. A receipt names the version of the
+        """Per head touched in the poll, those with deletes first (``PollOutputs.publish_order``):
+        the fast head catches up once, one head update (the last version), then the receipt of
+        every applied delete. A receipt names the version of the
         message that applied it and that version's retained-rows hash, never the published
         version: those depend on poll boundaries, so replays would issue conflicting receipts."""
-        for head_id, (part, head) in poll.heads.items():
+        for head_id, (part, head) in poll.publish_order():
             head.sync()
             self.publish_head(part, head, traces=poll.head_traces(head_id))
             now = time.time()

@@ -30,7 +30,7 @@ from unlearn.schemas.head import HeadUpdate, decode_head, encode_head
 from unlearn.schemas.redaction import is_redacted
 from unlearn.services.client.head_reader import wait_for_head
 from unlearn.streams.ledger.head_runtime import HeadConfig, HeadRuntime
-from unlearn.streams.ledger.outputs import head_update
+from unlearn.streams.ledger.outputs import PollOutputs, head_update
 
 D = 8
 
@@ -75,6 +75,25 @@ def test_retained_classes_follow_the_exact_counts_through_deletes_fast_and_exact
     rt.sync()
     u = update(rt)
     assert u.n_retained == 0 and u.retained_classes is not None and not u.retained_classes.any()
+
+
+def test_a_poll_publishes_the_heads_with_deletes_first() -> None:
+    """Adds to a, then to b and c, then a delete in c: c is brought up and published first (its
+    receipt waits for no other head), then a and b in the order first touched."""
+    Q = Quantizer().quantize(l2_normalize(np.random.default_rng(5).normal(size=(4, D))))
+    y = np.array([0, 1, 0, 1])
+    poll = PollOutputs()
+    heads = {}
+    for offset, (h, entries) in enumerate([
+            ("a", (RowsEntry(+1, ["ea"], ["sa"], ["u"], y[:1], Q[:1]),)),
+            ("b", (RowsEntry(+1, ["eb"], ["sb"], ["u"], y[1:2], Q[1:2]),)),
+            ("c", (RowsEntry(+1, ["ec", "ed"], ["sc", "sd"], ["u", "v"], y[2:], Q[2:]),)),
+            ("c", (RowsEntry(-1, ["del"], ["sd"], ["v"], y[3:], Q[3:]),))]):
+        delta = Delta(h, f"requests/0@{offset}", D, 30, 0, entries)
+        heads[h] = heads.get(h) or HeadRuntime.new(h, delta, CFG)
+        poll.add(0, heads[h], heads[h].apply(delta, offset=offset, partition=0))
+    assert [h for h, _ in poll.publish_order()] == ["c", "a", "b"]
+    assert [d.event_id for o in poll.outcomes["c"] for d in o.deletes] == ["del"]
 
 
 def test_a_head_of_target_vectors_marks_no_classes() -> None:
