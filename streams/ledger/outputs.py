@@ -202,9 +202,9 @@ class Outputs:
     def publish_poll(self, poll: PollOutputs) -> None:
         """Per head touched in the poll, those with deletes first (``PollOutputs.publish_order``):
         the fast head catches up once, one head update (the last version), then the receipt of
-        every applied delete. A receipt names the version of the
-        message that applied it and that version's retained-rows hash, never the published
-        version: those depend on poll boundaries, so replays would issue conflicting receipts."""
+        every applied delete. A receipt names the version of the message that applied it and
+        that version's retained-rows hash, never the published version: those depend on poll
+        boundaries, so replays would issue conflicting receipts."""
         for head_id, (part, head) in poll.publish_order():
             head.sync()
             self.publish_head(part, head, traces=poll.head_traces(head_id))
