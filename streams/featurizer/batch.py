@@ -311,13 +311,12 @@ class BatchProcessor:
         # Committed and sent first: the delete lanes, and the whole part of a partition without a
         # lane that holds a delete, when other partitions' parts follow (partitions share no
         # state, so their order within a batch changes no answer; docs/featurizer.md).
+        lanes = [(p, lane) for p, (lane, _) in parts.items() if lane is not None]
         urgent = [p for p, (lane, rest) in parts.items()
                   if lane is None and any(might_delete(m.value) for m in rest.messages)]
         urgent = urgent if len(urgent) < len(parts) else []
-        first = [(p, lane) for p, (lane, _) in parts.items() if lane is not None]
-        first += [(p, parts[p][1]) for p in urgent]
-        done = [c for (_, part), c in zip(first, self._commit_all(first, config, now)) if not part.lane] \
-            if first else []
+        first = lanes + [(p, parts[p][1]) for p in urgent]
+        done = self._commit_all(first, config, now)[len(lanes):] if first else []  # the lanes move no offset
         done += self._commit_all([(p, rest) for p, (_, rest) in parts.items() if p not in urgent], config, now)
         return {c.partition: c.last_offset for c in done}
 

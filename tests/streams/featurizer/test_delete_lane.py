@@ -117,12 +117,10 @@ def _retained(reqs: list[tuple[str, bytes]], gone: set[str]) -> dict[tuple[str, 
     return out
 
 
-def _produce(s: Settings, reqs: list[tuple[str, bytes]], direct: bool) -> None:
+def _produce(s: Settings, reqs: list[tuple[str, bytes]], direct: bool) -> int:
     """To ``requests`` (the router forwards, with origin headers) or, as a producer that routes by
-    head does, straight to the head's by-head partition (no origin)."""
-    if not direct:
-        produce(s, reqs)
-        return
+    head does, each straight to its head's by-head partition (no origin); the by-head topic's
+    partition count."""
     from confluent_kafka import Producer
 
     from unlearn.runtime.clients import producer_config
@@ -130,9 +128,13 @@ def _produce(s: Settings, reqs: list[tuple[str, bytes]], direct: bool) -> None:
     topic = routed_topic_name(s.topic("requests"))
     p = Producer(producer_config(s))
     parts = len(p.list_topics(topic, timeout=10).topics[topic].partitions)
+    if not direct:
+        produce(s, reqs)
+        return parts
     for key, value in reqs:
-        p.produce(topic, value=value, key=key.encode(), partition=head_partition("h1", parts))
+        p.produce(topic, value=value, key=key.encode(), partition=head_partition(orjson.loads(value)["head_id"], parts))
     assert p.flush(30) == 0
+    return parts
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "routed"])
@@ -191,41 +193,25 @@ def test_a_delete_goes_ahead_of_the_adds_before_it_and_everything_stays_exact(
     assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []  # nothing judged twice
 
 
-def _produce_by_head(s: Settings, reqs: list[tuple[str, bytes]]) -> int:
-    """Each request to its own head's by-head partition (a producer that routes by head); the
-    by-head topic's partition count."""
-    from confluent_kafka import Producer
-
-    from unlearn.runtime.clients import producer_config
-
-    topic = routed_topic_name(s.topic("requests"))
-    p = Producer(producer_config(s))
-    parts = len(p.list_topics(topic, timeout=10).topics[topic].partitions)
-    for key, value in reqs:
-        p.produce(topic, value=value, key=key.encode(), partition=head_partition(orjson.loads(value)["head_id"], parts))
-    assert p.flush(30) == 0
-    return parts
-
-
 def test_a_delete_first_in_its_partition_goes_before_the_adds_of_another(settings: Settings, tmp_path: Path) -> None:
     """One batch holds 30 adds to a head on one by-head partition and, on a later-numbered one, a
     delete with nothing ahead of it in its partition (so no lane): the delete's partition is
     committed and its delta produced before the adds' commit starts; both heads stay exact."""
     s = settings.with_(data_dir=str(tmp_path / "data"))
-    parts = _produce_by_head(s, [])
+    parts = _produce(s, [], True)
     heads = sorted((f"h{i}" for i in range(1, 40)), key=lambda h: head_partition(h, parts))
     adds_head, del_head = heads[0], heads[-1]
     assert head_partition(adds_head, parts) < head_partition(del_head, parts)
     rng = np.random.default_rng(3)
     wave1 = [add(f"a{i}", del_head, "alice", f"x{i}", list(rng.normal(size=3)), i % 3) for i in range(10)]
     adds = [add(f"b{i}", adds_head, "bob", f"y{i}", list(rng.normal(size=3)), i % 3) for i in range(30)]
-    _produce_by_head(s, wave1)
+    _produce(s, wave1, True)
     reader = Reader(s)
     try:
         first = Running(s, group="fz-first")
         reader.until(lambda g: {f"a{i}" for i in range(10)} <= set(ledgers_from(g["deltas"])[1]))
         assert first.stop() == 0
-        _produce_by_head(s, [*adds, delete("del-x3", del_head, "alice", "x3")])
+        _produce(s, [*adds, delete("del-x3", del_head, "alice", "x3")], True)
         second = Running(s, group="fz-first", max_batch=1000, max_ms=2000)
         got = reader.until(lambda g: {f"b{i}" for i in range(30)} | {"del-x3"}
                            <= set(ledgers_from(g["deltas"])[1]))
