@@ -12,24 +12,46 @@ The rest of what was fetched waits in the poller (``carry``); the worker drops a
 carried messages when it is assigned, revoked or lost (they would be read again from its
 floor). A partition waits at most ``FAIR_S`` behind lanes of others: then its oldest message
 goes first, so a stream of deletes cannot starve the adds.
+
+Within a turn the same holds for heads (``lane_first``): a head's messages up to its last lane
+delta are folded and published before the other heads' messages of the turn, which would
+otherwise be folded ahead of its update (bench/results/pipeline_bench.md section 29).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from unlearn.runtime.poll_loop import coalesce, records
 from unlearn.schemas.source_id import LANE_SUFFIX
 
-__all__ = ["FAIR_S", "DeltasPoller", "next_partition"]
+__all__ = ["FAIR_S", "DeltasPoller", "holds_lane", "lane_first", "next_partition"]
 
 #: The longest a fetched message waits while other partitions' lanes go first.
 FAIR_S = 0.1
 
 _LANE = LANE_SUFFIX.encode()
+
+
+def holds_lane(value: bytes | None) -> bool:
+    """Whether a deltas message came from a delete lane (its source id names one)."""
+    return _LANE in (value or b"")
+
+
+def lane_first(marks: Sequence[tuple[bytes | None, bool]]) -> tuple[list[int], list[int]]:
+    """One partition's turn, from its messages' (key, holds a lane's delta) in log order: the
+    indices to fold and publish first (each head's messages up to its last lane delta), then the
+    rest, each part in log order (pure). A head's messages keep their order (a message is keyed by
+    its head id), and heads share no state, so no version, digest or receipt changes. A message
+    without a key names its head only inside its value: then nothing moves."""
+    last = {key: i for i, (key, lane) in enumerate(marks) if lane}
+    if not last or any(key is None for key, _ in marks):
+        return list(range(len(marks))), []
+    first = [i for i, (key, _) in enumerate(marks) if i <= last.get(key, -1)]
+    return first, [i for i, (key, _) in enumerate(marks) if i > last.get(key, -1)]
 
 
 def next_partition(carried: list[tuple[int, bool, float]], now: float, fair_s: float = FAIR_S) -> int:
@@ -67,7 +89,7 @@ class DeltasPoller:
         if room > 0:
             got = records(coalesce(consumer, room, wait_s), "deltas")
             now = time.monotonic()
-            self.carry += [(m, _LANE in (m.value() or b""), now) for m in got]
+            self.carry += [(m, holds_lane(m.value()), now) for m in got]
 
     def drop(self, partitions: Collection[int]) -> None:
         """Forget the carried messages of ``partitions`` (assigned, revoked or lost)."""

@@ -10,10 +10,11 @@ each step is delegated to the module named for it:
    (``DeltasPoller``, deltas_poller.py);
 3. ``DeltaFold`` (delta_fold.py) folds each message into its head's exact ledger (one version per
    message; dead letters for what it refuses; a new head's gamma from ``ContractGammas``,
-   contract_gammas.py);
+   contract_gammas.py); the heads with a lane's delta first, then the rest (``lane_first``);
 4. ``Outputs`` (outputs.py) publishes what the poll owes: per touched head, the fast head catches
    up once, one head update (its last version), the receipts of every applied delete; a failed
-   delivery stops the worker (``DeliveryError``);
+   delivery stops the worker (``DeliveryError``); steps 3 and 4 run for the lanes' heads, then
+   for the rest;
 5. ``TimedResets`` (timed_resets.py) resets fast heads older than ``reset_every_seconds`` and
    publishes them as exact (the reset computed in a thread, from copies taken on this one);
 6. ``Checkpointer`` (checkpointer.py) makes each partition durable when due: every
@@ -51,7 +52,7 @@ from unlearn.streams.ledger.changelog_store import ChangelogStore
 from unlearn.streams.ledger.checkpointer import Checkpointer
 from unlearn.streams.ledger.contract_gammas import ContractGammas
 from unlearn.streams.ledger.delta_fold import DeltaFold
-from unlearn.streams.ledger.deltas_poller import DeltasPoller
+from unlearn.streams.ledger.deltas_poller import DeltasPoller, holds_lane, lane_first
 from unlearn.streams.ledger.head_runtime import HeadConfig
 from unlearn.streams.ledger.outputs import Outputs, PollOutputs
 from unlearn.streams.ledger.owned_partitions import OwnedPartitions
@@ -143,12 +144,16 @@ class LedgerWorker:
         self._stop.set()
 
     def process(self, batch: list[Any]) -> None:
-        """Steps 3 and 4: fold each message, then publish what the poll owes."""
+        """Steps 3 and 4: fold each message, then publish what the poll owes; the heads with a
+        lane's delta folded and published first (``lane_first``)."""
         started = time.perf_counter()
-        poll = PollOutputs()
-        for m in batch:
-            self._on_message(m, poll)
-        self._publish_poll(poll)  # before any checkpoint can cover these messages
+        fresh = self._fresh(batch)
+        for part in lane_first([(m.key(), holds_lane(m.value())) for m in fresh]):
+            if part:
+                poll = PollOutputs()
+                for i in part:
+                    self._on_message(fresh[i], poll)
+                self._publish_poll(poll)  # before any checkpoint can cover these messages
         self.metrics.batch_duration.observe(time.perf_counter() - started)
 
     def idle(self) -> None:
@@ -175,16 +180,25 @@ class LedgerWorker:
         # closing the consumer revokes the partitions: the restart recovers instead.
         self.failed = True
 
+    def _fresh(self, batch: list[Any]) -> list[Any]:
+        """The messages to fold, counted in their partitions' next offset and pending (all before
+        folding any, as ``lane_first`` may fold them out of log order); the others are skipped:
+        not ours (any more), or already covered by the partition's state."""
+        fresh = []
+        for m in batch:
+            ps = self.owned.get(m.partition())
+            if ps is None or m.offset() < ps.next_offset:
+                self.stats["skipped"] += 1
+                continue
+            ps.next_offset = m.offset() + 1
+            ps.pending += 1
+            fresh.append(m)
+        return fresh
+
     def _on_message(self, m: Any, poll: PollOutputs) -> None:
-        ps = self.owned.get(m.partition())
-        if ps is None or m.offset() < ps.next_offset:
-            self.stats["skipped"] += 1
-            return  # not ours (any more), or already covered by the partition's state
-        ps.next_offset = m.offset() + 1
-        ps.pending += 1
         poll.record_ts = m.timestamp()[1] / 1000.0
         poll.read_trace(m.headers())
-        self.fold.fold(ps, m.offset(), m.key(), m.value() or b"", poll)
+        self.fold.fold(self.owned[m.partition()], m.offset(), m.key(), m.value() or b"", poll)
 
     def _publish_poll(self, poll: PollOutputs) -> None:
         self.outputs.publish_poll(poll)

@@ -33,8 +33,9 @@ class Stream:
         self.n_msgs = {h: 0 for h in heads}
         self.counter = 0
 
-    def next_message(self) -> tuple[str, bytes]:
-        h = self.heads[int(self.rng.integers(len(self.heads)))]
+    def next_message(self, head: str | None = None) -> tuple[str, bytes]:
+        """The next message of ``head`` (a random head when None)."""
+        h = self.heads[int(self.rng.integers(len(self.heads)))] if head is None else head
         members = self.retained[h]
         entries = []
         if members and self.rng.random() < self.delete_p:

@@ -1,6 +1,8 @@
-"""streams/ledger/deltas_poller.py: the order of the partitions' turns (pure), the poller on a
-real consumer (a lane's partition first, each partition in log order, dropped partitions
-forgotten), and a worker whose deletes come in lanes over several heads ending exact."""
+"""streams/ledger/deltas_poller.py: the order of the partitions' turns and of the heads within
+a turn (pure), the poller on a real consumer (a lane's partition first, each partition in log
+order, dropped partitions forgotten), a worker that publishes a lane's head before folding the
+other heads of its turn, and a worker whose deletes come in lanes over several heads ending
+exact."""
 
 from __future__ import annotations
 
@@ -9,18 +11,19 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, worker_settings
+from tests.streams.ledger.support import Stream, assert_final_heads_exact, produce, run_in_thread, worker_settings
 from unlearn.infra.processes import ServiceProcess
 from unlearn.infra.settings import Settings
 from unlearn.runtime.clients import consumer_config, producer_config
 from unlearn.runtime.topics import create_topics
 from unlearn.schemas.delta_codec import decode_delta, encode_delta
 from unlearn.schemas.source_id import LANE_SUFFIX, format_source_id
-from unlearn.streams.ledger.deltas_poller import FAIR_S, DeltasPoller, next_partition
+from unlearn.streams.ledger.deltas_poller import FAIR_S, DeltasPoller, lane_first, next_partition
 
 
 def test_a_lanes_partition_goes_first_unless_the_oldest_waited_too_long() -> None:
@@ -30,6 +33,18 @@ def test_a_lanes_partition_goes_first_unless_the_oldest_waited_too_long() -> Non
     old = now - 2 * FAIR_S
     assert next_partition([(2, False, old), (5, True, now)], now) == 2  # waited long enough: its turn
     assert next_partition([(2, False, now - FAIR_S / 2), (5, True, now)], now) == 5
+
+
+def test_a_turn_folds_each_lane_heads_messages_up_to_its_lane_first() -> None:
+    a, b, c = b"a", b"b", b"c"
+    marks = [(a, False), (b, False), (a, True), (b, False), (c, False), (a, False), (c, True), (b, False)]
+    assert lane_first(marks) == ([0, 2, 4, 6], [1, 3, 5, 7])  # a up to 2, c up to 6; then b, and a after its lane
+    assert lane_first([(a, False), (b, False)]) == ([0, 1], [])  # no lane: log order
+    assert lane_first([(a, False), (b, True)]) == ([1], [0])
+    assert lane_first([(a, False), (None, False), (b, True)]) == ([0, 1, 2], [])  # an unkeyed head: no move
+    for first, rest in (lane_first(marks), lane_first([(a, True), (a, True), (b, False)])):
+        assert sorted(first + rest) == list(range(len(first + rest)))  # each message once
+        assert first == sorted(first) and rest == sorted(rest)  # each part in log order
 
 
 def _turns(consumer: Consumer, poller: DeltasPoller, want: int) -> list[list[tuple[int, int, bytes]]]:
@@ -85,6 +100,51 @@ def test_drop_forgets_a_partitions_carried_messages(settings: Settings) -> None:
     assert poller.carry == []
 
 
+def _as_lane(msg: tuple[str, bytes], k: int) -> tuple[str, bytes]:
+    """``msg`` as if a delete lane's source stream had sent it."""
+    head, raw = msg
+    return head, encode_delta(replace(decode_delta(raw), source_id=format_source_id(0, k, f"requests{LANE_SUFFIX}")))
+
+
+@pytest.mark.broker
+def test_a_lanes_head_is_published_before_the_other_heads_of_its_turn_are_folded(settings: Settings,
+                                                                                tmp_path: Path) -> None:
+    """One turn of five messages over three heads, a lane's delete of head a third: a's messages up
+    to it are folded and a published before b's and c's are folded; every head ends exact."""
+    from unlearn.streams.ledger.worker import LedgerWorker
+
+    s = worker_settings(settings, tmp_path).with_(partitions=1, topic_prefix=settings.topic_prefix + "lane1.")
+    create_topics(s)
+    stream = Stream(["a", "b", "c"], d=8, seed=5, delete_p=0.0)
+    adds = [stream.next_message(h) for h in ("a", "b", "a")]
+    produce(s, [adds[0], adds[1], _as_lane(stream.delete_message("a", 1), 0), stream.next_message("b"),
+                stream.next_message("c")])  # one flush before the worker starts: its first turn
+    w = LedgerWorker(s, "w0")
+    seen: list[tuple[str, object]] = []
+    fold, publish = w.fold.fold, w.outputs.publish_poll
+
+    def folding(ps: Any, offset: int, key: bytes | None, raw: bytes, poll: Any) -> None:
+        seen.append(("fold", (key, offset)))
+        fold(ps, offset, key, raw, poll)
+
+    def publishing(poll: Any) -> None:
+        seen.append(("publish", sorted(poll.outcomes)))
+        publish(poll)
+
+    w.fold.fold = folding  # type: ignore[method-assign]
+    w.outputs.publish_poll = publishing  # type: ignore[method-assign]
+    t, failed = run_in_thread(w)
+    try:
+        produce(s, [adds[2]])
+        assert_final_heads_exact(s, stream)
+    finally:
+        w.stop()
+        t.join(60)
+    assert not failed, failed
+    assert seen[:7] == [("fold", (b"a", 0)), ("fold", (b"a", 2)), ("publish", ["a"]), ("fold", (b"b", 1)),
+                        ("fold", (b"b", 3)), ("fold", (b"c", 4)), ("publish", ["b", "c"])], seen
+
+
 @pytest.mark.broker
 def test_lane_deltas_over_several_heads_end_exact(settings: Settings, tmp_path: Path) -> None:
     """Deltas of six heads, those holding deletes from a delete lane's source stream (so their
@@ -94,10 +154,8 @@ def test_lane_deltas_over_several_heads_end_exact(settings: Settings, tmp_path: 
     msgs = []
     for k in range(150):
         head, raw = stream.next_message()
-        delta = decode_delta(raw)
-        if any(e.sign < 0 for e in delta.entries):
-            raw = encode_delta(replace(delta, source_id=format_source_id(0, k, f"requests{LANE_SUFFIX}")))
-        msgs.append((head, raw))
+        deletes = any(e.sign < 0 for e in decode_delta(raw).entries)
+        msgs.append(_as_lane((head, raw), k) if deletes else (head, raw))
     worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0", "--loglevel", "info"], s, tmp_path).start()
     try:
         for i in range(0, len(msgs), 25):  # in waves, so that lanes and adds share polls
