@@ -28,6 +28,7 @@ from unlearn.ledger.limb_products import (
     split_rows,
 )
 from unlearn.ledger.quantization import check_rows, label_matrix
+from unlearn.ledger.shared_limbs import SharedLimbs
 
 __all__ = [
     "ExactLedger",
@@ -123,13 +124,13 @@ class ExactLedger:
         self.label_frac_bits = int(label_frac_bits)
         d, c = self.dim, int(n_outputs)
         # S's limbs (stored upper-triangular) and G's: S_int = AA*2^30 + X*2^15 + BB, G_int likewise
-        self._AA, self._X, self._BB = (np.zeros((d, d), np.int64) for _ in range(3))
+        self._S = SharedLimbs.zeros(d)  # (AA, X, BB), shared with copies until written
         self._GAA, self._GX, self._GBB = (np.zeros((d, c), np.int64) for _ in range(3))
         self._class_counts = np.zeros(c, np.int64)
         self._count = 0
         self._mutations = 0  # bumped by every change: keys the cache of derived values
         self._cache: dict[str, tuple[int, Any]] = {}
-        # Products of rows not yet folded into _AA/_X/_BB (allocated by the first row update).
+        # Products of rows not yet folded into S's limbs (allocated by the first row update).
         self._pending: PendingProducts | None = None
 
     # ------------------------------------------------------------------ introspection
@@ -152,9 +153,12 @@ class ExactLedger:
                 f"frac_bits={self.frac_bits}, label_frac_bits={self.label_frac_bits})")
 
     def copy(self) -> ExactLedger:
+        """An independent ledger of the same value; S's limbs (14 MB at d = 768) are shared until
+        either ledger writes them (``SharedLimbs``), the rest is copied."""
         self.fold()
         other = ExactLedger.__new__(ExactLedger)
         other.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
+        other._S = self._S.share()
         other._cache = dict(self._cache)
         other._pending = None
         return other
@@ -210,7 +214,7 @@ class ExactLedger:
         s0 = 0
         while s0 < r:
             if not pending.room:
-                pending.fold_into(self._AA, self._X, self._BB)
+                self._S.fold(pending)
             n = min(ROW_BLOCK, pending.room, r - s0)
             a, b, s = split_rows(Qc[s0:s0 + n])
             pending.accumulate(a, b, s, sign)
@@ -223,7 +227,7 @@ class ExactLedger:
 
     def _diagonals(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         """Diagonals of the limbs (AA, X, BB), pending products included, without folding them."""
-        held = (np.diagonal(self._AA), np.diagonal(self._X), np.diagonal(self._BB))
+        held = (np.diagonal(self._S.limbs[0]), np.diagonal(self._S.limbs[1]), np.diagonal(self._S.limbs[2]))
         if self._pending is None:
             return held
         pend = self._pending.diagonals()
@@ -233,7 +237,7 @@ class ExactLedger:
         """Fold the pending float64 products into the int64 limbs. No change of value: every reader
         (digest, gram, blobs, absorb, copy) does it first; call it to pay that cost up front."""
         if self._pending is not None:
-            self._pending.fold_into(self._AA, self._X, self._BB)
+            self._S.fold(self._pending)
 
     @classmethod
     def from_rows(cls, Q: ArrayLike, y: ArrayLike, n_outputs: int = 0, frac_bits: int = 30,
@@ -260,15 +264,14 @@ class ExactLedger:
         other.fold()
         if sign < 0:
             after = [(np.diagonal(mine) - np.diagonal(theirs), shift) for mine, theirs, shift in
-                     ((self._AA, other._AA, 30), (self._X, other._X, 15), (self._BB, other._BB, 0))]
+                     zip(self._S.limbs, other._S.limbs, (30, 15, 0), strict=True)]
             _refuse_non_member(self._count, other._count, self._class_counts, other._class_counts, after)
         # Validation passed: mutate.
         if c_new > self.n_outputs:
             self._grow_outputs(c_new)
         c_o = other.n_outputs
         op = np.add if sign > 0 else np.subtract
-        for mine, theirs in ((self._AA, other._AA), (self._X, other._X), (self._BB, other._BB)):
-            op(mine, theirs, out=mine)
+        self._S.combine(op, other._S.limbs)
         for mine, theirs in ((self._GAA, other._GAA), (self._GX, other._GX), (self._GBB, other._GBB)):
             op(mine[:, :c_o], theirs, out=mine[:, :c_o])
         op(self._class_counts[:c_o], other._class_counts, out=self._class_counts[:c_o])
@@ -338,7 +341,7 @@ class ExactLedger:
         """The grid, counts and limbs (pending products folded in; the arrays are the ledger's own)."""
         self.fold()
         return LedgerParts(self.dim, self.n_outputs, self.frac_bits, self.label_frac_bits, self._count,
-                           self._class_counts, (self._AA, self._X, self._BB), (self._GAA, self._GX, self._GBB))
+                           self._class_counts, self._S.limbs, (self._GAA, self._GX, self._GBB))
 
     # ------------------------------------------------------------------ serialization
     def to_bytes(self) -> bytes:
@@ -351,7 +354,7 @@ class ExactLedger:
         p = decode_ledger(blob)
         led = cls(p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits)
         led._class_counts = p.class_counts
-        led._AA, led._X, led._BB = p.gram
+        led._S = SharedLimbs(p.gram)
         led._GAA, led._GX, led._GBB = p.moments
         led._count = p.retained
         return led

@@ -28,6 +28,9 @@ DEFER_ROWS = 64
 _MAGIC = 1.5 * 2.0**52
 _MAGIC_BITS = np.array(_MAGIC).view(np.int64)
 
+#: S's int64 limbs (AA, X, BB).
+Limbs = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+
 
 def split_rows(Q: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """The halves a, b and s = a + b of int64 rows, as float64 (exact small integers).
@@ -58,12 +61,13 @@ def exact_int(M: NDArray[np.float64]) -> NDArray[np.int64]:
     return v
 
 
-def _fold_exact(target: NDArray[np.int64], P: NDArray[np.float64]) -> None:
-    """target += P for P holding integers below 2^51; P is clobbered (used as the int buffer)."""
+def _fold_exact(target: NDArray[np.int64], P: NDArray[np.float64], out: NDArray[np.int64]) -> NDArray[np.int64]:
+    """target + P into ``out`` (which may be ``target``) for P holding integers below 2^51; P is
+    clobbered (used as the int buffer)."""
     P += _MAGIC
     v = P.view(np.int64)
     v -= _MAGIC_BITS
-    target += v
+    return np.add(target, v, out=out)
 
 
 def syrk_upper(alpha: float, M: NDArray[np.float64], C: NDArray[np.float64], accumulate: bool) -> None:
@@ -161,15 +165,23 @@ class PendingProducts:
             kk += exact_int(np.diagonal(self.KK))
         return aa, kk - aa - bb, bb
 
-    def fold_into(self, AA: NDArray[np.int64], X: NDArray[np.int64], BB: NDArray[np.int64]) -> None:
-        """Add the pending products to the int64 limbs exactly, then mark the buffers stale."""
+    @property
+    def empty(self) -> bool:
+        """Nothing to fold: no row since the last fold."""
+        return self.rows == 0
+
+    def fold_into(self, limbs: Limbs, out: Limbs | None = None) -> None:
+        """``out`` (``limbs`` when None) = the int64 limbs (AA, X, BB) plus the pending products,
+        exactly; then the buffers are marked stale."""
         self.flush()
         if self._multiplied:
             self.KK -= self.AA  # X = KK - AA - BB: integers below 2^51 at every step, so exact
             self.KK -= self.BB
-            _fold_exact(AA, self.AA)
-            _fold_exact(BB, self.BB)
-            _fold_exact(X, self.KK)
+            for target, P, dest in zip(limbs, (self.AA, self.KK, self.BB), out or limbs, strict=True):
+                _fold_exact(target, P, dest)
+        elif out is not None:
+            for target, dest in zip(limbs, out, strict=True):
+                np.copyto(dest, target)
         self.rows = 0
         self._multiplied = 0
 

@@ -134,6 +134,79 @@ def test_any_interleaving_equals_fresh_ledger_on_retained(seed: int, d: int, n: 
 
 
 @SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 8), n=st.integers(1, 30), kind=label_kinds,
+       n_ops=st.integers(0, 80))
+def test_copies_share_nothing_observable(seed: int, d: int, n: int, kind: str, n_ops: int) -> None:
+    """Ledgers copied from one another (``copy`` shares S's limbs until one of them writes), each
+    then added to, deleted from, absorbed into and read in any order: each equals the fresh ledger
+    of its own retained rows."""
+    rng = np.random.default_rng(seed)
+    c = 3
+    pool_Q, pool_Y = random_rows(rng, n, d), random_labels(rng, n, kind, c)
+    ledgers, retained = [ExactLedger(d, c)], [[]]  # type: ignore[var-annotated]
+    for _ in range(n_ops):
+        i, op = int(rng.integers(len(ledgers))), rng.random()
+        if op < 0.2:
+            ledgers.append(ledgers[i].copy())
+            retained.append(list(retained[i]))
+        elif op < 0.3:
+            ledgers[i].digest()  # a read folds what is pending, into new limbs where they are shared
+        elif op < 0.4:
+            j = int(rng.integers(len(ledgers)))
+            ledgers[i].absorb(ledgers[j].copy())
+            retained[i] += retained[j]
+        elif op < 0.6 and retained[i]:
+            pick = sorted(rng.choice(len(retained[i]), size=min(len(retained[i]), 3), replace=False), reverse=True)
+            idx = [retained[i].pop(int(p)) for p in pick]
+            ledgers[i].delete(pool_Q[idx], pool_Y[idx])
+        else:
+            idx = [int(k) for k in rng.integers(0, n, size=int(rng.integers(1, 4)))]
+            ledgers[i].add(pool_Q[idx], pool_Y[idx])
+            retained[i] += idx
+    for led, rows in zip(ledgers, retained, strict=True):
+        fresh = ExactLedger(d, c)
+        if rows:
+            fresh.add(pool_Q[sorted(rows)], pool_Y[sorted(rows)])
+        assert led == fresh and led.count == len(rows)
+
+
+def test_a_copys_shared_limbs_refuse_a_write_in_place() -> None:
+    led = ExactLedger.from_rows(np.eye(3, dtype=np.int64) * QMAX, [0, 1, 2])
+    copy = led.copy()
+    for held in (led, copy):
+        with pytest.raises(ValueError, match="read-only"):
+            held.parts().gram[0][0, 0] += 1
+    led.add(np.ones((1, 3), np.int64), [0])
+    led.fold()  # writes new limbs: the copy's stay as they were
+    assert led.parts().gram[0].flags.writeable and not copy.parts().gram[0].flags.writeable
+    assert copy == ExactLedger.from_rows(np.eye(3, dtype=np.int64) * QMAX, [0, 1, 2])
+
+
+def test_a_write_after_a_copy_reuses_the_limbs_shared_before_only_once_no_copy_holds_them() -> None:
+    rng = np.random.default_rng(4)
+    Q, y = random_rows(rng, 12, 5), rng.integers(0, 3, 12)
+
+    def limbs(led: ExactLedger) -> list[int]:
+        return [id(a) for a in led.parts().gram]
+
+    led = ExactLedger.from_rows(Q[:4], y[:4])
+    first = led.copy()
+    ids0 = limbs(led)
+    led.add(Q[4:6], y[4:6])
+    ids1 = limbs(led)  # new arrays: the copy holds the first ones
+    assert not set(ids1) & set(ids0)
+    second = led.copy()
+    del first  # now only ``led`` refers to the first limbs
+    led.add(Q[6:8], y[6:8])
+    assert limbs(led) == ids0  # written into them again, not into new arrays
+    third = led.copy()
+    led.add(Q[8:10], y[8:10])
+    assert not set(limbs(led)) & set(ids0 + ids1)  # ``second`` still holds the limbs of ids1
+    for copy, n in ((second, 6), (third, 8), (led, 10)):
+        assert copy == ExactLedger.from_rows(Q[:n], y[:n])
+
+
+@SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 8), n=st.integers(0, 50), parts=st.integers(1, 6),
        kind=label_kinds)
 def test_partition_ledgers_merge_to_the_whole(seed: int, d: int, n: int, parts: int, kind: str) -> None:

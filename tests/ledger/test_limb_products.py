@@ -245,8 +245,9 @@ def test_deferred_rows_show_in_the_diagonals_and_fold_to_the_same_limbs(seed: in
     diag = pend.diagonals()
     for got, want in zip(diag, ref):
         assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
-    out = [np.zeros((d, d), np.int64) for _ in range(3)]
-    pend.fold_into(*out)
+    zeros = (np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros((d, d), np.int64))
+    pend.fold_into(zeros)  # in place
+    out = zeros
     for got, want in zip(out, ref):
         assert (upper(got).astype(object) == upper(want)).all()
     assert pend.rows == 0 and pend.deferred == 0
