@@ -46,21 +46,32 @@ def target(s: Settings, head: str, direct: bool) -> dict[str, Any]:
 
 
 
-def load_heads(head: str, n: int) -> list[str]:
+def load_heads(head: str, n: int, spread: int = 0) -> list[str]:
     """``head`` and ``n - 1`` other heads a load spreads its adds over (several heads per partition
-    and across partitions, as a deployment has them)."""
-    return [head, *(f"{head}.load{j}" for j in range(1, n))]
+    and across partitions, as a deployment has them). With ``spread`` (a partition count) the
+    names are chosen so that the heads land on as many different by-head partitions as they can."""
+    heads = [head]
+    j = 1
+    while len(heads) < n:
+        name = f"{head}.load{j}"
+        used = {head_partition(h, spread) for h in heads} if spread else set()
+        if not spread or len(used) >= spread or head_partition(name, spread) not in used:
+            heads.append(name)
+        j += 1
+    return heads
 
 
 class AddLoad(threading.Thread):
     """Adds of new samples to ``head`` at ``rate`` per second from a producer of its own, paced in
     10 ms steps, until :meth:`stop` (which returns how many were produced, and at what rate). With
-    ``heads`` > 1 the adds go round-robin to ``head`` and ``heads - 1`` others (``load_heads``)."""
+    ``heads`` > 1 the adds go round-robin to ``head`` and ``heads - 1`` others (``load_heads``;
+    ``spread``: on different by-head partitions)."""
 
     def __init__(self, s: Settings, head: str, dim: int, classes: int, rate: float, dtype: str | None,
-                 first_id: int, pids: dict[str, int | None], direct: bool = False, heads: int = 1) -> None:
+                 first_id: int, pids: dict[str, int | None], direct: bool = False, heads: int = 1,
+                 spread: bool = False) -> None:
         super().__init__(daemon=True)
-        self.heads = load_heads(head, heads)
+        self.heads = load_heads(head, heads, s.partitions if spread else 0)
         self.to = [target(s, h, direct) for h in self.heads]
         self.pids = {k: v for k, v in pids.items() if v}
         self.cpu0: dict[str, float] = {}

@@ -2,8 +2,8 @@
 
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
                                    [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
-                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--load-heads K] [--direct]
-                                   [--json PATH]
+                                   [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--direct]
+                                   [--load-heads K [--spread-heads]] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -23,7 +23,8 @@ worker as real processes (as `make demo` does), then:
 With ``--load-rate R`` the steady deletes run while adds of new samples flow to the same head at R
 per second from another producer (issue 29: deletes while adds flow); each delete's time to its
 applied receipt is reported too, and how many of the load's adds were produced meanwhile;
-``--load-heads K`` spreads the load over that head and K - 1 others (several heads per partition).
+``--load-heads K`` spreads the load over that head and K - 1 others (several heads per partition);
+``--spread-heads`` names them so that they land on different by-head partitions.
 With ``--direct`` every request goes to its head's partition of ``requests.by-head`` (a producer
 that routes by head, ``UNLEARN_ROUTE_BY_HEAD``) instead of to ``requests``.
 With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
@@ -53,6 +54,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from bench import topic_bytes
 from bench.app_requests import AddLoad, load_heads, request, target
+from unlearn.common.by_head import head_partition
 from unlearn.common.families import heads_family
 from unlearn.infra.local.engine import ENGINES, describe_engine, local_broker
 from unlearn.infra.processes import ServiceProcess
@@ -179,9 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "partitions", "batch_max_events", "batch_max_ms", "checkpoint_every_messages",
             "checkpoint_every_seconds", "reset_every_events", "reset_every_seconds", "publish_posterior"))
         create_topics(s)
+        spread = s.partitions if args.spread_heads else 0
         if args.declare:  # what a deployment does (`unlearn heads create`): c columns, not the auto 100
             for h, d in [*((f"bench-{e}", args.dim) for e in encodings),
-                         *((h, args.dim) for h in load_heads(head, args.load_heads)[1:]),
+                         *((h, args.dim) for h in load_heads(head, args.load_heads, spread)[1:]),
                          *((f"bench-cpu{d}", int(d)) for d in args.cpu_dims.split(",") if d)]:
                 declare(s, h, d, args.classes)
         if args.ceiling:
@@ -214,7 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 load = AddLoad(s, head, args.dim, args.classes, load_rate, FEATURES_ENCODINGS[encodings[0]],
                                first_id=10 * args.n + 1_000_000,
                                pids={"featurizer": fz, "ledger": procs[1].proc.pid if procs[1].proc else None},
-                               direct=args.direct, heads=args.load_heads) if load_rate else None
+                               direct=args.direct, heads=args.load_heads,
+                               spread=args.spread_heads) if load_rate else None
                 if load is not None:
                     load.start()
                     time.sleep(2.0)  # the load in a steady state before the first delete
@@ -258,7 +262,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ids = list(rng.permutation(args.n))
             steady = deletes(ids[:args.deletes], 1.0 / args.rate, args.load_rate)
             out["delete_to_head_steady"] = steady
-            over = f" over {args.load_heads} heads" if args.load_heads > 1 else ""
+            parts = len({head_partition(h, s.partitions) for h in load_heads(head, args.load_heads, spread)})
+            over = f" over {args.load_heads} heads ({parts} by-head partitions)" if args.load_heads > 1 else ""
             during = (f" while adds flow at {args.load_rate:g}/s{over} ({steady['load']['adds']} produced at "
                       f"{steady['load']['rate']:.0f}/s)" if args.load_rate else "")
             print(f"delete->head latency, steady {args.rate}/s{during}: "
@@ -432,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="adds per second flowing to the same head while the steady deletes run")
     ap.add_argument("--load-heads", type=int, default=1,
                     help="spread the --load-rate adds round-robin over the deletes' head and K - 1 others")
+    ap.add_argument("--spread-heads", action="store_true",
+                    help="name the --load-heads heads so that they land on different by-head partitions")
     ap.add_argument("--posterior", action="store_true", help="publish T with exact heads (4.7 MB at d=768)")
     ap.add_argument("--no-backbones", action="store_true", help="skip the text/image backbone throughput")
     ap.add_argument("--encodings", default="json",

@@ -1,5 +1,6 @@
 """Smoke tests of the feature-encoding parts of bench/featurizer_bench.py and bench/app_requests.py:
-well-formed numbers at a tiny size, and requests that parse to the vectors they were built from.
+well-formed numbers at a tiny size, requests that parse to the vectors they were built from, and a
+load spread over heads on different by-head partitions.
 No timing assertions (timings are only printed by the benches)."""
 
 from __future__ import annotations
@@ -38,3 +39,14 @@ def test_pipeline_bench_requests_carry_their_vectors(encoding: str) -> None:
     np.testing.assert_array_equal(req.input.values, f.astype(np.float32) if dtype == "<f4" else f)
     delete = parse_request(app_requests.request(7, "delete", "bench-x")[1])
     assert (delete.op, delete.event_id, delete.input) == ("delete", "bench-x.delete7", None)
+
+
+def test_load_heads_spread_lands_on_as_many_by_head_partitions_as_they_can() -> None:
+    from unlearn.common.by_head import head_partition
+
+    plain = app_requests.load_heads("bench-f32", 4)
+    assert plain == ["bench-f32", "bench-f32.load1", "bench-f32.load2", "bench-f32.load3"]
+    for n, parts in ((4, 4), (6, 4), (3, 8)):
+        heads = app_requests.load_heads("bench-f32", n, parts)
+        assert heads[0] == "bench-f32" and len(set(heads)) == n
+        assert len({head_partition(h, parts) for h in heads}) == min(n, parts)
