@@ -1,8 +1,8 @@
 """streams/ledger/deltas_poller.py: the order of the partitions' turns and of the heads within
 a turn (pure), the poller on a real consumer (a lane's partition first, each partition in log
 order, dropped partitions forgotten), a worker that publishes a lane's head before folding the
-other heads of its turn, and a worker whose deletes come in lanes over several heads ending
-exact."""
+other heads of its turn (and recovers exactly when killed between the two), and a worker whose
+deletes come in lanes over several heads ending exact."""
 
 from __future__ import annotations
 
@@ -143,6 +143,46 @@ def test_a_lanes_head_is_published_before_the_other_heads_of_its_turn_are_folded
     assert not failed, failed
     assert seen[:7] == [("fold", (b"a", 0)), ("fold", (b"a", 2)), ("publish", ["a"]), ("fold", (b"b", 1)),
                         ("fold", (b"b", 3)), ("fold", (b"c", 4)), ("publish", ["b", "c"])], seen
+
+
+class _Crash(BaseException):
+    """Stands for kill -9 between a turn's two parts (BaseException: nothing catches it)."""
+
+
+@pytest.mark.broker
+def test_a_crash_between_a_turns_lane_part_and_its_rest_recovers_exactly(settings: Settings,
+                                                                          tmp_path: Path) -> None:
+    """The worker dies right after publishing a turn's lane heads, before folding the rest of the
+    turn (nothing checkpointed): a new worker replays the turn from the floor and every head ends
+    exact, every delta applied once, the lane's head at the same version."""
+    from unlearn.streams.ledger.worker import LedgerWorker
+
+    s = worker_settings(settings, tmp_path).with_(partitions=1, topic_prefix=settings.topic_prefix + "lane2.")
+    create_topics(s)
+    stream = Stream(["a", "b", "c"], d=8, seed=6, delete_p=0.0)
+    first = [stream.next_message(h) for h in ("a", "b", "a", "c")]
+    produce(s, [*first, _as_lane(stream.delete_message("a", 2), 0), stream.next_message("b"),
+                stream.next_message("c")])
+    w = LedgerWorker(s, "crashing")
+    publish = w.outputs.publish_poll
+    parts: list[list[str]] = []
+
+    def publishing(poll: Any) -> None:
+        parts.append(sorted(poll.outcomes))
+        publish(poll)
+        if parts == [["a"]]:
+            raise _Crash("after the lane part")
+
+    w.outputs.publish_poll = publishing  # type: ignore[method-assign]
+    t, crashed = run_in_thread(w)
+    t.join(60)
+    assert not t.is_alive() and len(crashed) == 1 and isinstance(crashed[0], _Crash), crashed
+    worker = ServiceProcess("ledger", ["ledger", "--worker-id", "w0"], s, tmp_path).start()
+    try:
+        assert_final_heads_exact(s, stream)
+    finally:
+        worker.stop()
+    assert worker.proc is not None and worker.proc.returncode == 0, worker.log_tail()
 
 
 @pytest.mark.broker
