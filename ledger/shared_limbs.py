@@ -6,9 +6,11 @@ thread goes on, and a copy of S's limbs (three d x d int64, 14 MB at d = 768) co
 5-7 ms idle and 4-128 ms under a flow of adds (bench/results/pipeline_bench.md sections 28-29).
 Shared, they are made read-only (a write in place would change every holder: it fails loudly
 instead), and the next write of a holder goes into other arrays: the same memory traffic as the
-write in place it replaces. Those arrays are the ones the holder gave up the time before, once
-nothing else refers to them any more (no copy, no view: CPython's reference count says so),
-which saves the page faults of new arrays (~3 ms at d = 768); else new ones.
+write in place it replaces. Those arrays are the ones a holder of the same shape gave up at its
+last such write, once nothing else refers to them any more (no copy, no view: CPython's reference
+count says so), which saves the page faults of new arrays (~3 ms at d = 768); else new ones. One
+such spare per shape and process, not per ledger: a spare per head would double every head's
+memory (14 MB at d = 768, 100 MB at d = 2048).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ __all__ = ["SharedLimbs"]
 #: variable and the call's argument.
 _ONLY_IN_SPARE = 3
 
+#: Per shape, the limbs last given up by a write after a share (module docstring).
+_SPARES: dict[tuple[int, ...], Limbs] = {}
+
 
 class SharedLimbs:
     """S's limbs (AA, X, BB) of one ledger, possibly shared with its copies (module docstring)."""
@@ -34,7 +39,6 @@ class SharedLimbs:
     def __init__(self, limbs: Limbs) -> None:
         self.limbs = limbs
         self._shared = False  # another holder may have these arrays: write elsewhere
-        self._spare: Limbs | None = None  # the arrays given up at the last write after a share
 
     @classmethod
     def zeros(cls, d: int) -> SharedLimbs:
@@ -67,12 +71,13 @@ class SharedLimbs:
         limbs = self.limbs
         if not self._shared:
             return limbs, limbs
-        spare, self._spare = self._spare, None
+        spare = _SPARES.pop(limbs[0].shape, None)
         if spare is not None and all(sys.getrefcount(a) <= _ONLY_IN_SPARE for a in spare):
             for a in spare:
                 a.flags.writeable = True
             out = spare
         else:
             out = (np.empty_like(limbs[0]), np.empty_like(limbs[1]), np.empty_like(limbs[2]))
-        self.limbs, self._spare, self._shared = out, limbs, False
+        self.limbs, self._shared = out, False
+        _SPARES[limbs[0].shape] = limbs
         return limbs, out

@@ -1,10 +1,12 @@
 """ledger/shared_limbs.py: holders of shared limbs never see each other's writes, whatever the
-order of their writes, and a holder reuses the arrays it gave up only once nobody else has them."""
+order of their writes; arrays given up are reused only once nobody else has them, by any holder of
+their shape, and one set per shape is kept."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from unlearn.ledger import shared_limbs
 from unlearn.ledger.shared_limbs import SharedLimbs
 
 
@@ -45,3 +47,25 @@ def test_the_arrays_given_up_are_reused_once_nobody_else_holds_them() -> None:
     a.combine(np.add, _limbs(1))
     assert [id(limb) for limb in a.limbs] == second  # given up the time before, held by nobody now
     assert _values(a) == [4] * 3
+
+
+def test_one_spare_per_shape_serves_every_holder_of_that_shape() -> None:
+    shape = (4, 4)
+
+    def ones() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (np.ones(shape, np.int64), np.ones(shape, np.int64), np.ones(shape, np.int64))
+
+    heads = [SharedLimbs((np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)))
+             for _ in range(3)]
+    copies = [h.share() for h in heads]
+    for h in heads:
+        h.combine(np.add, ones())  # each gives up the arrays its copy holds
+    kept = shared_limbs._SPARES[shape]
+    assert [id(a) for a in kept] == [id(a) for a in copies[2].limbs]  # the last set only, not three
+    last = [id(a) for a in kept]
+    del kept, copies[2]  # now nobody holds that set
+    heads[0].share()
+    heads[0].combine(np.add, ones())
+    assert [id(a) for a in heads[0].limbs] == last  # another head of the shape writes into it
+    assert [int(h.limbs[0][0, 0]) for h in heads] == [2, 1, 1]
+    assert [int(c.limbs[0][0, 0]) for c in copies] == [0, 0]
