@@ -31,7 +31,9 @@ def test_what_is_alive_is_frozen_out_of_the_collections() -> None:
     alive = [_Node()]
     assert _tracked(alive)
     frozen = freeze_heap()
-    assert frozen == gc.get_freeze_count() > 0
+    # Frozen objects can still die (reference counting: this process's other threads, the log
+    # record freeze_heap writes), so the count may only have fallen since; nothing joins it.
+    assert 0 < gc.get_freeze_count() <= frozen
     assert not _tracked(alive)  # a full collection no longer walks it
     after = [_Node()]
     assert _tracked(after)  # what comes later is collected as usual
