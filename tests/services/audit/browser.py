@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -37,11 +40,12 @@ class Browser:
     async def __aenter__(self) -> Browser:
         exe = chromium_path()
         assert exe, "chromium is not installed (make test installs it: apt-get install chromium)"
-        self._dir = tempfile.TemporaryDirectory(prefix="audit-chromium-")
+        self._dir = Path(tempfile.mkdtemp(prefix="audit-chromium-"))
         self.proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                      "--remote-debugging-port=0", f"--user-data-dir={self._dir.name}",
-                                      "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = Path(self._dir.name) / "DevToolsActivePort"
+                                      "--remote-debugging-port=0", f"--user-data-dir={self._dir}",
+                                      "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)  # its helpers in one group, killed together
+        port_file = self._dir / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
             assert self.proc.poll() is None and time.monotonic() < deadline, "chromium did not start"
@@ -61,16 +65,20 @@ class Browser:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Close the browser, then its helper processes (renderer, GPU, crashpad: they outlive the
+        main process for a moment and write into the profile), then remove the profile."""
+        try:
+            await asyncio.wait_for(self._ws.send_json({"id": next(self._ids), "method": "Browser.close"}), 10)
+            await asyncio.to_thread(self.proc.wait, 10)
+        except Exception:  # closing politely is best effort; the kill is not
+            pass
         self._reader.cancel()
         await self._ws.close()
         await self._http.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._dir.cleanup()
+        with contextlib.suppress(ProcessLookupError):  # the whole group may be gone already
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        _remove(self._dir)
 
     async def _read(self) -> None:
         async for msg in self._ws:
@@ -128,3 +136,17 @@ class Browser:
         return await self.eval("(() => { const e = document.activeElement; const s = getComputedStyle(e);"
                                " return {tag: e.tagName, text: (e.textContent || '').trim(), id: e.id,"
                                " outline: s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2}; })()")
+
+
+def _remove(path: Path, tries: int = 50) -> None:
+    """``rm -r`` that outlasts a process of the killed group still being reaped (a killed
+    process's last writes may land after ``killpg`` returns)."""
+    for _ in range(tries - 1):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(path, ignore_errors=True)
