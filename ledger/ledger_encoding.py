@@ -102,14 +102,23 @@ def encode_ledger(p: LedgerParts) -> bytes:
     i64 class_counts[c]; i64 upper triangles (row-major) of AA, X, BB (d(d+1)/2 each);
     i64 GAA, GX, GBB (d x c each, row-major); 32-byte SHA-256 of everything before it.
     """
-    parts = [
-        BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits, p.retained),
-        p.class_counts.astype("<i8").tobytes(),
-        *(M.astype("<i8").tobytes() for M in upper_limbs(p.gram)),
-        *(M.astype("<i8").tobytes() for M in p.moments),
-    ]
-    body = b"".join(parts)
-    return body + hashlib.sha256(body).digest()
+    return b"".join(ledger_buffers(p))
+
+
+def ledger_buffers(p: LedgerParts) -> list[bytes | memoryview]:
+    """``encode_ledger``'s bytes as the buffers they are joined from: the arrays themselves where
+    their layout is the blob's, hashed where they lie. Why: a checkpoint writes 7 MB per head at
+    d = 768 (51 MB at 2048); every copy of it held the GIL the ledger's poll thread waits for
+    (bench/results/pipeline_bench.md section 30), so a caller joining more around it joins once."""
+    header = BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, p.dim, p.n_outputs, p.frac_bits, p.label_frac_bits,
+                              p.retained)
+    arrays = [p.class_counts, *upper_limbs(p.gram), *p.moments]
+    parts: list[bytes | memoryview] = [header]
+    parts += [np.ascontiguousarray(M, dtype="<i8").reshape(-1).view(np.uint8).data for M in arrays]
+    h = hashlib.sha256()
+    for b in parts:
+        h.update(b)
+    return [*parts, h.digest()]
 
 
 def decode_ledger(blob: bytes) -> LedgerParts:

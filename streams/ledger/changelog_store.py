@@ -40,9 +40,9 @@ from unlearn.streams.ledger.snapshots import (
     HeadState,
     SnapshotError,
     decode_state,
-    encode_state,
     join_pieces,
     split_pieces,
+    state_buffers,
     state_sha,
 )
 from unlearn.streams.ledger.state_topics import StateTopics
@@ -225,11 +225,12 @@ class ChangelogStore:
         """Write a head's snapshot into the slot the previous checkpoint does not name."""
         generation = (previous.generation if previous is not None else 0) + 1
         meta = head.meta
-        state = encode_state(head)
-        pieces = split_pieces(state, generation, meta.applied_offset, self.settings.changelog_max_bytes)
+        state = state_buffers(head)  # never joined whole: each piece is copied from the buffers
+        sha = state_sha(state)
+        pieces = split_pieces(state, generation, meta.applied_offset, self.settings.changelog_max_bytes, sha)
         slot = generation % 2
         offsets = self._produce_all(partition, [(piece_key(meta.head_id, slot, i), p) for i, p in enumerate(pieces)])
-        return HeadPointer(generation, meta.applied_offset, state_sha(state).hex(), tuple(offsets))
+        return HeadPointer(generation, meta.applied_offset, sha.hex(), tuple(offsets))
 
     def write_checkpoint(self, cp: Checkpoint) -> None:
         self._produce_all(cp.partition, [(checkpoint_key(cp.partition), cp.encode())])

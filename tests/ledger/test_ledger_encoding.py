@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.ledger.test_exact_ledger import label_kinds, random_labels, random_rows, reference_ints
 from unlearn.ledger import ExactLedger, LedgerError, wide
-from unlearn.ledger.ledger_encoding import DIGEST_DOMAIN, shifted, upper_limbs
+from unlearn.ledger.ledger_encoding import DIGEST_DOMAIN, ledger_buffers, shifted, upper_limbs
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -84,3 +84,22 @@ def test_digest_in_row_blocks_hashes_the_same_bytes(seed: int, d: int, n: int) -
     h.update(wide.to_le_bytes(wide.combine([(up[0], 30), (up[1], 15), (up[2], 0)])))
     h.update(wide.to_le_bytes(wide.combine(shifted(led.parts().moments))))
     assert led.digest() == h.hexdigest()
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 9), c=st.integers(0, 4), n=st.integers(0, 20))
+def test_blob_layout_is_the_documented_one(seed: int, d: int, c: int, n: int) -> None:
+    """The blob from Python ints with struct, entry by entry as the docstring lays it out, against
+    ``to_bytes`` (which joins the ledger's own arrays without copying them first) and the buffers
+    it joins."""
+    rng = np.random.default_rng(seed)
+    led = ExactLedger(d, c, label_frac_bits=int(rng.integers(0, 31)))
+    if n and c:
+        led.add(random_rows(rng, n, d), rng.integers(0, c, n))
+    p = led.parts()
+    out = [struct.pack("<4sHqqqqq", b"ULDG", 1, d, c, p.frac_bits, p.label_frac_bits, p.retained)]
+    out += [struct.pack("<q", int(v)) for v in p.class_counts]
+    out += [struct.pack("<q", int(M[i, j])) for M in p.gram for i in range(d) for j in range(i, d)]
+    out += [struct.pack("<q", int(M[i, m])) for M in p.moments for i in range(d) for m in range(c)]
+    body = b"".join(out)
+    assert led.to_bytes() == body + hashlib.sha256(body).digest() == b"".join(ledger_buffers(p))

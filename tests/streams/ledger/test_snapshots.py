@@ -3,9 +3,12 @@ set of pieces refused, and one state version."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.streams.ledger.test_head_runtime import CFG, data, rows
 from unlearn.ledger import MultisetHash
@@ -18,6 +21,7 @@ from unlearn.streams.ledger.snapshots import (
     encode_state,
     join_pieces,
     split_pieces,
+    state_buffers,
     state_sha,
 )
 
@@ -55,3 +59,27 @@ def test_a_head_state_of_another_version_is_refused() -> None:
     for other in (1, 3):
         with pytest.raises(SnapshotError, match=f"unknown head state version {other}"):
             decode_state(blob[:4] + struct.pack("<H", other) + blob[6:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(0, 9000), cuts=st.lists(st.integers(0, 9000), max_size=6), piece=st.integers(1100, 5000))
+def test_pieces_cut_from_buffers_are_those_of_the_joined_blob(size: int, cuts: list[int], piece: int) -> None:
+    """What a checkpoint writes (pieces cut from the state's buffers, never joined whole) is byte
+    for byte what cutting the blob gives, wherever the buffers' boundaries fall (empty ones too)."""
+    blob = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    bounds = sorted({0, size, *(min(c, size) for c in cuts)})
+    buffers = [b"", *(memoryview(blob)[a:b] for a, b in itertools.pairwise(bounds)), b""]
+    sha = state_sha(buffers)
+    assert sha == state_sha(blob)
+    pieces = split_pieces(buffers, 2, 9, piece, sha)
+    assert pieces == split_pieces(blob, 2, 9, piece) and all(len(p) <= piece for p in pieces)
+    assert join_pieces(2, 9, sha.hex(), list(pieces)) == blob
+
+
+def test_a_state_blob_is_its_buffers_joined() -> None:
+    Q, y = data(30, d=24)
+    head = HeadRuntime.new("h", Delta("h", "x", 24, 30, 0, ()), CFG)
+    head.apply(Delta("h", "requests/1@7", 24, 30, 0, (rows(+1, Q, y, "a"),)), 5, 1)
+    state = head.state()
+    assert b"".join(state_buffers(state)) == encode_state(state)
+    assert decode_state(encode_state(state)).ledger.digest() == head.ledger.digest()
