@@ -12,6 +12,13 @@ commit. Only a writer that commits faster than the copies go, with no pause, out
 its own commit then checkpoints at the backstop, as SQLite's automatic checkpoints would, and the
 WAL stays bounded. Durability is SQLite's own: the same WAL and the same ``synchronous`` setting
 (the checkpoint syncs the WAL before it copies, and the database file after).
+
+The erasure purge (a TRUNCATE checkpoint: no old page may stay in the WAL) runs on the thread too:
+on the poll thread it copied everything written since the last round while holding SQLite's
+writer lock, 35-70 ms under 1,000 adds/s, every ``UNLEARN_SHRED_EVERY_SECONDS`` while deletes
+flow, and a delete arriving meanwhile waited for all of it (bench/results/pipeline_bench.md
+section 30). The thread first catches up with PASSIVE passes, which take no writer lock, then
+truncates: the writer's commits wait only for what the TRUNCATE itself still has to copy.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ class CommitCheckpoints:
         if busy:
             log.warning("%s: the WAL was not truncated (busy); old pages stay until the next purge", path)
 
+    def wait_truncated(self, timeout: float) -> bool:
+        """Whether no purge is pending: always (``truncate`` ran on the caller's thread)."""
+        return True
+
     def close(self) -> None:
         """Nothing to stop."""
 
@@ -60,10 +71,13 @@ class WalCheckpoints(CommitCheckpoints):
         self.path = path
         self.gap = gap
         self.synchronous = synchronous
-        self.stats = {"rounds": 0, "errors": 0}
+        self.stats = {"rounds": 0, "errors": 0, "truncates": 0}
         self._db: sqlite3.Connection | None = None  # opened by the first round (an error there is the thread's)
         self._wake = threading.Event()
+        self._purge = threading.Event()  # a truncate is asked for (it cuts the gap between rounds short)
+        self._purged = threading.Condition()
         self._stopping = threading.Event()
+        self._hurry = threading.Event()  # a purge or a stop: the gap between rounds ends
         self._pass = threading.Lock()  # held by each pass: a checkpoint elsewhere gets SQLITE_BUSY at once
         self._thread = threading.Thread(target=self._run, name=f"wal-checkpoints-{path.name}", daemon=True)
         self._thread.start()
@@ -86,9 +100,32 @@ class WalCheckpoints(CommitCheckpoints):
         self.stats["rounds"] += 1
 
     def truncate(self, db: sqlite3.Connection, path: Path) -> None:
-        """As for commits, with the thread paused: SQLite refuses a second checkpoint at once."""
-        with self._pass:
-            super().truncate(db, path)
+        """Ask the thread for the purge (module docstring) and return at once; the writer's
+        connection ``db`` is not used. ``wait_truncated`` waits for it."""
+        with self._purged:
+            self._purge.set()
+        self._wake.set()
+        self._hurry.set()
+
+    def wait_truncated(self, timeout: float) -> bool:
+        """Whether no purge is pending, waiting up to ``timeout`` seconds for the one asked for."""
+        with self._purged:
+            return self._purged.wait_for(lambda: not self._purge.is_set(), timeout)
+
+    def _truncate(self) -> None:
+        assert self._db is not None  # the round before opened it
+        with self._purged:
+            self._purge.clear()  # a purge asked for from now on needs a TRUNCATE after this one
+        try:
+            with self._pass:
+                super().truncate(self._db, self.path)
+        except sqlite3.Error:
+            self._purge.set()  # not done: the next round tries again
+            raise
+        self.stats["truncates"] += 1
+        with self._purged:
+            if not self._purge.is_set():
+                self._purged.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -98,15 +135,21 @@ class WalCheckpoints(CommitCheckpoints):
             self._wake.clear()
             try:
                 self._round()
+                if self._purge.is_set():
+                    self._truncate()
             except sqlite3.Error as exc:  # e.g. a full disk: the writer's commits report it too (and meet the backstop)
                 self.stats["errors"] += 1
                 log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
-            self._stopping.wait(self.gap)
+            if not self._purge.is_set():
+                self._hurry.wait(self.gap)
+            self._hurry.clear()
 
     def close(self) -> None:
-        """Stop the thread (after the pass in progress) and close its connection."""
+        """Stop the thread (after the pass in progress) and close its connection. A purge still
+        pending is moot: the writer's connection, closed last, checkpoints and removes the WAL."""
         self._stopping.set()
         self._wake.set()
+        self._hurry.set()
         self._thread.join()
         if self._db is not None:
             self._db.close()

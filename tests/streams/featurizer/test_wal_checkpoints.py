@@ -120,7 +120,8 @@ def test_a_feature_cache_with_background_checkpoints_purges_and_closes_as_before
         try:
             for _ in range(5):
                 cache._db.execute("DELETE FROM scratch")
-                cache.purge_deleted()
+                cache.purge_deleted()  # asks the thread
+                assert cache._wal.wait_truncated(30)
                 assert wal_size(path) == 0  # truncated, whatever the thread was doing
                 cache._db.execute("INSERT INTO scratch (v) VALUES (?)", (BLOB,))
         finally:
@@ -147,3 +148,35 @@ def test_a_failing_round_is_counted_and_the_thread_goes_on(tmp_path: Path) -> No
             assert wal.stats["errors"] == n and wal.stats["rounds"] == 0
     finally:
         wal.close()
+
+
+def test_the_purge_runs_on_the_thread_while_the_writer_goes_on(tmp_path: Path) -> None:
+    """The purge is the thread's: asked for while the test holds the thread's pass lock, it returns
+    and stays pending (on the caller's thread it would wait for that lock); the writer commits
+    meanwhile; once the lock is free the thread truncates, after every purge asked for, and no row
+    is lost."""
+    path = tmp_path / "p0.sqlite"
+    db = writer(path, autocheckpoint=BACKSTOP_PAGES)
+    wal = WalCheckpoints(path, "NORMAL", gap=30.0)  # rounds only when asked: the purge cuts the gap
+    try:
+        for i in range(40):
+            with db:
+                db.execute("INSERT INTO blobs (v) VALUES (?)", (BLOB,))
+            wal.written()
+            if i % 10 == 9:
+                with wal._pass:  # no checkpoint of the thread can run
+                    wal.truncate(db, path)
+                    with db:
+                        db.execute("INSERT INTO blobs (v) VALUES (?)", (BLOB,))
+                    assert not wal.wait_truncated(0.05)
+        assert wal.wait_truncated(30) and wal.stats["truncates"] >= 1
+        assert wal_size(path) == 0 and wal.stats["errors"] == 0
+        assert db.execute("SELECT COUNT(*) FROM blobs").fetchone() == (44,)
+        with db:  # asked right after a write: the next truncate covers it
+            db.execute("DELETE FROM blobs")
+        before = wal.stats["truncates"]
+        wal.truncate(db, path)
+        assert wal.wait_truncated(30) and wal.stats["truncates"] > before and wal_size(path) == 0
+    finally:
+        wal.close()
+        db.close()
