@@ -9,9 +9,10 @@ PASSIVE checkpoints after commits, at most one round per ``gap`` seconds. A PASS
 never blocks the writer, which appends to the WAL meanwhile; a round repeats while the writer
 appended during it (a few passes, each shorter), so the WAL is caught up and restarted by the next
 commit. Only a writer that commits faster than the copies go, with no pause, outruns the thread:
-its own commit then checkpoints at the backstop, as SQLite's automatic checkpoints would, and the
-WAL stays bounded. Durability is SQLite's own: the same WAL and the same ``synchronous`` setting
-(the checkpoint syncs the WAL before it copies, and the database file after).
+its own commit then checkpoints at the backstop, as SQLite's automatic checkpoints would, while
+the thread stays out of its way (``OUTRUN_PAUSE_S``), and the WAL stays bounded. Durability is
+SQLite's own: the same WAL and the same ``synchronous`` setting (the checkpoint syncs the WAL
+before it copies, and the database file after).
 
 The erasure purge (a TRUNCATE checkpoint: no old page may stay in the WAL) runs on the thread too:
 on the poll thread it copied everything written since the last round while holding SQLite's
@@ -28,7 +29,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-__all__ = ["BACKSTOP_PAGES", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
+__all__ = ["BACKSTOP_PAGES", "OUTRUN_PAUSE_S", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
 
 log = logging.getLogger("unlearn.featurizer")
 
@@ -38,6 +39,11 @@ MAX_PASSES = 8
 #: SQLite's automatic checkpoints alone, ``cache_file.WAL_AUTOCHECKPOINT_PAGES``), never reached
 #: while the thread keeps up.
 BACKSTOP_PAGES = 1024
+#: How long the thread stays out of the way of a writer that outran it (past the backstop): the
+#: writer's own checkpoint there is PASSIVE and gives up while a pass of the thread runs, so a
+#: thread always mid-pass let the WAL grow past 290 MB in a test; one pause lets the writer's next
+#: commit checkpoint the whole WAL (and its next one restart it).
+OUTRUN_PAUSE_S = 0.05
 
 
 class CommitCheckpoints:
@@ -71,7 +77,7 @@ class WalCheckpoints(CommitCheckpoints):
         self.path = path
         self.gap = gap
         self.synchronous = synchronous
-        self.stats = {"rounds": 0, "errors": 0, "truncates": 0}
+        self.stats = {"rounds": 0, "errors": 0, "truncates": 0, "outrun": 0}
         self._db: sqlite3.Connection | None = None  # opened by the first round (an error there is the thread's)
         self._wake = threading.Event()
         self._purge = threading.Event()  # a truncate is asked for (it cuts the gap between rounds short)
@@ -86,8 +92,9 @@ class WalCheckpoints(CommitCheckpoints):
         """The writer committed: a round is due (cheap: sets an event)."""
         self._wake.set()
 
-    def _round(self) -> None:
-        """PASSIVE checkpoints until the WAL is caught up or ``MAX_PASSES`` ran."""
+    def _round(self) -> bool:
+        """PASSIVE checkpoints until the WAL is caught up or ``MAX_PASSES`` ran; whether the WAL is
+        still past the backstop (the writer outruns the thread)."""
         if self._db is None:
             db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0, check_same_thread=False)
             db.execute(f"PRAGMA synchronous={self.synchronous}")
@@ -98,6 +105,7 @@ class WalCheckpoints(CommitCheckpoints):
             if done >= frames:
                 break
         self.stats["rounds"] += 1
+        return frames >= BACKSTOP_PAGES
 
     def truncate(self, db: sqlite3.Connection, path: Path) -> None:
         """Ask the thread for the purge (module docstring) and return at once; the writer's
@@ -133,14 +141,18 @@ class WalCheckpoints(CommitCheckpoints):
             if self._stopping.is_set():
                 return
             self._wake.clear()
+            outrun = False
             try:
-                self._round()
+                outrun = self._round()
                 if self._purge.is_set():
                     self._truncate()
             except sqlite3.Error as exc:  # e.g. a full disk: the writer's commits report it too (and meet the backstop)
                 self.stats["errors"] += 1
                 log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
-            if not self._purge.is_set():
+            if outrun:  # out of the writer's way: its own checkpoint at the backstop gives up while a pass runs
+                self.stats["outrun"] += 1
+                self._stopping.wait(max(self.gap, OUTRUN_PAUSE_S))
+            elif not self._purge.is_set():
                 self._hurry.wait(self.gap)
             self._hurry.clear()
 
