@@ -272,8 +272,7 @@ class FeatureCache:
     def purge_deleted(self) -> None:
         """Erasure: checkpoint the WAL into the database file and truncate it, so the pages of
         deleted rows (zeroed by ``secure_delete``) replace the old ones on disk and no copy stays
-        in the WAL (docs/erasure.md). With background checkpoints the thread does it right after
-        this returns (``wal_checkpoints.py``: off the poll thread, where it stalled deletes)."""
+        in the WAL (docs/erasure.md); the checkpoint thread's, if any (``wal_checkpoints.py``)."""
         self._wal.truncate(self._db, self.path)
 
     def close(self) -> None:
