@@ -87,8 +87,10 @@ def featurize_batch(
     admitted = admit_routed(messages, origins or {}) if admission is None else admission
     fresh = admitted.messages
     if not fresh:
-        return BatchOutcome(partition, last, [], [], [], CacheMutations(), reforwarded=admitted.reforwarded,
-                            gaps=admitted.gaps)
+        # the origins still move: a lane's records judged ahead are admitted here, and the copy rule
+        # must know them when the records forwarded after them come
+        return BatchOutcome(partition, last, [], [], [], CacheMutations(), origin_offsets=admitted.origin_offsets,
+                            reforwarded=admitted.reforwarded, gaps=admitted.gaps)
     ts = time.time() if now is None else float(now)
     reqs = open_sealed(parse_batch(fresh), transit, config.featurizer.require_sealed_input)
     traces = trace_contexts(fresh, reqs)

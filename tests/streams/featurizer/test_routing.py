@@ -19,6 +19,7 @@ from unlearn.streams.featurizer.featurize import featurize_batch
 from unlearn.streams.featurizer.routing import (
     ORIGIN_HEADER,
     PREVIOUS_HEADER,
+    Admitted,
     RouterSession,
     admit_routed,
     might_delete,
@@ -195,6 +196,11 @@ def test_featurize_batch_judges_routed_records_once_and_names_their_origin() -> 
     assert [(d.topic, d.partition, d.offset) for d in dls] == [("t.requests", 3, 9), ("t.requests.by-head", 2, 43)]
     copies = featurize_batch(msgs[2:3], Empty(), cfg, now=1.0, origins=out.origin_offsets)
     assert (copies.last_offset, copies.reforwarded, copies.messages(cfg), copies.mutations.empty) == (42, 1, [], True)
+    # a batch of a lane's records only (judged ahead: admitted, none left to judge) still moves the
+    # origins, or the record forwarded after them would be taken for one after a failed forward
+    ahead = featurize_batch(msgs[:1], Empty(), cfg, now=1.0, origins={},
+                            admission=Admitted([], {0: 7}))
+    assert (ahead.origin_offsets, ahead.messages(cfg), ahead.mutations.empty) == ({0: 7}, [], True)
 
 
 _ids = st.text(alphabet="abcXYZ019._:@+-", min_size=1, max_size=12)
