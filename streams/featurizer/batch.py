@@ -14,12 +14,16 @@ Per micro-batch (size- and time-bounded), :meth:`BatchProcessor.process`:
   sequence):
 
   1. decide the outcome (``featurize_batch``) against the partition's cache (and seal it, with
-     per-sample keys, ``erasure.Erasure``; every new key acknowledged before step 3);
+     per-sample keys, ``erasure.Erasure``; every new key acknowledged before step 3), make its
+     outputs and changelog txn (``changelog_batches.batch_txn``);
   2. await the previous batch's phase 1 (``settle``: its outbox acknowledged, its offsets
-     committed), so at most one batch is in flight;
+     committed), so at most one batch is in flight; then (the rest, not a lane) the deletes
+     fetched meanwhile that may go first take a lane of their own, steps 1-4 before step 3 here
+     (``_overtaking``; docs/featurizer.md, "The delete lane");
   3. in ONE sqlite transaction: apply the cache mutations, put the encoded deltas / dead letters /
      rejected receipts into the outbox (with the changelog: only the batch's txn and position,
-     ``changelog_batches.batch_records``, which hold them), record the batch's last input offset;
+     framed now, ``changelog_batches.framed_records``, which hold them), record the batch's last
+     input offset;
   4. produce phase 0 (the batch's txn and position records on ``featurizer-cache``) and await
      its acknowledgement; send phase 1 (the downstream messages and the sample/head records);
   5. while the next batch is polled and judged, phase 1 travels; ``settle`` (before the next
@@ -40,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from unlearn.common.registry import RegistryView
@@ -49,10 +54,10 @@ from unlearn.runtime.poll_loop import records
 from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
-from unlearn.streams.featurizer.changelog_batches import batch_records
+from unlearn.streams.featurizer.changelog_batches import BatchTxn, batch_txn, framed_records
 from unlearn.streams.featurizer.changelog_records import PHASE_CHANGELOG, Position
 from unlearn.streams.featurizer.core_config import CoreConfig
-from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, split_lane
+from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, overtaking, split_lane
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.erasure import Erasure
 from unlearn.streams.featurizer.feature_cache import FeatureCache
@@ -91,6 +96,8 @@ class BatchWindow:
         self.max_batch, self.max_ms, self.waiting = max_batch, max_ms, waiting
         self._pending: list[Any] = []  # the batch being polled
         self._carry: list[Any] = []  # fetched after a batch's last delete: the next batch's start
+        self._check: Callable[[], None] = lambda: None  # the last poll's: raises a failed rebalance's error
+        self._done: set[tuple[str, int, int]] = set()  # carried deletes a lane took already: not urgent
 
     def drop(self, gone: Collection[tuple[str, int]]) -> None:
         """Forget polled records of revoked (topic, partition)s: the cache offset (or the router's
@@ -98,11 +105,31 @@ class BatchWindow:
         self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in gone]
         self._carry = [m for m in self._carry if (m.topic(), m.partition()) not in gone]
 
+    def fetched_since(self, consumer: Any) -> list[Any]:
+        """The records beyond the batch, in their order: those the window holds for the next batch
+        (fetched behind the batch's last delete) and what the client fetched since, taken without
+        waiting (the batch processor looks among them for deletes that may overtake the batch it
+        is judging, and :meth:`carry` s them back). Rebalances run inside, as in a poll."""
+        got = records(consumer.consume(num_messages=self.max_batch, timeout=0), "featurizer")
+        self._check()
+        held, self._carry = self._carry, []  # after the poll: a revocation inside it dropped its part
+        return [*held, *got]
+
+    def carry(self, msgs: list[Any], done: Collection[tuple[str, int, int]] = ()) -> None:
+        """Records fetched and not processed: they start the next batch, after those carried already;
+        ``done``: the (topic, partition, offset) of deletes among them a lane took (they close no window)."""
+        self._carry.extend(msgs)
+        self._done.update(done)
+
+    def _urgent(self, m: Any) -> bool:
+        return might_delete(m.value()) and (m.topic(), m.partition(), m.offset()) not in self._done
+
     def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
         """The next batch ([] when idle, so the caller can look at ``stop``). ``check`` runs after
         every poll: it raises what a rebalance callback failed with."""
+        self._check = check
         self._pending, self._carry = self._carry, []
-        urgent = any(might_delete(m.value()) for m in self._pending)
+        urgent = any(self._urgent(m) for m in self._pending)
         deadline: float | None = time.monotonic() + self.max_ms / 1000.0 if self._pending else None
         while len(self._pending) < self.max_batch and not (urgent and deadline is not None):
             if deadline is None:
@@ -121,7 +148,7 @@ class BatchWindow:
             check()
             for m in records(got, "featurizer"):
                 self._pending.append(m)
-                urgent = urgent or might_delete(m.value())
+                urgent = urgent or self._urgent(m)
             if deadline is None:
                 if not self._pending:
                     return []
@@ -136,8 +163,9 @@ class BatchWindow:
                 self.waiting()
         batch, self._pending = self._pending, []
         if urgent:
-            cut = max(i for i, m in enumerate(batch) if might_delete(m.value())) + 1
+            cut = max(i for i, m in enumerate(batch) if self._urgent(m)) + 1
             batch, self._carry = batch[:cut], batch[cut:]
+        self._done.intersection_update((m.topic(), m.partition(), m.offset()) for m in self._carry)
         return batch
 
 
@@ -151,6 +179,11 @@ def record_timestamp_ms(m: Any) -> int | None:
     return int(ts) if kind != TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None
 
 
+def _known_head(cache: FeatureCache, head_id: str) -> bool:
+    """Whether the head is in the cache already (a delete of it may take the lane)."""
+    return cache.get_head(head_id) is not None
+
+
 @dataclass
 class _Part:
     """What one commit of a partition judges: its records in offset order (``messages``, the
@@ -162,6 +195,44 @@ class _Part:
     cover: int | None = None
     lane: bool = False
     judged_ahead: int = 0  # records a lane judged before a crash: skipped, not judged again
+    batch: list[InMessage] = field(default_factory=list)  # the rest's: all the partition's records of the batch
+
+
+@dataclass
+class _Judged:
+    """A part judged and sealed, its outputs and changelog txn made (step 1), not yet committed."""
+
+    partition: int
+    cache: FeatureCache
+    part: _Part
+    outcome: Any  # featurize.BatchOutcome, sealed
+    origins: dict[int, int]
+    messages: list[OutMessage]
+    txn: BatchTxn | None  # None without a changelog
+
+
+def _in_message(m: Any, origin_stream: str) -> InMessage:
+    """A consumed by-head record as the judging functions take it."""
+    return InMessage(m.partition(), m.offset(), m.value(), m.key(), read_origin(m.headers(), origin_stream),
+                     tuple(m.headers() or ()), record_timestamp_ms(m))
+
+
+def _parts(cache: FeatureCache, msgs: list[InMessage], lane_on: bool, signed: bool) -> tuple[_Part | None, _Part]:
+    """A partition's records as (its delete lane, if any, the rest): the router's copies are
+    dropped over all of them in offset order first (so the lane moves no origin), and what a
+    lane already judged ahead of the cache's offset is not judged again."""
+    admitted = admit_routed(msgs, cache.origin_offsets())
+    ahead = set(cache.ahead_offsets())
+    todo = [m for m in admitted.messages if m.offset not in ahead]
+    if lane_on and cache.applied_offset >= 0:
+        lane, judged = split_lane(todo, partial(_known_head, cache), signed)
+    else:
+        lane, judged = [], todo
+    in_lane = {m.offset for m in lane}
+    rest = _Part([m for m in msgs if m.offset not in in_lane],
+                 Admitted(judged, admitted.origin_offsets, admitted.reforwarded, admitted.gaps), msgs[-1].offset,
+                 judged_ahead=len(admitted.messages) - len(todo), batch=msgs)
+    return (_Part(lane, Admitted(lane), lane=True) if lane else None), rest
 
 
 @dataclass
@@ -192,12 +263,13 @@ class BatchProcessor:
     def __init__(self, settings: Settings, config: CoreConfig, topics: Topics, *, consumer: Any, delivery: Delivery,
                  router: Router, partitions: Partitions, registry: RegistryView, encoder: Encoder,
                  auth: AuthGate | None, erasure: Erasure | None, fault: FaultHook | None,
-                 stats: dict[str, int]) -> None:
+                 stats: dict[str, int], window: BatchWindow | None = None) -> None:
         self.settings, self.config, self.topics = settings, config, topics
         self.consumer, self.delivery, self.router, self.partitions = consumer, delivery, router, partitions
         self.registry, self.encoder, self.auth, self.erasure = registry, encoder, auth, erasure
         self.fault, self.stats = fault, stats
         self.lane = FeaturizerSettings.of(settings).delete_lane
+        self.window = window  # where the deletes fetched while a batch is judged are looked for
         self.committed_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> last offset commit
         self._inflight: _Inflight | None = None
         self._unawaited: dict[tuple[str, int], Any] = {}  # offsets committed without waiting, not yet awaited
@@ -299,14 +371,12 @@ class BatchProcessor:
             p = m.partition()
             if p not in applied or m.offset() <= applied[p]:
                 continue  # revoked meanwhile, or already in the cache (never judged twice)
-            by_partition.setdefault(p, []).append(
-                InMessage(p, m.offset(), m.value(), m.key(), read_origin(m.headers(), self.topics.origin_stream),
-                          tuple(m.headers() or ()), record_timestamp_ms(m)))
+            by_partition.setdefault(p, []).append(_in_message(m, self.topics.origin_stream))
         if not by_partition:
             return {}
         now = time.time()
         config = with_registry(self.config, self.registry.snapshot())
-        parts = {p: self._parts(caches[p], sorted(msgs, key=lambda x: x.offset))
+        parts = {p: _parts(caches[p], sorted(msgs, key=lambda x: x.offset), self.lane, self.auth is not None)
                  for p, msgs in sorted(by_partition.items())}
         # Committed and sent first: the delete lanes, and the whole part of a partition without a
         # lane that holds a delete, when other partitions' parts follow (partitions share no
@@ -317,30 +387,25 @@ class BatchProcessor:
         urgent = urgent if len(urgent) < len(parts) else []
         first = lanes + [(p, parts[p][1]) for p in urgent]
         done = self._commit_all(first, config, now)[len(lanes):] if first else []  # the lanes move no offset
-        done += self._commit_all([(p, rest) for p, (_, rest) in parts.items() if p not in urgent], config, now)
+        done += self._commit_all([(p, rest) for p, (_, rest) in parts.items() if p not in urgent], config, now,
+                                 overtake=self.lane and self.window is not None)
         return {c.partition: c.last_offset for c in done}
 
-    def _parts(self, cache: FeatureCache, msgs: list[InMessage]) -> tuple[_Part | None, _Part]:
-        """A partition's records as (its delete lane, if any, the rest): the router's copies are
-        dropped over all of them in offset order first (so the lane moves no origin), and what a
-        lane already judged ahead of the cache's offset is not judged again."""
-        admitted = admit_routed(msgs, cache.origin_offsets())
-        ahead = set(cache.ahead_offsets())
-        todo = [m for m in admitted.messages if m.offset not in ahead]
-        if self.lane and cache.applied_offset >= 0:
-            lane, judged = split_lane(todo, lambda head: cache.get_head(head) is not None, self.auth is not None)
-        else:
-            lane, judged = [], todo
-        in_lane = {m.offset for m in lane}
-        rest = _Part([m for m in msgs if m.offset not in in_lane],
-                     Admitted(judged, admitted.origin_offsets, admitted.reforwarded, admitted.gaps), msgs[-1].offset,
-                     judged_ahead=len(admitted.messages) - len(todo))
-        return (_Part(lane, Admitted(lane), lane=True) if lane else None), rest
-
-    def _commit_all(self, parts: list[tuple[int, _Part]], config: CoreConfig, now: float) -> list[_Committed]:
-        """Steps 1-4 for these partitions' parts; their phase 1 left in flight (``settle``)."""
+    def _commit_all(self, parts: list[tuple[int, _Part]], config: CoreConfig, now: float,
+                    overtake: bool = False) -> list[_Committed]:
+        """Steps 1-4 for these partitions' parts; their phase 1 left in flight (``settle``). With
+        ``overtake``, the deletes fetched until the parts are judged and the batch before them is
+        settled, and that may go first, are committed first (:meth:`_overtaking`)."""
         caches = self.partitions.caches
-        done = [self._commit_partition(p, caches[p], part, config, now) for p, part in parts]
+        judged = [self._judge(p, caches[p], part, config, now) for p, part in parts]
+        if overtake:
+            self.settle(wait_commit=False)  # as the first commit below would: a delete arriving meanwhile goes first
+            self._hook("judged")
+            lanes = self._overtaking(judged)
+            if lanes:
+                self._commit_all(lanes, config, time.time())
+            judged = [j for j in judged if caches.get(j.partition) is j.cache]  # revoked meanwhile: not committed
+        done = [self._commit_judged(j) for j in judged]
         self._hook("after_cache_commit")
         assert self._inflight is None  # settled before this batch's sqlite commit; this one's phase 1 by settle
         acks = self.delivery.deliver_overlapped([m for c in done for m in c.messages], self._after_phase)
@@ -349,40 +414,77 @@ class BatchProcessor:
         self._inflight = _Inflight(acks, done)
         return done
 
-    def _commit_partition(self, p: int, cache: FeatureCache, part: _Part, config: CoreConfig,
-                          now: float) -> _Committed:
-        """Steps 1-3 for one partition's records: judge, seal, settle the previous batch, commit."""
+    def _overtaking(self, judged: list[_Judged]) -> list[tuple[int, _Part]]:
+        """The delete lanes of what the client fetched while ``judged`` were judged (issue 29: a
+        delete no longer waits for the commit of the adds before it; ``delete_lane.overtaking``):
+        per partition, its deletes that may go before the part's records. Everything fetched starts
+        the next batch, as a poll would have taken it, the lanes' records too: they are done ahead
+        (skipped, as after a crash) but the router's copy rule must see them in their order, or
+        the record forwarded after one would look like a failed forward's (``admit_routed``). A
+        partition revoked meanwhile: its part is not committed, its records are skipped as any
+        batch's are."""
+        assert self.window is not None
+        fetched = self.window.fetched_since(self.consumer)
+        lanes: list[tuple[int, _Part]] = []
+        for j in judged:
+            cache, p = j.cache, j.partition
+            if self.partitions.caches.get(p) is not cache or cache.applied_offset < 0:
+                continue  # revoked meanwhile (the cache is closed), or nothing ahead of a lane
+            mine = [_in_message(m, self.topics.origin_stream) for m in fetched
+                    if m.topic() == self.topics.by_head and m.partition() == p]
+            # a lane's records done before a crash are skipped, never judged twice (they stay in the
+            # copy rule's sequence, and ahead of the candidates)
+            new = {m.offset for m in mine} - set(cache.ahead_offsets())
+            if not any(might_delete(m.value) for m in mine if m.offset in new):
+                continue
+            admitted = admit_routed([*j.part.batch, *mine], cache.origin_offsets()).messages
+            lane = overtaking([m for m in admitted if m.offset not in new], [m for m in admitted if m.offset in new],
+                              partial(_known_head, cache), self.auth is not None)
+            if lane:
+                lanes.append((p, _Part(lane, Admitted(lane), lane=True)))
+        self.window.carry(fetched, {(self.topics.by_head, p, m.offset) for p, part in lanes for m in part.messages})
+        return lanes
+
+    def _judge(self, p: int, cache: FeatureCache, part: _Part, config: CoreConfig, now: float) -> _Judged:
+        """Step 1 for one partition's records: judge, seal, make the outputs and the changelog txn."""
         origins = cache.origin_offsets()
         erasure = self.erasure
-        msgs = part.messages
-        outcome = featurize_batch(msgs, cache, config, self.encoder, now=now, origins=origins,
+        outcome = featurize_batch(part.messages, cache, config, self.encoder, now=now, origins=origins,
                                   auth=self.auth.authorizer(p) if self.auth is not None else None,
                                   transit=erasure.gate(p) if erasure is not None else None,
                                   admission=part.admission, cover=part.cover,
                                   source_suffix=LANE_SUFFIX if part.lane else "")
+        if erasure is not None:
+            outcome = erasure.seal(p, outcome, cache)
+        messages = outcome.messages(config)
+        txn = None
+        if self.topics.changelog is not None:  # the changelog records ride in the same sqlite transaction
+            txn = batch_txn(outcome.mutations, messages, erasure.sample_sealer(p) if erasure is not None else None)
+        return _Judged(p, cache, part, outcome, origins, messages, txn)
+
+    def _commit_judged(self, j: _Judged) -> _Committed:
+        """Steps 2-3 for one judged part: its position (read now: a lane committed since it was
+        judged is ahead of it), settle the previous batch, commit."""
+        p, cache, part, outcome = j.partition, j.cache, j.part, j.outcome
+        msgs = part.messages
         ahead = cache.ahead_offsets()
         if part.lane:  # the offset stays; the lane's offsets are done ahead of it
             offset, ahead = cache.applied_offset, sorted({*ahead, *(m.offset for m in msgs)})
         else:
             offset = outcome.last_offset
             ahead = [o for o in ahead if o > offset]
-        if erasure is not None:
-            outcome = erasure.seal(p, outcome, cache)
-        messages = outcome.messages(config)
+        messages = j.messages
         generation: int | None = None
         durable = messages  # what the outbox keeps: with the changelog, phase 0 (outputs_of_txn)
         t = self.topics
-        if t.changelog is not None:
-            # the changelog records ride in the same sqlite transaction, ahead of the outputs
+        if t.changelog is not None and j.txn is not None:  # ahead of the outputs
             generation = cache.generation + 1
             pos = Position(p, offset, t.by_head, t.by_head_id, cache.lineage, generation, 0, "",
-                           {**origins, **outcome.origin_offsets}, t.requests_id, t.by_head_partitions, tuple(ahead))
-            messages = batch_records(p, t.changelog, outcome.mutations, messages, pos,
-                                     self.settings.changelog_max_bytes,
-                                     erasure.sample_sealer(p) if erasure is not None else None) + messages
+                           {**j.origins, **outcome.origin_offsets}, t.requests_id, t.by_head_partitions, tuple(ahead))
+            messages = framed_records(p, t.changelog, j.txn, pos, self.settings.changelog_max_bytes) + messages
             durable = [m for m in messages if m.phase == PHASE_CHANGELOG]
-        if erasure is not None:
-            erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
+        if self.erasure is not None:
+            self.erasure.flush()  # every new key acknowledged before any ciphertext under it is committed
         self.settle(wait_commit=False)  # the previous batch's phase 1 acknowledged before this batch's phase 0
         seqs = cache.commit_batch(outcome.mutations, durable, offset, generation, outcome.origin_offsets,
                                   ahead=ahead, lane=part.lane)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from unlearn.streams.featurizer.batch_io import OutMessage
@@ -45,7 +45,10 @@ from unlearn.streams.featurizer.tombstones import Tombstone
 
 __all__ = [
     "Keyed",
+    "BatchTxn",
     "batch_records",
+    "batch_txn",
+    "framed_records",
     "delivered_record",
     "outputs_of_txn",
     "snapshot_mutations",
@@ -79,13 +82,28 @@ def state_records(mutations: CacheMutations, seal_sample: SealSample | None = No
     return out
 
 
-def batch_records(partition: int, topic: str, mutations: CacheMutations, messages: Sequence[OutMessage],
-                  position: Position, piece_bytes: int, seal_sample: SealSample | None = None) -> list[OutMessage]:
-    """The changelog messages of one committed batch, in outbox order: phase 0 (txn pieces, then
-    the position record), then phase 1 (the sample/head records). ``position.pieces`` and
-    ``sha256`` are filled in here; ``piece_bytes`` bounds a piece; ``seal_sample`` seals sample values."""
+@dataclass(frozen=True)
+class BatchTxn:
+    """A batch's changelog records (samples sealed) and its txn: the costly part of
+    :func:`batch_records`, made before the batch's position is known (issue 29: a delete fetched
+    meanwhile may commit first and move it, ``streams/featurizer/batch.py``)."""
+
+    records: list[Record]
+    txn: bytes
+
+
+def batch_txn(mutations: CacheMutations, messages: Sequence[OutMessage],
+              seal_sample: SealSample | None = None) -> BatchTxn:
+    """The records and txn of :func:`batch_records`; ``seal_sample`` seals sample values."""
     records = state_records(mutations, seal_sample)
-    txn = encode_txn(records, messages)
+    return BatchTxn(records, encode_txn(records, messages))
+
+
+def framed_records(partition: int, topic: str, batch: BatchTxn, position: Position,
+                   piece_bytes: int) -> list[OutMessage]:
+    """:func:`batch_records` of a :func:`batch_txn`: its pieces keyed by the position's generation,
+    then the position record, then the sample/head records."""
+    txn = batch.txn
     step = max(1, int(piece_bytes))
     pieces = [txn[i: i + step] for i in range(0, len(txn), step)] or [b""]
     pos = replace(position, partition=partition, pieces=len(pieces), sha256=hashlib.sha256(txn).hexdigest())
@@ -93,8 +111,16 @@ def batch_records(partition: int, topic: str, mutations: CacheMutations, message
     out = [OutMessage(topic, txn_key(partition, slot, i), piece, partition, PHASE_CHANGELOG)
            for i, piece in enumerate(pieces)]
     out.append(OutMessage(topic, position_key(partition), pos.encode(), partition, PHASE_CHANGELOG))
-    out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in records]
+    out += [OutMessage(topic, k, v, partition, PHASE_OUTPUT) for k, v in batch.records]
     return out
+
+
+def batch_records(partition: int, topic: str, mutations: CacheMutations, messages: Sequence[OutMessage],
+                  position: Position, piece_bytes: int, seal_sample: SealSample | None = None) -> list[OutMessage]:
+    """The changelog messages of one committed batch, in outbox order: phase 0 (txn pieces, then
+    the position record), then phase 1 (the sample/head records). ``position.pieces`` and
+    ``sha256`` are filled in here; ``piece_bytes`` bounds a piece; ``seal_sample`` seals sample values."""
+    return framed_records(partition, topic, batch_txn(mutations, messages, seal_sample), position, piece_bytes)
 
 
 def outputs_of_txn(topic: str, partition: int, phase0: Sequence[Keyed]) -> list[OutMessage]:

@@ -36,7 +36,7 @@ from unlearn.schemas.source_id import LANE_SUFFIX
 from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.routing import might_delete
 
-__all__ = ["LANE_SUFFIX", "lane_delete", "split_lane"]
+__all__ = ["LANE_SUFFIX", "lane_delete", "overtaking", "split_lane"]
 
 
 _DELETES = frozenset({"delete", "delete_subject"})
@@ -69,18 +69,19 @@ def _strings(value: bytes | None, into: set[bytes]) -> bool:
 
 
 def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
-               signed: bool = False) -> tuple[list[InMessage], list[InMessage]]:
+               signed: bool = False, since: int = 0) -> tuple[list[InMessage], list[InMessage]]:
     """(the lane, the rest), each in offset order: the lane holds the deletes of a ``known_head``
     (one already in the cache) that have at least one other record before them in ``msgs`` (one
     partition's records to judge, ascending) and none that names their sample, subject, event id
     or, when ``signed``, client. No lane when no delete qualifies: the batch is then judged as it
-    is, in one commit."""
+    is, in one commit. Only records from index ``since`` on may take the lane (those before it are
+    judged already, :func:`overtaking`)."""
     lane: list[InMessage] = []
     rest: list[InMessage] = []
     named: set[bytes] | None = None  # the strings of the rest, read once the first delete asks
     readable = True
-    for m in msgs:
-        req = lane_delete(m) if rest and readable else None
+    for i, m in enumerate(msgs):
+        req = lane_delete(m) if rest and readable and i >= since else None
         if req is not None and known_head(req.head_id):
             if named is None:
                 named = set()
@@ -95,3 +96,20 @@ def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
     if not lane:
         return [], list(msgs)
     return lane, rest
+
+
+def overtaking(judged: Sequence[InMessage], fetched: Sequence[InMessage], known_head: Callable[[str], bool],
+               signed: bool = False) -> list[InMessage]:
+    """The deletes among ``fetched`` (one partition's records fetched while ``judged``, the records
+    ahead of them, were being judged and not yet committed) that may be committed before
+    ``judged``: the lane of :func:`split_lane` over both, drawn from ``fetched`` only, so every
+    record left behind a lane delete (``judged`` included) was checked against it.
+
+    The lane ends at the first fetched delete it leaves behind: that delete may take a lane of a
+    later batch (once ``judged`` is committed, nothing names its sample any more), and the ledger
+    skips a lane delta whose source offset is not above the last one it applied
+    (``ledger.delta_rules``), so lanes must leave a partition in offset order."""
+    lane, _ = split_lane([*judged, *fetched], known_head, signed, since=len(judged))
+    taken = {m.offset for m in lane}
+    kept = [m.offset for m in fetched if m.offset not in taken and lane_delete(m) is not None]
+    return [m for m in lane if m.offset < kept[0]] if kept else lane

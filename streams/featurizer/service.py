@@ -223,7 +223,7 @@ class FeaturizerService:
         self.batches = BatchProcessor(s, self.config, t, consumer=self._consumer, delivery=delivery,
                                       router=self.router, partitions=self.partitions, registry=self.registry,
                                       encoder=self.encoder, auth=self.auth, erasure=self.erasure, fault=self.fault,
-                                      stats=self.stats)
+                                      stats=self.stats, window=self.window)
         self.window.waiting = self.batches.settle_if_answered
         self.loop = PollLoop(self._consumer, self, self.window, on_ready=self._became_ready)
         self.loop.subscribe([t.requests, t.by_head])

@@ -35,8 +35,10 @@ class Topics:
 
 
 FaultHook = Callable[[str], None]
-"""Test hook, called at "after_route" (forwarded records acknowledged, after the batch's by-head
-records were featurized, requests offsets not committed), "after_cache_commit", "after_changelog"
+"""Test hook, called at "judged" (a batch's records judged and sealed, not yet committed: the
+deletes fetched meanwhile are looked at next), "after_route" (forwarded records acknowledged, after
+the batch's by-head records were featurized, requests offsets not committed), "after_cache_commit",
+"after_changelog"
 (phase 0 acknowledged, nothing else sent), "after_produce" (phase 1 acknowledged: awaited before
 the next batch's sqlite commit, or when idle), "after_outbox_ack" and "after_offset_commit";
 raising there simulates a crash at that point."""

@@ -3,6 +3,7 @@ end to end on a broker: sent first, exact, and exact again after a crash at each
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,11 @@ from unlearn.infra.settings import Settings
 from unlearn.schemas.deadletter import decode_deadletter
 from unlearn.schemas.envelope import Request, encode_request
 from unlearn.schemas.request_inputs import FeaturesInput
-from unlearn.schemas.source_id import parse_source
+from unlearn.schemas.source_id import parse_source, source_stream
 from unlearn.streams.featurizer.batch_io import InMessage
-from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, split_lane
+from unlearn.streams.featurizer.delete_lane import LANE_SUFFIX, overtaking, split_lane
 from unlearn.streams.featurizer.feature_cache import FeatureCache
+from unlearn.streams.featurizer.routing import RouterSession
 
 
 def _msgs(*values: bytes) -> list[InMessage]:
@@ -102,6 +104,42 @@ def test_only_valid_deletes_take_the_lane() -> None:
     assert split_lane_all(_msgs(A1, sneaky, broken)) == ([], _msgs(A1, sneaky, broken))
 
 
+def test_a_fetched_delete_overtakes_the_judged_records_that_do_not_name_it() -> None:
+    """``overtaking``: the deletes fetched while ``judged`` was judged take the lane when no record
+    ahead of them (judged or fetched) names their ids; a judged delete never does (it is judged
+    already), and a fetched delete kept in place keeps the fetched deletes behind it that it names."""
+    judged, fetched = _msgs(A1, A2, D1), [InMessage(0, 3 + i, v) for i, v in enumerate((DS, A1))]
+    assert [m.offset for m in overtaking(judged, fetched, lambda head: True)] == [3]
+    of_x1 = _v(delete("dx", "h", "t", "x1"))
+    assert overtaking(judged, [InMessage(0, 3, of_x1)], lambda head: True) == []  # a1 ahead names x1
+    assert overtaking(judged, [InMessage(0, 3, DS)], lambda head: False) == []  # a head not in the cache
+    assert overtaking([], [InMessage(0, 3, DS)], lambda head: True) == []  # nothing ahead: no lane
+    x5 = _msgs(_v(add("a5", "h", "q", "x5", [1.0, 2.0], 0)))
+    d2, d3, d4 = (_v(delete("d2", "h", "w", "x5")), _v(delete("d3", "h", "w", "x8")),
+                  _v(delete("d4", "h", "v", "x11")))
+    fetched = [InMessage(0, 1 + i, v) for i, v in enumerate((d2, d3, d4))]
+    # d2 deletes the judged a5's sample: it stays, and the lane ends there (d3 shares d2's subject,
+    # d4 would qualify): d2 may take a later batch's lane, which must not come below d4's
+    assert overtaking(x5, fetched, lambda head: True) == []
+    d4_first = [InMessage(0, 1 + i, v) for i, v in enumerate((d4, d2, d3))]
+    assert [m.offset for m in overtaking(x5, d4_first, lambda head: True)] == [1]
+
+
+def test_the_overtaking_lane_ends_at_the_first_fetched_delete_it_leaves_behind() -> None:
+    """Lanes leave a partition in offset order (the ledger skips a lane delta whose source offset is
+    not above the last one it applied): a delete left behind, for a head not in the cache yet or for
+    a sample the judged records name, may take a later batch's lane, so nothing after it overtakes."""
+    judged = _msgs(A1)
+    other = _v(delete("dn", "new-head", "t", "x9"))
+    d_ok, d_x1 = _v(delete("d5", "h", "w", "x7")), _v(delete("d6", "h", "w2", "x1"))
+    fetched = [InMessage(0, 1 + i, v) for i, v in enumerate((A2, d_ok, other, DS))]
+    known = lambda head: head == "h"  # noqa: E731
+    assert [m.offset for m in overtaking(judged, fetched, known)] == [2]  # dn (offset 3) stays: DS too
+    fetched = [InMessage(0, 1 + i, v) for i, v in enumerate((d_x1, d_ok))]
+    assert overtaking(judged, fetched, known) == []  # d6 names a1's sample: d5 waits behind it
+    assert [m.offset for m in overtaking(judged, fetched[1:], known)] == [2]
+
+
 # --------------------------------------------------------------------------- on a broker
 def _wave(n0: int, n1: int, subject: str) -> list[tuple[str, bytes]]:
     rng = np.random.default_rng(n0)
@@ -135,6 +173,14 @@ def _produce(s: Settings, reqs: list[tuple[str, bytes]], direct: bool) -> int:
         p.produce(topic, value=value, key=key.encode(), partition=head_partition(orjson.loads(value)["head_id"], parts))
     assert p.flush(30) == 0
     return parts
+
+
+def _lane_order(delta_msgs: list, lane_event: str) -> dict[str, int]:
+    """Each event's first deltas message (its index); asserts ``lane_event`` came from a lane."""
+    deltas = [plain_delta(m.value(), m.topic()) for m in delta_msgs]
+    (lane,) = {d.source_id for d in deltas if lane_event in d.event_ids}
+    assert parse_source(lane)[0].endswith(LANE_SUFFIX)  # type: ignore[index]
+    return {e: i for i, d in reversed(list(enumerate(deltas))) for e in d.event_ids}
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "routed"])
@@ -181,10 +227,7 @@ def test_a_delete_goes_ahead_of_the_adds_before_it_and_everything_stays_exact(
         got = reader.until(lambda g: True)
     finally:
         reader.close()
-    deltas = [plain_delta(m.value(), m.topic()) for m in got["deltas"]]
-    (lane,) = {d.source_id for d in deltas if "del-x3" in d.event_ids}
-    assert parse_source(lane)[0].endswith(LANE_SUFFIX)  # type: ignore[index]
-    first_of = {e: i for i, d in reversed(list(enumerate(deltas))) for e in d.event_ids}
+    first_of = _lane_order(got["deltas"], "del-x3")
     assert first_of["del-x3"] < min(first_of[f"a{i}"] for i in range(10, 40))  # the delete went first
     ledgers, events = ledgers_from(got["deltas"])
     assert sorted(events) == sorted([f"a{i}" for i in range(40)] + ["del-x3"])  # each row once
@@ -226,4 +269,171 @@ def test_a_delete_first_in_its_partition_goes_before_the_adds_of_another(setting
                                                           ledgers[del_head].n_outputs)
     assert ledgers[adds_head].digest() == reference_digest(_retained(adds, set()), adds_head,
                                                            ledgers[adds_head].n_outputs)
+    assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []
+
+
+def _produce_late(s: Settings, reqs: list[tuple[str, bytes]], routed: bool) -> None:
+    """To their head's by-head partition, as a producer that routes by head writes them, or with
+    the origin headers another featurizer's router gives copies of requests partition 0's offsets
+    100, 101, ... (``RouterSession``)."""
+    from confluent_kafka import Producer
+
+    from unlearn.runtime.clients import producer_config
+
+    if not routed:
+        _produce(s, reqs, True)
+        return
+    topic = routed_topic_name(s.topic("requests"))
+    p = Producer(producer_config(s))
+    parts = len(p.list_topics(topic, timeout=10).topics[topic].partitions)
+    session = RouterSession(source_stream(s.topic("requests"), s.topic_prefix), parts)
+    for i, (key, value) in enumerate(reqs):
+        target, headers = session.route(value, 0, 100 + i)
+        p.produce(topic, value=value, key=key.encode(), partition=target, headers=headers)
+    assert p.flush(30) == 0
+
+
+@pytest.mark.parametrize(("via", "crash_at"), [("by-head", None), ("by-head", "after_cache_commit"),
+                                               ("router", None)])
+def test_a_delete_fetched_while_the_adds_before_it_are_judged_is_committed_first(
+        settings: Settings, tmp_path: Path, via: str, crash_at: str | None) -> None:
+    """30 adds are judged as one batch; while they are (the ``judged`` hook), a delete of a wave-1
+    sample and one more add arrive: the delete is committed and sent before the 30 adds (from the
+    lane's source stream), the add after it waits for the next batch. ``via`` "router": both are
+    copies forwarded by another featurizer's router from one requests partition, so the add's copy
+    names the delete's as forwarded before it (and must not be taken for one sent after a failed
+    forward, ``admit_routed``). With ``crash_at`` the featurizer dies right after the
+    delete's commit: the next one judges the 30 adds and the add again, not the delete. Every row
+    once, the digest of what is left, no dead letter."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    wave1, wave2 = _wave(0, 10, "alice"), _wave(10, 40, "bob")
+    late = [("bob", delete("del-x3", "h1", "alice", "x3")[1]), *_wave(40, 41, "bob")]
+    _produce(s, wave1, True)
+    reader = Reader(s)
+    points: list[str] = []
+
+    class Crash(Exception):
+        pass
+
+    def fault(point: str) -> None:
+        points.append(point)
+        if point == "judged" and points.count("judged") == 1:
+            _produce_late(s, late, via == "router")
+            time.sleep(1.0)  # fetched by the client meanwhile (it prefetches in the background)
+        elif crash_at is not None and point == crash_at and "judged" in points:
+            raise Crash(point)
+
+    try:
+        first = Running(s, group="fz-overtake")
+        reader.until(lambda g: {f"a{i}" for i in range(10)} <= set(ledgers_from(g["deltas"])[1]))
+        assert first.stop() == 0
+        _produce(s, wave2, True)
+        runner = Running(s, group="fz-overtake", fault=fault, max_batch=1000, max_ms=1000)
+        if crash_at is not None:
+            assert isinstance(runner.wait_dead(40), Crash)
+            runner = Running(s, group="fz-overtake", max_batch=1000, max_ms=1000)
+        want = {f"a{i}" for i in range(41)} | {"del-x3"}
+        got = reader.until(lambda g: want <= set(ledgers_from(g["deltas"])[1]))
+        assert runner.stop() == 0
+        if crash_at is None:
+            assert runner.service.stats["lane_deletes"] == 1
+            assert runner.service.stats["events"] == len(wave2) + len(late)  # each judged once
+            assert runner.service.stats["gaps"] == runner.service.stats["reforwarded"] == 0
+        else:
+            assert runner.service.stats["events"] == len(wave2) + 1  # the adds again, not the delete
+        got = reader.until(lambda g: True)
+    finally:
+        reader.close()
+    first_of = _lane_order(got["deltas"], "del-x3")
+    assert first_of["del-x3"] < min(first_of[f"a{i}"] for i in range(10, 40)) < first_of["a40"]
+    ledgers, events = ledgers_from(got["deltas"])
+    assert sorted(events) == sorted(want)  # each row once
+    assert ledgers["h1"].digest() == reference_digest(_retained([*wave1, *wave2, *late], {"x3"}), "h1",
+                                                      ledgers["h1"].n_outputs)
+    assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []  # nothing judged twice
+
+
+def test_a_rebalance_while_the_fetched_deletes_are_looked_for_loses_and_doubles_nothing(
+        settings: Settings, tmp_path: Path) -> None:
+    """A second featurizer joins the group while the first has judged 30 adds and looks for deletes
+    fetched meanwhile: the group's rebalance runs inside that fetch (the first member's revocation
+    closes the judged part's cache, so the part is not committed). Whoever owns the partition next
+    judges the adds and the delete: every row once, the digest of what is left, no dead letter."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    wave1, wave2 = _wave(0, 10, "alice"), _wave(10, 40, "bob")
+    late = [("alice", delete("del-x3", "h1", "alice", "x3")[1]), *_wave(40, 41, "bob")]
+    _produce(s, wave1, True)
+    reader = Reader(s)
+    seen: dict[str, int] = {}
+    members: list[Running] = []
+
+    def fault(point: str) -> None:
+        loop = members[0].service.loop
+        assert loop is not None
+        if point == "judged" and "judged" not in seen:
+            seen["judged"] = loop.rebalances
+            _produce(s, late, True)
+            members.append(Running(s.with_(data_dir=str(tmp_path / "data2")), group="fz-rebalance",
+                                   max_batch=1000, max_ms=1000))
+            time.sleep(8.0)  # the join is under way: the first member's next client call revokes
+        elif point == "after_cache_commit" and "judged" in seen and "after" not in seen:
+            seen["after"] = loop.rebalances
+
+    try:
+        first = Running(s, group="fz-rebalance")
+        reader.until(lambda g: {f"a{i}" for i in range(10)} <= set(ledgers_from(g["deltas"])[1]))
+        assert first.stop() == 0
+        _produce(s, wave2, True)
+        members.append(Running(s, group="fz-rebalance", fault=fault, max_batch=1000, max_ms=1000))
+        want = {f"a{i}" for i in range(41)} | {"del-x3"}
+        got = reader.until(lambda g: want <= set(ledgers_from(g["deltas"])[1]), timeout=90)
+        for m in members:
+            assert m.stop() == 0
+        got = reader.until(lambda g: True)
+    finally:
+        reader.close()
+    assert seen["after"] > seen["judged"]  # the rebalance ran inside the fetch
+    ledgers, events = ledgers_from(got["deltas"])
+    assert sorted(events) == sorted(want)  # each row once
+    assert ledgers["h1"].digest() == reference_digest(_retained([*wave1, *wave2, *late], {"x3"}), "h1",
+                                                      ledgers["h1"].n_outputs)
+    assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []
+
+
+def test_a_fetched_delete_does_not_overtake_the_add_the_window_holds_for_the_next_batch(
+        settings: Settings, tmp_path: Path) -> None:
+    """The batch ends at its last delete and the window holds the add fetched behind it for the
+    next batch; a delete of that add's sample fetched while the batch is judged must wait behind
+    it (judged first it would find nothing to remove, and leave a tombstone that refuses the add):
+    the add's row and the delete's negative row both reach the deltas, no refusal, no dead letter."""
+    s = settings.with_(data_dir=str(tmp_path / "data"))
+    wave1, wave2 = _wave(0, 10, "alice"), _wave(10, 40, "bob")
+    tail = [("alice", delete("del-x1", "h1", "alice", "x1")[1]), *_wave(50, 51, "carol")]
+    late = [("carol", delete("del-x50", "h1", "carol", "x50")[1]), *_wave(51, 52, "dave")]
+    _produce(s, wave1, True)
+    reader = Reader(s)
+    points: list[str] = []
+
+    def fault(point: str) -> None:
+        points.append(point)
+        if point == "judged" and points.count("judged") == 1:
+            _produce(s, late, True)
+            time.sleep(1.0)  # fetched by the client meanwhile
+
+    try:
+        first = Running(s, group="fz-tail")
+        reader.until(lambda g: {f"a{i}" for i in range(10)} <= set(ledgers_from(g["deltas"])[1]))
+        assert first.stop() == 0
+        _produce(s, [*wave2, *tail], True)  # one fetch: the 30 adds and del-x1 a batch, a50 held behind
+        runner = Running(s, group="fz-tail", fault=fault, max_batch=1000, max_ms=1000)
+        got = reader.until(lambda g: "a51" in set(ledgers_from(g["deltas"])[1]))
+        assert runner.stop() == 0
+        got = reader.until(lambda g: True)
+    finally:
+        reader.close()
+    ledgers, events = ledgers_from(got["deltas"])
+    assert {"a50", "del-x50", "del-x1"} <= set(events)
+    everything = [*wave1, *wave2, *tail, *late]
+    assert ledgers["h1"].digest() == reference_digest(_retained(everything, {"x1", "x50"}), "h1",
+                                                      ledgers["h1"].n_outputs)
     assert [decode_deadletter(m.value()).reason for m in got["deadletter"]] == []
