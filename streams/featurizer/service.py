@@ -7,7 +7,7 @@ consumer (one group, one join) reads two topics (docs/featurizer.md): ``requests
 **featurized** per micro-batch through the cache's outbox.
 
 :class:`FeaturizerService` is the processor the runtime's poll loop runs
-(runtime/poll_loop.py: batches from a :class:`~streams.featurizer.batch.BatchWindow`,
+(runtime/poll_loop.py: batches from a :class:`~streams.featurizer.batch_window.BatchWindow`,
 the group's rebalances) and owns three parts: a :class:`~streams.featurizer.routing.Router`
 (forwards requests records), :class:`~streams.featurizer.owned_partitions.Partitions` (the owned
 partitions' caches and keys: assign, revoke) and a :class:`~streams.featurizer.batch.BatchProcessor`
@@ -38,7 +38,8 @@ from unlearn.runtime.topics import ensure_topic, raw_input_config
 from unlearn.schemas.source_id import source_stream
 from unlearn.streams.featurizer.add_encoding import Encoder, RegistryEncoder
 from unlearn.streams.featurizer.auth import AuthGate
-from unlearn.streams.featurizer.batch import BatchProcessor, BatchWindow
+from unlearn.streams.featurizer.batch import BatchProcessor
+from unlearn.streams.featurizer.batch_window import BatchWindow
 from unlearn.streams.featurizer.core_config import CoreConfig
 from unlearn.streams.featurizer.delivery import Delivery
 from unlearn.streams.featurizer.erasure import Erasure

@@ -326,7 +326,7 @@ def test_a_delete_fetched_in_the_middle_of_a_window_closes_it(settings: Settings
     (before: the whole window). The bound below is a liveness check, not a measure of speed."""
     from confluent_kafka import Consumer
 
-    from unlearn.streams.featurizer.batch import BatchWindow
+    from unlearn.streams.featurizer.batch_window import BatchWindow
 
     c = Consumer(consumer_config(settings, f"fz-window-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
     c.subscribe([settings.topic("requests")])
@@ -358,7 +358,7 @@ def test_the_window_lends_its_waits_and_a_delete_ends_them(settings: Settings) -
     closes without another call."""
     from confluent_kafka import Consumer
 
-    from unlearn.streams.featurizer.batch import BatchWindow
+    from unlearn.streams.featurizer.batch_window import BatchWindow
 
     c = Consumer(consumer_config(settings, f"fz-waits-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
     c.subscribe([settings.topic("requests")])
