@@ -293,8 +293,12 @@ class BatchProcessor:
         urgent = urgent if len(urgent) < len(parts) else []
         first = lanes + [(p, parts[p][1]) for p in urgent]
         done = self._commit_all(first, config, now)[len(lanes):] if first else []  # the lanes move no offset
-        done += self._commit_all([(p, rest) for p, (_, rest) in parts.items() if p not in urgent], config, now,
-                                 overtake=self.lane and self.window is not None)
+        others = [(p, rest) for p, (_, rest) in parts.items() if p not in urgent]
+        # deletes fetched meanwhile overtake only a commit of adds (the costly one): behind a few
+        # deletes they would add a commit and save none (a burst of deletes, bench/results)
+        overtake = self.lane and self.window is not None and any(
+            not might_delete(m.value) for _, rest in others for m in rest.admission.messages)
+        done += self._commit_all(others, config, now, overtake=overtake)
         return {c.partition: c.last_offset for c in done}
 
     def _commit_all(self, parts: list[tuple[int, _Part]], config: CoreConfig, now: float,
