@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from unlearn.common.registry import RegistryView
 from unlearn.infra.settings import Settings
 from unlearn.runtime.delivery import Acks
+from unlearn.schemas.envelope import Request
 from unlearn.streams.featurizer.add_encoding import Encoder
 from unlearn.streams.featurizer.auth import AuthGate
 from unlearn.streams.featurizer.batch_io import InMessage, OutMessage
@@ -88,6 +89,15 @@ def record_timestamp_ms(m: Any) -> int | None:
 def _known_head(cache: FeatureCache, head_id: str) -> bool:
     """Whether the head is in the cache already (a delete of it may take the lane)."""
     return cache.get_head(head_id) is not None
+
+
+def _held(cache: FeatureCache, r: Request) -> list[str]:
+    """The ids the cache ties to a delete (``delete_lane.Held``): the subject its sample was added
+    by, or the samples a delete_subject's subject holds."""
+    if r.op == "delete_subject":
+        return [cs.sample_id for cs in cache.subject_samples(r.head_id, r.subject_id)]
+    cs = cache.get_sample(r.head_id, r.sample_id) if r.sample_id is not None else None
+    return [] if cs is None else [cs.subject_id]
 
 
 @dataclass
@@ -131,7 +141,7 @@ def _parts(cache: FeatureCache, msgs: list[InMessage], lane_on: bool, signed: bo
     ahead = set(cache.ahead_offsets())
     todo = [m for m in admitted.messages if m.offset not in ahead]
     if lane_on and cache.applied_offset >= 0:
-        lane, judged = split_lane(todo, partial(_known_head, cache), signed)
+        lane, judged = split_lane(todo, partial(_known_head, cache), signed, held=partial(_held, cache))
     else:
         lane, judged = [], todo
     in_lane = {m.offset for m in lane}
@@ -349,7 +359,7 @@ class BatchProcessor:
                 continue
             admitted = admit_routed([*j.part.batch, *mine], cache.origin_offsets()).messages
             lane = overtaking([m for m in admitted if m.offset not in new], [m for m in admitted if m.offset in new],
-                              partial(_known_head, cache), self.auth is not None)
+                              partial(_known_head, cache), self.auth is not None, partial(_held, cache))
             if lane:
                 lanes.append((p, _Part(lane, Admitted(lane), lane=True)))
         self.window.carry(fetched, {(self.topics.by_head, p, m.offset) for p, part in lanes for m in part.messages})

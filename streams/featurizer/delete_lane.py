@@ -9,9 +9,12 @@ of its own delete in the batch would be refused (``deleted_before_arrival``) ins
 then removed; a delete judged before a ``delete_subject`` of its subject would remove the sample
 the other would have; of two requests sharing an event id, or (signed mode) of one client's
 requests near its rate limit, another one would be refused. A delete is judged against its head,
-its sample, its subject, its event id and (signed mode) its client's state, and nothing else; so
-it takes the lane only when its head is already in the cache and no record ahead of it names its
-sample, subject, event id or (signed mode) client. Ids are plain characters
+its sample, its subject, its event id, (signed mode) its client's state, and what the cache ties
+to them (``held``): the subject its sample was added by (a delete that names another is refused),
+and the samples a delete_subject's subject holds (an add ahead of it reusing one of their ids is
+refused as a duplicate while the sample is held, and added once it is gone). So it takes the lane
+only when its head is already in the cache and no record ahead of it names any of those. Ids are
+plain characters
 (``schemas/envelope.ID_CHARS``), so a record's JSON strings hold every id it names, and a record
 whose strings cannot be read without parsing it (a backslash) may name anything: no delete passes
 it. A record that holds an id's string in another field keeps the delete in place too, which
@@ -28,7 +31,7 @@ they are committed, so the ledger's per-source dedup stays exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from unlearn.schemas.envelope import Request, parse_request
 from unlearn.schemas.request_errors import InvalidRequest
@@ -36,7 +39,7 @@ from unlearn.schemas.source_id import LANE_SUFFIX
 from unlearn.streams.featurizer.batch_io import InMessage
 from unlearn.streams.featurizer.routing import might_delete
 
-__all__ = ["LANE_SUFFIX", "lane_delete", "overtaking", "split_lane"]
+__all__ = ["LANE_SUFFIX", "Held", "lane_delete", "overtaking", "split_lane"]
 
 
 _DELETES = frozenset({"delete", "delete_subject"})
@@ -68,12 +71,21 @@ def _strings(value: bytes | None, into: set[bytes]) -> bool:
     return True
 
 
+#: The ids the cache ties to a delete (its sample's subject; a delete_subject's samples).
+Held = Callable[[Request], Iterable[str]]
+
+
+def _none_held(r: Request) -> list[str]:
+    return []
+
+
 def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
-               signed: bool = False, since: int = 0) -> tuple[list[InMessage], list[InMessage]]:
+               signed: bool = False, since: int = 0,
+               held: Held = _none_held) -> tuple[list[InMessage], list[InMessage]]:
     """(the lane, the rest), each in offset order: the lane holds the deletes of a ``known_head``
     (one already in the cache) that have at least one other record before them in ``msgs`` (one
-    partition's records to judge, ascending) and none that names their sample, subject, event id
-    or, when ``signed``, client. No lane when no delete qualifies: the batch is then judged as it
+    partition's records to judge, ascending) and none that names their sample, subject, event id,
+    ``held`` ids or, when ``signed``, client. No lane when no delete qualifies: the batch is then judged as it
     is, in one commit. Only records from index ``since`` on may take the lane (those before it are
     judged already, :func:`overtaking`)."""
     lane: list[InMessage] = []
@@ -86,7 +98,8 @@ def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
             if named is None:
                 named = set()
                 readable = all([_strings(r.value, named) for r in rest])
-            ids = {req.subject_id, req.event_id, req.sample_id, req.client_id if signed else None} - {None}
+            ids = {req.subject_id, req.event_id, req.sample_id, req.client_id if signed else None,
+                   *held(req)} - {None}
             if readable and named.isdisjoint(str(i).encode() for i in ids):
                 lane.append(m)
                 continue
@@ -99,7 +112,7 @@ def split_lane(msgs: Sequence[InMessage], known_head: Callable[[str], bool],
 
 
 def overtaking(judged: Sequence[InMessage], fetched: Sequence[InMessage], known_head: Callable[[str], bool],
-               signed: bool = False) -> list[InMessage]:
+               signed: bool = False, held: Held = _none_held) -> list[InMessage]:
     """The deletes among ``fetched`` (one partition's records fetched while ``judged``, the records
     ahead of them, were being judged and not yet committed) that may be committed before
     ``judged``: the lane of :func:`split_lane` over both, drawn from ``fetched`` only, so every
@@ -109,7 +122,7 @@ def overtaking(judged: Sequence[InMessage], fetched: Sequence[InMessage], known_
     later batch (once ``judged`` is committed, nothing names its sample any more), and the ledger
     skips a lane delta whose source offset is not above the last one it applied
     (``ledger.delta_rules``), so lanes must leave a partition in offset order."""
-    lane, _ = split_lane([*judged, *fetched], known_head, signed, since=len(judged))
+    lane, _ = split_lane([*judged, *fetched], known_head, signed, since=len(judged), held=held)
     taken = {m.offset for m in lane}
     kept = [m.offset for m in fetched if m.offset not in taken and lane_delete(m) is not None]
     return [m for m in lane if m.offset < kept[0]] if kept else lane
