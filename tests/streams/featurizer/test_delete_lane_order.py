@@ -9,14 +9,19 @@ last one it applied)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.streams.featurizer.test_service import add, delete, delete_subject
-from unlearn.schemas.envelope import Request
+from unlearn.schemas.envelope import Request, parse_request
 from unlearn.streams.featurizer.batch_io import InMessage
+from unlearn.streams.featurizer.cache_view import CachedSample, CacheMutations
 from unlearn.streams.featurizer.delete_lane import overtaking, split_lane
+from unlearn.streams.featurizer.feature_cache import FeatureCache
 
 HEADS, SUBJECTS, SAMPLES = ("h", "g", "new"), ("s", "t", "u"), ("x0", "x1", "x2", "x3")
 KNOWN = frozenset({"h", "g"})  # heads in the cache before the batch ("new" gets its first add later)
@@ -119,3 +124,22 @@ def test_lanes_give_every_record_the_answer_of_offset_order(msgs: list[InMessage
     commit(lane3, True)
     commit(rest3, False)
     assert got == want, "|".join(f"{m.offset}:{m.value.decode()}" for m in msgs) + f" cut={cut} upto={upto}"
+
+
+def test_the_batch_processor_reads_the_ties_from_the_cache(tmp_path: Path) -> None:
+    """``batch._held`` (the ``Held`` the processor passes): a delete's sample's subject, a
+    delete_subject's samples, nothing for a sample or subject the cache does not hold."""
+    from unlearn.streams.featurizer.batch import _held
+
+    def sample(sample_id: str, subject: str) -> CachedSample:
+        return CachedSample("h", sample_id, subject, "app", f"a-{sample_id}", 0, np.zeros(2, np.int64))
+
+    def req(value: bytes) -> Request:
+        return parse_request(value)
+
+    with FeatureCache(tmp_path / "c.sqlite") as cache:
+        cache.commit_batch(CacheMutations(put_samples=(sample("x0", "s"), sample("x1", "s"), sample("x2", "t"))), [], 0)
+        assert _held(cache, req(delete("d", "h", "u", "x2")[1])) == ["t"]  # named by another subject
+        assert _held(cache, req(delete("d", "h", "s", "x9")[1])) == []
+        assert sorted(_held(cache, req(delete_subject("ds", "h", "s")[1]))) == ["x0", "x1"]
+        assert _held(cache, req(delete_subject("ds", "g", "s")[1])) == []
