@@ -352,11 +352,11 @@ class BatchProcessor:
                 continue  # revoked meanwhile (the cache is closed), or nothing ahead of a lane
             mine = [_in_message(m, self.topics.origin_stream) for m in fetched
                     if m.topic() == self.topics.by_head and m.partition() == p]
+            if not any(might_delete(m.value) for m in mine):
+                continue  # no delete fetched: the cache is not read
             # a lane's records done before a crash are skipped, never judged twice (they stay in the
             # copy rule's sequence, and ahead of the candidates)
             new = {m.offset for m in mine} - set(cache.ahead_offsets())
-            if not any(might_delete(m.value) for m in mine if m.offset in new):
-                continue
             admitted = admit_routed([*j.part.batch, *mine], cache.origin_offsets()).messages
             lane = overtaking([m for m in admitted if m.offset not in new], [m for m in admitted if m.offset in new],
                               partial(_known_head, cache), self.auth is not None, partial(_held, cache))
