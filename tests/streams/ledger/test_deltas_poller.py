@@ -135,7 +135,10 @@ def test_a_lanes_head_is_published_before_the_other_heads_of_its_turn_are_folded
     w.outputs.publish_poll = publishing  # type: ignore[method-assign]
     t, failed = run_in_thread(w)
     try:
-        produce(s, [adds[2]])
+        deadline = time.monotonic() + 60
+        while ("publish", ["b", "c"]) not in seen and not failed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        produce(s, [adds[2]])  # after the first turn (fetched with it, a's add would join its rest)
         assert_final_heads_exact(s, stream)
     finally:
         w.stop()
