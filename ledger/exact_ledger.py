@@ -24,6 +24,7 @@ from unlearn.ledger.limb_products import (
     ROW_BLOCK,
     PendingProducts,
     accumulate_moments,
+    held_diagonals,
     row_diagonals,
     split_rows,
 )
@@ -132,6 +133,7 @@ class ExactLedger:
         self._cache: dict[str, tuple[int, Any]] = {}
         # Products of rows not yet folded into S's limbs (allocated by the first row update).
         self._pending: PendingProducts | None = None
+        self.hold_rows = 0  # rows whose products may wait unmultiplied, read by the first row update (``products``)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -202,14 +204,14 @@ class ExactLedger:
         batch_counts = np.bincount(idx, minlength=c_new).astype(np.int64) if idx is not None else None
         _check_budget(self._count + sign * r)
         if sign < 0:
-            held, gone = self._diagonals(), row_diagonals(Qc)
+            held, gone = held_diagonals(self._S.limbs, self._pending), row_diagonals(Qc)
             _refuse_non_member(self._count, r, self._class_counts, batch_counts,
                                [(held[0] - gone[0], 30), (held[1] - gone[1], 15), (held[2] - gone[2], 0)])
         if c_new > self.n_outputs:
             self._grow_outputs(c_new)
         Yp = Y if Y.shape[1] == c_new else np.hstack([Y, np.zeros((r, c_new - Y.shape[1]), np.int64)])
         if self._pending is None:
-            self._pending = PendingProducts(self.dim)
+            self._pending = PendingProducts(self.dim, self.hold_rows)
         pending = self._pending
         s0 = 0
         while s0 < r:
@@ -225,13 +227,11 @@ class ExactLedger:
         self._count += sign * r
         self._mutations += 1
 
-    def _diagonals(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """Diagonals of the limbs (AA, X, BB), pending products included, without folding them."""
-        held = (np.diagonal(self._S.limbs[0]), np.diagonal(self._S.limbs[1]), np.diagonal(self._S.limbs[2]))
-        if self._pending is None:
-            return held
-        pend = self._pending.diagonals()
-        return held[0] + pend[0], held[1] + pend[1], held[2] + pend[2]
+    @property
+    def products(self) -> PendingProducts | None:
+        """The products of rows not folded into S yet (None before the first row update): a
+        holder with idle time multiplies the waiting ones then (``multiply_some``, ``hold_rows``)."""
+        return self._pending
 
     def fold(self) -> None:
         """Fold the pending float64 products into the int64 limbs. No change of value: every reader

@@ -6,7 +6,10 @@ the products are exact whatever the BLAS's order, blocking or FMA use (docs/desi
 "Exact products through float64 BLAS"). The accumulators live *pending* in float64
 (``PendingProducts``) and are folded into the int64 limbs only when a reader needs exact values or
 the row budget is spent; updates of fewer than ``DEFER_ROWS`` rows wait and are multiplied
-together. Every product is an exact integer whatever the grouping, so the limbs are the same bits.
+together. A holder that has idle time (the ledger worker) may let more rows wait (``hold``) and
+multiply them a step at a time while idle (``multiply_some``): the products leave the path of
+the next message. Every product is an exact integer whatever the grouping, so the limbs are the
+same bits.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ def split_rows(Q: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.fl
     np.subtract(b, s, out=b)
     np.add(a, b, out=s)
     return a, b, s
+
+
+#: A chunk's float halves (a, b, s = a + b), as ``split_rows`` gives them.
+_Split = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+
+
+def _split_diagonals(a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64]) -> NDArray[np.int64]:
+    """The diagonals of a^T a, b^T b and s^T s as int64 (3, d): each term is below 2.25*2^30, so
+    the float sums are exact integers for up to 2^22 rows (any update fits: ``ROW_BLOCK``)."""
+    return np.stack([exact_int(np.einsum("ij,ij->j", v, v)) for v in (a, b, s)])
 
 
 def split_labels(Y: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -95,14 +108,14 @@ class PendingProducts:
     them (BLAS beta = 0) instead of paying for a reset.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, hold: int = DEFER_ROWS) -> None:
         self.AA = np.zeros((dim, dim))
         self.BB = np.zeros((dim, dim))
         self.KK = np.zeros((dim, dim))
         self.rows = 0
+        self.hold = int(hold)  # rows that may wait unmultiplied, at least DEFER_ROWS (module docstring)
         self._multiplied = 0  # rows whose products are in AA, BB, KK since the last fold
-        self._deferred: dict[int, list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]]] = {
-            1: [], -1: []}
+        self._deferred: dict[int, list[_Split]] = {1: [], -1: []}
         self._n_deferred = 0
         self._deferred_diag = np.zeros((3, dim), np.int64)  # the deferred rows' (aa, bb, kk) diagonals
 
@@ -118,24 +131,40 @@ class PendingProducts:
 
     def accumulate(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
         """Add sign * (a^T a, b^T b, s^T s) for at most ``room`` rows: now (upper triangles, in place),
-        or, for fewer than ``DEFER_ROWS`` rows, with later rows (the arrays are kept, not copied)."""
+        or, for fewer than ``DEFER_ROWS`` rows or while at most ``hold`` rows wait, with later rows
+        (the arrays are kept, not copied); once ``hold`` rows wait they are all multiplied."""
         r = a.shape[0]
         if r > self.room:
             raise ValueError(f"{r} rows exceed the exact budget ({self.room} left): fold first")
         self.rows += r
-        if r < DEFER_ROWS:
+        hold = max(self.hold, DEFER_ROWS)
+        if r < DEFER_ROWS or self._n_deferred + r < hold:
             self._deferred[sign].append((a, b, s))
             self._n_deferred += r
-            for i, v in enumerate((a, b, s)):  # each sum is below 2^53 (fewer than DEFER_ROWS rows): exact
-                diag = exact_int(np.einsum("ij,ij->j", v, v))
-                if sign > 0:
-                    self._deferred_diag[i] += diag
-                else:
-                    self._deferred_diag[i] -= diag
-            if self._n_deferred >= DEFER_ROWS:
+            self._deferred_diag += sign * _split_diagonals(a, b, s)
+            if self._n_deferred >= hold:
                 self.flush()
             return
         self._multiply(a, b, s, sign)
+
+    def multiply_some(self, most: int) -> int:
+        """Multiply about ``most`` of the waiting rows (whole updates, the last one cut), oldest
+        first; returns how many. No change of value: the diagonals stay exact."""
+        done = 0
+        for sign, parts in self._deferred.items():
+            while parts and done < most:
+                a, b, s = parts[0]
+                n = min(a.shape[0], most - done)
+                if n < a.shape[0]:
+                    parts[0] = (a[n:], b[n:], s[n:])
+                    a, b, s = a[:n], b[:n], s[:n]
+                else:
+                    parts.pop(0)
+                self._multiply(a, b, s, sign)
+                self._deferred_diag -= sign * _split_diagonals(a, b, s)
+                self._n_deferred -= n
+                done += n
+        return done
 
     def _multiply(self, a: NDArray[np.float64], b: NDArray[np.float64], s: NDArray[np.float64], sign: int) -> None:
         acc = self._multiplied > 0
@@ -184,6 +213,16 @@ class PendingProducts:
                 np.copyto(dest, target)
         self.rows = 0
         self._multiplied = 0
+
+
+def held_diagonals(limbs: Limbs, pending: PendingProducts | None) -> Limbs:
+    """Diagonals of S's limbs (AA, X, BB) with the pending products (and the rows waiting to be
+    multiplied) included, without folding them: what a delete's non-member check reads."""
+    held = (np.diagonal(limbs[0]), np.diagonal(limbs[1]), np.diagonal(limbs[2]))
+    if pending is None:
+        return held
+    pend = pending.diagonals()
+    return held[0] + pend[0], held[1] + pend[1], held[2] + pend[2]
 
 
 def row_diagonals(Q: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:

@@ -66,15 +66,15 @@ def next_partition(carried: list[tuple[int, bool, float]], now: float, fair_s: f
 
 class DeltasPoller:
     """Up to ``most`` deltas messages fetched per poll, waiting at most ``wait_s`` for the first
-    when nothing is carried (``poll_loop.coalesce``); one partition's messages handed out per
-    poll (module docstring)."""
+    when nothing is carried and the worker has no idle work (``busy``: ``poll_loop.coalesce``);
+    one partition's messages handed out per poll (module docstring)."""
 
-    def __init__(self, most: int = 500, wait_s: float = 0.05) -> None:
-        self.most, self.wait_s = most, wait_s
+    def __init__(self, most: int = 500, wait_s: float = 0.05, busy: Callable[[], bool] = lambda: False) -> None:
+        self.most, self.wait_s, self.busy = most, wait_s, busy
         self.carry: list[tuple[Any, bool, float]] = []  # (message, holds a lane's delta, fetched at)
 
     def poll(self, consumer: Any, stop: threading.Event, check: Callable[[], None]) -> list[Any]:
-        self.fetch(consumer, 0.0 if self.carry else self.wait_s)
+        self.fetch(consumer, 0.0 if self.carry or self.busy() else self.wait_s)
         if not self.carry:
             return []
         part = next_partition([(m.partition(), lane, at) for m, lane, at in self.carry], time.monotonic())

@@ -13,12 +13,13 @@ reject bad entries without touching state, receipts, reset policy) testable with
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from unlearn.ledger import ExactLedger, MultisetHash, TrackedHead, relative_deviation
+from unlearn.ledger.limb_products import DEFER_ROWS
 from unlearn.ledger.tracked_head import HeadMode
 from unlearn.schemas.delta_codec import Delta, Entry, PackedEntry, RowsEntry
 from unlearn.streams.ledger.delta_rules import (
@@ -53,6 +54,7 @@ class HeadConfig:
     gamma: float
     reset_every: int
     drift_threshold: float
+    hold_rows: int = DEFER_ROWS  # rows whose exact products may wait for idle time (``multiply_waiting``)
 
 
 class HeadRuntime:
@@ -71,6 +73,7 @@ class HeadRuntime:
         self.head_id = head_id
         self.config = config
         self.multiset = multiset
+        ledger.hold_rows = config.hold_rows
         self.tracked = TrackedHead(ledger, config.gamma, reset_every=config.reset_every,
                                    drift_threshold=config.drift_threshold)
         self.fast_drift = float(last_reset_drift)
@@ -96,7 +99,7 @@ class HeadRuntime:
     @classmethod
     def from_snapshot(cls, state: HeadState, config: HeadConfig) -> HeadRuntime:
         meta = state.meta
-        cfg = HeadConfig(meta.gamma, config.reset_every, config.drift_threshold)
+        cfg = replace(config, gamma=meta.gamma)
         return cls(meta.head_id, state.ledger, cfg, multiset=state.multiset, version=meta.version,
                    events_covered=meta.events_covered, applied_offset=meta.applied_offset,
                    input_partition=meta.input_partition, last_reset_drift=meta.last_reset_drift,
@@ -197,6 +200,17 @@ class HeadRuntime:
         else:
             self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
         self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
+
+    def products_waiting(self) -> int:
+        """Rows whose exact products wait to be multiplied (``config.hold_rows``)."""
+        products = self.ledger.products
+        return 0 if products is None else products.deferred
+
+    def multiply_waiting(self, most: int) -> int:
+        """Multiply about ``most`` of them (a step of idle work; no change of value, so no
+        version); returns how many."""
+        products = self.ledger.products
+        return 0 if products is None else products.multiply_some(most)
 
     def sync(self) -> str:
         """Bring the fast head up to the ledger, once per poll (``TrackedHead.sync``: one tracker

@@ -27,6 +27,8 @@ class LedgerSettings(Section):
     head_sparse_weights: bool = setting(True, "head updates leave W's all-zero columns out (false: for "
                                         "readers older than flag bit 5, docs/formats.md)")
     ledger_blas_threads: int = setting(1, "BLAS threads of the ledger process")
+    product_hold_rows: int = setting(256, "rows of a head whose exact products may wait for the worker's idle "
+                                     "time (64: multiply at once)")
 
     def check(self) -> None:
         if self.checkpoint_every_messages < 1 or self.checkpoint_every_seconds <= 0:
@@ -34,6 +36,8 @@ class LedgerSettings(Section):
         if self.heads_retire_seconds < 3.0:
             raise ValueError("UNLEARN_HEADS_RETIRE_SECONDS must be at least 3 (readers move to a new heads "
                              "generation within about a second and must be off the old one before it is deleted)")
+        if self.product_hold_rows < 1:
+            raise ValueError(f"UNLEARN_PRODUCT_HOLD_ROWS must be >= 1, got {self.product_hold_rows}")
         if self.erasure_rotate_seconds < 0:
             raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
                              f"got {self.erasure_rotate_seconds}")

@@ -14,7 +14,8 @@ each step is delegated to the module named for it:
 4. ``Outputs`` (outputs.py) publishes what the poll owes: per touched head, the fast head catches
    up once, one head update (its last version), the receipts of every applied delete; a failed
    delivery stops the worker (``DeliveryError``); steps 3 and 4 run for the lanes' heads, then
-   for the rest;
+   for the rest; a poll that fetched nothing multiplies instead a step of the exact products
+   the folds left waiting (``idle``), and the next poll does not wait while any are left;
 5. ``TimedResets`` (timed_resets.py) resets fast heads older than ``reset_every_seconds`` and
    publishes them as exact (the reset computed in a thread, from copies taken on this one);
 6. ``Checkpointer`` (checkpointer.py) makes each partition durable when due: every
@@ -70,6 +71,10 @@ __all__ = [
 log = logging.getLogger("unlearn.ledger")
 
 
+#: Rows whose exact products one idle turn multiplies: ~2.3 ms at d = 768 on one core, the
+#: longest a message fetched meanwhile waits for them (bench/results/pipeline_bench.md section 33).
+IDLE_STEP_ROWS = 64
+
 #: The ledger's counters that are outcomes of a deltas message (``unlearn_ledger_events_total``).
 LEDGER_OUTCOMES = {"applied": "applied", "skipped": "skipped_redelivered"}
 
@@ -107,7 +112,7 @@ class LedgerWorker:
         self.outputs = Outputs(settings, self.producer, self.store, self.stats)
         self.tuning = LedgerSettings.of(settings)
         config = HeadConfig(HeadSettings.of(settings).gamma, self.tuning.reset_every_events,
-                            self.tuning.drift_threshold)
+                            self.tuning.drift_threshold, self.tuning.product_hold_rows)
         self.keys = KeyTail(settings)  # new keys in memory before their rows arrive (shared/key_tail.py)
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings, tail=self.keys),
                               config)
@@ -119,7 +124,7 @@ class LedgerWorker:
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
         self.on_ready: Callable[[], object] | None = None  # once, when first assigned (run_ledger_worker's)
-        self.poller = DeltasPoller()
+        self.poller = DeltasPoller(busy=self._products_wait)
         self.loop = PollLoop(self.consumer, self, self.poller)
 
     @property
@@ -157,7 +162,18 @@ class LedgerWorker:
         self.metrics.batch_duration.observe(time.perf_counter() - started)
 
     def idle(self) -> None:
-        pass
+        """Nothing fetched: one step (``IDLE_STEP_ROWS``) of the exact products the folds left
+        waiting (``product_hold_rows``), so that they are off the path of the next message."""
+        left = IDLE_STEP_ROWS
+        for ps in self.owned:
+            for head in ps.heads.values():
+                left -= head.multiply_waiting(left)
+                if left <= 0:
+                    return
+
+    def _products_wait(self) -> bool:
+        """Whether a head's exact products wait to be multiplied (the poller then does not wait)."""
+        return any(head.products_waiting() for ps in self.owned for head in ps.heads.values())
 
     def tick(self) -> None:
         """Steps 5 to 7, after every poll."""

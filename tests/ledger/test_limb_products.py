@@ -93,12 +93,13 @@ def test_limbs_equal_python_int_reference(seed: int, d: int, r: int, kind: str, 
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 10), n_ops=st.integers(1, 25), row_block=st.integers(1, 9),
-       exact_rows=st.integers(1, 40), defer_rows=st.integers(1, 40))
+       exact_rows=st.integers(1, 40), defer_rows=st.integers(1, 40), hold=st.integers(0, 60))
 def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int, row_block: int,
-                                                  exact_rows: int, defer_rows: int) -> None:
-    """Tiny ROW_BLOCK / EXACT_ROWS force chunk splits and budget folds mid-batch; DEFER_ROWS decides
-    which updates wait to be multiplied with later ones and when they are; reads at random points
-    force folds between updates. The result equals one plain add of the retained rows."""
+                                                  exact_rows: int, defer_rows: int, hold: int) -> None:
+    """Tiny ROW_BLOCK / EXACT_ROWS force chunk splits and budget folds mid-batch; DEFER_ROWS and
+    ``hold_rows`` decide which updates wait to be multiplied with later ones and when they
+    are; idle steps (``products.multiply_some``) and reads at random points multiply or fold them
+    between updates. The result equals one plain add of the retained rows."""
     rng = np.random.default_rng(seed)
     pool = rows(rng, 40, d, 0.3)
     ys = rng.integers(0, 4, 40)
@@ -108,6 +109,7 @@ def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int,
         m.setattr(limb_products, "EXACT_ROWS", exact_rows)
         m.setattr(limb_products, "DEFER_ROWS", defer_rows)
         led = ExactLedger(d, 4)
+        led.hold_rows = hold
         held: list[int] = []
         for _ in range(n_ops):
             if held and rng.random() < 0.35:
@@ -120,6 +122,10 @@ def test_chunking_and_budget_folds_change_nothing(seed: int, d: int, n_ops: int,
                 held.extend(int(i) for i in idx)
             if rng.random() < 0.3:
                 led.digest()
+            elif rng.random() < 0.3:
+                products = led.products
+                if products is not None:
+                    products.multiply_some(int(rng.integers(1, 20)))
         got = led.to_bytes()
     fresh = ExactLedger(d, 4)
     if held:
@@ -227,24 +233,30 @@ def test_copy_and_absorb_see_pending_products() -> None:
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 12), sizes=st.lists(st.integers(1, 80), min_size=1, max_size=8),
-       signs=st.lists(st.sampled_from([1, -1]), min_size=8, max_size=8))
+       signs=st.lists(st.sampled_from([1, -1]), min_size=8, max_size=8), hold=st.sampled_from([0, 64, 100, 300]),
+       steps=st.lists(st.integers(0, 90), min_size=8, max_size=8))
 def test_deferred_rows_show_in_the_diagonals_and_fold_to_the_same_limbs(seed: int, d: int, sizes: list[int],
-                                                                         signs: list[int]) -> None:
-    """Small updates wait unmultiplied (DEFER_ROWS); the diagonals the delete check reads include
-    them exactly, and the fold gives the limbs of the Python-int reference whatever was deferred."""
+                                                                         signs: list[int], hold: int,
+                                                                         steps: list[int]) -> None:
+    """Small updates wait unmultiplied (DEFER_ROWS), larger ones too while at most ``hold`` rows
+    wait, and idle steps multiply some of them (``multiply_some``, cutting an update); the
+    diagonals the delete check reads include the waiting rows exactly after every step, and the
+    fold gives the limbs of the Python-int reference whatever was deferred."""
     rng = np.random.default_rng(seed)
-    pend = limb_products.PendingProducts(d)
+    pend = limb_products.PendingProducts(d, hold)
     ref = [np.zeros((d, d), dtype=object) for _ in range(3)]
-    for r, sign in zip(sizes, signs):
+    for r, sign, step in zip(sizes, signs, steps):
         Q = rows(rng, r, d, 0.3)
         pend.accumulate(*limb_products.split_rows(Q), sign)
         a, b = halves(Q)
         for acc, part in zip(ref, (a.T @ a, a.T @ b + b.T @ a, b.T @ b)):
             acc += sign * part
-    assert pend.deferred < limb_products.DEFER_ROWS  # flushed once that many wait
-    diag = pend.diagonals()
-    for got, want in zip(diag, ref):
-        assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
+        assert pend.deferred < max(hold, limb_products.DEFER_ROWS)  # all multiplied once that many wait
+        waiting = pend.deferred
+        assert pend.multiply_some(step) == min(step, waiting)
+        assert pend.deferred == waiting - min(step, waiting)
+        for got, want in zip(pend.diagonals(), ref):
+            assert [int(v) for v in got] == [int(v) for v in np.diagonal(want)]
     zeros = (np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros((d, d), np.int64))
     pend.fold_into(zeros)  # in place
     out = zeros

@@ -33,8 +33,9 @@ class Stream:
         self.n_msgs = {h: 0 for h in heads}
         self.counter = 0
 
-    def next_message(self, head: str | None = None) -> tuple[str, bytes]:
-        """The next message of ``head`` (a random head when None)."""
+    def next_message(self, head: str | None = None, adds: int | None = None) -> tuple[str, bytes]:
+        """The next message of ``head`` (a random head when None), with ``adds`` rows added (1-5
+        at random when None)."""
         h = self.heads[int(self.rng.integers(len(self.heads)))] if head is None else head
         members = self.retained[h]
         entries = []
@@ -46,7 +47,7 @@ class Stream:
             entries.append(RowsEntry(-1, [f"del-{i}" for i in ids], ids, ["u"] * len(ids), y, Q))
             for i in ids:
                 del members[i]
-        n = int(self.rng.integers(1, 6))
+        n = int(self.rng.integers(1, 6)) if adds is None else adds
         Q = Quantizer().quantize(l2_normalize(self.rng.normal(size=(n, self.d))))
         y = self.rng.integers(0, 4, n)
         ids = [f"s{self.counter + j}" for j in range(n)]

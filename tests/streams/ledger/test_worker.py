@@ -505,3 +505,47 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
     for head_id, state in heads.items():
         assert state.ledger.digest() == stream.reference(head_id).digest(), head_id
     delete_topics(s, prefixed_topics(s))
+
+
+def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(settings: Settings,
+                                                                            tmp_path: Path) -> None:
+    """Two adds of 100 rows each wait unmultiplied in the exact ledger (``product_hold_rows``: their
+    fold costs O(r d) on the path of the next message); with nothing fetched the worker multiplies
+    them a step at a time (no checkpoint, reset or drift check folds them here), and the ledger
+    ends bit-identical to the one built from scratch."""
+    from unlearn.streams.ledger.worker import IDLE_STEP_ROWS, LedgerWorker
+
+    s = worker_settings(settings, tmp_path).with_(
+        partitions=1, topic_prefix=settings.topic_prefix + "idle.", checkpoint_every_messages=1000,
+        checkpoint_every_seconds=600.0, reset_every_seconds=600.0, reset_every_events=100_000)
+    create_topics(s)
+    stream = Stream(["a"], d=512, seed=11, delete_p=0.0)  # a sync of fewer than d / 2 rows: tracked, no reset
+    w = LedgerWorker(s, "idle")
+    waiting: list[tuple[int, int]] = []  # rows waiting before and after each idle step
+    idle = w.idle
+
+    def count() -> int:
+        return sum(h.products_waiting() for ps in w.owned for h in ps.heads.values())
+
+    def idle_step() -> None:
+        before = count()
+        idle()
+        waiting.append((before, count()))
+
+    w.idle = idle_step  # type: ignore[method-assign]
+    t, failed = run_in_thread(w)
+    try:
+        produce(s, [stream.next_message("a", adds=100) for _ in range(2)])
+        wait_for_head(s, "a", lambda u: u.version >= 2, timeout=60)
+        deadline = time.monotonic() + 30
+        while not (waiting and waiting[-1][1] == 0 and max(b for b, _ in waiting) > 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        head = w.owned[0].heads["a"]
+        assert head.products_waiting() == 0
+    finally:
+        w.stop()
+        t.join(60)
+    assert not failed, failed
+    steps = [(b, a) for b, a in waiting if b]
+    assert steps and all(b - a == min(b, IDLE_STEP_ROWS) for b, a in steps), steps
+    assert head.version == 2 and head.ledger.digest() == stream.reference("a").digest()
