@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -709,6 +710,19 @@ def render(r: Report) -> str:
     return "\n".join(lines)
 
 
+def _keep_logs(root: Path) -> Path:
+    """The ``*.log`` files of a run's temporary directory (workers', Kafka nodes'), copied to a new
+    directory that outlives it: a run that is not exact is worth reading (without ``--workdir``,
+    everything else goes with the temporary directory)."""
+    kept = Path(tempfile.mkdtemp(prefix="unlearn-chaos-logs-"))
+    for log in root.rglob("*.log"):
+        if log.is_file() and "data" not in log.relative_to(root).parts[:-1]:
+            dest = kept / log.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(log, dest)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5k events, 6 kills (what make test runs)")
@@ -755,6 +769,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="unlearn-chaos-") as tmp:
             report = run(cfg, Path(tmp))
+            if not report.exact:
+                kept = _keep_logs(Path(tmp))
+                print(f"not exact: the workers' and nodes' logs are kept in {kept}", file=sys.stderr)
     print(render(report))
     if args.json:
         args.json.write_text(orjson.dumps(asdict(report), option=orjson.OPT_INDENT_2).decode())
