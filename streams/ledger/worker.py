@@ -124,7 +124,8 @@ class LedgerWorker:
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
         self.on_ready: Callable[[], object] | None = None  # once, when first assigned (run_ledger_worker's)
-        self.poller = DeltasPoller(busy=self._products_wait)
+        self._products_wait = False  # a turn folded since the last idle step that found nothing to multiply
+        self.poller = DeltasPoller(busy=lambda: self._products_wait)
         self.loop = PollLoop(self.consumer, self, self.poller)
 
     @property
@@ -159,6 +160,7 @@ class LedgerWorker:
                 for i in part:
                     self._on_message(fresh[i], poll)
                 self._publish_poll(poll)  # before any checkpoint can cover these messages
+        self._products_wait = True  # the folds may have left exact products waiting (``idle``)
         self.metrics.batch_duration.observe(time.perf_counter() - started)
 
     def idle(self) -> None:
@@ -170,10 +172,9 @@ class LedgerWorker:
                 left -= head.multiply_waiting(left)
                 if left <= 0:
                     return
-
-    def _products_wait(self) -> bool:
-        """Whether a head's exact products wait to be multiplied (the poller then does not wait)."""
-        return any(head.products_waiting() for ps in self.owned for head in ps.heads.values())
+        # nothing multiplied: nothing waits until a turn folds, and the poller waits for messages
+        # again (asking every head on every poll would cost O(heads) per poll)
+        self._products_wait = left < IDLE_STEP_ROWS
 
     def tick(self) -> None:
         """Steps 5 to 7, after every poll."""
