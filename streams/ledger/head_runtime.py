@@ -201,14 +201,9 @@ class HeadRuntime:
             self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
         self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
 
-    def products_waiting(self) -> int:
-        """Rows whose exact products wait to be multiplied (``config.hold_rows``)."""
-        products = self.ledger.products
-        return 0 if products is None else products.deferred
-
     def multiply_waiting(self, most: int) -> int:
-        """Multiply about ``most`` of them (a step of idle work; no change of value, so no
-        version); returns how many."""
+        """Multiply about ``most`` of the rows whose exact products wait (``config.hold_rows``): a
+        step of idle work, no change of value, so no version; returns how many."""
         products = self.ledger.products
         return 0 if products is None else products.multiply_some(most)
 

@@ -525,7 +525,8 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
     idle = w.idle
 
     def count() -> int:
-        return sum(h.products_waiting() for ps in w.owned for h in ps.heads.values())
+        return sum(h.ledger.products.deferred for ps in w.owned for h in ps.heads.values()
+                   if h.ledger.products is not None)
 
     def idle_step() -> None:
         before = count()
@@ -541,7 +542,7 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
         while not (waiting and waiting[-1][1] == 0 and max(b for b, _ in waiting) > 0) and time.monotonic() < deadline:
             time.sleep(0.05)
         head = w.owned[0].heads["a"]
-        assert head.products_waiting() == 0
+        assert head.ledger.products is not None and head.ledger.products.deferred == 0
     finally:
         w.stop()
         t.join(60)
