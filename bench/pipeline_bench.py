@@ -3,7 +3,7 @@
     python -m bench.pipeline_bench [--quick] [--n N] [--dim 768] [--classes 10] [--engine tansu|kafka]
                                    [--encodings json,f64,f32 | --binary] [--ceiling N] [--ceiling-sizes B,..]
                                    [--cpu-dims 128,768,2048] [--cpu-n N] [--load-rate R] [--direct]
-                                   [--load-heads K [--spread-heads]] [--json PATH]
+                                   [--load-heads K [--spread-heads]] [--floor] [--json PATH]
 
 Starts a local broker (``--engine``: tansu, the embedded one, in memory; or kafka, the project's
 Apache Kafka, one KRaft node, with the ``kafka`` client profile), one featurizer and one ledger
@@ -24,7 +24,9 @@ With ``--load-rate R`` the steady deletes run while adds of new samples flow to 
 per second from another producer (issue 29: deletes while adds flow); each delete's time to its
 applied receipt is reported too, and how many of the load's adds were produced meanwhile;
 ``--load-heads K`` spreads the load over that head and K - 1 others (several heads per partition);
-``--spread-heads`` names them so that they land on different by-head partitions.
+``--spread-heads`` names them so that they land on different by-head partitions; ``--floor`` first
+runs the same steady deletes with nothing flowing, in the same pipeline: the path's floor, which
+the latency under the load is measured against.
 With ``--direct`` every request goes to its head's partition of ``requests.by-head`` (a producer
 that routes by head, ``UNLEARN_ROUTE_BY_HEAD``) instead of to ``requests``.
 With ``--ceiling N`` the broker's one-hop ceiling (``bench.broker_ceiling``: N messages of each of
@@ -260,6 +262,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 return out
 
             ids = list(rng.permutation(args.n))
+            if args.floor and args.load_rate:
+                # the same deletes' path with nothing flowing, in the same run: what the load adds to it
+                floor = deletes(ids[2 * args.deletes:3 * args.deletes], 1.0 / args.rate)
+                out["delete_to_head_floor"] = floor
+                print(f"delete->head latency, steady {args.rate}/s, no adds flowing (the path's floor): "
+                      f"p50 {floor['p50_ms']:.1f} ms  p99 {floor['p99_ms']:.1f} ms; to the applied receipt: "
+                      f"p50 {floor['receipt']['p50_ms']:.1f} ms  p99 {floor['receipt']['p99_ms']:.1f} ms", flush=True)
             steady = deletes(ids[:args.deletes], 1.0 / args.rate, args.load_rate)
             out["delete_to_head_steady"] = steady
             parts = len({head_partition(h, s.partitions) for h in load_heads(head, args.load_heads, spread)})
@@ -435,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
                          "instead of to requests")
     ap.add_argument("--load-rate", type=float, default=0.0,
                     help="adds per second flowing to the same head while the steady deletes run")
+    ap.add_argument("--floor", action="store_true",
+                    help="with --load-rate: first the same steady deletes with no adds flowing (the path's floor)")
     ap.add_argument("--load-heads", type=int, default=1,
                     help="spread the --load-rate adds round-robin over the deletes' head and K - 1 others")
     ap.add_argument("--spread-heads", action="store_true",

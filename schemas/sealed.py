@@ -80,16 +80,20 @@ class SealError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SampleKey:
-    """One sample's data key. ``key_id``: 32 lowercase hex characters (16 random bytes)."""
+    """One sample's data key. ``key_id``: 32 lowercase hex characters (16 random bytes).
+    ``commit_key`` is derived from it when it is made (:func:`commitment`): a ledger reads keys on
+    its key follower's thread, so the derivation is off the thread that opens the rows."""
 
     key_id: str
     key: bytes = b""
+    commit_key: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.key) != KEY_BYTES:
             raise SealError(f"a sample key has {KEY_BYTES} bytes, got {len(self.key)}")
         if _KEY_ID.fullmatch(self.key_id) is None:
             raise SealError(f"a key id is {2 * KEY_ID_BYTES} lowercase hex characters, got {self.key_id[:40]!r}")
+        object.__setattr__(self, "commit_key", hmac.digest(self.key, _COMMIT_KEY_MSG, "sha256"))
 
     def __repr__(self) -> str:  # never print key material
         return f"SampleKey(key_id={self.key_id!r})"
@@ -170,7 +174,7 @@ def commitment(key: SampleKey, head_id: str, sample_id: str, row: bytes) -> byte
     (never the AES key itself). One-shot ``hmac.digest`` (OpenSSL, no HMAC objects): per row."""
     h, s = head_id.encode("utf-8"), sample_id.encode("utf-8")
     msg = b"".join((_COMMIT_TAG, _U16(len(h)), h, _U16(len(s)), s, row))
-    return hmac.digest(hmac.digest(key.key, _COMMIT_KEY_MSG, "sha256"), msg, "sha256")
+    return hmac.digest(key.commit_key, msg, "sha256")
 
 
 def encode_key_record(key: SampleKey) -> bytes:
