@@ -255,15 +255,23 @@ class Erasure:
         if force:
             self.probes.wait(FLOORS, self.settings.admin_timeout * 4)  # one in flight: not mixed up with this read
             asked = time.monotonic()
-            self._floors = run_with_consumers(self._new_consumer, lambda make: ledger_floors(self.settings, make()))
+            self._floors = run_with_consumers(self._new_consumer, self._floors_read)
             self._floors_at, self._floors_asked = now, asked
             return
         answer = self.probes.take(FLOORS)
         if answer is not None:
             self._floors, self._floors_asked = answer.result(), answer.asked
         if now - self._floors_at >= FeaturizerSettings.of(self.settings).shred_every_seconds and self.probes.ask(
-                FLOORS, lambda make: ledger_floors(self.settings, make())):
+                FLOORS, self._floors_read):
             self._floors_at = now
+
+    def _floors_read(self, make: Callable[[], Any]) -> dict[int, int]:
+        """``ledger_floors`` under the worker's retry policy, a new consumer per try, as every other
+        broker read here: a metadata request that timed out while a node restarted stopped the
+        featurizer (chaos, bench/results/chaos_kafka.md); past the deadline it stops, as they do."""
+        floors: dict[int, int] = RetryPolicy.of(self.settings).call(
+            "reading the ledger's checkpoint floors", lambda: ledger_floors(self.settings, make()))
+        return floors
 
     def close(self) -> None:
         self.probes.close()

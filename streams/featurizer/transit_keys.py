@@ -236,7 +236,8 @@ class TransitKeys:
             if not ready:
                 return {}
             self._advanced_at = now
-            self._apply_read(lambda: self._read(consumer, committed, self._plan(ready)))
+            plan = self._plan(ready)
+            self._apply_read(lambda: self._read_retried(consumer, committed, plan))
             return self._due(positions)
         answer = self.probes.take(PROBE)
         if answer is not None:
@@ -245,7 +246,7 @@ class TransitKeys:
             self._advanced_at = now
             plan = self._plan(ready)
             if plan.to_b or plan.at_b:  # asked now, so sampled after (a) / (b) held
-                self.probes.ask(PROBE, lambda make: self._read(make, committed, plan))
+                self.probes.ask(PROBE, lambda make: self._read_retried(make, committed, plan))
         return self._due(positions) if ready or answer is not None else {}
 
     def _plan(self, ready: list[Epoch]) -> _Plan:
@@ -254,6 +255,15 @@ class TransitKeys:
         to_b = tuple(e for e in ready if e.ref not in self.stages)  # (a) met: every record carrying it is below
         at_b = tuple((e, st) for e in ready if (st := self.stages.get(e.ref)) is not None and st.by_head is None)
         return _Plan(to_b, at_b)
+
+    def _read_retried(self, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]],
+                      plan: _Plan) -> _Reading:
+        """``_read`` under the worker's retry policy (a new consumer per try): a request that times
+        out while a node restarts is asked again, not fatal (chaos: the ledger floors' read,
+        streams/featurizer/erasure.py)."""
+        reading: _Reading = RetryPolicy.of(self.settings).call(
+            "reading the log ends for transit keys", lambda: self._read(consumer, committed, plan))
+        return reading
 
     def _read(self, consumer: Callable[[], Any], committed: Callable[[], Mapping[int, int]], plan: _Plan) -> _Reading:
         """The reads of one step (no state changed: it may run on the probes' thread). The

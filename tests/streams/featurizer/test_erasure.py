@@ -68,3 +68,35 @@ def test_floors_asked_before_a_shred_started_do_not_destroy_its_key(monkeypatch:
         assert e.keys.destroyed[-1] == (1, [new]) and reads[0] >= 2  # type: ignore[attr-defined]
     finally:
         e.probes.close()
+
+
+def test_a_floors_read_that_times_out_is_asked_again_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metadata request that timed out while a Kafka node restarted stopped the featurizer
+    (chaos): the floors' read now rides transient errors like every other read, and the key is
+    destroyed once a read answers."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    calls = [0]
+
+    def floors(settings: Settings, consumer: Any) -> dict[int, int]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
+        return {0: 100}
+
+    monkeypatch.setattr(erasure, "ledger_floors", floors)
+    s = Settings.from_env(bootstrap="127.0.0.1:9", shred_every_seconds=0.0, broker_retry_seconds=30.0)
+    e = Erasure(s, "t.deltas")
+    e.probes.close()
+    e.probes = Probes(Closable)
+    e.keys = FakeKeys()  # type: ignore[assignment]
+    ref = ("h", "a", "k1")
+    try:
+        e.pending[ref] = _Pending(0, {0: 5}, time.monotonic())
+        assert e.tick({}) == 0  # the read runs on the probes' thread
+        answer = e.probes.wait(FLOORS, WAIT)
+        assert answer is not None and answer.error is None and answer.value == {0: 100} and calls[0] == 2
+        e.probes._done[FLOORS] = answer
+        assert e.tick({}) == 1 and not e.pending
+    finally:
+        e.probes.close()
