@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -90,27 +89,6 @@ def row_hashes(Q: ArrayLike, y: ArrayLike, frac_bits: int = 30, label_frac_bits:
     return _elements(_encodings(q, lab, kind, frac_bits, label_frac_bits)).copy()
 
 
-@dataclass(frozen=True)
-class HashRows:
-    """Rows checked for one grid (``MultisetHash.rows``). ``lanes`` hashes them: pure, and costly
-    (SHAKE-128 of ~6 KiB per row at d = 768), so it may run on any thread."""
-
-    q: NDArray[np.int64]
-    labels: NDArray[np.int64]
-    kind: int
-    frac_bits: int
-    label_frac_bits: int
-
-    def lanes(self) -> NDArray[np.uint32]:
-        """The sum of the rows' elements mod 2^32, (LANES,) uint32."""
-        total = np.zeros(LANES, np.uint64)
-        for s in range(0, self.q.shape[0], _CHUNK_ROWS):
-            enc = _encodings(self.q[s:s + _CHUNK_ROWS], self.labels[s:s + _CHUNK_ROWS], self.kind, self.frac_bits,
-                             self.label_frac_bits)
-            total += _elements(enc).sum(axis=0, dtype=np.uint64)  # < 2^10 * 2^32 per chunk: no wrap
-        return total.astype(np.uint32)  # the low 32 bits: the sum mod 2^32
-
-
 class MultisetHash:
     """The LtHash of a multiset of rows on one grid (d, k, k_y): ``add`` / ``delete`` rows as the
     ledger does, ``absorb`` another multiset's hash (a partition, a packed entry). Mutable, like
@@ -160,20 +138,22 @@ class MultisetHash:
 
     def add(self, Q: ArrayLike, y: ArrayLike) -> None:
         """Rows join the multiset (``Q`` int (r, d), ``y`` class indices (r,) or targets (r, c))."""
-        self.step(self.rows(Q, y).lanes(), +1)
+        self._apply(Q, y, +1)
 
     def delete(self, Q: ArrayLike, y: ArrayLike) -> None:
         """Rows leave the multiset. The hash cannot tell a non-member: the ledger refuses those."""
-        self.step(self.rows(Q, y).lanes(), -1)
+        self._apply(Q, y, -1)
 
-    def rows(self, Q: ArrayLike, y: ArrayLike) -> HashRows:
-        """Rows checked for this grid (LedgerError here, on the caller's thread); their hashing,
-        ``HashRows.lanes``, may run on another (the ledger worker's fold: streams/ledger/hash_ahead.py)."""
+    def _apply(self, Q: ArrayLike, y: ArrayLike, sign: int) -> None:
         q, lab, kind = _rows(Q, y, self.dim)
-        return HashRows(q, lab, kind, self.frac_bits, self.label_frac_bits)
+        total = np.zeros(LANES, np.uint64)
+        for s in range(0, q.shape[0], _CHUNK_ROWS):
+            enc = _encodings(q[s:s + _CHUNK_ROWS], lab[s:s + _CHUNK_ROWS], kind, self.frac_bits,
+                             self.label_frac_bits)
+            total += _elements(enc).sum(axis=0, dtype=np.uint64)  # < 2^10 * 2^32 per chunk: no wrap
+        self._step(total.astype(np.uint32), sign)  # the low 32 bits: the sum mod 2^32
 
-    def step(self, lanes: NDArray[np.uint32], sign: int) -> None:
-        """Add (sign +1) or remove (-1) rows by the sum of their elements, ``HashRows.lanes``."""
+    def _step(self, lanes: NDArray[np.uint32], sign: int) -> None:
         if sign == 1:
             np.add(self._lanes, lanes, out=self._lanes)  # uint32 arithmetic wraps: mod 2^32
         elif sign == -1:
@@ -185,7 +165,7 @@ class MultisetHash:
         """Add (sign +1) or remove (-1) another multiset of rows on the same grid."""
         if other.grid != self.grid:
             raise LedgerError(f"multiset hash on grid (d, k, k_y) = {other.grid} cannot join one on {self.grid}")
-        self.step(other._lanes, sign)
+        self._step(other._lanes, sign)
 
     def merge(self, other: MultisetHash) -> MultisetHash:
         """The hash of the union of two multisets (partition hashes sum to the whole)."""

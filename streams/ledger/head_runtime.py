@@ -28,10 +28,10 @@ from unlearn.streams.ledger.delta_rules import (
     admit,
     apply_entries,
     declare_outputs,
+    fold_multiset,
     group_by_event,
     record_applied,
 )
-from unlearn.streams.ledger.hash_ahead import HashAhead
 from unlearn.streams.ledger.snapshots import HeadMeta, HeadState
 
 
@@ -63,8 +63,7 @@ class HeadRuntime:
 
     ``multiset`` is the multiset hash of the retained rows (docs/design.md section 6), kept next
     to the ledger; None once it is unknown (a packed entry without one, or a version 1 snapshot).
-    The ledger and the hash take each message in ``apply`` (a large entry's rows are hashed on a
-    helper thread until the hash is read: ``HashAhead``); the fast head lags until ``sync``."""
+    The ledger and the hash take each message in ``apply``; the fast head lags until ``sync``."""
 
     def __init__(self, head_id: str, ledger: ExactLedger, config: HeadConfig, *,
                  multiset: MultisetHash | None = None, version: int = 0,
@@ -73,7 +72,7 @@ class HeadRuntime:
                  contract_version: int | None = None) -> None:
         self.head_id = head_id
         self.config = config
-        self._hash = HashAhead(multiset)
+        self.multiset = multiset
         ledger.hold_rows = config.hold_rows
         self.tracked = TrackedHead(ledger, config.gamma, reset_every=config.reset_every,
                                    drift_threshold=config.drift_threshold)
@@ -124,11 +123,6 @@ class HeadRuntime:
     @property
     def ledger(self) -> ExactLedger:
         return self.tracked.ledger
-
-    @property
-    def multiset(self) -> MultisetHash | None:
-        """The retained rows' hash at this version (waits for sums being computed: hash_ahead.py)."""
-        return self._hash.value
 
     @property
     def mode(self) -> HeadMode:
@@ -201,16 +195,11 @@ class HeadRuntime:
         return out
 
     def _apply_entry(self, entry: RowsEntry | PackedEntry) -> None:
-        started = self._hash.start(entry)  # the rows' hash summed beside the ledger's work
-        try:
-            if isinstance(entry, RowsEntry):
-                self.tracked.apply(entry.q, entry.labels, entry.sign)
-            else:
-                self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
-        except BaseException:
-            self._hash.dropped(started)
-            raise
-        self._hash.applied(entry, started)  # only after the ledger took the entry
+        if isinstance(entry, RowsEntry):
+            self.tracked.apply(entry.q, entry.labels, entry.sign)
+        else:
+            self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
+        self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
 
     def multiply_waiting(self, most: int) -> int:
         """Multiply about ``most`` of the rows whose exact products wait (``config.hold_rows``): a
