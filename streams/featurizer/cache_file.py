@@ -40,6 +40,7 @@ from unlearn.streams.featurizer.events import EVENTS_SCHEMA
 
 __all__ = [
     "CACHE_SCHEMA_VERSION",
+    "JOURNAL_SIZE_LIMIT",
     "PAGE_SIZE",
     "WAL_AUTOCHECKPOINT_PAGES",
     "CacheError",
@@ -132,6 +133,10 @@ batch's commit and its outbox delete several times cheaper than 4 KiB pages
 WAL_AUTOCHECKPOINT_PAGES = 256
 """Checkpoint the WAL at 16 MiB (256 pages of 64 KiB): a few batches per checkpoint, so outbox
 pages rewritten batch after batch are copied into the database file once, and the WAL stays small."""
+JOURNAL_SIZE_LIMIT = WAL_AUTOCHECKPOINT_PAGES * PAGE_SIZE
+"""Bytes the WAL file keeps when the log restarts (SQLite's ``journal_size_limit``): without it the
+file stays as large as the largest log ever was, so its size says nothing of the log's
+(``wal_checkpoints.py`` reads it after each commit)."""
 
 
 class CacheError(RuntimeError):
@@ -162,6 +167,7 @@ def open_cache_db(path: Path, synchronous: str, identity: Mapping[str, str]) -> 
         db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect in a new file only
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+        db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         db.execute(f"PRAGMA synchronous={synchronous}")
         db.execute("PRAGMA busy_timeout=30000")
         db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed in the file (docs/erasure.md)

@@ -231,7 +231,7 @@ class FeatureCache:
             self._progress.put(last_offset, ahead, origins or {})
             if generation is not None:
                 self._db.execute("UPDATE lineage SET generation = ? WHERE id = 0", (int(generation),))
-        self._wal.written()  # a round of checkpoints is due (wal_checkpoints.py)
+        self._wal.written(self._db)  # a round of checkpoints is due (wal_checkpoints.py)
         return seqs
 
     def replace_outbox(self, messages: Iterable[OutMessage], generation: int) -> list[int]:

@@ -9,10 +9,14 @@ PASSIVE checkpoints after commits, at most one round per ``gap`` seconds. A PASS
 never blocks the writer, which appends to the WAL meanwhile; a round repeats while the writer
 appended during it (a few passes, each shorter), so the WAL is caught up and restarted by the next
 commit. Only a writer that commits faster than the copies go, with no pause, outruns the thread:
-its own commit then checkpoints at the backstop, as SQLite's automatic checkpoints would, while
-the thread stays out of its way (``OUTRUN_PAUSE_S``), and the WAL stays bounded. Durability is
-SQLite's own: the same WAL and the same ``synchronous`` setting (the checkpoint syncs the WAL
-before it copies, and the database file after).
+once the WAL file passes the backstop, that writer's next :meth:`~WalCheckpoints.written` waits
+for the thread's pass in progress and checkpoints the rest itself (RESTART), so the log restarts
+at its next commit. That wait is the writer's backpressure, and it bounds the WAL at the backstop
+plus one commit whatever the disk: a bound left to the race between a PASSIVE pass and the
+writer's appends grew with the disk's slowness (209 MB against 64 MiB on a slow CI disk). The
+file's size is the log's because the writer's connection truncates it when the log restarts
+(``cache_file.JOURNAL_SIZE_LIMIT``). Durability is SQLite's own: the same WAL and the same
+``synchronous`` setting (the checkpoint syncs the WAL before it copies, and the database file after).
 
 The erasure purge (a TRUNCATE checkpoint: no old page may stay in the WAL) runs on the thread too:
 on the poll thread it copied everything written since the last round while holding SQLite's
@@ -25,11 +29,12 @@ truncates: the writer's commits wait only for what the TRUNCATE itself still has
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from pathlib import Path
 
-__all__ = ["BACKSTOP_PAGES", "OUTRUN_PAUSE_S", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
+__all__ = ["BACKSTOP_BYTES", "BACKSTOP_PAGES", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
 
 log = logging.getLogger("unlearn.featurizer")
 
@@ -37,21 +42,18 @@ log = logging.getLogger("unlearn.featurizer")
 MAX_PASSES = 8
 #: The writer's own ``wal_autocheckpoint`` with the thread: 64 MiB of 64 KiB pages (4x the bound of
 #: SQLite's automatic checkpoints alone, ``cache_file.WAL_AUTOCHECKPOINT_PAGES``), never reached
-#: while the thread keeps up.
+#: while the thread keeps up; past it in bytes (``BACKSTOP_BYTES``), the writer waits and checkpoints.
 BACKSTOP_PAGES = 1024
-#: How long the thread stays out of the way of a writer that outran it (past the backstop): the
-#: writer's own checkpoint there is PASSIVE and gives up while a pass of the thread runs, so a
-#: thread always mid-pass let the WAL grow past 290 MB in a test; one pause lets the writer's next
-#: commit checkpoint the whole WAL (and its next one restart it).
-OUTRUN_PAUSE_S = 0.05
+#: The WAL file's size (pages of 64 KiB and their 24-byte frame headers) past which ``written`` waits.
+BACKSTOP_BYTES = BACKSTOP_PAGES * (65536 + 24)
 
 
 class CommitCheckpoints:
     """SQLite's own automatic checkpoints, run by the writer's commits (a cache that no service
     runs: tests, tools). :class:`WalCheckpoints` moves them to a thread."""
 
-    def written(self) -> None:
-        """The writer committed (its commit checkpointed past ``WAL_AUTOCHECKPOINT_PAGES``)."""
+    def written(self, db: sqlite3.Connection) -> None:
+        """The writer ``db`` committed (its commit checkpointed past ``WAL_AUTOCHECKPOINT_PAGES``)."""
 
     def truncate(self, db: sqlite3.Connection, path: Path) -> None:
         """Checkpoint the WAL of ``db`` into the database file and truncate it (erasure: no old
@@ -77,24 +79,35 @@ class WalCheckpoints(CommitCheckpoints):
         self.path = path
         self.gap = gap
         self.synchronous = synchronous
-        self.stats = {"rounds": 0, "errors": 0, "truncates": 0, "outrun": 0}
+        self.stats = {"rounds": 0, "errors": 0, "truncates": 0, "backstops": 0}
         self._db: sqlite3.Connection | None = None  # opened by the first round (an error there is the thread's)
         self._wake = threading.Event()
         self._purge = threading.Event()  # a truncate is asked for (it cuts the gap between rounds short)
         self._purged = threading.Condition()
         self._stopping = threading.Event()
         self._hurry = threading.Event()  # a purge or a stop: the gap between rounds ends
-        self._pass = threading.Lock()  # held by each pass: a checkpoint elsewhere gets SQLITE_BUSY at once
+        self._pass = threading.Lock()  # held by each checkpoint: SQLite's would get SQLITE_BUSY at once, not wait
         self._thread = threading.Thread(target=self._run, name=f"wal-checkpoints-{path.name}", daemon=True)
         self._thread.start()
 
-    def written(self) -> None:
-        """The writer committed: a round is due (cheap: sets an event)."""
+    def written(self, db: sqlite3.Connection) -> None:
+        """The writer ``db`` committed: a round is due (cheap: sets an event and reads the WAL
+        file's size). Past the backstop, first wait for the pass in progress and checkpoint the
+        rest here (module docstring)."""
+        try:
+            size = os.stat(f"{self.path}-wal").st_size
+        except FileNotFoundError:
+            size = 0
+        if size > BACKSTOP_BYTES:
+            with self._pass:
+                busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self.stats["backstops"] += 1
+            if busy:  # a reader held the WAL past busy_timeout: the next commit tries again
+                log.warning("%s: the WAL past its backstop was not restarted (busy)", self.path)
         self._wake.set()
 
-    def _round(self) -> bool:
-        """PASSIVE checkpoints until the WAL is caught up or ``MAX_PASSES`` ran; whether the WAL is
-        still past the backstop (the writer outruns the thread)."""
+    def _round(self) -> None:
+        """PASSIVE checkpoints until the WAL is caught up or ``MAX_PASSES`` ran."""
         if self._db is None:
             db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0, check_same_thread=False)
             db.execute(f"PRAGMA synchronous={self.synchronous}")
@@ -105,7 +118,6 @@ class WalCheckpoints(CommitCheckpoints):
             if done >= frames:
                 break
         self.stats["rounds"] += 1
-        return frames >= BACKSTOP_PAGES
 
     def truncate(self, db: sqlite3.Connection, path: Path) -> None:
         """Ask the thread for the purge (module docstring) and return at once; the writer's
@@ -141,18 +153,14 @@ class WalCheckpoints(CommitCheckpoints):
             if self._stopping.is_set():
                 return
             self._wake.clear()
-            outrun = False
             try:
-                outrun = self._round()
+                self._round()
                 if self._purge.is_set():
                     self._truncate()
             except sqlite3.Error as exc:  # e.g. a full disk: the writer's commits report it too (and meet the backstop)
                 self.stats["errors"] += 1
                 log.warning("WAL checkpoint of %s failed (retried after the next commit): %s", self.path, exc)
-            if outrun:  # out of the writer's way: its own checkpoint at the backstop gives up while a pass runs
-                self.stats["outrun"] += 1
-                self._stopping.wait(max(self.gap, OUTRUN_PAUSE_S))
-            elif not self._purge.is_set():
+            if not self._purge.is_set():
                 self._hurry.wait(self.gap)
             self._hurry.clear()
 

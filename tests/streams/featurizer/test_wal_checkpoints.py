@@ -12,9 +12,10 @@ from pathlib import Path
 
 from unlearn.streams.featurizer.cache_file import open_cache_db
 from unlearn.streams.featurizer.feature_cache import FeatureCache
-from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_PAGES, WalCheckpoints
+from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_BYTES, BACKSTOP_PAGES, WalCheckpoints
 
 BLOB = b"\x5a" * 200_000  # a few 64 KiB pages per row, like a batch's outbox
+ONE_COMMIT = 8 * (65536 + 24)  # a row's overflow pages, its b-tree page and the commit's, with room
 
 
 def wal_size(path: Path) -> int:
@@ -36,6 +37,18 @@ def writer(path: Path, autocheckpoint: int = 0) -> sqlite3.Connection:
     return db
 
 
+def commits(db: sqlite3.Connection, wal: WalCheckpoints, path: Path, n: int, pause: float = 0.0) -> list[int]:
+    """``n`` commits of a 200 KB row (40 rows rewritten over and over), each followed by ``written``
+    as the feature cache does; the WAL file's size after each."""
+    sizes = []
+    for i in range(n):
+        db.execute("INSERT OR REPLACE INTO blobs (i, v) VALUES (?, ?)", (i % 40, BLOB))
+        wal.written(db)
+        sizes.append(wal_size(path))
+        time.sleep(pause)
+    return sizes
+
+
 def test_the_writer_never_checkpoints_and_the_thread_catches_up(tmp_path: Path) -> None:
     path = tmp_path / "p0.sqlite"
     db = writer(path)
@@ -44,7 +57,7 @@ def test_the_writer_never_checkpoints_and_the_thread_catches_up(tmp_path: Path) 
         for i in range(20):  # 4 MB: far past what the writer would have checkpointed itself
             db.execute("INSERT INTO blobs (i, v) VALUES (?, ?)", (i, BLOB))
         assert wal.stats["rounds"] == 0 and wal_size(path) > 3_000_000  # nothing nudged the thread yet
-        wal.written()
+        wal.written(db)
         deadline = time.monotonic() + 10
         while wal.stats["rounds"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -60,44 +73,66 @@ def test_the_writer_never_checkpoints_and_the_thread_catches_up(tmp_path: Path) 
 
 
 def test_a_writer_that_never_pauses_meets_the_backstop_and_the_wal_stays_bounded(tmp_path: Path) -> None:
-    """The writer commits back to back, faster than the thread copies: its own commits checkpoint
-    at the backstop, so the WAL stays bounded (with no checkpoint at all it passed 200 MB here);
-    every row is there."""
+    """The writer commits back to back, faster than the thread copies on a slow disk: past the
+    backstop its own commit waits and checkpoints, so the WAL file never passes the backstop by
+    more than a commit, whatever the disk (with no checkpoint at all it passed 200 MB; a bound left
+    to the race with the thread's passes reached 209 MB on a slow disk); every row is there."""
     path = tmp_path / "p0.sqlite"
     db = writer(path, BACKSTOP_PAGES)
     wal = WalCheckpoints(path, "NORMAL", gap=0.0)
-    sizes = []
     try:
-        for i in range(1000):  # 200 MB in all, 200 KB per commit
-            db.execute("INSERT OR REPLACE INTO blobs (i, v) VALUES (?, ?)", (i % 40, BLOB))
-            wal.written()
-            sizes.append(wal_size(path))
+        sizes = commits(db, wal, path, 1000)  # 200 MB in all
     finally:
         wal.close()
         db.close()
-    assert max(sizes) < 3 * BACKSTOP_PAGES * 65536, max(sizes)
+    assert max(sizes) <= BACKSTOP_BYTES + ONE_COMMIT, max(sizes)
     with closing(sqlite3.connect(str(path))) as db2:
         assert db2.execute("SELECT COUNT(*) FROM blobs").fetchone() == (40,)
 
 
-def test_a_writer_that_pauses_between_commits_is_kept_caught_up_by_the_thread(tmp_path: Path) -> None:
-    """Like the featurizer (a batch's judging between two commits): the thread's rounds keep the
-    WAL far below the backstop, which the writer never reaches (its autocheckpoint is off here)."""
+def test_a_writer_whose_thread_is_stuck_mid_pass_waits_at_the_backstop(tmp_path: Path) -> None:
+    """The thread's pass takes as long as a disk makes it (here: its lock held for a second) while
+    the writer, with no checkpoint of its own, appends 100 MB: the writer's commit past the
+    backstop waits for the pass and checkpoints, and the log restarts; no row is lost."""
     path = tmp_path / "p0.sqlite"
     db = writer(path, 0)
     wal = WalCheckpoints(path, "NORMAL", gap=0.0)
-    sizes = []
+    held = threading.Event()
+
+    def stuck_pass() -> None:
+        with wal._pass:
+            held.set()
+            time.sleep(1.0)
+
+    stuck = threading.Thread(target=stuck_pass)
+    stuck.start()
+    held.wait(10)
     try:
-        for i in range(200):  # 40 MB in all
-            db.execute("INSERT OR REPLACE INTO blobs (i, v) VALUES (?, ?)", (i % 40, BLOB))
-            wal.written()
-            sizes.append(wal_size(path))
-            time.sleep(0.005)
+        sizes = commits(db, wal, path, 500)
+    finally:
+        stuck.join()
+        wal.close()
+        db.close()
+    assert wal.stats["backstops"] >= 1
+    assert BACKSTOP_BYTES < max(sizes) <= BACKSTOP_BYTES + ONE_COMMIT, max(sizes)
+    with closing(sqlite3.connect(str(path))) as db2:
+        assert db2.execute("SELECT COUNT(*), SUM(LENGTH(v)) FROM blobs").fetchone() == (40, 40 * len(BLOB))
+
+
+def test_a_writer_that_pauses_between_commits_is_kept_caught_up_by_the_thread(tmp_path: Path) -> None:
+    """Like the featurizer (a batch's judging between two commits): the thread's rounds keep the
+    WAL far below what the writer wrote and below the backstop, which the writer never reaches (its
+    autocheckpoint is off here); the file keeps ``JOURNAL_SIZE_LIMIT`` (16 MiB) once grown."""
+    path = tmp_path / "p0.sqlite"
+    db = writer(path, 0)
+    wal = WalCheckpoints(path, "NORMAL", gap=0.0)
+    try:
+        sizes = commits(db, wal, path, 200, pause=0.01)  # 40 MB at 20 MB/s at most: slower than a slow disk copies
     finally:
         wal.close()
         db.close()
-    assert max(sizes) < 20_000_000, max(sizes)  # without the thread: 40 MB and growing
-    assert wal.stats["rounds"] > 1
+    assert max(sizes) < 24_000_000, max(sizes)  # without the thread: 40 MB and growing
+    assert wal.stats["rounds"] > 1 and wal.stats["backstops"] == 0
 
 
 def test_a_feature_cache_with_background_checkpoints_purges_and_closes_as_before(tmp_path: Path) -> None:
@@ -112,7 +147,7 @@ def test_a_feature_cache_with_background_checkpoints_purges_and_closes_as_before
 
         def nudge() -> None:  # the thread checkpoints while the purge runs
             while not stop.is_set():
-                cache._wal.written()
+                cache._wal.written(cache._db)  # its WAL stays far below the backstop: db is not used
                 time.sleep(0.001)
 
         t = threading.Thread(target=nudge)
@@ -141,7 +176,8 @@ def test_a_failing_round_is_counted_and_the_thread_goes_on(tmp_path: Path) -> No
     wal = WalCheckpoints(tmp_path / "missing" / "p0.sqlite", "NORMAL", gap=0.0)
     try:
         for n in (1, 2):
-            wal.written()
+            with closing(sqlite3.connect(":memory:")) as db:  # no WAL file: the writer's is not used
+                wal.written(db)
             deadline = time.monotonic() + 10
             while wal.stats["errors"] < n and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -162,7 +198,7 @@ def test_the_purge_runs_on_the_thread_while_the_writer_goes_on(tmp_path: Path) -
         for i in range(40):
             with db:
                 db.execute("INSERT INTO blobs (v) VALUES (?)", (BLOB,))
-            wal.written()
+            wal.written(db)
             if i % 10 == 9:
                 with wal._pass:  # no checkpoint of the thread can run
                     wal.truncate(db, path)
