@@ -91,9 +91,10 @@ def test_a_writer_that_never_pauses_meets_the_backstop_and_the_wal_stays_bounded
 
 
 def test_a_writer_whose_thread_is_stuck_mid_pass_waits_at_the_backstop(tmp_path: Path) -> None:
-    """The thread's pass takes as long as a disk makes it (here: its lock held for a second) while
-    the writer, with no checkpoint of its own, appends 100 MB: the writer's commit past the
-    backstop waits for the pass and checkpoints, and the log restarts; no row is lost."""
+    """The thread's pass takes as long as a disk makes it (here: its lock held until the WAL is
+    past the backstop, and a while longer) while the writer, with no checkpoint of its own, appends
+    100 MB: the writer's commit past the backstop waits for the pass and checkpoints, and the log
+    restarts; no row is lost."""
     path = tmp_path / "p0.sqlite"
     db = writer(path, 0)
     wal = WalCheckpoints(path, "NORMAL", gap=0.0)
@@ -102,7 +103,10 @@ def test_a_writer_whose_thread_is_stuck_mid_pass_waits_at_the_backstop(tmp_path:
     def stuck_pass() -> None:
         with wal._pass:
             held.set()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 60  # at any disk's speed, the writer gets there
+            while wal_size(path) <= BACKSTOP_BYTES and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the writer's commit past the backstop waits meanwhile
 
     stuck = threading.Thread(target=stuck_pass)
     stuck.start()
