@@ -34,7 +34,10 @@ import sqlite3
 import threading
 from pathlib import Path
 
-__all__ = ["BACKSTOP_BYTES", "BACKSTOP_PAGES", "CommitCheckpoints", "WalCheckpoints", "checkpoints_for"]
+from unlearn.streams.featurizer.cache_file import PAGE_SIZE
+
+__all__ = ["BACKSTOP_BYTES", "BACKSTOP_PAGES", "FRAME_BYTES", "CommitCheckpoints", "WalCheckpoints",
+           "checkpoints_for"]
 
 log = logging.getLogger("unlearn.featurizer")
 
@@ -44,8 +47,10 @@ MAX_PASSES = 8
 #: SQLite's automatic checkpoints alone, ``cache_file.WAL_AUTOCHECKPOINT_PAGES``), never reached
 #: while the thread keeps up; past it in bytes (``BACKSTOP_BYTES``), the writer waits and checkpoints.
 BACKSTOP_PAGES = 1024
-#: The WAL file's size (pages of 64 KiB and their 24-byte frame headers) past which ``written`` waits.
-BACKSTOP_BYTES = BACKSTOP_PAGES * (65536 + 24)
+#: One page in the WAL file: the page and its 24-byte frame header.
+FRAME_BYTES = PAGE_SIZE + 24
+#: The WAL file's size past which ``written`` waits.
+BACKSTOP_BYTES = BACKSTOP_PAGES * FRAME_BYTES
 
 
 class CommitCheckpoints:

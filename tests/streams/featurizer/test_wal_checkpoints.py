@@ -12,10 +12,10 @@ from pathlib import Path
 
 from unlearn.streams.featurizer.cache_file import open_cache_db
 from unlearn.streams.featurizer.feature_cache import FeatureCache
-from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_BYTES, BACKSTOP_PAGES, WalCheckpoints
+from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_BYTES, BACKSTOP_PAGES, FRAME_BYTES, WalCheckpoints
 
 BLOB = b"\x5a" * 200_000  # a few 64 KiB pages per row, like a batch's outbox
-ONE_COMMIT = 8 * (65536 + 24)  # a row's overflow pages, its b-tree page and the commit's, with room
+ONE_COMMIT = 8 * FRAME_BYTES  # a row's overflow pages, its b-tree page and the commit's, with room
 
 
 def wal_size(path: Path) -> int:
