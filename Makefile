@@ -90,6 +90,13 @@ java-test:
 # default of `make demo` (docs/design.md, "The embedded broker"); `make test-tansu` runs them all there.
 TANSU_TESTS := tests/test_pipeline.py tests/test_erasure.py
 
+# pytest-xdist: PYTEST_WORKERS processes, each with its own session broker, whole test files to
+# each (module-scoped brokers are started once). Most of a test's time is spent waiting on a
+# broker, so two workers halve the suite on two cores (bench/results/test_time.md);
+# PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 # Headless Chromium for the audit pages' browser test (tests/services/audit/test_browser.py):
 # Debian's package, installed where missing (apt-get as root, else through sudo); a no-op when present.
 chromium:
@@ -98,12 +105,12 @@ chromium:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 test: dev data s3 kafka connect chromium lint typecheck java-test
-	$(PY) -m pytest $(PYTEST_ARGS)
-	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(TANSU_TESTS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest $(XDIST) -m broker $(TANSU_TESTS)
 
 # The broker-marked tests on the embedded tansu broker instead of Apache Kafka.
 test-tansu: dev data s3
-	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest -m broker $(PYTEST_ARGS)
+	UNLEARN_TEST_BROKER=tansu $(PY) -m pytest $(XDIST) -m broker $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench.ledger_bench $(BENCH_ARGS)
