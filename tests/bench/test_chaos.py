@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from bench import chaos
+from bench.chaos_pipeline import Config
 
 
 @pytest.mark.broker
@@ -28,7 +29,7 @@ def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("kills", "node_kills", "cluster"), [(12, 3, True), (2, 1, True), (0, 2, False), (5, 0, True)])
 def test_kafka_schedule_spreads_the_broker_faults(kills: int, node_kills: int, cluster: bool) -> None:
-    cfg = chaos.Config(kills=kills, engine="kafka", nodes=3, node_kills=node_kills, cluster_restart=cluster)
+    cfg = Config(kills=kills, engine="kafka", nodes=3, node_kills=node_kills, cluster_restart=cluster)
     actions = chaos._schedule(cfg)
     assert actions.count("worker") == kills and actions.count("node") == node_kills
     assert actions.count("cluster") == int(cluster)
@@ -37,7 +38,7 @@ def test_kafka_schedule_spreads_the_broker_faults(kills: int, node_kills: int, c
 
 
 def test_tansu_schedule_is_worker_kills_only() -> None:
-    assert chaos._schedule(chaos.Config(kills=4)) == ["worker"] * 4
+    assert chaos._schedule(Config(kills=4)) == ["worker"] * 4
 
 
 @pytest.mark.parametrize("argv", [["--nodes", "3"], ["--node-kills", "1"], ["--cluster-restart"],
