@@ -18,30 +18,18 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib.util
 import json
 import struct
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
+from clients.vectors.generate import FILES, render
 from unlearn.schemas.head import decode_head
 
 VECTORS = Path(__file__).resolve().parents[2] / "clients" / "vectors"
-
-
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("clients_vectors_generate", VECTORS / "generate.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-GEN = _generator()
 
 
 #: How far two renderings of one float may be apart, relative to max(1, |x|) (kernels of other CPUs).
@@ -106,10 +94,10 @@ def _same(a: Any, b: Any, key: str = "") -> bool:
     return type(a) is type(b) and a == b
 
 
-@pytest.mark.parametrize("name", GEN.FILES)
+@pytest.mark.parametrize("name", FILES)
 def test_committed_vectors_are_what_the_reference_generates(name: str) -> None:
     committed = (VECTORS / name).read_bytes()
-    fresh = GEN.render(name)
+    fresh = render(name)
     if fresh == committed:
         return
     # another CPU's kernels (module docstring): everything but floats identical, floats within FLOAT_TOL
@@ -147,8 +135,8 @@ def test_the_float_tolerance_lets_no_other_change_through() -> None:
 
 
 def test_generation_is_deterministic() -> None:
-    assert GEN.render("transit.json") == GEN.render("transit.json")
-    assert GEN.render("predict.json") == GEN.render("predict.json")
+    assert render("transit.json") == render("transit.json")
+    assert render("predict.json") == render("predict.json")
 
 
 def test_vectors_cover_every_head_flag() -> None:
