@@ -31,15 +31,13 @@ if __name__ == "__main__" and not __package__:
 from clients.vectors import envelopes, heads, heads_malformed, json_numbers, predict, receipts, transit
 
 HERE = Path(__file__).resolve().parent
-FILES = ("heads.json", "heads_malformed.json", "predict.json", "json_numbers.json", "envelopes.json",
-         "transit.json", "receipts.json")
-
 GENERATORS: dict[str, Callable[[], dict[str, Any]]] = {
     "heads.json": heads.gen_heads, "heads_malformed.json": heads_malformed.gen_malformed,
     "predict.json": predict.gen_predict, "json_numbers.json": json_numbers.gen_numbers,
     "envelopes.json": envelopes.gen_envelopes, "transit.json": transit.gen_transit,
     "receipts.json": receipts.gen_receipts,
 }
+FILES = tuple(GENERATORS)  # in the order they are written
 
 
 def render(name: str) -> bytes:
