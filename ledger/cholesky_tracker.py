@@ -44,6 +44,7 @@ from unlearn.ledger.tracker_checks import (
     relative_deviation,
     residual_drift,
 )
+from unlearn.ledger.waiting_rows import WaitingRows
 
 __all__ = [
     "BLOCK",
@@ -189,10 +190,17 @@ class CholeskyTracker:
     W is updated incrementally like SMW's (W += sigma H~^-1 (dG - U^T U W)); given the rows' labels
     Y (dG = U^T Y) the solve runs on r columns instead of c. ``T`` (the posterior inverse) is formed
     on demand only; right after a reset it is bit-identical to ``posterior_inverse``.
+
+    With ``hold_rows`` > 0, up to that many rows may wait outside the factor (``waiting``:
+    H = L L^T + the waiting rows, W kept exact through them, waiting_rows.py) until
+    ``fold_waiting`` takes them into L; an update that would make more wait folds them all first.
+    A delete whose Lemma-1 pivot is under ``BACKUP_BELOW_PIVOT`` never waits: it is taken against
+    the folded factor, as without waiting rows.
     """
 
     def __init__(self, L: NDArray[np.float64], W: NDArray[np.float64], gamma: float,
-                 min_pivot: float = 1e-8, kernel: FactorKernel = DEFAULT_FACTOR_KERNEL) -> None:
+                 min_pivot: float = 1e-8, kernel: FactorKernel = DEFAULT_FACTOR_KERNEL,
+                 hold_rows: int = 0) -> None:
         L = np.array(L, dtype=np.float64, order="F")  # LAPACK's order: no copies in the solves
         W = np.array(W, dtype=np.float64)
         if L.ndim != 2 or L.shape[0] != L.shape[1] or W.ndim != 2 or W.shape[0] != L.shape[0]:
@@ -207,16 +215,19 @@ class CholeskyTracker:
         if kernel == "hyhound" and hyhound is None:
             raise ValueError("kernel 'hyhound' needs the hyhound package (Linux x86_64 wheels)")
         self.kernel: FactorKernel = kernel
+        self.hold_rows = int(hold_rows)
+        self._idle_seen = True  # rows may wait: no update found the hold full since the last ``fold_waiting``
+        self.waiting = WaitingRows(L.shape[0])
         self.updates_since_reset = 0
         self.last_reset_drift = 0.0
         self._T: NDArray[np.float64] | None = None
 
     @classmethod
     def from_ledger(cls, stats: SufficientStatistics, gamma: float, min_pivot: float = 1e-8,
-                    kernel: FactorKernel = DEFAULT_FACTOR_KERNEL) -> CholeskyTracker:
+                    kernel: FactorKernel = DEFAULT_FACTOR_KERNEL, hold_rows: int = 0) -> CholeskyTracker:
         """Start from the canonical factor of a ledger (L and W exactly as Variant A gives them)."""
         L = cholesky_factor(stats, gamma)
-        return cls(L, solve_with_factor(L, stats.moments()), gamma, min_pivot, kernel)
+        return cls(L, solve_with_factor(L, stats.moments()), gamma, min_pivot, kernel, hold_rows)
 
     @property
     def dim(self) -> int:
@@ -228,8 +239,10 @@ class CholeskyTracker:
 
     @property
     def T(self) -> NDArray[np.float64]:
-        """H^-1 from the factor, symmetrized -- computed on first use after each change."""
+        """H^-1 from the factor, symmetrized -- computed on first use after each change (the
+        waiting rows are folded first)."""
         if self._T is None:
+            self._fold_first(len(self.waiting))
             self._T = inverse_from_factor(self.L)
         return self._T
 
@@ -261,6 +274,61 @@ class CholeskyTracker:
         self.updates_since_reset += 1
         return True
 
+    def _inverse(self, X: NDArray[np.float64], Z: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
+        """H^-1 X, the waiting rows included (``Z`` = L^-1 X when the caller has it)."""
+        Z = tri_solve(self.L, X) if Z is None else Z
+        return tri_solve(self.L, self.waiting.correct(Z), transpose=True)
+
+    def _wait(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
+              sign: int, P: NDArray[np.float64] | None) -> None:
+        """The rows wait outside the factor; W moves exactly through them (``_inverse``)."""
+        P = tri_solve(self.L, U.T) if P is None else P
+        self.waiting.append(U, sign, P)
+        self._update_weights(U, dG, Y, sign, lambda: self._inverse(U.T, P))
+        self._T = None
+        self.updates_since_reset += 1
+
+    def _may_wait(self, r: int) -> bool:
+        return self._idle_seen and len(self.waiting) + r <= self.hold_rows
+
+    def _fold_now(self) -> None:
+        """An update that may not wait folds the waiting rows first. Rows wait again only after the
+        next ``fold_waiting`` (the holder's idle time): a holder that is never idle would otherwise
+        pay for L^-1 U^T of rows that are folded without waiting for anything (+15% per row)."""
+        if len(self.waiting):
+            self._idle_seen = False
+        self._fold_first(len(self.waiting))
+
+    def fold_waiting(self, most: int | None = None) -> int:
+        """Idle work: take up to ``most`` (all: None) waiting rows into L, added before deleted;
+        returns how many. W does not change. A downdate that loses positive definiteness in
+        rounding (the Lemma-1 check at the delete passed) raises FloatingPointError and leaves the
+        factor and the waiting rows as they were: the caller resets from the ledger."""
+        self._idle_seen = True
+        return self._fold_first(len(self.waiting) if most is None else min(most, len(self.waiting)))
+
+    def _fold_first(self, n: int) -> int:
+        """Fold the first ``n`` waiting rows (``WaitingRows.split``) into L."""
+        if n <= 0:
+            return 0
+        V, signs, rest = self.waiting.split(n)
+        L = self.L
+        backup = L.copy(order="F") if (signs < 0).any() else None
+        for sign in (1, -1):
+            part = V[signs == sign]
+            if part.shape[0] and not self._fold_rows(part, sign):
+                if backup is not None:
+                    self.L = backup
+                raise FloatingPointError("folding the waiting rows into the factor lost positive definiteness")
+        self.waiting.keep(rest, tri_solve(self.L, self.waiting.V[rest].T))
+        self._T = None
+        return n
+
+    def _fold_rows(self, V: NDArray[np.float64], sign: int) -> bool:
+        if self.kernel == "hyhound":
+            return hyperbolic_rank_update(self.L, V.T, sign)
+        return chol_rank_update(self.L, V.T, sign) is not None
+
     def _update_weights(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
                         sign: int, inverse_times_rows: Callable[[], NDArray[np.float64]]) -> None:
         """W += sigma H~^-1 (dG - U^T U W) on the live columns only: a column whose W, dG and Y are
@@ -279,7 +347,7 @@ class CholeskyTracker:
             step = (sign * inverse_times_rows()) @ ((Y if cols is None else Y[:, cols]) - U @ W)
         else:
             R = (dG if cols is None else dG[:, cols]) - U.T @ (U @ W)
-            R = tri_solve(self.L, tri_solve(self.L, R), transpose=True)
+            R = self._inverse(R)
             step = R if sign > 0 else -R
         if cols is None:
             self.W += step
@@ -289,15 +357,21 @@ class CholeskyTracker:
     def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
         """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails."""
         U, dG, Y = prepare_update(self, U, dG, Y)
+        if self._may_wait(U.shape[0]):
+            self._wait(U, dG, Y, +1, None)
+            return
+        self._fold_now()
         if not self._apply(U, dG, Y, +1, None):  # pragma: no cover - non-finite input only
             raise FloatingPointError("Cholesky update failed: non-finite rows or factor")
 
     def _downdate_check(self, U: NDArray[np.float64]) -> tuple[DowndateCheck, NDArray[np.float64]]:
         P = tri_solve(self.L, U.T)  # I - P^T P = I - U H^-1 U^T; P is reused by the downdate itself
-        return lemma1_check(np.eye(U.shape[0]) - P.T @ P, U, self.gamma, self.min_pivot), P
+        M = np.eye(U.shape[0]) - P.T @ self.waiting.correct(P)  # U H^-1 U^T = P^T (L^T H^-1 L) P
+        return lemma1_check(M, U, self.gamma, self.min_pivot), P
 
     def check_downdate(self, U: NDArray[np.float64]) -> DowndateCheck:
-        """Lemma 1: H - U^T U is PD iff I - U H^-1 U^T = I - P^T P is, P = L^-1 U^T."""
+        """Lemma 1: H - U^T U is PD iff I - U H^-1 U^T is (= I - P^T P, P = L^-1 U^T, when no rows
+        wait)."""
         return self._downdate_check(np.atleast_2d(np.asarray(U, dtype=np.float64)))[0]
 
     def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64],
@@ -306,6 +380,16 @@ class CholeskyTracker:
         check says why (the caller must reset from the ledger)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
         chk, P = self._downdate_check(U)
+        if chk.feasible and chk.min_pivot >= BACKUP_BELOW_PIVOT and self._may_wait(U.shape[0]):
+            self._wait(U, dG, Y, -1, P)
+            return chk
+        if chk.feasible and len(self.waiting):
+            try:
+                self._fold_now()
+            except FloatingPointError:
+                return DowndateCheck(False, chk.min_pivot,
+                                     "infeasible: folding the waiting rows lost positive definiteness")
+            chk, P = self._downdate_check(U)
         in_place = self.kernel == "hyhound" and chk.feasible and chk.min_pivot < BACKUP_BELOW_PIVOT
         backup = self.L.copy(order="F") if in_place else None
         if chk.feasible and not self._apply(U, dG, Y, -1, P):
@@ -328,6 +412,7 @@ class CholeskyTracker:
         # Fortran order as in __init__: hyhound updates L in place only in that order, and SciPy's
         # cholesky does not promise it (a newer SciPy returned C order and the next add failed).
         self.L, self.W = np.asfortranarray(L), W_canon
+        self.waiting = WaitingRows(self.dim)
         self._live = (W_canon != 0).any(axis=0)
         self._T = None
         self.updates_since_reset = 0

@@ -61,7 +61,7 @@ class TrackedHead:
     def __init__(self, ledger: ExactLedger, gamma: float = 1.0, reset_every: int = 1000,
                  drift_threshold: float = 1e-9, drift_check_every: int = 64, min_pivot: float = 1e-8,
                  tracker: TrackerKind = DEFAULT_TRACKER,
-                 factor_kernel: FactorKernel = DEFAULT_FACTOR_KERNEL) -> None:
+                 factor_kernel: FactorKernel = DEFAULT_FACTOR_KERNEL, factor_hold_rows: int = 0) -> None:
         if reset_every < 1 or drift_check_every < 1:
             raise ValueError("reset_every and drift_check_every must be >= 1")
         if tracker not in ("smw", "cholesky"):
@@ -72,7 +72,8 @@ class TrackedHead:
         self.drift_threshold = float(drift_threshold)
         self.drift_check_every = int(drift_check_every)
         self.tracker: SMWTracker | CholeskyTracker = (
-            CholeskyTracker.from_ledger(ledger, gamma, min_pivot, factor_kernel) if tracker == "cholesky"
+            CholeskyTracker.from_ledger(ledger, gamma, min_pivot, factor_kernel, factor_hold_rows)
+            if tracker == "cholesky"
             else SMWTracker.from_ledger(ledger, gamma, min_pivot))
         self.mode: HeadMode = "exact"
         self.resets = 0
@@ -162,7 +163,10 @@ class TrackedHead:
             Ys = np.concatenate([np.pad(Y, ((0, 0), (0, c - Y.shape[1]))) for _, Y in parts])
             U, dG, Yf = self._factor(Qs, Ys)
             if sign > 0:
-                self.tracker.add(U, dG, Yf)
+                try:
+                    self.tracker.add(U, dG, Yf)
+                except FloatingPointError as exc:  # folding rows that waited outside the factor failed
+                    return self.reset(f"add: {exc}", measured=False)
             else:
                 chk = self.tracker.delete(U, dG, Yf)
                 if not chk.feasible:  # the fast head did not take the delete: nothing to measure
@@ -170,6 +174,20 @@ class TrackedHead:
         if self.tracker.updates_since_reset == before:
             return UpdateReport(self.mode)
         return self._after_update(before)
+
+    def fold_waiting(self, most: int) -> int:
+        """Fold up to ``most`` of the rows the fast head holds outside its factor (the Cholesky
+        tracker's ``waiting`` rows, ``factor_hold_rows``) into it: idle work, W does not change;
+        returns how many. A fold that loses positive definiteness in rounding folds nothing and
+        makes the next ``sync`` reset."""
+        tracker = self.tracker
+        if not isinstance(tracker, CholeskyTracker) or self._reset_due:
+            return 0
+        try:
+            return tracker.fold_waiting(most)
+        except FloatingPointError as exc:
+            self._reset_due = str(exc)
+            return 0
 
     def absorb(self, other: ExactLedger, sign: int) -> UpdateReport:
         """Packed statistics (federated mode): exact in the ledger, then a canonical reset (no rows

@@ -54,7 +54,8 @@ class HeadConfig:
     gamma: float
     reset_every: int
     drift_threshold: float
-    hold_rows: int = DEFER_ROWS  # rows whose exact products may wait for idle time (``multiply_waiting``)
+    hold_rows: int = DEFER_ROWS  # rows whose exact products may wait for idle time (``idle_work``)
+    factor_hold_rows: int = 0  # rows the fast head's factor may take at idle time (``idle_work``)
 
 
 class HeadRuntime:
@@ -75,7 +76,8 @@ class HeadRuntime:
         self.multiset = multiset
         ledger.hold_rows = config.hold_rows
         self.tracked = TrackedHead(ledger, config.gamma, reset_every=config.reset_every,
-                                   drift_threshold=config.drift_threshold)
+                                   drift_threshold=config.drift_threshold,
+                                   factor_hold_rows=config.factor_hold_rows)
         self.fast_drift = float(last_reset_drift)
         self.version = version
         self.events_covered = events_covered
@@ -201,11 +203,13 @@ class HeadRuntime:
             self.tracked.apply_packed(ExactLedger.from_bytes(entry.ledger_blob), entry.sign)
         self.multiset = fold_multiset(self.multiset, entry)  # only after the ledger took the entry
 
-    def multiply_waiting(self, most: int) -> int:
-        """Multiply about ``most`` of the rows whose exact products wait (``config.hold_rows``): a
-        step of idle work, no change of value, so no version; returns how many."""
+    def idle_work(self, most: int) -> int:
+        """A step of idle work on about ``most`` rows, no change of value, so no version: first
+        the exact products that wait (``config.hold_rows``), then the rows the fast head's factor
+        has not taken (``config.factor_hold_rows``); returns how many rows."""
         products = self.ledger.products
-        return 0 if products is None else products.multiply_some(most)
+        done = 0 if products is None else products.multiply_some(most)
+        return done + self.tracked.fold_waiting(most - done) if done < most else done
 
     def sync(self) -> str:
         """Bring the fast head up to the ledger, once per poll (``TrackedHead.sync``: one tracker

@@ -29,6 +29,8 @@ class LedgerSettings(Section):
     ledger_blas_threads: int = setting(1, "BLAS threads of the ledger process")
     product_hold_rows: int = setting(256, "rows of a head whose exact products may wait for the worker's idle "
                                      "time (64: multiply at once)")
+    factor_hold_rows: int = setting(256, "rows a head's fast Cholesky factor may take at the worker's idle time, "
+                                    "W kept exact meanwhile (0: update the factor at once)")
 
     def check(self) -> None:
         if self.checkpoint_every_messages < 1 or self.checkpoint_every_seconds <= 0:
@@ -38,6 +40,8 @@ class LedgerSettings(Section):
                              "generation within about a second and must be off the old one before it is deleted)")
         if self.product_hold_rows < 1:
             raise ValueError(f"UNLEARN_PRODUCT_HOLD_ROWS must be >= 1, got {self.product_hold_rows}")
+        if self.factor_hold_rows < 0:
+            raise ValueError(f"UNLEARN_FACTOR_HOLD_ROWS must be >= 0, got {self.factor_hold_rows}")
         if self.erasure_rotate_seconds < 0:
             raise ValueError(f"UNLEARN_ERASURE_ROTATE_SECONDS must be >= 0 (0 = off), "
                              f"got {self.erasure_rotate_seconds}")

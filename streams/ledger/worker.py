@@ -71,8 +71,9 @@ __all__ = [
 log = logging.getLogger("unlearn.ledger")
 
 
-#: Rows whose exact products one idle turn multiplies: ~2.3 ms at d = 768 on one core, the
-#: longest a message fetched meanwhile waits for them (bench/results/pipeline_bench.md section 33).
+#: Rows one idle turn multiplies (exact products: ~2.3 ms at d = 768 on one core) or folds into a
+#: fast head's factor (~4 ms): the longest a message fetched meanwhile waits for them
+#: (bench/results/pipeline_bench.md sections 33 and 36).
 IDLE_STEP_ROWS = 64
 
 #: The ledger's counters that are outcomes of a deltas message (``unlearn_ledger_events_total``).
@@ -112,7 +113,8 @@ class LedgerWorker:
         self.outputs = Outputs(settings, self.producer, self.store, self.stats)
         self.tuning = LedgerSettings.of(settings)
         config = HeadConfig(HeadSettings.of(settings).gamma, self.tuning.reset_every_events,
-                            self.tuning.drift_threshold, self.tuning.product_hold_rows)
+                            self.tuning.drift_threshold, self.tuning.product_hold_rows,
+                            self.tuning.factor_hold_rows)
         self.keys = KeyTail(settings)  # new keys in memory before their rows arrive (shared/key_tail.py)
         self.fold = DeltaFold(settings, self.owned, self.outputs, self.contracts, RowOpener(settings, tail=self.keys),
                               config)
@@ -124,8 +126,8 @@ class LedgerWorker:
         self.failed = False  # a failure stopped the loop: revocations must not checkpoint (abandon)
         self._stop = threading.Event()
         self.on_ready: Callable[[], object] | None = None  # once, when first assigned (run_ledger_worker's)
-        self._products_wait = False  # a turn folded since the last idle step that found nothing to multiply
-        self.poller = DeltasPoller(busy=lambda: self._products_wait)
+        self._idle_work = False  # a turn folded since the last idle step that found nothing to do
+        self.poller = DeltasPoller(busy=lambda: self._idle_work)
         self.loop = PollLoop(self.consumer, self, self.poller)
 
     @property
@@ -160,21 +162,22 @@ class LedgerWorker:
                 for i in part:
                     self._on_message(fresh[i], poll)
                 self._publish_poll(poll)  # before any checkpoint can cover these messages
-        self._products_wait = True  # the folds may have left exact products waiting (``idle``)
+        self._idle_work = True  # the folds may have left work waiting (``idle``)
         self.metrics.batch_duration.observe(time.perf_counter() - started)
 
     def idle(self) -> None:
-        """Nothing fetched: one step (``IDLE_STEP_ROWS``) of the exact products the folds left
-        waiting (``product_hold_rows``), so that they are off the path of the next message."""
+        """Nothing fetched: one step (``IDLE_STEP_ROWS``) of the work the folds left waiting (exact
+        products, ``product_hold_rows``; factor rows, ``factor_hold_rows``), so that it is off the
+        path of the next message."""
         left = IDLE_STEP_ROWS
         for ps in self.owned:
             for head in ps.heads.values():
-                left -= head.multiply_waiting(left)
+                left -= head.idle_work(left)
                 if left <= 0:
                     return
-        # nothing multiplied: nothing waits until a turn folds, and the poller waits for messages
+        # nothing done: nothing waits until a turn folds, and the poller waits for messages
         # again (asking every head on every poll would cost O(heads) per poll)
-        self._products_wait = left < IDLE_STEP_ROWS
+        self._idle_work = left < IDLE_STEP_ROWS
 
     def tick(self) -> None:
         """Steps 5 to 7, after every poll."""

@@ -510,9 +510,12 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
 def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(settings: Settings,
                                                                             tmp_path: Path) -> None:
     """Two adds of 100 rows each wait unmultiplied in the exact ledger (``product_hold_rows``: their
-    fold costs O(r d) on the path of the next message); with nothing fetched the worker multiplies
-    them a step at a time (no checkpoint, reset or drift check folds them here), and the ledger
-    ends bit-identical to the one built from scratch."""
+    fold costs O(r d) on the path of the next message) and outside the fast head's factor
+    (``factor_hold_rows``: W moved exactly without it); with nothing fetched the worker multiplies
+    and folds them a step of rows at a time, products first (no checkpoint, reset or drift check
+    folds them here). The ledger ends bit-identical to the one built from scratch, the factor is
+    the ledger's, and the head served is the canonical one within the fast head's tolerance."""
+    from unlearn.ledger import CholeskyTracker, cholesky_factor, relative_deviation, solve_head
     from unlearn.streams.ledger.worker import IDLE_STEP_ROWS, LedgerWorker
 
     s = worker_settings(settings, tmp_path).with_(
@@ -521,17 +524,18 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
     create_topics(s)
     stream = Stream(["a"], d=512, seed=11, delete_p=0.0)  # a sync of fewer than d / 2 rows: tracked, no reset
     w = LedgerWorker(s, "idle")
-    waiting: list[tuple[int, int]] = []  # rows waiting before and after each idle step
+    waiting: list[tuple[int, int, int, int]] = []  # (products, factor) rows waiting before and after each idle step
     idle = w.idle
 
-    def count() -> int:
-        return sum(h.ledger.products.deferred for ps in w.owned for h in ps.heads.values()
-                   if h.ledger.products is not None)
+    def count() -> tuple[int, int]:
+        heads = [h for ps in w.owned for h in ps.heads.values()]
+        return (sum(h.ledger.products.deferred for h in heads if h.ledger.products is not None),
+                sum(len(h.tracked.tracker.waiting) for h in heads if isinstance(h.tracked.tracker, CholeskyTracker)))
 
     def idle_step() -> None:
         before = count()
         idle()
-        waiting.append((before, count()))
+        waiting.append((*before, *count()))
 
     w.idle = idle_step  # type: ignore[method-assign]
     t, failed = run_in_thread(w)
@@ -539,14 +543,23 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
         produce(s, [stream.next_message("a", adds=100) for _ in range(2)])
         wait_for_head(s, "a", lambda u: u.version >= 2, timeout=60)
         deadline = time.monotonic() + 30
-        while not (waiting and waiting[-1][1] == 0 and max(b for b, _ in waiting) > 0) and time.monotonic() < deadline:
+        while not (waiting and waiting[-1][2:] == (0, 0) and max(p + f for p, f, _, _ in waiting) > 0) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
         head = w.owned[0].heads["a"]
         assert head.ledger.products is not None and head.ledger.products.deferred == 0
+        tracker = head.tracked.tracker
+        assert isinstance(tracker, CholeskyTracker) and len(tracker.waiting) == 0
     finally:
         w.stop()
         t.join(60)
     assert not failed, failed
-    steps = [(b, a) for b, a in waiting if b]
-    assert steps and all(b - a == min(b, IDLE_STEP_ROWS) for b, a in steps), steps
+    steps = [(p, f, p2, f2) for p, f, p2, f2 in waiting if p + f]
+    assert steps and max(f for _, f, _, _ in steps) > 0, steps  # factor rows waited for idle time
+    for p, f, p2, f2 in steps:
+        assert (p - p2) + (f - f2) == min(p + f, IDLE_STEP_ROWS), steps  # one step's worth of rows
+        assert f2 == f or p2 == 0, steps  # the products first
+    ref = cholesky_factor(head.ledger, head.config.gamma)
+    assert np.allclose(np.tril(tracker.L), ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+    assert relative_deviation(head.weights, solve_head(head.ledger, head.config.gamma)) < 1e-9
     assert head.version == 2 and head.ledger.digest() == stream.reference("a").digest()
