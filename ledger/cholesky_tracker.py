@@ -191,11 +191,11 @@ class CholeskyTracker:
     Y (dG = U^T Y) the solve runs on r columns instead of c. ``T`` (the posterior inverse) is formed
     on demand only; right after a reset it is bit-identical to ``posterior_inverse``.
 
-    With ``hold_rows`` > 0, up to that many rows may wait outside the factor (``waiting``:
-    H = L L^T + the waiting rows, W kept exact through them, waiting_rows.py) until
-    ``fold_waiting`` takes them into L; an update that would make more wait folds them all first.
-    A delete whose Lemma-1 pivot is under ``BACKUP_BELOW_PIVOT`` never waits: it is taken against
-    the folded factor, as without waiting rows.
+    With ``hold_rows`` > 0, up to that many rows of an ``add(wait=True)`` may wait outside the
+    factor (``waiting``: H = L L^T + the waiting rows, W kept exact through them,
+    waiting_rows.py) until ``fold_waiting`` takes them into L; a delete waits behind waiting rows;
+    an update that would make more wait folds them all first. A delete whose Lemma-1 pivot is
+    under ``BACKUP_BELOW_PIVOT`` never waits: it is taken against the folded factor.
     """
 
     def __init__(self, L: NDArray[np.float64], W: NDArray[np.float64], gamma: float,
@@ -354,10 +354,13 @@ class CholeskyTracker:
         else:
             self.W[:, cols] = W + step
 
-    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
-        """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails."""
+    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None,
+            wait: bool = False) -> None:
+        """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails.
+        ``wait``: the rows may wait outside the factor (within ``hold_rows``), for a caller with
+        something urgent behind them (a delete whose receipt waits for this update)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
-        if self._may_wait(U.shape[0]):
+        if wait and self._may_wait(U.shape[0]):
             self._wait(U, dG, Y, +1, None)
             return
         self._fold_now()
@@ -380,7 +383,7 @@ class CholeskyTracker:
         check says why (the caller must reset from the ledger)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
         chk, P = self._downdate_check(U)
-        if chk.feasible and chk.min_pivot >= BACKUP_BELOW_PIVOT and self._may_wait(U.shape[0]):
+        if chk.feasible and chk.min_pivot >= BACKUP_BELOW_PIVOT and len(self.waiting) and self._may_wait(U.shape[0]):
             self._wait(U, dG, Y, -1, P)
             return chk
         if chk.feasible and len(self.waiting):

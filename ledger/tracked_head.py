@@ -150,10 +150,14 @@ class TrackedHead:
         """Move the fast head by rows the ledger already holds: ``(Q, Y, sign)`` as ``prepare_rows``
         gave them. A caller that applies many batches to the ledger (the ledger processor, once
         per poll) updates the tracker once: all adds as one rank-r update, then all deletes as one
-        (after the adds, so that the Lemma-1 check sees the largest H), then the reset policy."""
+        (after the adds, so that the Lemma-1 check sees the largest H), then the reset policy.
+        With deletes among the batches the adds may wait outside a Cholesky factor
+        (``factor_hold_rows``; ``fold_waiting`` takes them at idle time): the deletes' receipts
+        then do not wait for the factor's update."""
         before = self.tracker.updates_since_reset
         if self._journal is not None:
             self._journal.extend(batches)
+        urgent = any(s < 0 and Q.shape[0] for Q, _, s in batches)  # a delete waits for the adds' update
         for sign in (1, -1):
             parts = [(Q, Y) for Q, Y, s in batches if s == sign and Q.shape[0]]
             if not parts:
@@ -164,7 +168,10 @@ class TrackedHead:
             U, dG, Yf = self._factor(Qs, Ys)
             if sign > 0:
                 try:
-                    self.tracker.add(U, dG, Yf)
+                    if isinstance(self.tracker, CholeskyTracker):
+                        self.tracker.add(U, dG, Yf, wait=urgent)
+                    else:
+                        self.tracker.add(U, dG, Yf)
                 except FloatingPointError as exc:  # folding rows that waited outside the factor failed
                     return self.reset(f"add: {exc}", measured=False)
             else:

@@ -10,7 +10,7 @@ from bench import factor_wait_bench
 def test_both_holds_are_timed_and_their_heads_are_exact(capsys: pytest.CaptureFixture[str]) -> None:
     for hold in (0, 16):
         steps = factor_wait_bench.rounds(24, 60, 6, 5, hold)
-        assert [len(steps[k]) for k in ("adds", "delete", "idle")] == [5, 5, 5]
+        assert [len(steps[k]) for k in ("behind", "alone", "idle")] == [5, 5, 5]
         assert steps["deviation"][0] < 1e-9
     factor_wait_bench.main(["--d", "24", "--rows", "60", "--delta", "6", "--rounds", "3", "--pairs", "1",
                             "--holds", "0,16"])

@@ -73,38 +73,38 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), hold=st.sampled_from([1, 8, 40, 500]),
-       ops=st.lists(st.tuples(st.sampled_from(["add", "delete", "fold"]), st.integers(1, 30)), min_size=1,
+       ops=st.lists(st.tuples(st.sampled_from(["add", "delete", "sync", "fold"]), st.integers(1, 12)), min_size=1,
                     max_size=40))
 def test_any_stream_with_folds_at_any_time_stays_on_solve_head(seed: int, hold: int,
                                                                ops: list[tuple[str, int]]) -> None:
-    """Adds, deletes (of rows that wait or that the factor holds) and partial folds in any order:
-    after every step W stays within FAST_HEAD_TOL of solve_head, no more than ``hold`` rows wait,
-    and once everything is folded the factor is the ledger's (as a fresh factorization) and T the
-    posterior inverse."""
+    """Adds and deletes applied and synced in any grouping (a sync with deletes lets its adds
+    wait), deletes of rows that wait or that the factor holds, and partial folds at any time:
+    after every sync W is within FAST_HEAD_TOL of solve_head and no more than ``hold``
+    rows wait; once everything is folded the factor is the ledger's (as a fresh factorization)
+    and T the posterior inverse."""
     rng = np.random.default_rng(seed)
-    d, c = 16, 4
-    F, y = clustered(rng, 400, d, c)
-    Q = Quantizer().quantize(F)
-    head = TrackedHead(ExactLedger(d, c), gamma=0.5, reset_every=10**9, drift_threshold=np.inf,
-                       tracker="cholesky", factor_kernel="blocked", factor_hold_rows=hold)
-    tr = head.tracker
-    assert isinstance(tr, CholeskyTracker)
+    head, Q, y = waiting_head(seed, 600, 64, 4, 0.5, hold)  # a sync of 32 rows or more resets (coalesced)
     held: list[int] = []
     free = list(range(len(Q)))
-    for op, n in ops:
+    for op, n in [*ops, ("sync", 0)]:
         if op == "fold":
-            waited = len(tr.waiting)
+            waited, W = len(head.tracker.waiting), head.weights.copy()  # type: ignore[union-attr]
             assert head.fold_waiting(n) == min(n, waited)
-            assert len(tr.waiting) == waited - min(n, waited)
+            assert np.array_equal(head.weights, W)  # a fold does not move W (rows applied since may wait for a sync)
+            continue
         elif op == "delete" and held:
             idx = [held.pop(int(rng.integers(len(held)))) for _ in range(min(n, len(held)))]
-            rep = head.delete(Q[idx], y[idx])
-            assert rep.reset_reason == "" or rep.reset_reason.startswith("downdate")
+            head.apply(Q[idx], y[idx], -1)
             free.extend(idx)
-        else:
+            continue
+        elif op in ("add", "delete"):
             idx = [free.pop(int(rng.integers(len(free)))) for _ in range(min(n, len(free)))]
-            assert head.add(Q[idx], y[idx]).reset_reason == ""
+            head.apply(Q[idx], y[idx], +1)
             held.extend(idx)
+            continue
+        else:
+            rep = head.sync()
+            assert rep.reset_reason == "" or rep.reset_reason.startswith(("downdate", "coalesced")), rep
         tr = head.tracker
         assert isinstance(tr, CholeskyTracker) and len(tr.waiting) <= hold
         assert relative_deviation(head.weights, solve_head(head.ledger, 0.5)) < FAST_HEAD_TOL
@@ -116,26 +116,35 @@ def test_any_stream_with_folds_at_any_time_stays_on_solve_head(seed: int, hold: 
     assert np.allclose(tr.T, posterior_inverse(head.ledger, 0.5), rtol=0, atol=1e-9)
 
 
+def sync(head: TrackedHead, adds: tuple[np.ndarray, np.ndarray], deletes: tuple[np.ndarray, np.ndarray]) -> None:
+    """One sync of ``adds`` then ``deletes`` (as the ledger worker's poll): the adds may wait."""
+    head.apply(*adds, +1)
+    head.apply(*deletes, -1)
+    assert head.sync().reset_reason == ""
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_rows_wait_up_to_the_hold_and_an_update_past_it_folds_them(kernel: FactorKernel) -> None:
-    head, Q, y = waiting_head(5, 200, 24, 3, 1.0, 20, kernel)
+def test_adds_wait_only_with_a_delete_behind_them_and_within_the_hold(kernel: FactorKernel) -> None:
+    head, Q, y = waiting_head(5, 200, 48, 3, 1.0, 20, kernel)
     tr = head.tracker
     assert isinstance(tr, CholeskyTracker)
+    head.add(Q[:10], y[:10])  # nothing behind them: the factor takes them at once
+    assert len(tr.waiting) == 0
     L0 = tr.L.copy()
-    head.add(Q[:12], y[:12])
-    head.delete(Q[3:5], y[3:5])  # rows that wait themselves
-    assert len(tr.waiting) == 14 and np.array_equal(tr.L, L0)  # the factor did not move
-    head.add(Q[12:20], y[12:20])  # 14 + 8 > 20: everything folds, then these rows go in at once
+    sync(head, (Q[10:20], y[10:20]), (Q[12:14], y[12:14]))  # a delete of rows that wait themselves
+    assert len(tr.waiting) == 12 and np.array_equal(tr.L, L0)  # the factor did not move
+    assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
+    sync(head, (Q[20:28], y[20:28]), (Q[:1], y[:1]))  # 12 + 8 > 20: everything folds, these go in at once
     assert len(tr.waiting) == 0
     ref = cholesky_factor(head.ledger, 1.0)
     assert np.allclose(np.tril(tr.L), ref, rtol=0, atol=1e-10 * np.abs(ref).max())
     assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
     # a holder that found the hold full is busy: rows wait again only after its next idle fold
-    head.add(Q[20:22], y[20:22])
+    sync(head, (Q[30:32], y[30:32]), (Q[1:2], y[1:2]))
     assert len(tr.waiting) == 0
     assert head.fold_waiting(64) == 0
-    head.add(Q[22:24], y[22:24])
-    assert len(tr.waiting) == 2
+    sync(head, (Q[32:34], y[32:34]), (Q[2:3], y[2:3]))
+    assert len(tr.waiting) == 3
     assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
     head.reset("test")
     assert len(head.tracker.waiting) == 0  # type: ignore[union-attr]
@@ -145,14 +154,14 @@ def test_rows_wait_up_to_the_hold_and_an_update_past_it_folds_them(kernel: Facto
 def test_after_a_partial_fold_the_rows_left_wait_against_the_new_factor() -> None:
     """A fold of some of the waiting rows changes L: the rows left must be taken against the new L
     (their P = L^-1 V^T again), or every update after the fold moves W by a wrong H^-1."""
-    head, Q, y = waiting_head(1, 100, 16, 4, 0.5, 40)
-    head.add(Q[:20], y[:20])
+    head, Q, y = waiting_head(1, 100, 64, 4, 0.5, 60)
+    head.add(Q[50:60], y[50:60])
+    sync(head, (Q[:20], y[:20]), (Q[50:51], y[50:51]))
     assert head.fold_waiting(7) == 7
-    head.add(Q[20:25], y[20:25])
+    sync(head, (Q[20:25], y[20:25]), (Q[10:13], y[10:13]))  # rows that still wait
     assert relative_deviation(head.weights, solve_head(head.ledger, 0.5)) < FAST_HEAD_TOL
-    head.delete(Q[10:13], y[10:13])  # rows that still wait
-    head.delete(Q[:2], y[:2])  # rows the partial fold took
-    assert len(head.tracker.waiting) == 23  # type: ignore[union-attr]
+    sync(head, (Q[25:26], y[25:26]), (Q[:2], y[:2]))  # rows the partial fold took
+    assert len(head.tracker.waiting) == 25  # type: ignore[union-attr]
     assert relative_deviation(head.weights, solve_head(head.ledger, 0.5)) < FAST_HEAD_TOL
 
 
@@ -184,22 +193,22 @@ def test_a_delete_near_the_margin_does_not_wait() -> None:
     other = Quantizer().quantize(l2_normalize(np.ones(d)))
     head = TrackedHead(ExactLedger(d, 2), gamma=1e-5, reset_every=10**6, drift_threshold=np.inf,
                        tracker="cholesky", factor_kernel="blocked", factor_hold_rows=50)
-    head.add(Q, [1])
-    head.add(other, [0])
+    head.add(np.vstack([other, other]), [0, 0])
+    sync(head, (Q, np.array([1])), (other, np.array([0])))  # the add of Q waits behind that delete
     tr = head.tracker
     assert isinstance(tr, CholeskyTracker) and len(tr.waiting) == 2
-    rep = head.delete(Q, [1])  # 1 - leverage ~ gamma: under BACKUP_BELOW_PIVOT
-    assert rep.reset_reason == "" and len(tr.waiting) == 0
+    head.add(other, [0])
+    assert len(tr.waiting) == 0  # nothing behind it: the add did not wait, so it folded the others first
+    sync(head, (other, np.array([0])), (Q, np.array([1])))  # 1 - leverage of Q ~ gamma: under BACKUP_BELOW_PIVOT
+    assert len(tr.waiting) == 0
     assert relative_deviation(head.weights, solve_head(head.ledger, 1e-5)) < 1e-6
 
 
 def test_a_fold_that_loses_definiteness_changes_nothing_and_the_next_sync_resets(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    head, Q, y = waiting_head(8, 60, 10, 2, 1.0, 100)
+    head, Q, y = waiting_head(8, 60, 40, 2, 1.0, 100)
     head.add(Q[:30], y[:30])
-    head.fold_waiting(100)
-    head.add(Q[30:40], y[30:40])
-    head.delete(Q[:5], y[:5])
+    sync(head, (Q[30:40], y[30:40]), (Q[:5], y[:5]))
     tr = head.tracker
     assert isinstance(tr, CholeskyTracker) and len(tr.waiting) == 15
     L0, W0 = tr.L.copy(), tr.W.copy()

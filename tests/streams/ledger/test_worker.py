@@ -510,8 +510,9 @@ def test_a_crash_at_each_step_of_an_erasure_rotation_recovers_exactly(settings: 
 def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(settings: Settings,
                                                                             tmp_path: Path) -> None:
     """Two adds of 100 rows each wait unmultiplied in the exact ledger (``product_hold_rows``: their
-    fold costs O(r d) on the path of the next message) and outside the fast head's factor
-    (``factor_hold_rows``: W moved exactly without it); with nothing fetched the worker multiplies
+    fold costs O(r d) on the path of the next message), and the second's, which a delete follows,
+    outside the fast head's factor (``factor_hold_rows``: W moved exactly without it, so that the
+    delete's receipt does not wait for the factor's update); with nothing fetched the worker multiplies
     and folds them a step of rows at a time, products first (no checkpoint, reset or drift check
     folds them here). The ledger ends bit-identical to the one built from scratch, the factor is
     the ledger's, and the head served is the canonical one within the fast head's tolerance."""
@@ -540,7 +541,9 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
     w.idle = idle_step  # type: ignore[method-assign]
     t, failed = run_in_thread(w)
     try:
-        produce(s, [stream.next_message("a", adds=100) for _ in range(2)])
+        first = stream.next_message("a", adds=100)
+        stream.delete_p = 1.0  # the second message deletes rows of the first: its adds wait for idle time
+        produce(s, [first, stream.next_message("a", adds=100)])
         wait_for_head(s, "a", lambda u: u.version >= 2, timeout=60)
         deadline = time.monotonic() + 30
         while not (waiting and waiting[-1][2:] == (0, 0) and max(p + f for p, f, _, _ in waiting) > 0) \
