@@ -209,6 +209,18 @@ def producer(settings: Settings, **overrides: Any) -> Any:
     return new_producer(producer_config(settings, **overrides))
 
 
+def close_producer(producer: Any, timeout: float) -> int:
+    """Flush ``producer`` for up to ``timeout`` seconds, then close it unless messages are still
+    queued; returns how many are (0: closed). Why close: a worker run in a process that goes on
+    (tests, benchmarks, the demo) would otherwise leave its handle to the garbage collector, still
+    reconnecting to brokers that may be gone. Why not with messages queued: ``close`` flushes
+    again with no bound, and whether to drop them is the caller's decision."""
+    left = int(producer.flush(timeout))
+    if left == 0:
+        producer.close()
+    return left
+
+
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Any:
     """A confluent-kafka Consumer of ``group_id`` (:func:`consumer_config`)."""
     return new_consumer(consumer_config(settings, group_id, **overrides))

@@ -57,6 +57,7 @@ class KeyStore:
         self.rolls: dict[str, float] = {}
         self._tombstoned: dict[str, float] = {}
         self.producer: Any = share.producer if share else clients.producer(self.settings, **{"linger.ms": 0})
+        self._owns_producer = share is None
         self.topics: FamilyTopics = FamilyTopics(
             settings, grace_s=ErasureSettings.of(settings).keys_retire_seconds, config=key_family_config(settings),
             share=share.topics if share else None)
@@ -219,4 +220,8 @@ class KeyStore:
                       timeout=RetryPolicy.of(self.settings).deadline_s, error=KeyStoreError)
 
     def close(self) -> None:
-        self.producer.flush(self.settings.admin_timeout)
+        """Flush the producer; close it too unless another store lent it (that one closes it)."""
+        if self._owns_producer:
+            clients.close_producer(self.producer, self.settings.admin_timeout)
+        else:
+            self.producer.flush(self.settings.admin_timeout)

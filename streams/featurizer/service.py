@@ -275,6 +275,8 @@ class FeaturizerService:
             self.erasure.close()
         if self.trimmer is not None:
             self.trimmer.close()
+        if clean and self._producer is not None:
+            clients.close_producer(self._producer, self.settings.admin_timeout)
         self._consumer = self._producer = None  # release the librdkafka handles now
         log.info("featurizer stopped (%s) stats %s", "clean" if clean else "error", self.stats)
 

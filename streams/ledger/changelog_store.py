@@ -99,7 +99,7 @@ class ChangelogStore:
         self.producer = clients.producer(settings, **{"batch.num.messages": 1, "linger.ms": 0})
 
     def close(self) -> None:
-        self.producer.flush(self.settings.admin_timeout)
+        clients.close_producer(self.producer, self.settings.admin_timeout)
 
     def topic(self, partition: int) -> str:
         return self.state.topic(partition, self.generation.get(partition, 0))

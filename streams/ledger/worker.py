@@ -238,7 +238,7 @@ class LedgerWorker:
     def close(self, clean: bool) -> None:
         self.resets.close()
         self.checkpointer.close()
-        self.producer.flush(self.settings.admin_timeout)
+        clients.close_producer(self.producer, self.settings.admin_timeout)
         self.store.close()
         self.contracts.stop()
         self.keys.stop()
