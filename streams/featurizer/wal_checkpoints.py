@@ -104,11 +104,16 @@ class WalCheckpoints(CommitCheckpoints):
         except FileNotFoundError:
             size = 0
         if size > BACKSTOP_BYTES:
-            with self._pass:
-                busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            try:
+                with self._pass:
+                    busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            except sqlite3.Error as exc:  # the commit is durable already; a disk that fails goes on failing commits
+                self.stats["errors"] += 1
+                busy = f"failed: {exc}"
             self.stats["backstops"] += 1
-            if busy:  # a reader held the WAL past busy_timeout: the next commit tries again
-                log.warning("%s: the WAL past its backstop was not restarted (busy)", self.path)
+            if busy:  # a reader held the WAL past busy_timeout, or the disk failed: the next commit tries again
+                log.warning("%s: the WAL past its backstop was not restarted (%s)", self.path,
+                            busy if isinstance(busy, str) else "busy")
         self._wake.set()
 
     def _round(self) -> None:

@@ -10,6 +10,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from unlearn.streams.featurizer.cache_file import open_cache_db
 from unlearn.streams.featurizer.feature_cache import FeatureCache
 from unlearn.streams.featurizer.wal_checkpoints import BACKSTOP_BYTES, BACKSTOP_PAGES, FRAME_BYTES, WalCheckpoints
@@ -188,6 +190,36 @@ def test_a_failing_round_is_counted_and_the_thread_goes_on(tmp_path: Path) -> No
             assert wal.stats["errors"] == n and wal.stats["rounds"] == 0
     finally:
         wal.close()
+
+
+def test_a_backstop_checkpoint_that_fails_is_logged_and_the_next_commit_tries_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The writer's own checkpoint past the backstop runs after its commit, which is durable
+    already: an error there (a failing disk) is counted and logged, not raised into the batch
+    that committed, and the next commit past the backstop checkpoints again."""
+    path = tmp_path / "p0.sqlite"
+    db = writer(path, 0)
+    wal = WalCheckpoints(path, "NORMAL", gap=60.0)  # the thread waits: only the writer checkpoints here
+
+    class FailingDisk:
+        def execute(self, sql: str) -> sqlite3.Cursor:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    try:
+        commits(db, wal, path, 1)  # the first round starts the thread's gap
+        with open(f"{path}-wal", "r+b") as f:
+            f.truncate(BACKSTOP_BYTES + 1)  # the WAL file as a writer that outran the thread leaves it
+        with caplog.at_level("WARNING"):
+            wal.written(FailingDisk())  # type: ignore[arg-type]
+        assert wal.stats["errors"] == 1 and wal.stats["backstops"] == 1
+        assert "not restarted (failed: disk I/O error)" in caplog.text
+        wal.written(db)  # the next commit's checkpoint restarts the log
+        assert wal.stats["errors"] == 1 and wal.stats["backstops"] == 2
+        assert commits(db, wal, path, 1)[0] <= BACKSTOP_BYTES  # the commit after it starts the log over
+        assert wal.stats["backstops"] == 2
+    finally:
+        wal.close()
+        db.close()
 
 
 def test_the_purge_runs_on_the_thread_while_the_writer_goes_on(tmp_path: Path) -> None:
