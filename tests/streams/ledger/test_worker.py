@@ -557,6 +557,9 @@ def test_an_idle_worker_multiplies_the_exact_products_its_folds_left_waiting(set
         w.stop()
         t.join(60)
     assert not failed, failed
+    for producer in (w.producer, w.store.producer):  # a clean stop closed them (clients.close_producer)
+        with pytest.raises(RuntimeError, match="closed"):
+            producer.flush(0)
     steps = [(p, f, p2, f2) for p, f, p2, f2 in waiting if p + f]
     assert steps and max(f for _, f, _, _ in steps) > 0, steps  # factor rows waited for idle time
     for p, f, p2, f2 in steps:
