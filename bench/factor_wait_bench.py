@@ -49,10 +49,10 @@ def _head(d: int, n: int, hold: int, seed: int) -> tuple[TrackedHead, np.ndarray
 def _idle(head: TrackedHead) -> float:
     t = time.perf_counter()
     while True:
-        products = head.ledger.products
+        products = head.ledger.products  # one kind per step, as HeadRuntime.idle_work
         done = 0 if products is None else products.multiply_some(IDLE_STEP)
-        if done < IDLE_STEP:
-            done += head.fold_waiting(IDLE_STEP - done)
+        if done == 0:
+            done = head.fold_waiting(IDLE_STEP)
         if done == 0:
             return time.perf_counter() - t
 
