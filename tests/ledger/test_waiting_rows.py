@@ -71,11 +71,12 @@ def test_the_correction_is_h_inverse_against_a_dense_solve() -> None:
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), hold=st.sampled_from([1, 8, 40, 500]),
        ops=st.lists(st.tuples(st.sampled_from(["add", "delete", "sync", "fold"]), st.integers(1, 12)), min_size=1,
                     max_size=40))
-def test_any_stream_with_folds_at_any_time_stays_on_solve_head(seed: int, hold: int,
+def test_any_stream_with_folds_at_any_time_stays_on_solve_head(kernel: FactorKernel, seed: int, hold: int,
                                                                ops: list[tuple[str, int]]) -> None:
     """Adds and deletes applied and synced in any grouping (a sync with deletes lets its adds
     wait), deletes of rows that wait or that the factor holds, and partial folds at any time:
@@ -83,7 +84,7 @@ def test_any_stream_with_folds_at_any_time_stays_on_solve_head(seed: int, hold: 
     rows wait; once everything is folded the factor is the ledger's (as a fresh factorization)
     and T the posterior inverse."""
     rng = np.random.default_rng(seed)
-    head, Q, y = waiting_head(seed, 600, 64, 4, 0.5, hold)  # a sync of 32 rows or more resets (coalesced)
+    head, Q, y = waiting_head(seed, 600, 64, 4, 0.5, hold, kernel)  # a sync of 32 rows or more resets (coalesced)
     held: list[int] = []
     free = list(range(len(Q)))
     for op, n in [*ops, ("sync", 0)]:
