@@ -107,13 +107,13 @@ class WalCheckpoints(CommitCheckpoints):
             try:
                 with self._pass:
                     busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                why = "busy" if busy else ""  # a reader held the WAL past busy_timeout
             except sqlite3.Error as exc:  # the commit is durable already; a disk that fails goes on failing commits
                 self.stats["errors"] += 1
-                busy = f"failed: {exc}"
+                why = f"failed: {exc}"
             self.stats["backstops"] += 1
-            if busy:  # a reader held the WAL past busy_timeout, or the disk failed: the next commit tries again
-                log.warning("%s: the WAL past its backstop was not restarted (%s)", self.path,
-                            busy if isinstance(busy, str) else "busy")
+            if why:  # the next commit tries again
+                log.warning("%s: the WAL past its backstop was not restarted (%s)", self.path, why)
         self._wake.set()
 
     def _round(self) -> None:
