@@ -230,12 +230,13 @@ class BatchProcessor:
         self._hook("after_outbox_ack")
         self._commit(pending.offsets, wait_commit)
 
-    def settle_if_answered(self) -> None:
+    def settle_if_answered(self) -> bool:
         """Settle the batch in flight if its phase 1 is answered already (``Acks.answered``): the
         batch window calls it while it waits, so the next commit (a delete lane's above all) finds
-        nothing left to await or to ack in the outbox."""
+        nothing left to await or to ack in the outbox. True while a batch is still in flight."""
         if self._inflight is not None and self._inflight.acks.answered():
             self.settle(wait_commit=False)
+        return self._inflight is not None
 
     def abandon(self) -> None:
         """Forget the batch in flight without settling it (after a crash: its outbox stays for the

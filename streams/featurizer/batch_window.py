@@ -17,6 +17,10 @@ __all__ = ["SLICE_S", "BatchWindow"]
 #: The longest a batch window waits in one ``consume`` call (seconds).
 SLICE_S = 0.002
 
+#: The longest a window with nothing polled waits in slices for the batch in flight to be answered
+#: (seconds): then the poll loop's idle turn settles it, waiting as long as it must, and its timers run.
+SETTLE_WAIT_S = 0.05
+
 
 class BatchWindow:
     """Up to ``max_batch`` records, waiting at most ``max_ms`` after the first one. A batch that
@@ -24,9 +28,11 @@ class BatchWindow:
     and ends at its last delete: the records fetched after it wait for the next batch (issue 29:
     under a flow of adds every fetch fills a batch, and a delete waited for the adds behind it
     too). The window buys adds throughput, a delete only waits in it; ``waiting`` runs between
-    its slices (the processor settles the batch in flight there, off the next batch's path)."""
+    its slices (the processor settles the batch in flight there, off the next batch's path), and
+    before the first record while it answers true (a batch is still in flight: the wait goes in
+    slices until it is settled, so a lone delete does not pay for the settle of the one before)."""
 
-    def __init__(self, max_batch: int, max_ms: int, waiting: Callable[[], None] | None = None) -> None:
+    def __init__(self, max_batch: int, max_ms: int, waiting: Callable[[], bool] | None = None) -> None:
         if max_batch < 1 or max_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_ms >= 0")
         self.max_batch, self.max_ms, self.waiting = max_batch, max_ms, waiting
@@ -67,11 +73,15 @@ class BatchWindow:
         self._pending, self._carry = self._carry, []
         urgent = any(self._urgent(m) for m in self._pending)
         deadline: float | None = time.monotonic() + self.max_ms / 1000.0 if self._pending else None
+        settle_by = time.monotonic() + SETTLE_WAIT_S
         while len(self._pending) < self.max_batch and not (urgent and deadline is not None):
+            in_flight = False
             if deadline is None:
                 # consume() blocks for its whole timeout unless the batch fills; poll() returns on
                 # the first message, which starts the batch window (latency of a lone delete).
-                first = consumer.poll(0.2)
+                # While the last batch is in flight the wait goes in slices, settling it once answered.
+                in_flight = self.waiting is not None and bool(self.waiting()) and time.monotonic() < settle_by
+                first = consumer.poll(SLICE_S if in_flight else 0.2)
                 got = [] if first is None else [first]
             else:
                 # consume() returns only when full or timed out, poll() on the first record: wait in
@@ -87,6 +97,8 @@ class BatchWindow:
                 urgent = urgent or self._urgent(m)
             if deadline is None:
                 if not self._pending:
+                    if in_flight and not stop.is_set():
+                        continue
                     return []
                 deadline = time.monotonic() + self.max_ms / 1000.0
                 if urgent:  # a lone delete: take what was already fetched behind it, then close

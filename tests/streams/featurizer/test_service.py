@@ -375,11 +375,59 @@ def test_the_window_lends_its_waits_and_a_delete_ends_them(settings: Settings) -
         assert len(calls) >= 10  # a 300 ms window of 2 ms slices
         produce(settings, [delete("d1", "h1", "alice", "s1")])
         calls.clear()
-        batch = []
+        batch, polls = [], 0
         while not batch:
             assert time.monotonic() < deadline, "the delete never came"
             batch = window.poll(c, stop, lambda: None)
-        assert [orjson.loads(m.value())["event_id"] for m in batch] == ["d1"] and calls == []
+            polls += 1
+        # one call per poll, before its first record (nothing in flight: one plain wait); none after
+        assert [orjson.loads(m.value())["event_id"] for m in batch] == ["d1"] and len(calls) == polls
+    finally:
+        stop.set()
+        c.close()
+
+
+def test_the_window_settles_the_batch_in_flight_before_a_plain_wait(settings: Settings) -> None:
+    """With nothing polled and a batch in flight (``waiting`` answers true) the window waits for
+    the first record in slices, asking ``waiting`` after each, until the batch is settled (then one
+    plain wait) or ``SETTLE_WAIT_S`` is over (then it returns, and the idle turn settles): a lone
+    delete does not pay for the settle of the batch before it, and a batch never answered does
+    not keep the loop from its timers."""
+    from confluent_kafka import Consumer
+
+    from unlearn.streams.featurizer.batch_window import SETTLE_WAIT_S, BatchWindow
+
+    c = Consumer(consumer_config(settings, f"fz-settle-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
+    c.subscribe([settings.topic("requests")])
+    stop = threading.Event()
+    try:
+        calls: list[float] = []
+        answered_at = 5
+
+        def in_flight() -> bool:
+            calls.append(time.monotonic())
+            return len(calls) < answered_at
+
+        window = BatchWindow(max_batch=1000, max_ms=300, waiting=in_flight)
+        assert window.poll(c, stop, lambda: None) == []
+        assert len(calls) == answered_at  # asked after each slice until settled, then no more
+
+        never: list[float] = []
+        window = BatchWindow(max_batch=1000, max_ms=300, waiting=lambda: never.append(time.monotonic()) or True)
+        t0 = time.monotonic()
+        assert window.poll(c, stop, lambda: None) == []
+        assert never[-1] - t0 >= SETTLE_WAIT_S and time.monotonic() - t0 < 5 and len(never) >= 3
+
+        produce(settings, [delete("d1", "h1", "alice", "s1")])  # fetched during the slices: taken at once
+        calls.clear()
+        answered_at = 10**9
+        window = BatchWindow(max_batch=1000, max_ms=300, waiting=in_flight)
+        batch: list = []
+        deadline = time.monotonic() + 60
+        while not batch:
+            assert time.monotonic() < deadline, "the delete never came"
+            batch = window.poll(c, stop, lambda: None)
+        assert [orjson.loads(m.value())["event_id"] for m in batch] == ["d1"]
     finally:
         stop.set()
         c.close()
