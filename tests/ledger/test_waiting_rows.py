@@ -229,3 +229,28 @@ def test_a_fold_that_loses_definiteness_changes_nothing_and_the_next_sync_resets
     rep = head.sync()
     assert rep.mode == "exact" and "lost positive definiteness" in rep.reset_reason
     assert np.array_equal(head.weights, solve_head(head.ledger, 1.0))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_delete_waits_alone_and_its_downdate_happens_at_the_fold(kernel: FactorKernel) -> None:
+    """With nothing waiting, a delete away from the margin waits too (its receipt pays for no
+    downdate): L does not move until ``fold_waiting``, W is the solve's head all along, and the
+    fold brings L to the ledger's own factor. Without a hold it is downdated at once."""
+    head, Q, y = waiting_head(11, 120, 32, 3, 1.0, 20, kernel)
+    head.add(Q[:60], y[:60])
+    tr = head.tracker
+    assert isinstance(tr, CholeskyTracker) and len(tr.waiting) == 0
+    L0 = tr.L.copy()
+    head.delete(Q[3:4], y[3:4])
+    assert len(tr.waiting) == 1 and np.array_equal(tr.L, L0)
+    assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
+    assert head.fold_waiting(64) == 1 and len(tr.waiting) == 0
+    ref = cholesky_factor(head.ledger, 1.0)
+    assert np.allclose(np.tril(tr.L), ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+    assert relative_deviation(head.weights, solve_head(head.ledger, 1.0)) < FAST_HEAD_TOL
+
+    none, Q2, y2 = waiting_head(11, 120, 32, 3, 1.0, 0, kernel)
+    none.add(Q2[:60], y2[:60])
+    L1 = none.tracker.L.copy()  # type: ignore[union-attr]
+    none.delete(Q2[3:4], y2[3:4])
+    assert len(none.tracker.waiting) == 0 and not np.array_equal(none.tracker.L, L1)  # type: ignore[union-attr]
