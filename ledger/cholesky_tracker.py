@@ -254,7 +254,7 @@ class CholeskyTracker:
             self._live = np.concatenate([self._live, np.zeros(n_outputs - self.n_outputs, bool)])
             self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
 
-    def _apply(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
+    def _apply(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None, Y: NDArray[np.float64] | None,
                sign: int, P: NDArray[np.float64] | None) -> bool:
         L = self.L
         if self.kernel == "hyhound":
@@ -281,7 +281,7 @@ class CholeskyTracker:
         Z = tri_solve(self.L, X) if Z is None else Z
         return tri_solve(self.L, self.waiting.correct(Z), transpose=True)
 
-    def _wait(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
+    def _wait(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None, Y: NDArray[np.float64] | None,
               sign: int, P: NDArray[np.float64] | None) -> None:
         """The rows wait outside the factor; W moves exactly through them (``_inverse``)."""
         P = tri_solve(self.L, U.T) if P is None else P
@@ -331,14 +331,14 @@ class CholeskyTracker:
             return hyperbolic_rank_update(self.L, V.T, sign)
         return chol_rank_update(self.L, V.T, sign) is not None
 
-    def _update_weights(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None,
+    def _update_weights(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None, Y: NDArray[np.float64] | None,
                         sign: int, inverse_times_rows: Callable[[], NDArray[np.float64]]) -> None:
         """W += sigma H~^-1 (dG - U^T U W) on the live columns only: a column whose W, dG and Y are
         all zero stays exactly zero, and an auto-created head has 100 columns of which a few hold
-        data (at d = 768 the update of 100 columns cost twice that of 10: bench/results)."""
-        live = self._live | (dG != 0).any(axis=0)
-        if Y is not None:
-            live |= (Y != 0).any(axis=0)
+        data (at d = 768 the update of 100 columns cost twice that of 10: bench/results). With the
+        labels, dG - U^T U W = U^T (Y - U W): dG is not read (a column of dG is nonzero only where
+        Y's is)."""
+        live = self._live | ((Y != 0).any(axis=0) if Y is not None else (dG != 0).any(axis=0))  # type: ignore[union-attr]
         self._live = live
         k = int(np.count_nonzero(live))
         if k == 0:
@@ -348,7 +348,11 @@ class CholeskyTracker:
         if Y is not None and U.shape[0] < k:
             step = (sign * inverse_times_rows()) @ ((Y if cols is None else Y[:, cols]) - U @ W)
         else:
-            R = (dG if cols is None else dG[:, cols]) - U.T @ (U @ W)
+            if Y is not None:
+                R = U.T @ ((Y if cols is None else Y[:, cols]) - U @ W)
+            else:
+                assert dG is not None  # prepare_update: dG or Y
+                R = (dG if cols is None else dG[:, cols]) - U.T @ (U @ W)
             R = self._inverse(R)
             step = R if sign > 0 else -R
         if cols is None:
@@ -356,9 +360,9 @@ class CholeskyTracker:
         else:
             self.W[:, cols] = W + step
 
-    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None,
+    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None, Y: NDArray[np.float64] | None = None,
             wait: bool = False) -> None:
-        """H += U^T U, G += dG (= U^T Y when the labels Y are given): an update never fails.
+        """H += U^T U, G += dG (= U^T Y when the labels Y are given; then dG may be None): an update never fails.
         ``wait``: the rows may wait outside the factor (within ``hold_rows``), for a caller with
         something urgent behind them (a delete whose receipt waits for this update)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
@@ -379,9 +383,9 @@ class CholeskyTracker:
         wait)."""
         return self._downdate_check(np.atleast_2d(np.asarray(U, dtype=np.float64)))[0]
 
-    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64],
+    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None,
                Y: NDArray[np.float64] | None = None) -> DowndateCheck:
-        """H -= U^T U, G -= dG if feasible; otherwise the state is left unchanged and the returned
+        """H -= U^T U, G -= dG (as in ``add``) if feasible; otherwise the state is left unchanged and the returned
         check says why (the caller must reset from the ledger)."""
         U, dG, Y = prepare_update(self, U, dG, Y)
         chk, P = self._downdate_check(U)

@@ -64,7 +64,7 @@ class SMWTracker:
         if n_outputs > self.n_outputs:
             self.W = np.hstack([self.W, np.zeros((self.dim, n_outputs - self.n_outputs))])
 
-    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64], Y: NDArray[np.float64] | None = None) -> None:
+    def add(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None, Y: NDArray[np.float64] | None = None) -> None:
         """H += U^T U, G += dG. Eq. (7): T+ = T - K (I + U K)^-1 K^T with K = T U^T;
         eq. (8): W+ = W - T+ U^T (U W) + T+ dG, or W+ = W + T+ U^T (Y - U W) when the rows'
         labels Y (dG = U^T Y) are given -- the same update without the d x d x c product T+ dG."""
@@ -78,6 +78,7 @@ class SMWTracker:
         if Y is not None:
             self.W += TU @ (Y - U @ self.W)
         else:
+            assert dG is not None  # prepare_update: dG or Y
             self.W += TU @ (-(U @ self.W)) + self.T @ dG
         self.updates_since_reset += 1
 
@@ -86,7 +87,7 @@ class SMWTracker:
         U = np.atleast_2d(np.asarray(U, dtype=np.float64))
         return lemma1_check(np.eye(U.shape[0]) - U @ (self.T @ U.T), U, self.gamma, self.min_pivot)
 
-    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64],
+    def delete(self, U: NDArray[np.float64], dG: NDArray[np.float64] | None,
                Y: NDArray[np.float64] | None = None) -> DowndateCheck:
         """H -= U^T U, G -= dG (eq. 9-10) if feasible; otherwise the state is left unchanged and
         the returned check says why (the caller must reset from the ledger)."""
@@ -103,6 +104,7 @@ class SMWTracker:
         if Y is not None:
             self.W -= TU @ (Y - U @ self.W)
         else:
+            assert dG is not None  # prepare_update: dG or Y
             self.W += TU @ (U @ self.W) - self.T @ dG
         self.updates_since_reset += 1
         return chk

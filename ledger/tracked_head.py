@@ -97,13 +97,13 @@ class TrackedHead:
     def last_reset_drift(self) -> float:
         return self.tracker.last_reset_drift
 
-    def _factor(self, Q: NDArray[np.int64], Y: NDArray[np.int64]
-                ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    def _factor(self, Q: NDArray[np.int64], Y: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # U = Q * 2^-k is exact in float64 (|q| <= 2^30); U^T U is the real-scale delta S. The labels
-        # go along so that the trackers can update W by r-column instead of c-column products.
+        # go instead of dG = U^T Y: the trackers update W from them by products of the live columns
+        # only (dG spans every column of the head: 0.45 ms for 90 rows at d = 768 and 100 columns).
         U = Q.astype(np.float64) * (2.0 ** -self.ledger.frac_bits)
         Yf = Y.astype(np.float64) * (2.0 ** -self.ledger.label_frac_bits)
-        return U, U.T @ Yf, Yf
+        return U, Yf
 
     def add(self, Q: ArrayLike, y: ArrayLike) -> UpdateReport:
         """Add rows to the ledger (exact) and to the fast head."""
@@ -165,17 +165,17 @@ class TrackedHead:
             c = max(Y.shape[1] for _, Y in parts)
             Qs = np.concatenate([Q for Q, _ in parts])
             Ys = np.concatenate([np.pad(Y, ((0, 0), (0, c - Y.shape[1]))) for _, Y in parts])
-            U, dG, Yf = self._factor(Qs, Ys)
+            U, Yf = self._factor(Qs, Ys)
             if sign > 0:
                 try:
                     if isinstance(self.tracker, CholeskyTracker):
-                        self.tracker.add(U, dG, Yf, wait=urgent)
+                        self.tracker.add(U, None, Yf, wait=urgent)
                     else:
-                        self.tracker.add(U, dG, Yf)
+                        self.tracker.add(U, None, Yf)
                 except FloatingPointError as exc:  # folding rows that waited outside the factor failed
                     return self.reset(f"add: {exc}", measured=False)
             else:
-                chk = self.tracker.delete(U, dG, Yf)
+                chk = self.tracker.delete(U, None, Yf)
                 if not chk.feasible:  # the fast head did not take the delete: nothing to measure
                     return self.reset(f"downdate {chk.reason}", measured=False)
         if self.tracker.updates_since_reset == before:

@@ -270,3 +270,26 @@ def test_a_reset_keeps_the_factor_in_fortran_order_whatever_scipy_returns(
     tr.add(U, U.T @ one_hot([0, 2], 3), one_hot([0, 2], 3))
     led.add(Q, [0, 2])
     assert relative_deviation(tr.W, solve_head(led, 0.1)) < FAST_HEAD_TOL
+
+
+@pytest.mark.parametrize("tracker", ["cholesky", "smw"])
+def test_with_the_labels_dg_is_not_needed(tracker: str) -> None:
+    """The trackers update W from the rows' labels (dG = U^T Y is never read then): with dG left
+    out, adds and deletes of every width (fewer rows than live columns, and more) give the W that
+    dG gives, within rounding; with neither dG nor Y an update is refused before anything moves."""
+    rng = np.random.default_rng(12)
+    F, y = clustered(rng, 80, 10, 4)
+    led = ExactLedger.from_rows(Quantizer().quantize(F[:40]), y[:40], n_outputs=4)
+    make = (lambda: CholeskyTracker.from_ledger(led, gamma=0.5, hold_rows=8)) if tracker == "cholesky" else \
+        (lambda: TrackedHead(led.copy(), gamma=0.5, tracker="smw").tracker)
+    with_dg, without = make(), make()
+    U = l2_normalize(F[40:80])
+    for rows, sign in ((slice(0, 2), 1), (slice(2, 12), 1), (slice(0, 1), -1), (slice(12, 30), 1), (slice(3, 9), -1)):
+        Y = one_hot(y[40:80][rows], 4)
+        for tr, dG in ((with_dg, U[rows].T @ Y), (without, None)):
+            (tr.add if sign > 0 else tr.delete)(U[rows], dG, Y)
+        assert np.allclose(without.W, with_dg.W, rtol=0, atol=1e-12 * np.abs(with_dg.W).max())
+    W0 = without.W.copy()
+    with pytest.raises(ValueError, match="dG or the rows' labels"):
+        without.add(U[:1], None)
+    assert np.array_equal(without.W, W0)
