@@ -338,7 +338,9 @@ class CholeskyTracker:
         data (at d = 768 the update of 100 columns cost twice that of 10: bench/results). With the
         labels, dG - U^T U W = U^T (Y - U W): dG is not read (a column of dG is nonzero only where
         Y's is)."""
-        live = self._live | ((Y != 0).any(axis=0) if Y is not None else (dG != 0).any(axis=0))  # type: ignore[union-attr]
+        named = Y if Y is not None else dG
+        assert named is not None  # prepare_update: dG or Y
+        live = self._live | (named != 0).any(axis=0)
         self._live = live
         k = int(np.count_nonzero(live))
         if k == 0:
@@ -351,8 +353,7 @@ class CholeskyTracker:
             if Y is not None:
                 R = U.T @ ((Y if cols is None else Y[:, cols]) - U @ W)
             else:
-                assert dG is not None  # prepare_update: dG or Y
-                R = (dG if cols is None else dG[:, cols]) - U.T @ (U @ W)
+                R = (named if cols is None else named[:, cols]) - U.T @ (U @ W)
             R = self._inverse(R)
             step = R if sign > 0 else -R
         if cols is None:

@@ -387,7 +387,8 @@ def test_the_window_lends_its_waits_and_a_delete_ends_them(settings: Settings) -
         c.close()
 
 
-def test_the_window_settles_the_batch_in_flight_before_a_plain_wait(settings: Settings) -> None:
+def test_the_window_settles_the_batch_in_flight_before_a_plain_wait(settings: Settings,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """With nothing polled and a batch in flight (``waiting`` answers true) the window waits for
     the first record in slices, asking ``waiting`` after each, until the batch is settled (then one
     plain wait) or ``SETTLE_WAIT_S`` is over (then it returns, and the idle turn settles): a lone
@@ -395,7 +396,8 @@ def test_the_window_settles_the_batch_in_flight_before_a_plain_wait(settings: Se
     not keep the loop from its timers."""
     from confluent_kafka import Consumer
 
-    from unlearn.streams.featurizer.batch_window import SETTLE_WAIT_S, BatchWindow
+    from unlearn.streams.featurizer import batch_window
+    from unlearn.streams.featurizer.batch_window import BatchWindow
 
     c = Consumer(consumer_config(settings, f"fz-settle-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
     c.subscribe([settings.topic("requests")])
@@ -412,11 +414,13 @@ def test_the_window_settles_the_batch_in_flight_before_a_plain_wait(settings: Se
         assert window.poll(c, stop, lambda: None) == []
         assert len(calls) == answered_at  # asked after each slice until settled, then no more
 
-        never: list[float] = []
-        window = BatchWindow(max_batch=1000, max_ms=300, waiting=lambda: never.append(time.monotonic()) or True)
-        t0 = time.monotonic()
+        # past SETTLE_WAIT_S a batch still in flight gets no more slices: one plain wait, then []
+        never: list[bool] = []
+        monkeypatch.setattr(batch_window, "SETTLE_WAIT_S", 0.0)
+        window = BatchWindow(max_batch=1000, max_ms=300, waiting=lambda: never.append(True) or True)
         assert window.poll(c, stop, lambda: None) == []
-        assert never[-1] - t0 >= SETTLE_WAIT_S and time.monotonic() - t0 < 5 and len(never) >= 3
+        assert never == [True]
+        monkeypatch.undo()
 
         produce(settings, [delete("d1", "h1", "alice", "s1")])  # fetched during the slices: taken at once
         calls.clear()
